@@ -1,0 +1,109 @@
+//! cgx attestation: evidence formats and their verification.
+//!
+//! **Architecture invariant.** Verification is sans-IO and time-explicit:
+//! `Verifier::verify(evidence, now) -> Claims | Error`. Nothing under [`snp`], [`tdx`],
+//! [`nvidia`] or [`Verifier`] opens a file, a socket or reads the clock; collateral comes in with
+//! the evidence. [`bundle`] is the one module that reads files (the on-disk evidence-bundle
+//! layout), and it only turns a folder into bytes.
+//!
+//! A verifier decides cryptographic validity only. Whether a valid debug TD, an old TCB or a sim
+//! root is acceptable is policy's question, answered from the [`Claims`].
+
+pub mod bundle;
+pub mod claims;
+pub mod crypto;
+mod der;
+pub mod error;
+pub mod nvidia;
+pub mod sim;
+pub mod snp;
+pub mod tdx;
+pub mod trust;
+mod x509;
+
+pub use claims::{Claims, EvidenceKind, KindClaims};
+pub use error::{Error, Result};
+pub use trust::SimTrust;
+
+use crypto::CryptoProvider;
+
+/// Evidence of any supported kind, as bytes.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Evidence<'a> {
+    Snp(snp::SnpEvidence<'a>),
+    Tdx(tdx::TdxEvidence<'a>),
+    Nvidia(nvidia::NvidiaEvidence<'a>),
+}
+
+impl Evidence<'_> {
+    pub fn kind(&self) -> EvidenceKind {
+        match self {
+            Evidence::Snp(_) => EvidenceKind::Snp,
+            Evidence::Tdx(_) => EvidenceKind::Tdx,
+            Evidence::Nvidia(_) => EvidenceKind::Nvidia,
+        }
+    }
+}
+
+/// Claims that came out of a [`Verifier`]. Only this crate can construct one, so an API that
+/// takes `VerifiedClaims` (key release, placement) cannot be handed claims someone typed in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifiedClaims {
+    claims: Claims,
+}
+
+impl VerifiedClaims {
+    pub fn claims(&self) -> &Claims {
+        &self.claims
+    }
+
+    pub fn into_claims(self) -> Claims {
+        self.claims
+    }
+}
+
+/// Verifier configuration.
+#[derive(Debug, Clone, Default)]
+pub struct VerifierConfig {
+    /// Which simulator roots to trust (none by default).
+    pub sim: SimTrust,
+}
+
+/// Verifies every evidence kind. Cheap to share (`&self` everywhere); holds chain caches.
+#[derive(Debug)]
+pub struct Verifier {
+    snp: snp::SnpVerifier,
+    tdx: tdx::TdxVerifier,
+    nvidia: nvidia::NvidiaVerifier,
+}
+
+impl Verifier {
+    /// A verifier over the default crypto provider.
+    pub fn new(config: VerifierConfig) -> Self {
+        Self::with_provider(config, &crypto::DEFAULT_PROVIDER)
+    }
+
+    pub fn with_provider(config: VerifierConfig, provider: &'static dyn CryptoProvider) -> Self {
+        Verifier {
+            snp: snp::SnpVerifier::new(provider, config.sim.clone()),
+            tdx: tdx::TdxVerifier,
+            nvidia: nvidia::NvidiaVerifier::new(provider, config.sim),
+        }
+    }
+
+    /// Verify `evidence` at `now`.
+    pub fn verify(
+        &self,
+        evidence: &Evidence<'_>,
+        now: time::OffsetDateTime,
+    ) -> Result<VerifiedClaims> {
+        let now = now.unix_timestamp();
+        let claims = match evidence {
+            Evidence::Snp(ev) => self.snp.verify(ev, now)?,
+            Evidence::Tdx(ev) => self.tdx.verify(ev, now)?,
+            Evidence::Nvidia(ev) => self.nvidia.verify(ev, now)?,
+        };
+        Ok(VerifiedClaims { claims })
+    }
+}

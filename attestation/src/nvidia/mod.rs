@@ -1,0 +1,269 @@
+//! NVIDIA Hopper GPU evidence: SPDM measurements signed by the GPU's device key ([`spdm`]),
+//! the device certificate chain to the pinned NVIDIA Device Identity CA, and reference
+//! integrity manifests ([`rim`]) to appraise the measurements against.
+//!
+//! Checks: the chain (each link ECDSA P-384, each certificate valid at `now`, root pinned), the
+//! leaf's TCG DICE FWID extension equal to the FWID the GPU reports in its opaque data, the
+//! SPDM signature over `request ‖ response`, and — when the caller supplies one — the requester
+//! nonce. The chain is cached like the SNP chain.
+
+pub mod c14n;
+pub mod rim;
+pub mod spdm;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use crate::claims::{Claims, EvidenceKind, KindClaims, NvidiaClaims};
+use crate::crypto::{CryptoProvider, PreparedKey, SigAlg, sha256};
+use crate::error::{ChainKind, Error, Result};
+use crate::trust::{NVIDIA_DEVICE_ROOTS, SIM_ROOT_CN_PREFIX, SimTrust};
+use crate::x509::{self, Window};
+
+pub use spdm::SpdmEvidence;
+
+/// TCG DICE TcbInfo extension (TCG DICE Attestation Architecture, §6.1.1): NVIDIA puts the
+/// firmware ID of the GSP FMC here.
+const OID_TCG_DICE_TCB_INFO: &str = "2.23.133.5.4.1";
+
+/// NVIDIA evidence as bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct NvidiaEvidence<'a> {
+    /// `request ‖ response` (binary).
+    pub report: &'a [u8],
+    /// Device chain, PEM, leaf first, NVIDIA Device Identity CA last.
+    pub cert_chain: &'a [u8],
+    /// The nonce the requester sent, when the caller knows it.
+    pub expected_nonce: Option<&'a [u8]>,
+}
+
+#[derive(Debug)]
+struct VerifiedChain {
+    key: Box<dyn PreparedKey>,
+    fwids: Vec<Vec<u8>>,
+    sim: bool,
+    device_serial: String,
+    root: String,
+    windows: Vec<(String, Window)>,
+}
+
+const CACHE_CAP: usize = 4096;
+
+/// Verifies NVIDIA SPDM evidence.
+#[derive(Debug)]
+pub struct NvidiaVerifier {
+    provider: &'static dyn CryptoProvider,
+    sim: SimTrust,
+    cache: Mutex<HashMap<[u8; 32], Arc<VerifiedChain>>>,
+}
+
+impl NvidiaVerifier {
+    pub fn new(provider: &'static dyn CryptoProvider, sim: SimTrust) -> Self {
+        NvidiaVerifier {
+            provider,
+            sim,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn verify(&self, ev: &NvidiaEvidence<'_>, now: i64) -> Result<Claims> {
+        let spdm = SpdmEvidence::parse(ev.report)?;
+        if let Some(expected) = ev.expected_nonce {
+            if expected != spdm.request.nonce {
+                return Err(Error::NonceMismatch {
+                    expected: hex::encode(expected),
+                    actual: hex::encode(spdm.request.nonce),
+                });
+            }
+        }
+        let chain = self.chain(ev.cert_chain, now)?;
+        let fwid = spdm
+            .opaque(spdm::opaque_type::FWID)
+            .ok_or_else(|| Error::malformed("SPDM opaque data", "no FWID field"))?;
+        if !chain.fwids.iter().any(|f| f.as_slice() == fwid) {
+            return Err(Error::FwidMismatch {
+                certificate: chain
+                    .fwids
+                    .first()
+                    .map(hex::encode)
+                    .unwrap_or_else(|| "none".into()),
+                opaque: hex::encode(fwid),
+            });
+        }
+        chain
+            .key
+            .verify(&ev.report[..spdm.signed_len], &spdm.response.signature)
+            .map_err(|_| Error::signature("SPDM measurements (request ‖ response)"))?;
+        let measurements: BTreeMap<String, String> = spdm
+            .response
+            .blocks
+            .iter()
+            .map(|b| (b.index.to_string(), hex::encode(&b.value)))
+            .collect();
+        Ok(Claims {
+            schema: crate::claims::CLAIMS_SCHEMA.into(),
+            kind: EvidenceKind::Nvidia,
+            sim: chain.sim,
+            debug: false,
+            detail: KindClaims::Nvidia(NvidiaClaims {
+                spdm_version: format!("{}.{}", spdm.request.version >> 4, spdm.request.version & 0xF),
+                nonce: hex::encode(spdm.request.nonce),
+                measurement_count: spdm.response.blocks.len(),
+                measurements,
+                fwid: hex::encode(fwid),
+                driver_version: spdm
+                    .opaque(spdm::opaque_type::DRIVER_VERSION)
+                    .map(spdm::ascii_field),
+                vbios_version: spdm
+                    .opaque(spdm::opaque_type::VBIOS_VERSION)
+                    .and_then(spdm::format_vbios_version),
+                device_serial: chain.device_serial.clone(),
+                root: chain.root.clone(),
+            }),
+        })
+    }
+
+    fn chain(&self, pem: &[u8], now: i64) -> Result<Arc<VerifiedChain>> {
+        let key = sha256(pem);
+        let cached = self.cache.lock().ok().and_then(|c| c.get(&key).cloned());
+        let chain = match cached {
+            Some(c) => c,
+            None => {
+                let c = Arc::new(self.verify_chain(pem, now)?);
+                if let Ok(mut cache) = self.cache.lock() {
+                    if cache.len() >= CACHE_CAP {
+                        cache.clear();
+                    }
+                    cache.insert(key, c.clone());
+                }
+                c
+            }
+        };
+        for (subject, w) in &chain.windows {
+            w.check(|| subject.clone(), now)?;
+        }
+        Ok(chain)
+    }
+
+    fn verify_chain(&self, pem: &[u8], now: i64) -> Result<VerifiedChain> {
+        const C: ChainKind = ChainKind::NvidiaDevice;
+        let ders = x509::pem_certs(pem, "NVIDIA device certificate chain")?;
+        if ders.len() < 2 {
+            return Err(Error::chain(C, "chain needs a leaf and a root"));
+        }
+        let certs = ders
+            .iter()
+            .map(|d| x509::parse_cert(d, "NVIDIA device certificate"))
+            .collect::<Result<Vec<_>>>()?;
+        let (root, _) = certs.split_last().ok_or_else(|| Error::chain(C, "empty chain"))?;
+        if !x509::is_self_signed(root, self.provider, C) {
+            return Err(Error::UntrustedRoot {
+                chain: C,
+                detail: format!("last certificate '{}' is not self-signed", x509::subject(root)),
+            });
+        }
+        let pin = x509::spki_sha256(root);
+        let sim = if NVIDIA_DEVICE_ROOTS.contains(&pin) {
+            false
+        } else if root_cn(root).starts_with(SIM_ROOT_CN_PREFIX) {
+            if !self.sim.trusts(&pin) {
+                return Err(Error::UntrustedRoot {
+                    chain: C,
+                    detail: format!(
+                        "'{}' is a simulator root and sim roots are not trusted",
+                        x509::subject(root)
+                    ),
+                });
+            }
+            true
+        } else {
+            return Err(Error::UntrustedRoot {
+                chain: C,
+                detail: format!(
+                    "'{}' (SPKI sha256 {}) is not the NVIDIA Device Identity CA",
+                    x509::subject(root),
+                    hex::encode(pin)
+                ),
+            });
+        };
+        for pair in certs.windows(2) {
+            x509::verify_issued_by(&pair[0], &pair[1], self.provider, C)?;
+        }
+        let mut windows = Vec::new();
+        for cert in &certs {
+            x509::check_validity(cert, now)?;
+            windows.push((x509::subject(cert), Window::of(cert)));
+        }
+        let leaf = &certs[0];
+        let fwids = match x509::extension(leaf, OID_TCG_DICE_TCB_INFO, C)? {
+            Some(v) => fwids_of(v),
+            None => Vec::new(),
+        };
+        if fwids.is_empty() {
+            return Err(Error::chain(
+                C,
+                format!("leaf '{}' carries no TCG DICE FWID", x509::subject(leaf)),
+            ));
+        }
+        let public_key = x509::ec_public_key(leaf, true, C)?;
+        let key = self
+            .provider
+            .prepare(SigAlg::EcdsaP384Sha384Fixed, public_key)
+            .map_err(|_| Error::chain(C, "leaf public key does not parse"))?;
+        let device_serial = leaf
+            .subject()
+            .iter_by_oid(&x509_parser::oid_registry::OID_X509_SERIALNUMBER)
+            .next()
+            .and_then(|a| a.as_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        Ok(VerifiedChain {
+            key,
+            fwids,
+            sim,
+            device_serial,
+            root: x509::subject(root),
+            windows,
+        })
+    }
+}
+
+fn root_cn(cert: &x509_parser::certificate::X509Certificate<'_>) -> String {
+    cert.subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// FWID digests in a TcbInfo extension value. The value is a SEQUENCE; NVIDIA's holds, among
+/// others, `SEQUENCE { hashAlg OID, digest OCTET STRING }` directly, while the TCG layout wraps
+/// the list in `[6] IMPLICIT SEQUENCE OF FWID`. Both are read; nothing else is guessed at.
+pub(crate) fn fwids_of(ext_value: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let Some((0x30, body, _)) = crate::der::read_tlv(ext_value) else {
+        return out;
+    };
+    fn fwid(seq: &[u8]) -> Option<Vec<u8>> {
+        let mut it = crate::der::children(seq);
+        match (it.next(), it.next(), it.next()) {
+            (Some((0x06, _)), Some((0x04, digest)), None) => Some(digest.to_vec()),
+            _ => None,
+        }
+    }
+    for (tag, value) in crate::der::children(body) {
+        match tag {
+            0x30 => out.extend(fwid(value)),
+            0xA6 => {
+                for (t, v) in crate::der::children(value) {
+                    if t == 0x30 {
+                        out.extend(fwid(v));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}

@@ -1,0 +1,80 @@
+//! Trust anchors: the vendor roots pinned in the binary, and the simulator roots a caller may
+//! choose to trust.
+//!
+//! Roots are pinned by the SHA-256 of their SubjectPublicKeyInfo: a chain in a bundle must end at
+//! a self-signed certificate whose key hashes to one of these, whatever else the bundle claims.
+//! The Intel SGX Root CA is pinned inside dcap-qvl (`QuoteVerifier::new_prod`).
+
+use crate::snp::Product;
+
+/// AMD ARK SubjectPublicKeyInfo SHA-256 per product (ARK-Milan, ARK-Genoa, ARK-Turin as AMD KDS
+/// serves them in `cert_chain`; the VLEK chain's ASVK hangs off the same ARK).
+pub(crate) const AMD_ARKS: [(Product, [u8; 32]); 3] = [
+    (
+        Product::Milan,
+        hex32("9f056bee44377e29308cb5ffa895bdfb62d18881fa6bed8d6f075b0204089cb9"),
+    ),
+    (
+        Product::Genoa,
+        hex32("429a69c9422aa258ee4d8db5fcda9c6470ef15f8cd5a9cebd6cbc7d90b863831"),
+    ),
+    (
+        Product::Turin,
+        hex32("4f125410563a2ab9a50356f9243f6fe0b6f73de98603f53f90339c70e9d7ad08"),
+    ),
+];
+
+/// NVIDIA Device Identity CA (both published encodings share this key).
+pub(crate) const NVIDIA_DEVICE_ROOTS: [[u8; 32]; 1] =
+    [hex32("a90c4eb5acfd3e3d03a25db6a26b84f720ad0503196c627c21ddd48dd85b06a4")];
+
+/// NVIDIA CoRIM signing Root CA (signs the RIM service's reference-value chains).
+pub(crate) const NVIDIA_RIM_ROOTS: [[u8; 32]; 1] =
+    [hex32("dec1dc316477aa851eebdf51327ae9f864bc8d89254657ed1e7eb9168af1e1a3")];
+
+/// Subject common-name prefix of every root the simulator makes. Only a root carrying it can be
+/// trusted as a sim root, so a sim trust setting never widens trust in vendor-looking chains.
+pub const SIM_ROOT_CN_PREFIX: &str = "cgx-sim ";
+
+/// Which simulated roots to trust. Production trusts none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SimTrust {
+    /// Refuse every sim root (the default).
+    #[default]
+    Refuse,
+    /// Trust sim roots with these SPKI SHA-256 pins.
+    Pinned(Vec<[u8; 32]>),
+    /// Trust any self-signed sim root (development: `cgx verify --trust-sim`).
+    Any,
+}
+
+impl SimTrust {
+    pub(crate) fn trusts(&self, spki_sha256: &[u8; 32]) -> bool {
+        match self {
+            SimTrust::Refuse => false,
+            SimTrust::Pinned(pins) => pins.contains(spki_sha256),
+            SimTrust::Any => true,
+        }
+    }
+}
+
+const fn hex_val(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        _ => panic!("pinned fingerprints are lowercase hex"),
+    }
+}
+
+/// Compile-time hex decoding of pins (a bad literal fails the build, never a run).
+const fn hex32(s: &str) -> [u8; 32] {
+    let b = s.as_bytes();
+    assert!(b.len() == 64, "pin must be 64 hex digits");
+    let mut out = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        out[i] = hex_val(b[2 * i]) << 4 | hex_val(b[2 * i + 1]);
+        i += 1;
+    }
+    out
+}
