@@ -24,6 +24,13 @@ pub(crate) fn read_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     Some((tag, &rest[..len], &rest[len..]))
 }
 
+/// Like [`read_tlv`], also returning the whole TLV's raw bytes: (tag, value, raw, rest).
+pub(crate) fn read_tlv_raw(input: &[u8]) -> Option<(u8, &[u8], &[u8], &[u8])> {
+    let (tag, value, rest) = read_tlv(input)?;
+    let raw = &input[..input.len() - rest.len()];
+    Some((tag, value, raw, rest))
+}
+
 /// Iterate the TLVs of a constructed value's contents.
 pub(crate) fn children(mut input: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
     std::iter::from_fn(move || {

@@ -57,6 +57,7 @@ impl TdxVerifier {
                 format!("{:#x} is not TDX (0x81)", quote.header.tee_type),
             ));
         }
+        check_canonical(ev.quote, &quote)?;
         let collateral: QuoteCollateralV3 = serde_json::from_slice(ev.collateral_json)
             .map_err(|e| Error::Collateral {
                 detail: format!("collateral JSON: {e}"),
@@ -107,6 +108,74 @@ impl TdxVerifier {
             }),
         })
     }
+}
+
+/// Certification data type 6: QE report certification data; its inner type 5: PCK chain (PEM).
+const CERT_TYPE_QE_REPORT: u16 = 6;
+const CERT_TYPE_PCK_CHAIN: u16 = 5;
+
+/// Refuse any byte of the quote that no check would otherwise cover. Signatures cover the header,
+/// body and QE report; dcap-qvl verifies the PCK leaf and intermediate but substitutes its pinned
+/// root for the root the quote carries and tolerates slack around the PEM. So: the quote must be
+/// exactly its own encoding (zero padding after it allowed), the certification data types must be
+/// 6 then 5, the PCK chain must be canonical PEM (64-column lines; NUL padding allowed), and the
+/// root it carries must be Intel's exact certificate.
+fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<()> {
+    use dcap_qvl::quote::AuthData;
+    use parity_scale_codec::Encode;
+    let encoded = quote.encode();
+    if bytes.len() < encoded.len()
+        || bytes[..encoded.len()] != encoded[..]
+        || bytes[encoded.len()..].iter().any(|&b| b != 0)
+    {
+        return Err(Error::malformed(
+            "TDX quote",
+            "bytes outside the quote structure, or a non-canonical encoding",
+        ));
+    }
+    let outer = match &quote.auth_data {
+        AuthData::V4(v4) => v4.certification_data.cert_type,
+        _ => 0,
+    };
+    if outer != CERT_TYPE_QE_REPORT || quote.inner_cert_type() != CERT_TYPE_PCK_CHAIN {
+        return Err(Error::invalid(
+            "certification data type",
+            format!(
+                "outer {outer}, inner {}: expected 6 (QE report) holding 5 (PCK chain)",
+                quote.inner_cert_type()
+            ),
+        ));
+    }
+    let data = quote.inner_cert_data();
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+    let ders = crate::x509::pem_certs(&data[..end], "PCK certificate chain")?;
+    let canonical: String = ders.iter().map(|d| canonical_pem(d)).collect();
+    if canonical.as_bytes() != &data[..end] {
+        return Err(Error::malformed(
+            "PCK certificate chain",
+            "not canonical PEM (64-column base64, LF line ends)",
+        ));
+    }
+    let root = ders.last().map(|d| crate::crypto::sha256(d));
+    if root != Some(crate::trust::INTEL_SGX_ROOT_CA_SHA256) {
+        return Err(Error::UntrustedRoot {
+            chain: crate::error::ChainKind::Intel,
+            detail: "the quote's PCK chain does not end at the Intel SGX Root CA".into(),
+        });
+    }
+    Ok(())
+}
+
+fn canonical_pem(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
 }
 
 /// Map dcap-qvl's error text to a typed refusal. The message is kept verbatim for operators.

@@ -32,6 +32,12 @@ pub(crate) const NVIDIA_DEVICE_ROOTS: [[u8; 32]; 1] =
 pub(crate) const NVIDIA_RIM_ROOTS: [[u8; 32]; 1] =
     [hex32("dec1dc316477aa851eebdf51327ae9f864bc8d89254657ed1e7eb9168af1e1a3")];
 
+/// SHA-256 of the whole Intel SGX Root CA certificate (DER). dcap-qvl pins the root's key; we
+/// additionally require the copy a quote carries to be this exact certificate, so no byte of a
+/// quote's certification data goes unchecked.
+pub(crate) const INTEL_SGX_ROOT_CA_SHA256: [u8; 32] =
+    hex32("44a0196b2b99f889b8e149e95b807a350e7424964399e885a7cbb8ccfab674d3");
+
 /// Subject common-name prefix of every root the simulator makes. Only a root carrying it can be
 /// trusted as a sim root, so a sim trust setting never widens trust in vendor-looking chains.
 pub const SIM_ROOT_CN_PREFIX: &str = "cgx-sim ";

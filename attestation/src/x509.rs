@@ -165,6 +165,41 @@ fn check_pss_sha384(alg: &AlgorithmIdentifier<'_>, chain: ChainKind) -> Result<(
     Ok(())
 }
 
+/// `SEQUENCE { tbs, algorithm, BIT STRING signature }` where the unsigned outer algorithm is
+/// byte-for-byte the signed inner one (RFC 5280 §4.1.1.2 / §5.1.1.2) and the signature has no
+/// unused bits. Parsers are lenient about both; without this, unsigned bytes could vary.
+fn canonical_signed_shape(der: &[u8], is_cert: bool) -> bool {
+    use crate::der::read_tlv_raw;
+    let Some((0x30, body, [])) = crate::der::read_tlv(der) else {
+        return false;
+    };
+    let Some((0x30, tbs, _, rest)) = read_tlv_raw(body) else {
+        return false;
+    };
+    let Some((0x30, _, outer_alg, rest)) = read_tlv_raw(rest) else {
+        return false;
+    };
+    let Some((0x03, sig, _, [])) = read_tlv_raw(rest) else {
+        return false;
+    };
+    if sig.first() != Some(&0) {
+        return false;
+    }
+    // Inner algorithm: certificates `[0] version, serial, signature`; CRLs `version?, signature`.
+    let mut rest = tbs;
+    let mut skip = if is_cert { 2 } else { 0 };
+    if !is_cert && rest.first() == Some(&0x02) {
+        skip = 1;
+    }
+    for _ in 0..skip {
+        let Some((_, _, _, r)) = read_tlv_raw(rest) else {
+            return false;
+        };
+        rest = r;
+    }
+    matches!(read_tlv_raw(rest), Some((0x30, _, inner_alg, _)) if inner_alg == outer_alg)
+}
+
 /// Verify that `issuer` signed `cert`: names chain, then the signature.
 pub(crate) fn verify_issued_by(
     cert: &X509Certificate<'_>,
@@ -180,6 +215,17 @@ pub(crate) fn verify_issued_by(
                 subject(cert),
                 cert.issuer(),
                 subject(issuer)
+            ),
+        ));
+    }
+    // RFC 5280 §4.1.1.2: the unsigned outer algorithm must equal the signed inner one; and a
+    // signature BIT STRING has no unused bits. Otherwise unsigned bytes could vary freely.
+    if !canonical_signed_shape(cert.as_raw(), true) {
+        return Err(Error::chain(
+            chain,
+            format!(
+                "'{}': outer signature algorithm or signature encoding is not canonical",
+                subject(cert)
             ),
         ));
     }
@@ -268,6 +314,11 @@ pub(crate) fn checked_crl_serials(
     if crl.issuer().as_raw() != issuer.subject().as_raw() {
         return Err(Error::Crl {
             detail: format!("issued by '{}', not by '{}'", crl.issuer(), subject(issuer)),
+        });
+    }
+    if !canonical_signed_shape(crl.as_ref(), false) {
+        return Err(Error::Crl {
+            detail: "outer signature algorithm or signature encoding is not canonical".into(),
         });
     }
     let (key, alg) = key_and_alg(issuer, &crl.signature_algorithm, chain)?;
