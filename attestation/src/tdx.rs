@@ -10,6 +10,7 @@
 use dcap_qvl::QuoteCollateralV3;
 use dcap_qvl::quote::Report;
 use dcap_qvl::verify::QuoteVerifier;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::claims::{Claims, EvidenceKind, KindClaims, TdxClaims};
 use crate::error::{Error, Result};
@@ -30,6 +31,74 @@ struct VerifyOnly;
 impl dcap_qvl::policy::Policy for VerifyOnly {
     fn validate(&self, _: &dcap_qvl::policy::QuoteClaims) -> anyhow::Result<()> {
         Ok(())
+    }
+}
+
+/// dcap-qvl configured with aws-lc-rs, so TDX shares the crypto backend of every other verifier.
+/// The vectors suite checks it against Intel-signed quotes.
+struct AwsLcConfig;
+
+impl dcap_qvl::config::Config for AwsLcConfig {
+    type X509 = dcap_qvl::x509::X509CertBackend;
+    type SigEncoder = dcap_qvl::signature::DerSigEncoder;
+    type Crypto = AwsLcDcap;
+}
+
+struct AwsLcDcap;
+
+/// P-256 verifications performed for TDX, process-wide: `cgx bench verify` reads it to learn
+/// how many signature checks one quote costs, which sets the bound TDX throughput chases.
+static P256_VERIFICATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Number of ECDSA P-256 verifications TDX verification has performed in this process.
+pub fn p256_verifications() -> u64 {
+    P256_VERIFICATIONS.load(Ordering::Relaxed)
+}
+
+#[derive(Debug)]
+struct EcdsaP256Sha256;
+
+static ECDSA_P256_SHA256: EcdsaP256Sha256 = EcdsaP256Sha256;
+
+impl rustls_pki_types::SignatureVerificationAlgorithm for EcdsaP256Sha256 {
+    fn verify_signature(
+        &self,
+        public_key: &[u8],
+        message: &[u8],
+        signature: &[u8],
+    ) -> std::result::Result<(), rustls_pki_types::InvalidSignature> {
+        P256_VERIFICATIONS.fetch_add(1, Ordering::Relaxed);
+        aws_lc_rs::signature::UnparsedPublicKey::new(
+            &aws_lc_rs::signature::ECDSA_P256_SHA256_ASN1,
+            public_key,
+        )
+        .verify(message, signature)
+        .map_err(|_| rustls_pki_types::InvalidSignature)
+    }
+
+    fn public_key_alg_id(&self) -> rustls_pki_types::AlgorithmIdentifier {
+        rustls_pki_types::alg_id::ECDSA_P256
+    }
+
+    fn signature_alg_id(&self) -> rustls_pki_types::AlgorithmIdentifier {
+        rustls_pki_types::alg_id::ECDSA_SHA256
+    }
+}
+
+impl dcap_qvl::config::CryptoProvider for AwsLcDcap {
+    fn sig_algo() -> &'static dyn rustls_pki_types::SignatureVerificationAlgorithm {
+        &ECDSA_P256_SHA256
+    }
+
+    fn sha256(data: &[u8]) -> [u8; 32] {
+        crate::crypto::sha256(data)
+    }
+
+    fn sha384(data: &[u8]) -> [u8; 48] {
+        let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, data);
+        let mut out = [0u8; 48];
+        out.copy_from_slice(d.as_ref());
+        out
     }
 }
 
@@ -64,6 +133,7 @@ impl TdxVerifier {
             })?;
         let now = u64::try_from(now).map_err(|_| Error::invalid("time", "before 1970"))?;
         let claims = QuoteVerifier::new_prod()
+            .with_config::<AwsLcConfig>()
             .allow_debug(true)
             .allow_service_td(true)
             .verify_with_policy(ev.quote, collateral, now, &VerifyOnly)
