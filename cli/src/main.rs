@@ -1,1 +1,193 @@
-fn main(){}
+//! `cgx`: the one command for enterprises, providers and auditors.
+//!
+//! This binary only parses arguments, reads and writes files, and prints; verification lives in
+//! `cgx-attestation`.
+
+mod bench;
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(name = "cgx", version, about = "Confidential GPU eXchange: attestation, keys, placement, audit")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Make simulated SNP and GPU evidence and verify it end to end (embedded defaults).
+    Up,
+    /// Verify an evidence bundle (a folder: report.bin + vcek.der + ask_ark.pem, quote.bin +
+    /// collateral.json, or attestation_report.hex + cert_chain.pem).
+    Verify {
+        bundle: PathBuf,
+        /// Verification time (RFC 3339); defaults to now.
+        #[arg(long)]
+        at: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Trust simulator roots found in the bundle (development only; claims say `sim`).
+        #[arg(long)]
+        trust_sim: bool,
+        /// NVIDIA RIM files to compare a GPU report's measurements against.
+        #[arg(long = "rim")]
+        rims: Vec<PathBuf>,
+        /// Accept RIMs whose signing certificates have expired.
+        #[arg(long)]
+        rim_ignore_signer_expiry: bool,
+    },
+    /// Write simulated evidence bundles.
+    Sim {
+        #[command(subcommand)]
+        kind: SimKind,
+    },
+    /// NVIDIA reference integrity manifests.
+    Rim {
+        #[command(subcommand)]
+        command: RimCommand,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SimKind {
+    /// An SEV-SNP report signed by a generated ARK/ASK/VCEK chain.
+    Snp {
+        #[arg(long)]
+        out: PathBuf,
+        /// REPORT_DATA, up to 64 bytes of hex (zero-padded).
+        #[arg(long)]
+        report_data: Option<String>,
+        /// MEASUREMENT, 48 bytes of hex.
+        #[arg(long)]
+        measurement: Option<String>,
+        #[arg(long, value_enum, default_value = "genoa")]
+        product: ProductArg,
+        /// Sign with a VLEK instead of a VCEK.
+        #[arg(long)]
+        vlek: bool,
+        /// Report version (2, 3 or 5).
+        #[arg(long, default_value_t = 5)]
+        version: u32,
+    },
+    /// NVIDIA SPDM measurements signed by a generated device chain.
+    Nvidia {
+        #[arg(long)]
+        out: PathBuf,
+        /// Requester nonce, 32 bytes of hex (random when absent).
+        #[arg(long)]
+        nonce: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RimCommand {
+    /// Verify RIM files (XML-DSig and chain to the NVIDIA CoRIM signing root).
+    Verify {
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        at: Option<String>,
+        #[arg(long)]
+        ignore_signer_expiry: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchWhat {
+    /// Verifications per second per kind on one core, against the raw signature bound.
+    Verify {
+        #[arg(long)]
+        json: bool,
+        /// Seconds per measurement round (5 rounds; the median is reported).
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Vectors folder for real evidence (default: $CGX_VECTORS or ../shared/vectors).
+        #[arg(long)]
+        vectors: Option<PathBuf>,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ProductArg {
+    Milan,
+    Genoa,
+    Turin,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CGX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Up => commands::up(),
+        Command::Verify {
+            bundle,
+            at,
+            json,
+            trust_sim,
+            rims,
+            rim_ignore_signer_expiry,
+        } => commands::verify(&bundle, at.as_deref(), json, trust_sim, &rims, rim_ignore_signer_expiry),
+        Command::Sim { kind } => match kind {
+            SimKind::Snp {
+                out,
+                report_data,
+                measurement,
+                product,
+                vlek,
+                version,
+            } => commands::sim_snp(
+                &out,
+                report_data.as_deref(),
+                measurement.as_deref(),
+                match product {
+                    ProductArg::Milan => cgx_attestation::snp::Product::Milan,
+                    ProductArg::Genoa => cgx_attestation::snp::Product::Genoa,
+                    ProductArg::Turin => cgx_attestation::snp::Product::Turin,
+                },
+                vlek,
+                version,
+            ),
+            SimKind::Nvidia { out, nonce } => commands::sim_nvidia(&out, nonce.as_deref()),
+        },
+        Command::Rim { command } => match command {
+            RimCommand::Verify {
+                files,
+                at,
+                ignore_signer_expiry,
+                json,
+            } => commands::rim_verify(&files, at.as_deref(), ignore_signer_expiry, json),
+        },
+        Command::Bench { what } => match what {
+            BenchWhat::Verify {
+                json,
+                seconds,
+                vectors,
+            } => bench::verify(json, seconds, vectors),
+        },
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cgx: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

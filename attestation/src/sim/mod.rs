@@ -603,3 +603,8 @@ pub fn default_tcb(product: Product) -> TcbVersion {
         microcode: 72,
     }
 }
+
+/// Random bytes from the system generator (chip ids and nonces of simulated platforms).
+pub fn fill_random(buf: &mut [u8]) -> Result<()> {
+    aws_lc_rs::rand::fill(buf).map_err(|_| keygen_err("random"))
+}

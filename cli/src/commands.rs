@@ -1,0 +1,318 @@
+//! Command implementations: read input, call the library, print.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use cgx_attestation::bundle::Bundle;
+use cgx_attestation::nvidia::rim::{self, RimOptions};
+use cgx_attestation::sim::{SimAmd, SimGpu, SnpReportOptions, default_tcb};
+use cgx_attestation::snp::{Product, SigningKey};
+use cgx_attestation::{Claims, KindClaims, SimTrust, Verifier, VerifierConfig};
+use serde_json::json;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// A usage or I/O problem (exit 2), as opposed to a verification refusal (exit 1).
+pub type CliResult = Result<ExitCode, String>;
+
+fn parse_at(at: Option<&str>) -> Result<OffsetDateTime, String> {
+    match at {
+        None => Ok(OffsetDateTime::now_utc()),
+        Some(s) => OffsetDateTime::parse(s, &Rfc3339)
+            .map_err(|e| format!("--at '{s}' is not an RFC 3339 time: {e}")),
+    }
+}
+
+fn hex_arg<const N: usize>(s: Option<&str>, name: &str, exact: bool) -> Result<[u8; N], String> {
+    let mut out = [0u8; N];
+    let Some(s) = s else { return Ok(out) };
+    let bytes = hex::decode(s.trim_start_matches("0x"))
+        .map_err(|e| format!("--{name} is not hex: {e}"))?;
+    if bytes.len() > N || (exact && bytes.len() != N) {
+        return Err(format!(
+            "--{name} must be {}{N} bytes, got {}",
+            if exact { "" } else { "at most " },
+            bytes.len()
+        ));
+    }
+    out[..bytes.len()].copy_from_slice(&bytes);
+    Ok(out)
+}
+
+fn summary(c: &Claims) -> String {
+    let sim = if c.sim { " [SIMULATED]" } else { "" };
+    let debug = if c.debug { " [DEBUG]" } else { "" };
+    match &c.detail {
+        KindClaims::Snp(s) => format!(
+            "SEV-SNP report v{} from {:?} signed by {}{sim}{debug}\n  measurement  {}\n  report_data  {}\n  chip_id      {}\n  reported_tcb bl={} tee={} snp={} ucode={}{}\n  policy       {}",
+            s.version,
+            s.product,
+            s.signing_key.name(),
+            s.measurement,
+            s.report_data,
+            s.chip_id,
+            s.reported_tcb.bootloader,
+            s.reported_tcb.tee,
+            s.reported_tcb.snp,
+            s.reported_tcb.microcode,
+            s.reported_tcb.fmc.map(|f| format!(" fmc={f}")).unwrap_or_default(),
+            s.policy
+        ),
+        KindClaims::Tdx(t) => format!(
+            "TDX quote v{} ({}) TCB {}{}{sim}{debug}\n  mr_td        {}\n  report_data  {}\n  td_attributes {}\n  rtmr0..3     {}",
+            t.quote_version,
+            t.body,
+            t.tcb_status,
+            if t.advisory_ids.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", t.advisory_ids.join(", "))
+            },
+            t.mr_td,
+            t.report_data,
+            t.td_attributes,
+            t.rtmr.join("\n               ")
+        ),
+        KindClaims::Nvidia(n) => format!(
+            "NVIDIA GPU SPDM {} measurements, {} blocks{sim}\n  nonce        {}\n  vbios        {}\n  driver       {}\n  device       {}",
+            n.spdm_version,
+            n.measurement_count,
+            n.nonce,
+            n.vbios_version.as_deref().unwrap_or("-"),
+            n.driver_version.as_deref().unwrap_or("-"),
+            n.device_serial
+        ),
+    }
+}
+
+pub fn verify(
+    dir: &Path,
+    at: Option<&str>,
+    json_out: bool,
+    trust_sim: bool,
+    rim_files: &[std::path::PathBuf],
+    rim_ignore_expiry: bool,
+) -> CliResult {
+    let now = parse_at(at)?;
+    let verifier = Verifier::new(VerifierConfig {
+        sim: if trust_sim { SimTrust::Any } else { SimTrust::Refuse },
+    });
+    let bundle = Bundle::load(dir);
+    let kind = bundle.as_ref().ok().map(|b| b.kind().as_str());
+    let result = bundle.and_then(|b| verifier.verify(&b.evidence(), now));
+    match result {
+        Ok(verified) => {
+            let claims = verified.claims();
+            let mut comparison = None;
+            if !rim_files.is_empty() {
+                let KindClaims::Nvidia(gpu) = &claims.detail else {
+                    return Err("--rim applies to NVIDIA evidence only".into());
+                };
+                let opts = RimOptions {
+                    ignore_signer_expiry: rim_ignore_expiry,
+                };
+                let mut rims = Vec::new();
+                for f in rim_files {
+                    let xml = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
+                    match rim::verify(&xml, &cgx_attestation::crypto::DEFAULT_PROVIDER, now.unix_timestamp(), opts) {
+                        Ok(r) => rims.push(r),
+                        Err(e) => return refused(json_out, Some("nvidia"), &e),
+                    }
+                }
+                let refs: Vec<_> = rims.iter().collect();
+                comparison = Some(
+                    rim::compare(&gpu.measurements, &refs).map_err(|e| e.to_string())?,
+                );
+            }
+            if json_out {
+                let mut out = json!({"valid": true, "kind": claims.kind, "claims": claims});
+                if let Some(c) = &comparison {
+                    out["rim_comparison"] = json!(c);
+                }
+                println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+            } else {
+                println!("VALID {}", summary(claims));
+                if let Some(c) = &comparison {
+                    println!(
+                        "  RIMs: {} match, {} differ, {} without reference",
+                        c.matched.len(),
+                        c.mismatched.len(),
+                        c.no_reference.len()
+                    );
+                    for m in &c.mismatched {
+                        println!(
+                            "    index {} measured {} expected {} ({})",
+                            m.index,
+                            m.measured.as_deref().unwrap_or("(absent)"),
+                            m.expected.join(" | "),
+                            m.rim
+                        );
+                    }
+                }
+            }
+            let rims_ok = comparison.as_ref().is_none_or(|c| c.all_match());
+            Ok(if rims_ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Err(e) => refused(json_out, kind, &e),
+    }
+}
+
+fn refused(json_out: bool, kind: Option<&str>, e: &cgx_attestation::Error) -> CliResult {
+    if json_out {
+        let out = json!({
+            "valid": false,
+            "kind": kind,
+            "error": {"code": e.code(), "message": e.to_string()},
+        });
+        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+    } else {
+        println!("REFUSED {}: {} ({})", kind.unwrap_or("evidence"), e, e.code());
+    }
+    Ok(ExitCode::from(1))
+}
+
+pub fn sim_snp(
+    out: &Path,
+    report_data: Option<&str>,
+    measurement: Option<&str>,
+    product: Product,
+    vlek: bool,
+    version: u32,
+) -> CliResult {
+    if ![2, 3, 5].contains(&version) {
+        return Err(format!("--version {version}: use 2, 3 or 5"));
+    }
+    let opts = SnpReportOptions {
+        version,
+        report_data: hex_arg::<64>(report_data, "report-data", false)?,
+        measurement: hex_arg::<48>(measurement, "measurement", true)?,
+        ..Default::default()
+    };
+    let mut chip = [0u8; 64];
+    aws_lc_rs_fill(&mut chip)?;
+    let key = if vlek { SigningKey::Vlek } else { SigningKey::Vcek };
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let sim = SimAmd::generate(product, key, default_tcb(product), chip, now).map_err(|e| e.to_string())?;
+    sim.bundle(&opts)
+        .and_then(|b| b.write(out))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "wrote simulated {} SNP evidence ({}) to {}\nverify it with: cgx verify {} --trust-sim",
+        product.name(),
+        key.name(),
+        out.display(),
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn aws_lc_rs_fill(buf: &mut [u8]) -> Result<(), String> {
+    cgx_attestation::sim::fill_random(buf).map_err(|e| e.to_string())
+}
+
+pub fn sim_nvidia(out: &Path, nonce: Option<&str>) -> CliResult {
+    let nonce = match nonce {
+        Some(_) => hex_arg::<32>(nonce, "nonce", true)?,
+        None => {
+            let mut n = [0u8; 32];
+            aws_lc_rs_fill(&mut n)?;
+            n
+        }
+    };
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let gpu = SimGpu::generate(now).map_err(|e| e.to_string())?;
+    gpu.bundle(nonce, 64)
+        .and_then(|b| b.write(out))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "wrote simulated NVIDIA GPU evidence to {}\nverify it with: cgx verify {} --trust-sim",
+        out.display(),
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn rim_verify(files: &[std::path::PathBuf], at: Option<&str>, ignore: bool, json_out: bool) -> CliResult {
+    if files.is_empty() {
+        return Err("name at least one RIM file".into());
+    }
+    let now = parse_at(at)?.unix_timestamp();
+    let opts = RimOptions {
+        ignore_signer_expiry: ignore,
+    };
+    let mut all_ok = true;
+    let mut results = Vec::new();
+    for f in files {
+        let xml = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let r = rim::verify(&xml, &cgx_attestation::crypto::DEFAULT_PROVIDER, now, opts);
+        match &r {
+            Ok(v) => {
+                if !json_out {
+                    println!(
+                        "VALID   {} {} {} ({} golden measurements){}",
+                        f.display(),
+                        v.product,
+                        v.version,
+                        v.golden.len(),
+                        if v.signer_expired { " [signer expired, accepted]" } else { "" }
+                    );
+                }
+                results.push(json!({"file": f.display().to_string(), "valid": true, "rim": v}));
+            }
+            Err(e) => {
+                all_ok = false;
+                if !json_out {
+                    println!("REFUSED {}: {e} ({})", f.display(), e.code());
+                }
+                results.push(json!({"file": f.display().to_string(), "valid": false,
+                    "error": {"code": e.code(), "message": e.to_string()}}));
+            }
+        }
+    }
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?);
+    }
+    Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `cgx up`: the whole attestation path on embedded defaults, no hardware needed.
+pub fn up() -> CliResult {
+    let now = OffsetDateTime::now_utc();
+    let t = now.unix_timestamp();
+    println!("cgx up: simulated confidential VM with one GPU (evidence is simulated; claims say so)");
+    let mut chip = [0u8; 64];
+    aws_lc_rs_fill(&mut chip)?;
+    let snp = SimAmd::generate(Product::Genoa, SigningKey::Vcek, default_tcb(Product::Genoa), chip, t)
+        .map_err(|e| e.to_string())?;
+    let gpu = SimGpu::generate(t).map_err(|e| e.to_string())?;
+    let mut nonce = [0u8; 32];
+    aws_lc_rs_fill(&mut nonce)?;
+    let gpu_bundle = gpu.bundle(nonce, 64).map_err(|e| e.to_string())?;
+    let mut report_data = [0u8; 64];
+    report_data[..32].copy_from_slice(&nonce);
+    let snp_bundle = snp
+        .bundle(&SnpReportOptions {
+            report_data,
+            ..Default::default()
+        })
+        .map_err(|e| e.to_string())?;
+    let production = Verifier::new(VerifierConfig::default());
+    let dev = Verifier::new(VerifierConfig {
+        sim: SimTrust::Pinned(vec![snp.root_pin(), gpu.root_pin()]),
+    });
+    for (name, b) in [("CPU", &snp_bundle), ("GPU", &gpu_bundle)] {
+        match production.verify(&b.evidence(), now) {
+            Err(e) => println!("[production trust] {name}: refused as it must be: {} ({})", e, e.code()),
+            Ok(_) => return Err(format!("{name}: sim evidence passed production trust")),
+        }
+        match dev.verify(&b.evidence(), now) {
+            Ok(c) => println!("[sim roots pinned] {name}: VALID {}", summary(c.claims())),
+            Err(e) => {
+                println!("[sim roots pinned] {name}: REFUSED {e}");
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
+    println!("ok: both verified through the same code path real evidence takes");
+    Ok(ExitCode::SUCCESS)
+}
