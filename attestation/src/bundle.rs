@@ -69,17 +69,13 @@ impl Bundle {
                     first_existing(dir, &["vcek.der", "vcek.pem", "vcek.crt"])
                 {
                     (p, snp::SigningKey::Vcek)
-                } else if let Some(p) = first_existing(dir, &["vlek.der", "vlek.pem", "vlek.crt"])
-                {
+                } else if let Some(p) = first_existing(dir, &["vlek.der", "vlek.pem", "vlek.crt"]) {
                     (p, snp::SigningKey::Vlek)
                 } else {
                     return Err(missing(dir, "vcek.der or vlek.der"));
                 };
-                let chain = first_existing(
-                    dir,
-                    &["ask_ark.pem", "asvk_ark.pem", "cert_chain.pem"],
-                )
-                .ok_or_else(|| missing(dir, "ask_ark.pem or asvk_ark.pem"))?;
+                let chain = first_existing(dir, &["ask_ark.pem", "asvk_ark.pem", "cert_chain.pem"])
+                    .ok_or_else(|| missing(dir, "ask_ark.pem or asvk_ark.pem"))?;
                 let mut crls = Vec::new();
                 let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
                     .map_err(|e| Error::Bundle {
@@ -115,10 +111,8 @@ impl Bundle {
                         .into_iter()
                         .filter(|b| !b.is_ascii_whitespace())
                         .collect();
-                    hex::decode(&clean).map_err(|e| Error::malformed(
-                        "attestation_report.hex",
-                        e.to_string(),
-                    ))?
+                    hex::decode(&clean)
+                        .map_err(|e| Error::malformed("attestation_report.hex", e.to_string()))?
                 };
                 Ok(Bundle::Nvidia {
                     report,
@@ -129,14 +123,14 @@ impl Bundle {
     }
 
     fn detect_kind(dir: &Path) -> Result<EvidenceKind> {
-        if let Ok(text) = std::fs::read(dir.join("expected.json")) {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text) {
-                match v.get("kind").and_then(|k| k.as_str()) {
-                    Some("snp") => return Ok(EvidenceKind::Snp),
-                    Some("tdx") => return Ok(EvidenceKind::Tdx),
-                    Some("nvidia") => return Ok(EvidenceKind::Nvidia),
-                    _ => {}
-                }
+        if let Ok(text) = std::fs::read(dir.join("expected.json"))
+            && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text)
+        {
+            match v.get("kind").and_then(|k| k.as_str()) {
+                Some("snp") => return Ok(EvidenceKind::Snp),
+                Some("tdx") => return Ok(EvidenceKind::Tdx),
+                Some("nvidia") => return Ok(EvidenceKind::Nvidia),
+                _ => {}
             }
         }
         if dir.join("report.bin").is_file() {
@@ -148,7 +142,10 @@ impl Bundle {
         {
             Ok(EvidenceKind::Nvidia)
         } else {
-            Err(missing(dir, "report.bin, quote.bin or attestation_report.*"))
+            Err(missing(
+                dir,
+                "report.bin, quote.bin or attestation_report.*",
+            ))
         }
     }
 

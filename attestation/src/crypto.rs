@@ -45,8 +45,13 @@ pub trait PreparedKey: Send + Sync + fmt::Debug {
 /// The crypto a verifier needs. Implementations must be constant-behaviour: no I/O, no clock.
 pub trait CryptoProvider: Send + Sync + fmt::Debug {
     /// Verify `sig` over `msg` with a raw public key (SEC1 point for EC, PKCS#1 for RSA).
-    fn verify(&self, alg: SigAlg, public_key: &[u8], msg: &[u8], sig: &[u8])
-    -> Result<(), Rejected>;
+    fn verify(
+        &self,
+        alg: SigAlg,
+        public_key: &[u8],
+        msg: &[u8],
+        sig: &[u8],
+    ) -> Result<(), Rejected>;
     /// Parse a key once for repeated verification.
     fn prepare(&self, alg: SigAlg, public_key: &[u8]) -> Result<Box<dyn PreparedKey>, Rejected>;
     /// Hash `data`.

@@ -24,8 +24,11 @@ pub(crate) fn read_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     Some((tag, &rest[..len], &rest[len..]))
 }
 
-/// Like [`read_tlv`], also returning the whole TLV's raw bytes: (tag, value, raw, rest).
-pub(crate) fn read_tlv_raw(input: &[u8]) -> Option<(u8, &[u8], &[u8], &[u8])> {
+/// (tag, value, raw TLV, rest).
+pub(crate) type RawTlv<'a> = (u8, &'a [u8], &'a [u8], &'a [u8]);
+
+/// Like [`read_tlv`], also returning the whole TLV's raw bytes.
+pub(crate) fn read_tlv_raw(input: &[u8]) -> Option<RawTlv<'_>> {
     let (tag, value, rest) = read_tlv(input)?;
     let raw = &input[..input.len() - rest.len()];
     Some((tag, value, raw, rest))
@@ -158,7 +161,10 @@ mod tests {
         assert!(read_tlv(&long[..long.len() - 1]).is_none());
         assert!(read_tlv(&[0x30]).is_none());
         assert!(read_tlv(&[0x30, 0x85, 1, 1, 1, 1, 1]).is_none());
-        assert_eq!(write::oid("1.2.840.10045.2.1"), [6, 7, 42, 134, 72, 206, 61, 2, 1]);
+        assert_eq!(
+            write::oid("1.2.840.10045.2.1"),
+            [6, 7, 42, 134, 72, 206, 61, 2, 1]
+        );
         assert_eq!(write::small_uint(128), [2, 2, 0, 128]);
     }
 }

@@ -127,8 +127,8 @@ impl TdxVerifier {
             ));
         }
         check_canonical(ev.quote, &quote)?;
-        let collateral: QuoteCollateralV3 = serde_json::from_slice(ev.collateral_json)
-            .map_err(|e| Error::Collateral {
+        let collateral: QuoteCollateralV3 =
+            serde_json::from_slice(ev.collateral_json).map_err(|e| Error::Collateral {
                 detail: format!("collateral JSON: {e}"),
             })?;
         let now = u64::try_from(now).map_err(|_| Error::invalid("time", "before 1970"))?;
@@ -267,8 +267,7 @@ fn classify(msg: &str) -> Error {
             subject: "Intel PCK chain".into(),
             serial: detail,
         }
-    } else if lower.contains("signature") || lower.contains("mismatch") || lower.contains("hash")
-    {
+    } else if lower.contains("signature") || lower.contains("mismatch") || lower.contains("hash") {
         Error::signature(format!("TDX quote or collateral ({msg})"))
     } else if lower.contains("decode") || lower.contains("parse") || lower.contains("invalid") {
         Error::malformed("TDX quote or collateral", detail)

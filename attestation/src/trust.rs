@@ -25,12 +25,14 @@ pub(crate) const AMD_ARKS: [(Product, [u8; 32]); 3] = [
 ];
 
 /// NVIDIA Device Identity CA (both published encodings share this key).
-pub(crate) const NVIDIA_DEVICE_ROOTS: [[u8; 32]; 1] =
-    [hex32("a90c4eb5acfd3e3d03a25db6a26b84f720ad0503196c627c21ddd48dd85b06a4")];
+pub(crate) const NVIDIA_DEVICE_ROOTS: [[u8; 32]; 1] = [hex32(
+    "a90c4eb5acfd3e3d03a25db6a26b84f720ad0503196c627c21ddd48dd85b06a4",
+)];
 
 /// NVIDIA CoRIM signing Root CA (signs the RIM service's reference-value chains).
-pub(crate) const NVIDIA_RIM_ROOTS: [[u8; 32]; 1] =
-    [hex32("dec1dc316477aa851eebdf51327ae9f864bc8d89254657ed1e7eb9168af1e1a3")];
+pub(crate) const NVIDIA_RIM_ROOTS: [[u8; 32]; 1] = [hex32(
+    "dec1dc316477aa851eebdf51327ae9f864bc8d89254657ed1e7eb9168af1e1a3",
+)];
 
 /// SHA-256 of the whole Intel SGX Root CA certificate (DER). dcap-qvl pins the root's key; we
 /// additionally require the copy a quote carries to be this exact certificate, so no byte of a
@@ -64,6 +66,8 @@ impl SimTrust {
     }
 }
 
+// Only evaluated at compile time (in `const` items): a bad literal fails the build.
+#[allow(clippy::panic)]
 const fn hex_val(c: u8) -> u8 {
     match c {
         b'0'..=b'9' => c - b'0',

@@ -25,12 +25,15 @@ const OID_P384: &str = "1.3.132.0.34";
 /// Parse one DER certificate, refusing trailing bytes.
 pub(crate) fn parse_cert<'a>(der: &'a [u8], what: &'static str) -> Result<X509Certificate<'a>> {
     match X509Certificate::from_der(der) {
-        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(([], cert)) => Ok(cert),
         Ok((rest, _)) => Err(Error::malformed(
             what,
             format!("{} trailing bytes after certificate", rest.len()),
         )),
-        Err(e) => Err(Error::malformed(what, format!("certificate does not parse: {e}"))),
+        Err(e) => Err(Error::malformed(
+            what,
+            format!("certificate does not parse: {e}"),
+        )),
     }
 }
 
@@ -66,7 +69,10 @@ pub(crate) fn subject(cert: &X509Certificate<'_>) -> String {
 pub(crate) fn rfc3339(ts: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(ts)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| ts.to_string())
 }
 
@@ -155,7 +161,9 @@ fn check_pss_sha384(alg: &AlgorithmIdentifier<'_>, chain: ChainKind) -> Result<(
     if params.hash_algorithm_oid().to_id_string() != OID_SHA384 {
         return Err(bad("hash is not SHA-384"));
     }
-    let mgf = params.mask_gen_algorithm().map_err(|_| bad("mask generation"))?;
+    let mgf = params
+        .mask_gen_algorithm()
+        .map_err(|_| bad("mask generation"))?;
     if mgf.mgf.to_id_string() != OID_MGF1 || mgf.hash.to_id_string() != OID_SHA384 {
         return Err(bad("mask generation is not MGF1-SHA-384"));
     }
@@ -260,7 +268,8 @@ pub(crate) fn ec_public_key<'a>(
         .and_then(|p| p.as_oid().ok())
         .map(|o| o.to_id_string());
     let want = if p384 { OID_P384 } else { OID_P256 };
-    if spki.algorithm.algorithm.to_id_string() != OID_EC_PUBLIC_KEY || curve.as_deref() != Some(want)
+    if spki.algorithm.algorithm.to_id_string() != OID_EC_PUBLIC_KEY
+        || curve.as_deref() != Some(want)
     {
         return Err(Error::chain(
             chain,
@@ -338,12 +347,12 @@ pub(crate) fn checked_crl_serials(
             detail: format!("not valid before {}", rfc3339(this)),
         });
     }
-    if let Some(next) = crl.next_update() {
-        if now > next.timestamp() {
-            return Err(Error::Crl {
-                detail: format!("expired at {}", rfc3339(next.timestamp())),
-            });
-        }
+    if let Some(next) = crl.next_update()
+        && now > next.timestamp()
+    {
+        return Err(Error::Crl {
+            detail: format!("expired at {}", rfc3339(next.timestamp())),
+        });
     }
     Ok(crl
         .iter_revoked_certificates()
@@ -359,4 +368,3 @@ pub(crate) fn is_self_signed(
 ) -> bool {
     verify_issued_by(cert, cert, provider, chain).is_ok()
 }
-

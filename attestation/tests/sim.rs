@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Simulated evidence through the real verification path: it verifies only when its root is
 //! trusted, and every checked field and chain link, when tampered with, is refused with a
 //! specific error. Random mutations never panic and never verify.
@@ -74,7 +75,9 @@ fn sim_snp_verifies_only_when_trusted_and_says_sim() {
     let b = snp_bundle();
     let claims = verify(&trusting(), &b).unwrap();
     assert!(claims.sim);
-    let KindClaims::Snp(snp) = &claims.detail else { panic!() };
+    let KindClaims::Snp(snp) = &claims.detail else {
+        panic!()
+    };
     assert_eq!(snp.report_data, hex::encode([7u8; 64]));
     assert_eq!(snp.measurement, hex::encode([9u8; 48]));
     assert_eq!(snp.chip_id, hex::encode(chip()));
@@ -91,8 +94,14 @@ fn sim_snp_verifies_only_when_trusted_and_says_sim() {
 fn every_products_and_vlek_layout_verifies() {
     for product in [Product::Milan, Product::Genoa, Product::Turin] {
         for key in [SigningKey::Vcek, SigningKey::Vlek] {
-            let sim = SimAmd::generate(product, key, default_tcb(product), chip(), now().unix_timestamp())
-                .unwrap();
+            let sim = SimAmd::generate(
+                product,
+                key,
+                default_tcb(product),
+                chip(),
+                now().unix_timestamp(),
+            )
+            .unwrap();
             for version in [2, 3, 5] {
                 let b = sim
                     .bundle(&SnpReportOptions {
@@ -101,8 +110,11 @@ fn every_products_and_vlek_layout_verifies() {
                     })
                     .unwrap();
                 let v = Verifier::new(VerifierConfig { sim: SimTrust::Any });
-                let c = verify(&v, &b).unwrap_or_else(|e| panic!("{product:?} {key:?} v{version}: {e}"));
-                let KindClaims::Snp(s) = &c.detail else { panic!() };
+                let c = verify(&v, &b)
+                    .unwrap_or_else(|e| panic!("{product:?} {key:?} v{version}: {e}"));
+                let KindClaims::Snp(s) = &c.detail else {
+                    panic!()
+                };
                 assert_eq!(s.product, product);
                 assert_eq!(s.signing_key, key);
                 assert_eq!(s.reported_tcb, default_tcb(product));
@@ -122,34 +134,94 @@ fn each_tampered_report_field_is_refused() {
         ("FAMILY_ID", offsets::FAMILY_ID, &["signature_invalid"]),
         ("IMAGE_ID", offsets::IMAGE_ID, &["signature_invalid"]),
         ("VMPL", offsets::VMPL, &["signature_invalid"]),
-        ("SIGNATURE_ALGO", offsets::SIGNATURE_ALGO, &["invalid_field"]),
+        (
+            "SIGNATURE_ALGO",
+            offsets::SIGNATURE_ALGO,
+            &["invalid_field"],
+        ),
         ("CURRENT_TCB", offsets::CURRENT_TCB, &["signature_invalid"]),
-        ("PLATFORM_INFO", offsets::PLATFORM_INFO, &["signature_invalid"]),
-        ("KEY_INFO (author key)", offsets::KEY_INFO, &["signature_invalid"]),
-        ("REPORT_DATA", offsets::REPORT_DATA + 5, &["signature_invalid"]),
-        ("MEASUREMENT", offsets::MEASUREMENT + 47, &["signature_invalid"]),
+        (
+            "PLATFORM_INFO",
+            offsets::PLATFORM_INFO,
+            &["signature_invalid"],
+        ),
+        (
+            "KEY_INFO (author key)",
+            offsets::KEY_INFO,
+            &["signature_invalid"],
+        ),
+        (
+            "REPORT_DATA",
+            offsets::REPORT_DATA + 5,
+            &["signature_invalid"],
+        ),
+        (
+            "MEASUREMENT",
+            offsets::MEASUREMENT + 47,
+            &["signature_invalid"],
+        ),
         ("HOST_DATA", offsets::HOST_DATA, &["signature_invalid"]),
-        ("ID_KEY_DIGEST", offsets::ID_KEY_DIGEST, &["signature_invalid"]),
-        ("AUTHOR_KEY_DIGEST", offsets::AUTHOR_KEY_DIGEST, &["signature_invalid"]),
+        (
+            "ID_KEY_DIGEST",
+            offsets::ID_KEY_DIGEST,
+            &["signature_invalid"],
+        ),
+        (
+            "AUTHOR_KEY_DIGEST",
+            offsets::AUTHOR_KEY_DIGEST,
+            &["signature_invalid"],
+        ),
         ("REPORT_ID", offsets::REPORT_ID, &["signature_invalid"]),
-        ("REPORT_ID_MA", offsets::REPORT_ID_MA, &["signature_invalid"]),
-        ("REPORTED_TCB", offsets::REPORTED_TCB, &["signature_invalid", "tcb_mismatch"]),
+        (
+            "REPORT_ID_MA",
+            offsets::REPORT_ID_MA,
+            &["signature_invalid"],
+        ),
+        (
+            "REPORTED_TCB",
+            offsets::REPORTED_TCB,
+            &["signature_invalid", "tcb_mismatch"],
+        ),
         ("CPUID_FAM_ID", offsets::CPUID_FAM_ID, &["invalid_field"]),
-        ("CHIP_ID", offsets::CHIP_ID, &["signature_invalid", "chip_id_mismatch"]),
-        ("COMMITTED_TCB", offsets::COMMITTED_TCB, &["signature_invalid"]),
-        ("CURRENT_BUILD", offsets::CURRENT_BUILD, &["signature_invalid"]),
+        (
+            "CHIP_ID",
+            offsets::CHIP_ID,
+            &["signature_invalid", "chip_id_mismatch"],
+        ),
+        (
+            "COMMITTED_TCB",
+            offsets::COMMITTED_TCB,
+            &["signature_invalid"],
+        ),
+        (
+            "CURRENT_BUILD",
+            offsets::CURRENT_BUILD,
+            &["signature_invalid"],
+        ),
         ("LAUNCH_TCB", offsets::LAUNCH_TCB, &["signature_invalid"]),
         ("reserved 0x04C", 0x04C, &["invalid_field"]),
         ("reserved 0x2A0 area", 0x250, &["invalid_field"]),
         ("SIGNATURE_R", offsets::SIGNATURE_R, &["signature_invalid"]),
-        ("SIGNATURE_S", offsets::SIGNATURE_S + 3, &["signature_invalid"]),
-        ("SIGNATURE_R high bytes", offsets::SIGNATURE_R + 60, &["invalid_field"]),
+        (
+            "SIGNATURE_S",
+            offsets::SIGNATURE_S + 3,
+            &["signature_invalid"],
+        ),
+        (
+            "SIGNATURE_R high bytes",
+            offsets::SIGNATURE_R + 60,
+            &["invalid_field"],
+        ),
         ("signature reserved", 0x400, &["invalid_field"]),
     ];
     for (field, off, codes) in fields {
         let t = with_report(&b, |r| r[*off] ^= 0x01);
         let err = verify(&v, &t).unwrap_err();
-        assert!(codes.contains(&err.code()), "{field}: got {} ({err})", err.code());
+        assert!(
+            codes.contains(&err.code()),
+            "{field}: got {} ({err})",
+            err.code()
+        );
     }
     // Signing key set to VLEK while a VCEK is supplied; MASK_CHIP_KEY; truncation; extension.
     let t = with_report(&b, |r| r[offsets::KEY_INFO] |= 1 << 2);
@@ -164,7 +236,12 @@ fn each_tampered_report_field_is_refused() {
     assert_eq!(verify(&v, &t).unwrap_err().code(), "truncated");
 }
 
-fn replace_snp(b: &Bundle, leaf: Option<Vec<u8>>, chain: Option<Vec<u8>>, crls: Vec<Vec<u8>>) -> Bundle {
+fn replace_snp(
+    b: &Bundle,
+    leaf: Option<Vec<u8>>,
+    chain: Option<Vec<u8>>,
+    crls: Vec<Vec<u8>>,
+) -> Bundle {
     let mut b = b.clone();
     if let Bundle::Snp {
         signing_cert,
@@ -203,17 +280,34 @@ fn each_chain_link_is_checked() {
     let e = verify(&v, &replace_snp(&b, None, Some(chain.into_bytes()), vec![])).unwrap_err();
     assert_eq!(e.code(), "signature_invalid", "{e}");
     // ARK → ASK: a chain whose ARK is another (untrusted) sim root.
-    let other = SimAmd::generate(Product::Milan, SigningKey::Vcek, default_tcb(Product::Milan), chip(), t).unwrap();
-    let e = verify(&v, &replace_snp(&b, None, Some(other.cert_chain_pem().into_bytes()), vec![]))
-        .unwrap_err();
+    let other = SimAmd::generate(
+        Product::Milan,
+        SigningKey::Vcek,
+        default_tcb(Product::Milan),
+        chip(),
+        t,
+    )
+    .unwrap();
+    let e = verify(
+        &v,
+        &replace_snp(&b, None, Some(other.cert_chain_pem().into_bytes()), vec![]),
+    )
+    .unwrap_err();
     assert_eq!(e.code(), "untrusted_root", "{e}");
     // … and with that root trusted, the ASK still did not sign our VCEK.
     let both = Verifier::new(VerifierConfig { sim: SimTrust::Any });
-    let e = verify(&both, &replace_snp(&b, None, Some(other.cert_chain_pem().into_bytes()), vec![]))
-        .unwrap_err();
+    let e = verify(
+        &both,
+        &replace_snp(&b, None, Some(other.cert_chain_pem().into_bytes()), vec![]),
+    )
+    .unwrap_err();
     assert_eq!(e.code(), "signature_invalid", "{e}");
     // ASK → VCEK: a VCEK from another hierarchy.
-    let e = verify(&v, &replace_snp(&b, Some(other.leaf_der.clone()), None, vec![])).unwrap_err();
+    let e = verify(
+        &v,
+        &replace_snp(&b, Some(other.leaf_der.clone()), None, vec![]),
+    )
+    .unwrap_err();
     assert_eq!(e.code(), "signature_invalid", "{e}");
     // VCEK TCB extensions must equal REPORTED_TCB.
     let mut tcb = default_tcb(Product::Milan);
@@ -224,18 +318,29 @@ fn each_chain_link_is_checked() {
     let mut tcb = default_tcb(Product::Milan);
     tcb.microcode += 1;
     let leaf = sim.issue_leaf(tcb, chip(), t - 10, t + 1000).unwrap();
-    assert_eq!(verify(&v, &replace_snp(&b, Some(leaf), None, vec![])).unwrap_err().code(), "tcb_mismatch");
+    assert_eq!(
+        verify(&v, &replace_snp(&b, Some(leaf), None, vec![]))
+            .unwrap_err()
+            .code(),
+        "tcb_mismatch"
+    );
     // hwID must equal CHIP_ID.
     let mut other_chip = chip();
     other_chip[0] ^= 1;
-    let leaf = sim.issue_leaf(default_tcb(Product::Milan), other_chip, t - 10, t + 1000).unwrap();
+    let leaf = sim
+        .issue_leaf(default_tcb(Product::Milan), other_chip, t - 10, t + 1000)
+        .unwrap();
     let e = verify(&v, &replace_snp(&b, Some(leaf), None, vec![])).unwrap_err();
     assert_eq!(e.code(), "chip_id_mismatch", "{e}");
     // Certificate validity at the verification time.
-    let leaf = sim.issue_leaf(default_tcb(Product::Milan), chip(), t - 1000, t - 10).unwrap();
+    let leaf = sim
+        .issue_leaf(default_tcb(Product::Milan), chip(), t - 1000, t - 10)
+        .unwrap();
     let e = verify(&v, &replace_snp(&b, Some(leaf), None, vec![])).unwrap_err();
     assert_eq!(e.code(), "certificate_not_valid_at_time", "{e}");
-    let leaf = sim.issue_leaf(default_tcb(Product::Milan), chip(), t + 1000, t + 2000).unwrap();
+    let leaf = sim
+        .issue_leaf(default_tcb(Product::Milan), chip(), t + 1000, t + 2000)
+        .unwrap();
     let e = verify(&v, &replace_snp(&b, Some(leaf), None, vec![])).unwrap_err();
     assert_eq!(e.code(), "certificate_not_valid_at_time", "{e}");
     // A cached chain is re-checked against each verification time.
@@ -245,19 +350,47 @@ fn each_chain_link_is_checked() {
     assert_eq!(e.code(), "certificate_not_valid_at_time", "{e}");
     // CRLs: a revoked ASK or VCEK; a CRL that is expired or signed by someone else.
     let crl = sim.crl(&[SimAmd::ASK_SERIAL], t - 100, t + 1000).unwrap();
-    assert_eq!(verify(&v, &replace_snp(&b, None, None, vec![crl])).unwrap_err().code(), "revoked");
+    assert_eq!(
+        verify(&v, &replace_snp(&b, None, None, vec![crl]))
+            .unwrap_err()
+            .code(),
+        "revoked"
+    );
     let crl = sim.crl(&[SimAmd::LEAF_SERIAL], t - 100, t + 1000).unwrap();
-    assert_eq!(verify(&v, &replace_snp(&b, None, None, vec![crl])).unwrap_err().code(), "revoked");
+    assert_eq!(
+        verify(&v, &replace_snp(&b, None, None, vec![crl]))
+            .unwrap_err()
+            .code(),
+        "revoked"
+    );
     let crl = sim.crl(&[77], t - 100, t + 1000).unwrap();
     verify(&v, &replace_snp(&b, None, None, vec![crl])).unwrap();
     let crl = sim.crl(&[], t - 1000, t - 100).unwrap();
-    assert_eq!(verify(&v, &replace_snp(&b, None, None, vec![crl])).unwrap_err().code(), "crl_invalid");
+    assert_eq!(
+        verify(&v, &replace_snp(&b, None, None, vec![crl]))
+            .unwrap_err()
+            .code(),
+        "crl_invalid"
+    );
     let crl = other.crl(&[], t - 100, t + 1000).unwrap();
-    assert_eq!(verify(&v, &replace_snp(&b, None, None, vec![crl])).unwrap_err().code(), "crl_invalid");
+    assert_eq!(
+        verify(&v, &replace_snp(&b, None, None, vec![crl]))
+            .unwrap_err()
+            .code(),
+        "crl_invalid"
+    );
     // A chain missing its ARK, and garbage.
-    let e = verify(&v, &replace_snp(&b, None, Some(pem(&sim.ask_der).into_bytes()), vec![])).unwrap_err();
+    let e = verify(
+        &v,
+        &replace_snp(&b, None, Some(pem(&sim.ask_der).into_bytes()), vec![]),
+    )
+    .unwrap_err();
     assert_eq!(e.code(), "chain_invalid", "{e}");
-    let e = verify(&v, &replace_snp(&b, Some(b"not a cert".to_vec()), None, vec![])).unwrap_err();
+    let e = verify(
+        &v,
+        &replace_snp(&b, Some(b"not a cert".to_vec()), None, vec![]),
+    )
+    .unwrap_err();
     assert_eq!(e.code(), "malformed", "{e}");
 }
 
@@ -269,16 +402,22 @@ fn sim_gpu_verifies_and_each_check_refuses_tampering() {
     let b = g.bundle(nonce, 64).unwrap();
     let c = verify(&v, &b).unwrap();
     assert!(c.sim);
-    let KindClaims::Nvidia(n) = &c.detail else { panic!() };
+    let KindClaims::Nvidia(n) = &c.detail else {
+        panic!()
+    };
     assert_eq!(n.nonce, hex::encode(nonce));
     assert_eq!(n.measurement_count, 64);
     assert_eq!(n.fwid, hex::encode(g.fwid));
     assert_eq!(n.vbios_version.as_deref(), Some("96.00.74.00.1A"));
     assert_eq!(
-        verify(&Verifier::new(VerifierConfig::default()), &b).unwrap_err().code(),
+        verify(&Verifier::new(VerifierConfig::default()), &b)
+            .unwrap_err()
+            .code(),
         "untrusted_root"
     );
-    let Bundle::Nvidia { report, cert_chain } = &b else { panic!() };
+    let Bundle::Nvidia { report, cert_chain } = &b else {
+        panic!()
+    };
     // Expected nonce.
     let ev = Evidence::Nvidia(cgx_attestation::nvidia::NvidiaEvidence {
         report,
@@ -314,7 +453,10 @@ fn sim_gpu_verifies_and_each_check_refuses_tampering() {
     let any = Verifier::new(VerifierConfig { sim: SimTrust::Any });
     assert_eq!(verify(&any, &t).unwrap_err().code(), "fwid_mismatch");
     // A chain without its root, and a truncated report.
-    let certs: Vec<&str> = g.chain_pem.split_inclusive("-----END CERTIFICATE-----\n").collect();
+    let certs: Vec<&str> = g
+        .chain_pem
+        .split_inclusive("-----END CERTIFICATE-----\n")
+        .collect();
     let t = Bundle::Nvidia {
         report: report.clone(),
         cert_chain: (certs[0].to_string() + certs[1]).into_bytes(),
@@ -371,7 +513,13 @@ fn random_mutations_never_panic_and_never_verify() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut refused = 0;
     for _ in 0..3000 {
-        let (Bundle::Snp { report, .. }, Bundle::Nvidia { report: g, cert_chain }) = (&snp, &gpu)
+        let (
+            Bundle::Snp { report, .. },
+            Bundle::Nvidia {
+                report: g,
+                cert_chain,
+            },
+        ) = (&snp, &gpu)
         else {
             panic!()
         };
@@ -390,7 +538,9 @@ fn random_mutations_never_panic_and_never_verify() {
             refused += 1;
         }
         // Certificates too: the chain PEM and the VCEK DER.
-        let Bundle::Snp { signing_cert, .. } = &snp else { panic!() };
+        let Bundle::Snp { signing_cert, .. } = &snp else {
+            panic!()
+        };
         let m = mutate(&mut rng, signing_cert);
         if &m != signing_cert {
             assert!(verify(&v, &replace_snp(&snp, Some(m), None, vec![])).is_err());
@@ -403,7 +553,9 @@ fn random_mutations_never_panic_and_never_verify() {
 fn real_tdx_quote_mutations_never_panic_and_never_verify() {
     let dir = std::env::var("CGX_VECTORS")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors"))
+        .unwrap_or_else(|_| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors")
+        })
         .join("tdx/v4-b0c06f-dcapqvl-phala");
     if !dir.is_dir() {
         eprintln!("SKIPPED real_tdx_quote_mutations_never_panic_and_never_verify: no vectors");
@@ -413,7 +565,9 @@ fn real_tdx_quote_mutations_never_panic_and_never_verify() {
     let at = time::macros::datetime!(2025-07-19 10:00:34 UTC);
     let v = Verifier::new(VerifierConfig::default());
     v.verify(&b.evidence(), at).unwrap();
-    let Bundle::Tdx { quote, collateral } = &b else { panic!() };
+    let Bundle::Tdx { quote, collateral } = &b else {
+        panic!()
+    };
     let mut rng = Rng(42);
     for i in 0..300 {
         let m = mutate(&mut rng, quote);
@@ -426,7 +580,9 @@ fn real_tdx_quote_mutations_never_panic_and_never_verify() {
             quote: m,
             collateral: collateral.clone(),
         };
-        assert!(v.verify(&t.evidence(), at).is_err(), "mutation {i} verified");
+        assert!(
+            v.verify(&t.evidence(), at).is_err(),
+            "mutation {i} verified"
+        );
     }
 }
-

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Every evidence bundle in the shared real-hardware vectors gets exactly its `expected.json`
 //! verdict and claims. The folder comes from `CGX_VECTORS` or `../shared/vectors`; where neither
 //! exists (a user's own clone) the test says so and passes, while CI always has it.
@@ -68,7 +69,11 @@ fn expected_codes(reason: &str) -> &'static [&'static str] {
     if r.contains("no matching tcb level") {
         &["tcb_level_not_found"]
     } else if r.contains("expired") {
-        &["collateral_expired", "certificate_not_valid_at_time", "crl_invalid"]
+        &[
+            "collateral_expired",
+            "certificate_not_valid_at_time",
+            "crl_invalid",
+        ]
     } else if r.contains("truncated") || r.contains("bytes, not") {
         &["truncated", "malformed"]
     } else if r.contains("hwid or tcb") {
@@ -127,8 +132,14 @@ fn shared_vectors_verify_exactly_as_expected() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(counts.0 >= 10 && counts.1 >= 40, "too few vectors: {counts:?}");
-    eprintln!("vectors: {} valid verified, {} invalid refused", counts.0, counts.1);
+    assert!(
+        counts.0 >= 10 && counts.1 >= 40,
+        "too few vectors: {counts:?}"
+    );
+    eprintln!(
+        "vectors: {} valid verified, {} invalid refused",
+        counts.0, counts.1
+    );
 }
 
 #[test]

@@ -51,9 +51,17 @@ fn raw_ecdsa(secs: f64, p384: bool) -> Result<(f64, &'static str), String> {
         &'static a::EcdsaVerificationAlgorithm,
         &'static ring::signature::EcdsaVerificationAlgorithm,
     ) = if p384 {
-        (&a::ECDSA_P384_SHA384_FIXED_SIGNING, &a::ECDSA_P384_SHA384_FIXED, &ring::signature::ECDSA_P384_SHA384_FIXED)
+        (
+            &a::ECDSA_P384_SHA384_FIXED_SIGNING,
+            &a::ECDSA_P384_SHA384_FIXED,
+            &ring::signature::ECDSA_P384_SHA384_FIXED,
+        )
     } else {
-        (&a::ECDSA_P256_SHA256_FIXED_SIGNING, &a::ECDSA_P256_SHA256_FIXED, &ring::signature::ECDSA_P256_SHA256_FIXED)
+        (
+            &a::ECDSA_P256_SHA256_FIXED_SIGNING,
+            &a::ECDSA_P256_SHA256_FIXED,
+            &ring::signature::ECDSA_P256_SHA256_FIXED,
+        )
     };
     let key = a::EcdsaKeyPair::generate(sign_alg).map_err(|_| "keygen")?;
     let msg = vec![0x5au8; 672]; // the signed part of an SNP report
@@ -129,13 +137,31 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
         Some(v) => {
             let d = v.join("snp/genoa-v5-oak-genoa-oc");
             let b = Bundle::load(&d).map_err(|e| e.to_string())?;
-            (b, at_of(&d), "real: snp/genoa-v5-oak-genoa-oc", SimTrust::Refuse)
+            (
+                b,
+                at_of(&d),
+                "real: snp/genoa-v5-oak-genoa-oc",
+                SimTrust::Refuse,
+            )
         }
         None => {
-            sim_snp = SimAmd::generate(Product::Genoa, SigningKey::Vcek, default_tcb(Product::Genoa), [7; 64], now.unix_timestamp())
+            sim_snp = SimAmd::generate(
+                Product::Genoa,
+                SigningKey::Vcek,
+                default_tcb(Product::Genoa),
+                [7; 64],
+                now.unix_timestamp(),
+            )
+            .map_err(|e| e.to_string())?;
+            let b = sim_snp
+                .bundle(&SnpReportOptions::default())
                 .map_err(|e| e.to_string())?;
-            let b = sim_snp.bundle(&SnpReportOptions::default()).map_err(|e| e.to_string())?;
-            (b, now, "simulated Genoa", SimTrust::Pinned(vec![sim_snp.root_pin()]))
+            (
+                b,
+                now,
+                "simulated Genoa",
+                SimTrust::Pinned(vec![sim_snp.root_pin()]),
+            )
         }
     };
     let verifier = Verifier::new(VerifierConfig { sim });
@@ -144,8 +170,13 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
     // One P-384 verification per report once the VCEK chain is cached.
     out.insert(
         "snp".into(),
-        entry(snp, p384, None, json!({"evidence": snp_source, "bound": format!("1 P-384 verify ({p384_backend})"),
-            "peer": "sev crate: not linked (see closing note)"})),
+        entry(
+            snp,
+            p384,
+            None,
+            json!({"evidence": snp_source, "bound": format!("1 P-384 verify ({p384_backend})"),
+            "peer": "sev crate: not linked (see closing note)"}),
+        ),
     );
 
     // TDX: real quotes only (no TDX simulator).
@@ -165,16 +196,26 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
         let coll: dcap_qvl::QuoteCollateralV3 =
             serde_json::from_slice(collateral).map_err(|e| e.to_string())?;
         let secs_at = at.unix_timestamp() as u64;
-        let peer = rate(secs, || dcap_qvl::verify::verify(quote, &coll, secs_at).is_ok())?;
+        let peer = rate(secs, || {
+            dcap_qvl::verify::verify(quote, &coll, secs_at).is_ok()
+        })?;
         let bound = p256 / per_quote.max(1) as f64;
         out.insert(
             "tdx".into(),
-            entry(tdx, bound, Some(peer), json!({"evidence": "real: tdx/v4-b0c06f-dcapqvl-phala",
+            entry(
+                tdx,
+                bound,
+                Some(peer),
+                json!({"evidence": "real: tdx/v4-b0c06f-dcapqvl-phala",
                 "bound": format!("{per_quote} P-256 verifies per quote ({p256_backend})"),
-                "peer": "dcap-qvl verify (ring)"})),
+                "peer": "dcap-qvl verify (ring)"}),
+            ),
         );
     } else {
-        out.insert("tdx".into(), json!({"skipped": "no vectors folder: TDX has no simulator"}));
+        out.insert(
+            "tdx".into(),
+            json!({"skipped": "no vectors folder: TDX has no simulator"}),
+        );
     }
 
     // NVIDIA: real H100 evidence when present, else simulated.
@@ -199,12 +240,20 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
     let gpu = rate(secs, || verifier.verify(&ev, now).is_ok())?;
     out.insert(
         "nvidia".into(),
-        entry(gpu, p384, None, json!({"evidence": gpu_source, "bound": format!("1 P-384 verify ({p384_backend})")})),
+        entry(
+            gpu,
+            p384,
+            None,
+            json!({"evidence": gpu_source, "bound": format!("1 P-384 verify ({p384_backend})")}),
+        ),
     );
 
     let out = Value::Object(out);
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+        );
     } else {
         println!("one core, median of {ROUNDS} rounds of {secs} s");
         for kind in ["snp", "tdx", "nvidia"] {
@@ -215,8 +264,12 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
             }
             println!(
                 "{kind:7} {:>8} verifications/s  bound {:>8}/s  ratio {:.3}  peer {}  [{}; bound = {}]",
-                v["ops_per_s"], v["bound_ops_per_s"], v["ratio"].as_f64().unwrap_or(0.0),
-                v["peer_ops_per_s"], v["evidence"].as_str().unwrap_or(""), v["bound"].as_str().unwrap_or("")
+                v["ops_per_s"],
+                v["bound_ops_per_s"],
+                v["ratio"].as_f64().unwrap_or(0.0),
+                v["peer_ops_per_s"],
+                v["evidence"].as_str().unwrap_or(""),
+                v["bound"].as_str().unwrap_or("")
             );
         }
     }

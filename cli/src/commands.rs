@@ -26,8 +26,8 @@ fn parse_at(at: Option<&str>) -> Result<OffsetDateTime, String> {
 fn hex_arg<const N: usize>(s: Option<&str>, name: &str, exact: bool) -> Result<[u8; N], String> {
     let mut out = [0u8; N];
     let Some(s) = s else { return Ok(out) };
-    let bytes = hex::decode(s.trim_start_matches("0x"))
-        .map_err(|e| format!("--{name} is not hex: {e}"))?;
+    let bytes =
+        hex::decode(s.trim_start_matches("0x")).map_err(|e| format!("--{name} is not hex: {e}"))?;
     if bytes.len() > N || (exact && bytes.len() != N) {
         return Err(format!(
             "--{name} must be {}{N} bytes, got {}",
@@ -55,7 +55,10 @@ fn summary(c: &Claims) -> String {
             s.reported_tcb.tee,
             s.reported_tcb.snp,
             s.reported_tcb.microcode,
-            s.reported_tcb.fmc.map(|f| format!(" fmc={f}")).unwrap_or_default(),
+            s.reported_tcb
+                .fmc
+                .map(|f| format!(" fmc={f}"))
+                .unwrap_or_default(),
             s.policy
         ),
         KindClaims::Tdx(t) => format!(
@@ -95,7 +98,11 @@ pub fn verify(
 ) -> CliResult {
     let now = parse_at(at)?;
     let verifier = Verifier::new(VerifierConfig {
-        sim: if trust_sim { SimTrust::Any } else { SimTrust::Refuse },
+        sim: if trust_sim {
+            SimTrust::Any
+        } else {
+            SimTrust::Refuse
+        },
     });
     let bundle = Bundle::load(dir);
     let kind = bundle.as_ref().ok().map(|b| b.kind().as_str());
@@ -114,22 +121,29 @@ pub fn verify(
                 let mut rims = Vec::new();
                 for f in rim_files {
                     let xml = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
-                    match rim::verify(&xml, &cgx_attestation::crypto::DEFAULT_PROVIDER, now.unix_timestamp(), opts) {
+                    match rim::verify(
+                        &xml,
+                        &cgx_attestation::crypto::DEFAULT_PROVIDER,
+                        now.unix_timestamp(),
+                        opts,
+                    ) {
                         Ok(r) => rims.push(r),
                         Err(e) => return refused(json_out, Some("nvidia"), &e),
                     }
                 }
                 let refs: Vec<_> = rims.iter().collect();
-                comparison = Some(
-                    rim::compare(&gpu.measurements, &refs).map_err(|e| e.to_string())?,
-                );
+                comparison =
+                    Some(rim::compare(&gpu.measurements, &refs).map_err(|e| e.to_string())?);
             }
             if json_out {
                 let mut out = json!({"valid": true, "kind": claims.kind, "claims": claims});
                 if let Some(c) = &comparison {
                     out["rim_comparison"] = json!(c);
                 }
-                println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+                );
             } else {
                 println!("VALID {}", summary(claims));
                 if let Some(c) = &comparison {
@@ -151,7 +165,11 @@ pub fn verify(
                 }
             }
             let rims_ok = comparison.as_ref().is_none_or(|c| c.all_match());
-            Ok(if rims_ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if rims_ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Err(e) => refused(json_out, kind, &e),
     }
@@ -164,9 +182,17 @@ fn refused(json_out: bool, kind: Option<&str>, e: &cgx_attestation::Error) -> Cl
             "kind": kind,
             "error": {"code": e.code(), "message": e.to_string()},
         });
-        println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+        );
     } else {
-        println!("REFUSED {}: {} ({})", kind.unwrap_or("evidence"), e, e.code());
+        println!(
+            "REFUSED {}: {} ({})",
+            kind.unwrap_or("evidence"),
+            e,
+            e.code()
+        );
     }
     Ok(ExitCode::from(1))
 }
@@ -190,9 +216,14 @@ pub fn sim_snp(
     };
     let mut chip = [0u8; 64];
     aws_lc_rs_fill(&mut chip)?;
-    let key = if vlek { SigningKey::Vlek } else { SigningKey::Vcek };
+    let key = if vlek {
+        SigningKey::Vlek
+    } else {
+        SigningKey::Vcek
+    };
     let now = OffsetDateTime::now_utc().unix_timestamp();
-    let sim = SimAmd::generate(product, key, default_tcb(product), chip, now).map_err(|e| e.to_string())?;
+    let sim = SimAmd::generate(product, key, default_tcb(product), chip, now)
+        .map_err(|e| e.to_string())?;
     sim.bundle(&opts)
         .and_then(|b| b.write(out))
         .map_err(|e| e.to_string())?;
@@ -232,7 +263,12 @@ pub fn sim_nvidia(out: &Path, nonce: Option<&str>) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn rim_verify(files: &[std::path::PathBuf], at: Option<&str>, ignore: bool, json_out: bool) -> CliResult {
+pub fn rim_verify(
+    files: &[std::path::PathBuf],
+    at: Option<&str>,
+    ignore: bool,
+    json_out: bool,
+) -> CliResult {
     if files.is_empty() {
         return Err("name at least one RIM file".into());
     }
@@ -254,7 +290,11 @@ pub fn rim_verify(files: &[std::path::PathBuf], at: Option<&str>, ignore: bool, 
                         v.product,
                         v.version,
                         v.golden.len(),
-                        if v.signer_expired { " [signer expired, accepted]" } else { "" }
+                        if v.signer_expired {
+                            " [signer expired, accepted]"
+                        } else {
+                            ""
+                        }
                     );
                 }
                 results.push(json!({"file": f.display().to_string(), "valid": true, "rim": v}));
@@ -270,20 +310,35 @@ pub fn rim_verify(files: &[std::path::PathBuf], at: Option<&str>, ignore: bool, 
         }
     }
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?
+        );
     }
-    Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// `cgx up`: the whole attestation path on embedded defaults, no hardware needed.
 pub fn up() -> CliResult {
     let now = OffsetDateTime::now_utc();
     let t = now.unix_timestamp();
-    println!("cgx up: simulated confidential VM with one GPU (evidence is simulated; claims say so)");
+    println!(
+        "cgx up: simulated confidential VM with one GPU (evidence is simulated; claims say so)"
+    );
     let mut chip = [0u8; 64];
     aws_lc_rs_fill(&mut chip)?;
-    let snp = SimAmd::generate(Product::Genoa, SigningKey::Vcek, default_tcb(Product::Genoa), chip, t)
-        .map_err(|e| e.to_string())?;
+    let snp = SimAmd::generate(
+        Product::Genoa,
+        SigningKey::Vcek,
+        default_tcb(Product::Genoa),
+        chip,
+        t,
+    )
+    .map_err(|e| e.to_string())?;
     let gpu = SimGpu::generate(t).map_err(|e| e.to_string())?;
     let mut nonce = [0u8; 32];
     aws_lc_rs_fill(&mut nonce)?;
@@ -302,7 +357,11 @@ pub fn up() -> CliResult {
     });
     for (name, b) in [("CPU", &snp_bundle), ("GPU", &gpu_bundle)] {
         match production.verify(&b.evidence(), now) {
-            Err(e) => println!("[production trust] {name}: refused as it must be: {} ({})", e, e.code()),
+            Err(e) => println!(
+                "[production trust] {name}: refused as it must be: {} ({})",
+                e,
+                e.code()
+            ),
             Ok(_) => return Err(format!("{name}: sim evidence passed production trust")),
         }
         match dev.verify(&b.evidence(), now) {

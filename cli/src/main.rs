@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "cgx", version, about = "Confidential GPU eXchange: attestation, keys, placement, audit")]
+#[command(
+    name = "cgx",
+    version,
+    about = "Confidential GPU eXchange: attestation, keys, placement, audit"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -144,7 +148,14 @@ fn main() -> ExitCode {
             trust_sim,
             rims,
             rim_ignore_signer_expiry,
-        } => commands::verify(&bundle, at.as_deref(), json, trust_sim, &rims, rim_ignore_signer_expiry),
+        } => commands::verify(
+            &bundle,
+            at.as_deref(),
+            json,
+            trust_sim,
+            &rims,
+            rim_ignore_signer_expiry,
+        ),
         Command::Sim { kind } => match kind {
             SimKind::Snp {
                 out,

@@ -82,9 +82,7 @@ impl Element {
 
     /// The only child element with this name; an error when absent or repeated.
     pub fn only_child(&self, ns: &str, local: &str) -> Result<&Element> {
-        let mut it = self
-            .elements()
-            .filter(|e| e.ns == ns && e.local == local);
+        let mut it = self.elements().filter(|e| e.ns == ns && e.local == local);
         match (it.next(), it.next()) {
             (Some(e), None) => Ok(e),
             (None, _) => Err(Error::malformed("XML", format!("<{local}> is missing"))),
@@ -121,7 +119,13 @@ fn attr_value(raw: &[u8]) -> Result<String> {
     let s = std::str::from_utf8(raw).map_err(|_| bad("attribute is not UTF-8"))?;
     let s: String = s
         .chars()
-        .map(|c| if matches!(c, '\t' | '\n' | '\r') { ' ' } else { c })
+        .map(|c| {
+            if matches!(c, '\t' | '\n' | '\r') {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect();
     quick_xml::escape::unescape(&s)
         .map(|c| c.into_owned())
@@ -151,10 +155,7 @@ pub fn parse(xml: &[u8]) -> Result<Element> {
                 let qname = std::str::from_utf8(e.name().as_ref())
                     .map_err(|_| bad("element name is not UTF-8"))?
                     .to_string();
-                let mut scope = stack
-                    .last()
-                    .map(|p| p.scope.clone())
-                    .unwrap_or_default();
+                let mut scope = stack.last().map(|p| p.scope.clone()).unwrap_or_default();
                 let mut attrs = Vec::new();
                 for a in e.attributes() {
                     let a = a.map_err(|e| bad(format!("attribute: {e}")))?;
@@ -183,10 +184,11 @@ pub fn parse(xml: &[u8]) -> Result<Element> {
                     None => scope.get("").cloned().unwrap_or_default(),
                 };
                 for (k, _) in &attrs {
-                    if let (Some(p), _) = split(k) {
-                        if p != "xml" && !scope.contains_key(p) {
-                            return Err(bad(format!("attribute prefix '{p}' is not declared")));
-                        }
+                    if let (Some(p), _) = split(k)
+                        && p != "xml"
+                        && !scope.contains_key(p)
+                    {
+                        return Err(bad(format!("attribute prefix '{p}' is not declared")));
                     }
                 }
                 let local = local.to_string();
@@ -402,7 +404,9 @@ mod tests {
              <e3 xmlns=\"\">x&#xD;</e3>\n</doc>"
         );
         // A subtree inherits the declarations in scope.
-        let Node::Element(e2) = &root.children[3] else { panic!() };
+        let Node::Element(e2) = &root.children[3] else {
+            panic!()
+        };
         assert_eq!(
             canonicalize(e2, None),
             "<e2 xmlns=\"http://example/d\" xmlns:a=\"http://example/a\" a=\"1\" b=\"2\" \

@@ -68,13 +68,13 @@ impl NvidiaVerifier {
 
     pub fn verify(&self, ev: &NvidiaEvidence<'_>, now: i64) -> Result<Claims> {
         let spdm = SpdmEvidence::parse(ev.report)?;
-        if let Some(expected) = ev.expected_nonce {
-            if expected != spdm.request.nonce {
-                return Err(Error::NonceMismatch {
-                    expected: hex::encode(expected),
-                    actual: hex::encode(spdm.request.nonce),
-                });
-            }
+        if let Some(expected) = ev.expected_nonce
+            && expected != spdm.request.nonce
+        {
+            return Err(Error::NonceMismatch {
+                expected: hex::encode(expected),
+                actual: hex::encode(spdm.request.nonce),
+            });
         }
         let chain = self.chain(ev.cert_chain, now)?;
         let fwid = spdm
@@ -106,7 +106,11 @@ impl NvidiaVerifier {
             sim: chain.sim,
             debug: false,
             detail: KindClaims::Nvidia(NvidiaClaims {
-                spdm_version: format!("{}.{}", spdm.request.version >> 4, spdm.request.version & 0xF),
+                spdm_version: format!(
+                    "{}.{}",
+                    spdm.request.version >> 4,
+                    spdm.request.version & 0xF
+                ),
                 nonce: hex::encode(spdm.request.nonce),
                 measurement_count: spdm.response.blocks.len(),
                 measurements,
@@ -155,11 +159,16 @@ impl NvidiaVerifier {
             .iter()
             .map(|d| x509::parse_cert(d, "NVIDIA device certificate"))
             .collect::<Result<Vec<_>>>()?;
-        let (root, _) = certs.split_last().ok_or_else(|| Error::chain(C, "empty chain"))?;
+        let (root, _) = certs
+            .split_last()
+            .ok_or_else(|| Error::chain(C, "empty chain"))?;
         if !x509::is_self_signed(root, self.provider, C) {
             return Err(Error::UntrustedRoot {
                 chain: C,
-                detail: format!("last certificate '{}' is not self-signed", x509::subject(root)),
+                detail: format!(
+                    "last certificate '{}' is not self-signed",
+                    x509::subject(root)
+                ),
             });
         }
         let pin = x509::spki_sha256(root);

@@ -97,10 +97,17 @@ pub fn verify(
             .cloned()
             .map_err(|e| rim_err(rim, e.to_string()))
     };
-    let c14n_method = algorithm(&child(signed_info, "CanonicalizationMethod")?, "CanonicalizationMethod", rim)?
-        .to_string();
+    let c14n_method = algorithm(
+        &child(signed_info, "CanonicalizationMethod")?,
+        "CanonicalizationMethod",
+        rim,
+    )?
+    .to_string();
     if c14n_method != C14N11 && c14n_method != C14N10 {
-        return Err(rim_err(rim, format!("canonicalization {c14n_method} is not supported")));
+        return Err(rim_err(
+            rim,
+            format!("canonicalization {c14n_method} is not supported"),
+        ));
     }
     let sig_method = child(signed_info, "SignatureMethod")?;
     if algorithm(&sig_method, "SignatureMethod", rim)? != ECDSA_SHA384 {
@@ -108,7 +115,10 @@ pub fn verify(
     }
     let reference = child(signed_info, "Reference")?;
     if reference.attr("URI") != Some("") {
-        return Err(rim_err(rim, "Reference must cover the whole document (URI=\"\")"));
+        return Err(rim_err(
+            rim,
+            "Reference must cover the whole document (URI=\"\")",
+        ));
     }
     let transforms: Vec<String> = child(&reference, "Transforms")?
         .children_named(DSIG, "Transform")
@@ -118,7 +128,10 @@ pub fn verify(
         && transforms[0] == ENVELOPED
         && (transforms[1] == C14N11 || transforms[1] == C14N10);
     if !transforms_ok {
-        return Err(rim_err(rim, format!("unexpected transforms {transforms:?}")));
+        return Err(rim_err(
+            rim,
+            format!("unexpected transforms {transforms:?}"),
+        ));
     }
     let digest_method = child(&reference, "DigestMethod")?;
     if !SHA384_URIS.contains(&algorithm(&digest_method, "DigestMethod", rim)?) {
@@ -131,7 +144,10 @@ pub fn verify(
             .map_err(|_| rim_err(rim, format!("{what} is not base64")))
     };
     let digest_value = decode(&child(&reference, "DigestValue")?.text(), "DigestValue")?;
-    let signature_value = decode(&child(signature, "SignatureValue")?.text(), "SignatureValue")?;
+    let signature_value = decode(
+        &child(signature, "SignatureValue")?.text(),
+        "SignatureValue",
+    )?;
 
     // 1. The document digest, enveloped signature removed.
     let document = c14n::canonicalize(&root, Some(signature));
@@ -197,7 +213,12 @@ pub fn verify(
     let key = x509::ec_public_key(signer, true, C)?;
     let signed = c14n::canonicalize(signed_info, None);
     provider
-        .verify(SigAlg::EcdsaP384Sha384Fixed, key, signed.as_bytes(), &signature_value)
+        .verify(
+            SigAlg::EcdsaP384Sha384Fixed,
+            key,
+            signed.as_bytes(),
+            &signature_value,
+        )
         .map_err(|_| Error::signature(format!("RIM {rim}: SignedInfo")))?;
 
     // 4. Golden values from the verified tree.
@@ -235,7 +256,10 @@ pub fn verify(
             .checked_add(1)
             .ok_or_else(|| rim_err(rim, "index out of range"))?;
         if golden.insert(spdm_index, alts).is_some() {
-            return Err(rim_err(rim, format!("measurement index {index} appears twice")));
+            return Err(rim_err(
+                rim,
+                format!("measurement index {index} appears twice"),
+            ));
         }
     }
     let meta_attr = |name: &str| {
@@ -281,12 +305,18 @@ impl RimComparison {
 
 /// Compare measurements (index → hex, as in the claims) against verified RIMs. An index defined
 /// by two RIMs is an error: the manifests would contradict each other.
-pub fn compare(measurements: &BTreeMap<String, String>, rims: &[&VerifiedRim]) -> Result<RimComparison> {
+pub fn compare(
+    measurements: &BTreeMap<String, String>,
+    rims: &[&VerifiedRim],
+) -> Result<RimComparison> {
     let mut reference: BTreeMap<u16, (&Vec<String>, &str)> = BTreeMap::new();
     for r in rims {
         for (idx, alts) in &r.golden {
             if reference.insert(*idx, (alts, r.id.as_str())).is_some() {
-                return Err(rim_err(&r.id, format!("index {idx} is also defined by another RIM")));
+                return Err(rim_err(
+                    &r.id,
+                    format!("index {idx} is also defined by another RIM"),
+                ));
             }
         }
     }

@@ -263,10 +263,7 @@ fn parse_blocks(record: &[u8], count: u8) -> Result<Vec<MeasurementBlock>> {
     if c.pos != record.len() {
         return Err(Error::malformed(
             "SPDM measurement record",
-            format!(
-                "{} bytes left after {count} blocks",
-                record.len() - c.pos
-            ),
+            format!("{} bytes left after {count} blocks", record.len() - c.pos),
         ));
     }
     Ok(blocks)

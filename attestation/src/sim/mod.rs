@@ -36,7 +36,10 @@ fn name(cn: &str) -> Vec<u8> {
 
 fn name_with_serial(cn: &str, serial: &str) -> Vec<u8> {
     w::seq(&[
-        w::set(&[w::seq(&[w::oid("2.5.4.5"), w::tlv(0x13, serial.as_bytes())])]),
+        w::set(&[w::seq(&[
+            w::oid("2.5.4.5"),
+            w::tlv(0x13, serial.as_bytes()),
+        ])]),
         w::set(&[w::seq(&[w::oid("2.5.4.3"), w::utf8(cn)])]),
     ])
 }
@@ -47,7 +50,10 @@ fn pss_sha384() -> Vec<u8> {
         w::oid("1.2.840.113549.1.1.10"),
         w::seq(&[
             w::ctx(0, &sha384),
-            w::ctx(1, &w::seq(&[w::oid("1.2.840.113549.1.1.8"), sha384.clone()])),
+            w::ctx(
+                1,
+                &w::seq(&[w::oid("1.2.840.113549.1.1.8"), sha384.clone()]),
+            ),
             w::ctx(2, &w::small_uint(48)),
         ]),
     ])
@@ -249,7 +255,10 @@ impl SimAmd {
             SigningKey::Vcek => "SEV",
             SigningKey::Vlek => "SEV-VLEK",
         };
-        name(&format!("{SIM_ROOT_CN_PREFIX}{prefix}-{}", self.product.name()))
+        name(&format!(
+            "{SIM_ROOT_CN_PREFIX}{prefix}-{}",
+            self.product.name()
+        ))
     }
 
     /// Issue an ASK certificate for `key`, signed by the ARK.
@@ -283,10 +292,26 @@ impl SimAmd {
                 false,
                 w::tlv(0x16, format!("{}-B0", self.product.name()).as_bytes()),
             ),
-            ext("1.3.6.1.4.1.3704.1.3.1", false, w::small_uint(tcb.bootloader.into())),
-            ext("1.3.6.1.4.1.3704.1.3.2", false, w::small_uint(tcb.tee.into())),
-            ext("1.3.6.1.4.1.3704.1.3.3", false, w::small_uint(tcb.snp.into())),
-            ext("1.3.6.1.4.1.3704.1.3.8", false, w::small_uint(tcb.microcode.into())),
+            ext(
+                "1.3.6.1.4.1.3704.1.3.1",
+                false,
+                w::small_uint(tcb.bootloader.into()),
+            ),
+            ext(
+                "1.3.6.1.4.1.3704.1.3.2",
+                false,
+                w::small_uint(tcb.tee.into()),
+            ),
+            ext(
+                "1.3.6.1.4.1.3704.1.3.3",
+                false,
+                w::small_uint(tcb.snp.into()),
+            ),
+            ext(
+                "1.3.6.1.4.1.3704.1.3.8",
+                false,
+                w::small_uint(tcb.microcode.into()),
+            ),
         ];
         if self.product == Product::Turin {
             exts.push(ext(
@@ -544,7 +569,8 @@ impl SimGpu {
         out.push(0); // SlotIDParam
         let mut record = Vec::new();
         for (i, m) in measurements.iter().enumerate() {
-            let index = u8::try_from(i + 1).map_err(|_| Error::invalid("sim", "too many blocks"))?;
+            let index =
+                u8::try_from(i + 1).map_err(|_| Error::invalid("sim", "too many blocks"))?;
             record.extend_from_slice(&[index, 0x01]);
             record.extend_from_slice(&(3u16 + 48).to_le_bytes());
             record.push(0x00); // DMTFSpecMeasurementValueType: immutable ROM / digest
@@ -561,7 +587,11 @@ impl SimGpu {
         aws_lc_rs::rand::fill(&mut responder_nonce).map_err(|_| keygen_err("nonce"))?;
         out.extend_from_slice(&responder_nonce);
         let mut opaque = Vec::new();
-        for (t, v) in [(6u16, &SIM_VBIOS[..]), (3, SIM_DRIVER), (20, &self.fwid[..])] {
+        for (t, v) in [
+            (6u16, &SIM_VBIOS[..]),
+            (3, SIM_DRIVER),
+            (20, &self.fwid[..]),
+        ] {
             opaque.extend_from_slice(&t.to_le_bytes());
             opaque.extend_from_slice(&(v.len() as u16).to_le_bytes());
             opaque.extend_from_slice(v);

@@ -97,13 +97,13 @@ impl SnpVerifier {
     pub fn verify(&self, ev: &SnpEvidence<'_>, now: i64) -> Result<Claims> {
         let report = AttestationReport::parse(ev.report)?;
         let signing_key = report.signing_key()?;
-        if let Some(bundle_kind) = ev.signing_cert_kind {
-            if bundle_kind != signing_key {
-                return Err(Error::SigningKeyMismatch {
-                    report: signing_key.name(),
-                    bundle: bundle_kind.name(),
-                });
-            }
+        if let Some(bundle_kind) = ev.signing_cert_kind
+            && bundle_kind != signing_key
+        {
+            return Err(Error::SigningKeyMismatch {
+                report: signing_key.name(),
+                bundle: bundle_kind.name(),
+            });
         }
         if report.mask_chip_key() {
             return Err(Error::invalid(
@@ -141,7 +141,10 @@ impl SnpVerifier {
         }
         chain
             .key
-            .verify(&ev.report[..report::SIGNED_LEN], &report.signature_fixed_be())
+            .verify(
+                &ev.report[..report::SIGNED_LEN],
+                &report.signature_fixed_be(),
+            )
             .map_err(|_| Error::signature("SNP attestation report"))?;
         check_tcb(&chain, &report)?;
         check_hw_id(&chain, &report)?;
@@ -311,7 +314,9 @@ impl SnpVerifier {
             if !self.sim.trusts(&pin) {
                 return Err(Error::UntrustedRoot {
                     chain: ChainKind::Amd,
-                    detail: format!("'{subject}' is a simulator root and sim roots are not trusted"),
+                    detail: format!(
+                        "'{subject}' is a simulator root and sim roots are not trusted"
+                    ),
                 });
             }
             let product = match rest {
@@ -348,7 +353,7 @@ fn der_string(v: &[u8]) -> &[u8] {
 /// hwID is an OCTET STRING in current certificates and raw bytes in early ones.
 fn der_octets(v: &[u8]) -> &[u8] {
     match crate::der::read_tlv(v) {
-        Some((0x04, body, rest)) if rest.is_empty() => body,
+        Some((0x04, body, [])) => body,
         _ => v,
     }
 }
@@ -361,9 +366,14 @@ fn spl(cert: &X509Certificate<'_>, oid: &str) -> Result<Option<u64>> {
     match crate::der::read_tlv(v) {
         Some((0x02, body, rest)) if rest.is_empty() && !body.is_empty() && body.len() <= 9 => {
             if body[0] & 0x80 != 0 {
-                return Err(Error::chain(ChainKind::Amd, format!("SPL {oid} is negative")));
+                return Err(Error::chain(
+                    ChainKind::Amd,
+                    format!("SPL {oid} is negative"),
+                ));
             }
-            Ok(Some(body.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b))))
+            Ok(Some(
+                body.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b)),
+            ))
         }
         _ => Err(Error::chain(
             ChainKind::Amd,
@@ -375,10 +385,18 @@ fn spl(cert: &X509Certificate<'_>, oid: &str) -> Result<Option<u64>> {
 fn check_tcb(chain: &VerifiedChain, report: &AttestationReport) -> Result<()> {
     let tcb = TcbVersion::decode(report.reported_tcb, chain.product);
     let pairs: [(&'static str, Option<u64>, Option<u8>); 5] = [
-        ("bootloader (blSPL)", chain.tcb.bootloader, Some(tcb.bootloader)),
+        (
+            "bootloader (blSPL)",
+            chain.tcb.bootloader,
+            Some(tcb.bootloader),
+        ),
         ("tee (teeSPL)", chain.tcb.tee, Some(tcb.tee)),
         ("snp (snpSPL)", chain.tcb.snp, Some(tcb.snp)),
-        ("microcode (ucodeSPL)", chain.tcb.microcode, Some(tcb.microcode)),
+        (
+            "microcode (ucodeSPL)",
+            chain.tcb.microcode,
+            Some(tcb.microcode),
+        ),
         ("fmc (fmcSPL)", chain.tcb.fmc, tcb.fmc),
     ];
     for (field, cert, rep) in pairs {
@@ -424,7 +442,11 @@ fn check_hw_id(chain: &VerifiedChain, report: &AttestationReport) -> Result<()> 
 
 fn claims(r: &AttestationReport, chain: &VerifiedChain) -> Claims {
     let p = chain.product;
-    let (maj, min, build) = (r.current_version.2, r.current_version.1, r.current_version.0);
+    let (maj, min, build) = (
+        r.current_version.2,
+        r.current_version.1,
+        r.current_version.0,
+    );
     Claims {
         schema: crate::claims::CLAIMS_SCHEMA.into(),
         kind: EvidenceKind::Snp,

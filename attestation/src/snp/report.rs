@@ -262,7 +262,10 @@ impl AttestationReport {
         }
         for (name, range) in reserved {
             if !all_zero(&b[range]) {
-                return Err(Error::invalid("reserved field", format!("{name} is not zero")));
+                return Err(Error::invalid(
+                    "reserved field",
+                    format!("{name} is not zero"),
+                ));
             }
         }
         let signature_r: [u8; 72] = arr(b, 0x2A0);
