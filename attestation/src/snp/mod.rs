@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use x509_parser::certificate::X509Certificate;
 
 use crate::claims::{Claims, EvidenceKind, KindClaims, SnpClaims};
-use crate::crypto::{CryptoProvider, PreparedKey, SigAlg, sha256};
+use crate::crypto::{CryptoProvider, PreparedKey, SigAlg};
 use crate::error::{ChainKind, Error, Result};
 use crate::trust::{AMD_ARKS, SIM_ROOT_CN_PREFIX, SimTrust};
 use crate::x509::{self, Window};
@@ -81,7 +81,15 @@ const CACHE_CAP: usize = 4096;
 pub struct SnpVerifier {
     provider: &'static dyn CryptoProvider,
     sim: SimTrust,
-    cache: Mutex<HashMap<[u8; 32], Arc<VerifiedChain>>>,
+    cache: Mutex<HashMap<Vec<u8>, CacheEntry>>,
+}
+
+/// A cached chain and the exact bytes it was verified from.
+#[derive(Debug)]
+struct CacheEntry {
+    cert_chain: Vec<u8>,
+    crls: Vec<Vec<u8>>,
+    chain: Arc<VerifiedChain>,
 }
 
 impl SnpVerifier {
@@ -152,23 +160,21 @@ impl SnpVerifier {
     }
 
     /// The verified chain for this evidence, from the cache or verified now.
+    ///
+    /// The cache is keyed by the signing certificate's bytes and a hit must match the chain and
+    /// CRL bytes exactly, so a hit costs a hash of ~1.3 KB and two memory compares, not a
+    /// cryptographic digest of everything.
     fn chain(
         &self,
         ev: &SnpEvidence<'_>,
         signing_key: SigningKey,
         now: i64,
     ) -> Result<Arc<VerifiedChain>> {
-        let mut keyed = Vec::with_capacity(ev.signing_cert.len() + ev.cert_chain.len() + 8);
-        for part in [ev.signing_cert, ev.cert_chain] {
-            keyed.extend_from_slice(&(part.len() as u64).to_le_bytes());
-            keyed.extend_from_slice(part);
-        }
-        for crl in ev.crls {
-            keyed.extend_from_slice(&(crl.len() as u64).to_le_bytes());
-            keyed.extend_from_slice(crl);
-        }
-        let key = sha256(&keyed);
-        let cached = self.cache.lock().ok().and_then(|c| c.get(&key).cloned());
+        let cached = self.cache.lock().ok().and_then(|c| {
+            c.get(ev.signing_cert)
+                .filter(|e| e.cert_chain == ev.cert_chain && e.crls == ev.crls)
+                .map(|e| e.chain.clone())
+        });
         let chain = match cached {
             Some(chain) => chain,
             None => {
@@ -177,7 +183,14 @@ impl SnpVerifier {
                     if cache.len() >= CACHE_CAP {
                         cache.clear();
                     }
-                    cache.insert(key, chain.clone());
+                    cache.insert(
+                        ev.signing_cert.to_vec(),
+                        CacheEntry {
+                            cert_chain: ev.cert_chain.to_vec(),
+                            crls: ev.crls.to_vec(),
+                            chain: chain.clone(),
+                        },
+                    );
                 }
                 chain
             }
