@@ -113,10 +113,10 @@ fn measure_kind(
     if !subject() {
         return Err("benchmark evidence does not verify".into());
     }
-    if let Some(p) = peer.as_mut() {
-        if !p() {
-            return Err("peer does not verify the benchmark evidence".into());
-        }
+    if let Some(p) = peer.as_mut()
+        && !p()
+    {
+        return Err("peer does not verify the benchmark evidence".into());
     }
     // Pick the fastest backend once, in a calibration round, then measure only it: taking the
     // best of several noisy backends in every round would bias the bound upwards.
