@@ -586,3 +586,60 @@ fn real_tdx_quote_mutations_never_panic_and_never_verify() {
         );
     }
 }
+
+#[test]
+fn gpu_chain_links_and_validity_are_checked() {
+    let g = gpu();
+    let v = trusting();
+    let b = g.bundle([5; 32], 16).unwrap();
+    let Bundle::Nvidia { report, cert_chain } = &b else {
+        panic!()
+    };
+    let mine: Vec<String> = g
+        .chain_pem
+        .split_inclusive("-----END CERTIFICATE-----\n")
+        .map(str::to_string)
+        .collect();
+    let other = SimGpu::generate(now().unix_timestamp()).unwrap();
+    let theirs: Vec<String> = other
+        .chain_pem
+        .split_inclusive("-----END CERTIFICATE-----\n")
+        .map(str::to_string)
+        .collect();
+    // Leaf → intermediate: another GPU's intermediate did not sign our leaf.
+    let t = Bundle::Nvidia {
+        report: report.clone(),
+        cert_chain: format!("{}{}{}", mine[0], theirs[1], mine[2]).into_bytes(),
+    };
+    let any = Verifier::new(VerifierConfig { sim: SimTrust::Any });
+    let e = verify(&any, &t).unwrap_err();
+    assert!(
+        matches!(e.code(), "signature_invalid" | "chain_invalid"),
+        "{e}"
+    );
+    // Intermediate → root: another root did not sign our intermediate.
+    let t = Bundle::Nvidia {
+        report: report.clone(),
+        cert_chain: format!("{}{}{}", mine[0], mine[1], theirs[2]).into_bytes(),
+    };
+    let e = verify(&any, &t).unwrap_err();
+    assert!(
+        matches!(e.code(), "signature_invalid" | "chain_invalid"),
+        "{e}"
+    );
+    // Validity at the verification time, also on a cache hit.
+    verify(&v, &b).unwrap();
+    let later = now() + time::Duration::days(365 * 20);
+    let e = v.verify(&b.evidence(), later).unwrap_err();
+    assert_eq!(e.code(), "certificate_not_valid_at_time", "{e}");
+    let earlier = now() - time::Duration::days(30);
+    let e = v.verify(&b.evidence(), earlier).unwrap_err();
+    assert_eq!(e.code(), "certificate_not_valid_at_time", "{e}");
+    // The chain is read as given: garbage is malformed, not a panic.
+    let t = Bundle::Nvidia {
+        report: report.clone(),
+        cert_chain: b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec(),
+    };
+    assert!(verify(&v, &t).is_err());
+    let _ = cert_chain;
+}

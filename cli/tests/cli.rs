@@ -1,0 +1,185 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The `cgx` binary as a user runs it: exit codes, JSON shapes, sim trust, refusals.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn cgx(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("cgx-cli-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+#[test]
+fn sim_snp_round_trip_needs_trust_sim() {
+    let dir = tmp("snp");
+    let d = dir.to_str().unwrap();
+    let (code, _, err) = cgx(&[
+        "sim",
+        "snp",
+        "--out",
+        d,
+        "--report-data",
+        "00ff",
+        "--measurement",
+        &"ab".repeat(48),
+        "--product",
+        "turin",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = cgx(&["verify", d, "--json"]);
+    assert_eq!(code, 1);
+    let v = json(&out);
+    assert_eq!(v["valid"], false);
+    assert_eq!(v["kind"], "snp");
+    assert_eq!(v["error"]["code"], "untrusted_root");
+    let (code, out, _) = cgx(&["verify", d, "--json", "--trust-sim"]);
+    assert_eq!(code, 0, "{out}");
+    let v = json(&out);
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["claims"]["sim"], true);
+    assert_eq!(v["claims"]["product"], "turin");
+    assert_eq!(v["claims"]["measurement"], "ab".repeat(48));
+    assert!(
+        v["claims"]["report_data"]
+            .as_str()
+            .unwrap()
+            .starts_with("00ff00")
+    );
+    assert!(v["claims"]["reported_tcb"]["fmc"].is_number());
+    // A truncated report is a refusal (exit 1, JSON), not a crash.
+    let report = dir.join("report.bin");
+    let bytes = std::fs::read(&report).unwrap();
+    std::fs::write(&report, &bytes[..1000]).unwrap();
+    let (code, out, _) = cgx(&["verify", d, "--json", "--trust-sim"]);
+    assert_eq!(code, 1);
+    assert_eq!(json(&out)["error"]["code"], "truncated");
+    // Human output.
+    std::fs::write(&report, &bytes).unwrap();
+    let (code, out, _) = cgx(&["verify", d, "--trust-sim"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("VALID SEV-SNP report v5 from Turin"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sim_nvidia_round_trip() {
+    let dir = tmp("gpu");
+    let d = dir.to_str().unwrap();
+    let nonce = "11".repeat(32);
+    let (code, _, err) = cgx(&["sim", "nvidia", "--out", d, "--nonce", &nonce]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = cgx(&["verify", d, "--json", "--trust-sim"]);
+    assert_eq!(code, 0, "{out}");
+    let v = json(&out);
+    assert_eq!(v["kind"], "nvidia");
+    assert_eq!(v["claims"]["nonce"], nonce);
+    assert_eq!(v["claims"]["measurement_count"], 64);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn usage_errors_exit_2_with_a_message() {
+    let (code, _, err) = cgx(&["verify", ".", "--at", "yesterday"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("RFC 3339"), "{err}");
+    let dir = tmp("bad");
+    let d = dir.to_str().unwrap();
+    let (code, _, err) = cgx(&["sim", "snp", "--out", d, "--measurement", "abcd"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("48 bytes"), "{err}");
+    let (code, _, err) = cgx(&["sim", "snp", "--out", d, "--report-data", "zz"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!dir.exists(), "a refused command wrote files");
+    let (code, out, _) = cgx(&["verify", "/nonexistent/cgx", "--json"]);
+    assert_eq!(code, 1);
+    assert_eq!(json(&out)["error"]["code"], "bundle_unreadable");
+}
+
+#[test]
+fn up_runs_on_embedded_defaults() {
+    let (code, out, err) = cgx(&["up"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("refused as it must be"));
+    assert!(out.contains("ok: both verified"));
+}
+
+fn vectors() -> Option<PathBuf> {
+    let p = std::env::var("CGX_VECTORS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors"));
+    p.is_dir().then_some(p)
+}
+
+#[test]
+fn verify_real_vectors_through_the_binary() {
+    let Some(v) = vectors() else {
+        eprintln!("SKIPPED verify_real_vectors_through_the_binary: no vectors");
+        return;
+    };
+    let b = v.join("snp/milan-v3-vlek-trustee");
+    let (code, out, _) = cgx(&[
+        "verify",
+        b.to_str().unwrap(),
+        "--json",
+        "--at",
+        "2025-06-01T00:00:00Z",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let j = json(&out);
+    assert_eq!(j["claims"]["signing_key"], "VLEK");
+    assert_eq!(j["claims"]["sim"], false);
+    // Outside the VLEK's validity the same bundle is refused.
+    let (code, out, _) = cgx(&[
+        "verify",
+        b.to_str().unwrap(),
+        "--json",
+        "--at",
+        "2019-01-01T00:00:00Z",
+    ]);
+    assert_eq!(code, 1);
+    assert_eq!(json(&out)["error"]["code"], "certificate_not_valid_at_time");
+    let t = v.join("tdx/v5-90c06f-trustee");
+    let (code, out, _) = cgx(&[
+        "verify",
+        t.to_str().unwrap(),
+        "--json",
+        "--at",
+        "2026-03-20T10:41:14Z",
+    ]);
+    assert_eq!(code, 1);
+    assert_eq!(json(&out)["error"]["code"], "tcb_level_not_found");
+    let rims = v.join("nvidia/rims");
+    let (code, out, _) = cgx(&[
+        "rim",
+        "verify",
+        rims.join("g520_0228_889_96006D0029_PROD.swidtag")
+            .to_str()
+            .unwrap(),
+        "--ignore-signer-expiry",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(json(&out)[0]["valid"], true);
+}
