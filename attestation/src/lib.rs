@@ -8,6 +8,27 @@
 //!
 //! A verifier decides cryptographic validity only. Whether a valid debug TD, an old TCB or a sim
 //! root is acceptable is policy's question, answered from the [`Claims`].
+//!
+//! ```
+//! use cgx_attestation::{SimTrust, Verifier, VerifierConfig, sim, snp};
+//!
+//! let now = time::OffsetDateTime::now_utc();
+//! let product = snp::Product::Genoa;
+//! let chain = sim::SimAmd::generate(
+//!     product,
+//!     snp::SigningKey::Vcek,
+//!     sim::default_tcb(product),
+//!     [1; 64],
+//!     now.unix_timestamp(),
+//! )?;
+//! let bundle = chain.bundle(&sim::SnpReportOptions::default())?;
+//! let dev = Verifier::new(VerifierConfig { sim: SimTrust::Pinned(vec![chain.root_pin()]) });
+//! assert!(dev.verify(&bundle.evidence(), now)?.claims().sim);
+//! // Production trust refuses the very same evidence.
+//! let prod = Verifier::new(VerifierConfig::default());
+//! assert_eq!(prod.verify(&bundle.evidence(), now).unwrap_err().code(), "untrusted_root");
+//! # Ok::<(), cgx_attestation::Error>(())
+//! ```
 
 pub mod bundle;
 pub mod claims;

@@ -88,14 +88,29 @@ fn summary(c: &Claims) -> String {
     }
 }
 
-pub fn verify(
-    dir: &Path,
-    at: Option<&str>,
-    json_out: bool,
-    trust_sim: bool,
-    rim_files: &[std::path::PathBuf],
-    rim_ignore_expiry: bool,
-) -> CliResult {
+/// Options of `cgx verify`.
+#[derive(Debug)]
+pub struct VerifyOptions<'a> {
+    pub at: Option<&'a str>,
+    pub json: bool,
+    pub trust_sim: bool,
+    pub nonce: Option<&'a str>,
+    pub rims: &'a [std::path::PathBuf],
+    pub rim_ignore_signer_expiry: bool,
+}
+
+pub fn verify(dir: &Path, o: &VerifyOptions<'_>) -> CliResult {
+    let (at, json_out, trust_sim, rim_files, rim_ignore_expiry) = (
+        o.at,
+        o.json,
+        o.trust_sim,
+        o.rims,
+        o.rim_ignore_signer_expiry,
+    );
+    let nonce = match o.nonce {
+        Some(n) => Some(hex_arg::<32>(Some(n), "nonce", true)?),
+        None => None,
+    };
     let now = parse_at(at)?;
     let verifier = Verifier::new(VerifierConfig {
         sim: if trust_sim {
@@ -106,7 +121,23 @@ pub fn verify(
     });
     let bundle = Bundle::load(dir);
     let kind = bundle.as_ref().ok().map(|b| b.kind().as_str());
-    let result = bundle.and_then(|b| verifier.verify(&b.evidence(), now));
+    let result = bundle.and_then(|b| {
+        let mut ev = b.evidence();
+        if let Some(n) = &nonce {
+            match &mut ev {
+                cgx_attestation::Evidence::Nvidia(gpu) => gpu.expected_nonce = Some(n.as_slice()),
+                _ => {
+                    return Err(cgx_attestation::Error::InvalidField {
+                        field: "--nonce",
+                        detail:
+                            "applies to NVIDIA evidence; CPU evidence binds nonces in report_data"
+                                .into(),
+                    });
+                }
+            }
+        }
+        verifier.verify(&ev, now)
+    });
     match result {
         Ok(verified) => {
             let claims = verified.claims();

@@ -39,7 +39,10 @@ enum Command {
         /// Trust simulator roots found in the bundle (development only; claims say `sim`).
         #[arg(long)]
         trust_sim: bool,
-        /// NVIDIA RIM files to compare a GPU report's measurements against.
+        /// Expected requester nonce of NVIDIA evidence (32 bytes hex); refused when it differs.
+        #[arg(long)]
+        nonce: Option<String>,
+        /// NVIDIA RIM files to compare a GPU report's measurements against (exit 1 on a mismatch).
         #[arg(long = "rim")]
         rims: Vec<PathBuf>,
         /// Accept RIMs whose signing certificates have expired.
@@ -146,15 +149,19 @@ fn main() -> ExitCode {
             at,
             json,
             trust_sim,
+            nonce,
             rims,
             rim_ignore_signer_expiry,
         } => commands::verify(
             &bundle,
-            at.as_deref(),
-            json,
-            trust_sim,
-            &rims,
-            rim_ignore_signer_expiry,
+            &commands::VerifyOptions {
+                at: at.as_deref(),
+                json,
+                trust_sim,
+                nonce: nonce.as_deref(),
+                rims: &rims,
+                rim_ignore_signer_expiry,
+            },
         ),
         Command::Sim { kind } => match kind {
             SimKind::Snp {
