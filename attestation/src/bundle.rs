@@ -226,3 +226,16 @@ impl Bundle {
         Ok(())
     }
 }
+
+/// The shared real-hardware vectors folder: `$CGX_VECTORS` when set, else `shared/vectors` in
+/// `start` or one of its ancestors' parents (`<checkout>/../shared/vectors`). `None` when absent.
+pub fn shared_vectors(start: &Path) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("CGX_VECTORS") {
+        let p = PathBuf::from(p);
+        return p.is_dir().then_some(p);
+    }
+    start
+        .ancestors()
+        .map(|a| a.join("shared/vectors"))
+        .find(|p| p.is_dir())
+}

@@ -2,15 +2,12 @@
 //! RIM signature checks refuse tampering, including signature-wrapping shapes. Uses a real
 //! NVIDIA RIM from the shared vectors; skipped with a message where they are absent.
 
-use std::path::PathBuf;
-
 use cgx_attestation::crypto::DEFAULT_PROVIDER;
 use cgx_attestation::nvidia::rim::{self, RimOptions};
 
 fn rim_text() -> Option<String> {
-    let root = std::env::var("CGX_VECTORS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors"));
+    let root =
+        cgx_attestation::bundle::shared_vectors(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))?;
     let p = root.join("nvidia/rims/1010_0200_882_960074001A_PROD.swidtag");
     std::fs::read_to_string(p).ok()
 }

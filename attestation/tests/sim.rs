@@ -551,12 +551,10 @@ fn random_mutations_never_panic_and_never_verify() {
 
 #[test]
 fn real_tdx_quote_mutations_never_panic_and_never_verify() {
-    let dir = std::env::var("CGX_VECTORS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors")
-        })
-        .join("tdx/v4-b0c06f-dcapqvl-phala");
+    let dir =
+        cgx_attestation::bundle::shared_vectors(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+            .map(|v| v.join("tdx/v4-b0c06f-dcapqvl-phala"))
+            .unwrap_or_default();
     if !dir.is_dir() {
         skip("SKIPPED real_tdx_quote_mutations_never_panic_and_never_verify: no vectors");
         return;

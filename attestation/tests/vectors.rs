@@ -12,13 +12,14 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+/// The vectors, or `None` (skip). Under CI (`CI=true`) their absence is a failure: CI always
+/// has them, and a silent skip there would hide every real-evidence check.
 fn vectors_dir() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("CGX_VECTORS") {
-        let p = PathBuf::from(p);
-        return p.is_dir().then_some(p);
+    let found = cgx_attestation::bundle::shared_vectors(Path::new(env!("CARGO_MANIFEST_DIR")));
+    if found.is_none() && std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true but no vectors: set CGX_VECTORS or place ../shared/vectors");
     }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors");
-    p.is_dir().then_some(p)
+    found
 }
 
 fn bundles(root: &Path) -> Vec<PathBuf> {

@@ -180,9 +180,12 @@ fn sev_peer(bundle: &Bundle) -> Result<Op<'_>, String> {
 }
 
 fn vectors_dir(arg: Option<PathBuf>) -> Option<PathBuf> {
-    arg.or_else(|| std::env::var("CGX_VECTORS").ok().map(PathBuf::from))
-        .or_else(|| Some(PathBuf::from("../shared/vectors")))
-        .filter(|p| p.is_dir())
+    match arg {
+        Some(p) => p.is_dir().then_some(p),
+        None => std::env::current_dir()
+            .ok()
+            .and_then(|d| cgx_attestation::bundle::shared_vectors(&d)),
+    }
 }
 
 fn at_of(dir: &Path) -> OffsetDateTime {

@@ -139,10 +139,7 @@ fn up_runs_on_embedded_defaults() {
 }
 
 fn vectors() -> Option<PathBuf> {
-    let p = std::env::var("CGX_VECTORS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/vectors"));
-    p.is_dir().then_some(p)
+    cgx_attestation::bundle::shared_vectors(Path::new(env!("CARGO_MANIFEST_DIR")))
 }
 
 #[test]
