@@ -31,6 +31,7 @@
 //! ```
 
 pub mod bundle;
+mod cache;
 pub mod claims;
 pub mod crypto;
 mod der;

@@ -113,6 +113,15 @@ pub(crate) fn spki_sha256(cert: &X509Certificate<'_>) -> [u8; 32] {
     sha256(cert.public_key().raw)
 }
 
+/// The named curve of an EC key (the SPKI algorithm parameters), dotted.
+fn curve_oid(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> Option<String> {
+    spki.algorithm
+        .parameters
+        .as_ref()
+        .and_then(|p| p.as_oid().ok())
+        .map(|o| o.to_id_string())
+}
+
 /// The key of `cert` in the form the provider takes, and the signature algorithm that
 /// `signature_algorithm` selects for that key.
 fn key_and_alg<'a>(
@@ -123,12 +132,7 @@ fn key_and_alg<'a>(
     let spki = issuer.public_key();
     let key: &[u8] = &spki.subject_public_key.data;
     let key_alg = spki.algorithm.algorithm.to_id_string();
-    let curve = spki
-        .algorithm
-        .parameters
-        .as_ref()
-        .and_then(|p| p.as_oid().ok())
-        .map(|o| o.to_id_string());
+    let curve = curve_oid(spki);
     let sig_oid = signature_algorithm.algorithm.to_id_string();
     let alg = match (sig_oid.as_str(), key_alg.as_str(), curve.as_deref()) {
         (OID_ECDSA_SHA384, OID_EC_PUBLIC_KEY, Some(OID_P384)) => SigAlg::EcdsaP384Sha384Der,
@@ -261,12 +265,7 @@ pub(crate) fn ec_public_key<'a>(
     chain: ChainKind,
 ) -> Result<&'a [u8]> {
     let spki = cert.public_key();
-    let curve = spki
-        .algorithm
-        .parameters
-        .as_ref()
-        .and_then(|p| p.as_oid().ok())
-        .map(|o| o.to_id_string());
+    let curve = curve_oid(spki);
     let want = if p384 { OID_P384 } else { OID_P256 };
     if spki.algorithm.algorithm.to_id_string() != OID_EC_PUBLIC_KEY
         || curve.as_deref() != Some(want)

@@ -11,11 +11,12 @@ pub mod c14n;
 pub mod rim;
 pub mod spdm;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use crate::cache::ChainCache;
 use crate::claims::{Claims, EvidenceKind, KindClaims, NvidiaClaims};
-use crate::crypto::{CryptoProvider, PreparedKey, SigAlg, sha256};
+use crate::crypto::{CryptoProvider, PreparedKey, SigAlg};
 use crate::error::{ChainKind, Error, Result};
 use crate::trust::{NVIDIA_DEVICE_ROOTS, SIM_ROOT_CN_PREFIX, SimTrust};
 use crate::x509::{self, Window};
@@ -47,14 +48,12 @@ struct VerifiedChain {
     windows: Vec<(String, Window)>,
 }
 
-const CACHE_CAP: usize = 4096;
-
 /// Verifies NVIDIA SPDM evidence.
 #[derive(Debug)]
 pub struct NvidiaVerifier {
     provider: &'static dyn CryptoProvider,
     sim: SimTrust,
-    cache: Mutex<HashMap<[u8; 32], Arc<VerifiedChain>>>,
+    cache: ChainCache<VerifiedChain>,
 }
 
 impl NvidiaVerifier {
@@ -62,7 +61,7 @@ impl NvidiaVerifier {
         NvidiaVerifier {
             provider,
             sim,
-            cache: Mutex::new(HashMap::new()),
+            cache: ChainCache::new(),
         }
     }
 
@@ -128,18 +127,11 @@ impl NvidiaVerifier {
     }
 
     fn chain(&self, pem: &[u8], now: i64) -> Result<Arc<VerifiedChain>> {
-        let key = sha256(pem);
-        let cached = self.cache.lock().ok().and_then(|c| c.get(&key).cloned());
-        let chain = match cached {
+        let chain = match self.cache.get(pem, &[]) {
             Some(c) => c,
             None => {
                 let c = Arc::new(self.verify_chain(pem, now)?);
-                if let Ok(mut cache) = self.cache.lock() {
-                    if cache.len() >= CACHE_CAP {
-                        cache.clear();
-                    }
-                    cache.insert(key, c.clone());
-                }
+                self.cache.insert(pem, &[], c.clone());
                 c
             }
         };

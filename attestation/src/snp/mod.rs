@@ -9,11 +9,11 @@
 
 pub mod report;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use x509_parser::certificate::X509Certificate;
 
+use crate::cache::ChainCache;
 use crate::claims::{Claims, EvidenceKind, KindClaims, SnpClaims};
 use crate::crypto::{CryptoProvider, PreparedKey, SigAlg};
 use crate::error::{ChainKind, Error, Result};
@@ -72,24 +72,12 @@ struct VerifiedChain {
     windows: Vec<(String, Window)>,
 }
 
-/// Bound on cached chains; past it the cache is cleared (chains are cheap to re-verify and one
-/// broker sees far fewer distinct VCEKs than this between restarts).
-const CACHE_CAP: usize = 4096;
-
 /// Verifies SNP reports. Holds a cache of verified chains; no I/O, no clock.
 #[derive(Debug)]
 pub struct SnpVerifier {
     provider: &'static dyn CryptoProvider,
     sim: SimTrust,
-    cache: Mutex<HashMap<Vec<u8>, CacheEntry>>,
-}
-
-/// A cached chain and the exact bytes it was verified from.
-#[derive(Debug)]
-struct CacheEntry {
-    cert_chain: Vec<u8>,
-    crls: Vec<Vec<u8>>,
-    chain: Arc<VerifiedChain>,
+    cache: ChainCache<VerifiedChain>,
 }
 
 impl SnpVerifier {
@@ -97,7 +85,7 @@ impl SnpVerifier {
         SnpVerifier {
             provider,
             sim,
-            cache: Mutex::new(HashMap::new()),
+            cache: ChainCache::new(),
         }
     }
 
@@ -159,39 +147,21 @@ impl SnpVerifier {
         Ok(claims(&report, &chain))
     }
 
-    /// The verified chain for this evidence, from the cache or verified now.
-    ///
-    /// The cache is keyed by the signing certificate's bytes and a hit must match the chain and
-    /// CRL bytes exactly, so a hit costs a hash of ~1.3 KB and two memory compares, not a
-    /// cryptographic digest of everything.
+    /// The verified chain for this evidence, from the cache or verified now; its validity
+    /// windows are checked against `now` either way.
     fn chain(
         &self,
         ev: &SnpEvidence<'_>,
         signing_key: SigningKey,
         now: i64,
     ) -> Result<Arc<VerifiedChain>> {
-        let cached = self.cache.lock().ok().and_then(|c| {
-            c.get(ev.signing_cert)
-                .filter(|e| e.cert_chain == ev.cert_chain && e.crls == ev.crls)
-                .map(|e| e.chain.clone())
-        });
-        let chain = match cached {
+        let mut rest: Vec<&[u8]> = vec![ev.cert_chain];
+        rest.extend(ev.crls.iter().map(Vec::as_slice));
+        let chain = match self.cache.get(ev.signing_cert, &rest) {
             Some(chain) => chain,
             None => {
                 let chain = Arc::new(self.verify_chain(ev, signing_key, now)?);
-                if let Ok(mut cache) = self.cache.lock() {
-                    if cache.len() >= CACHE_CAP {
-                        cache.clear();
-                    }
-                    cache.insert(
-                        ev.signing_cert.to_vec(),
-                        CacheEntry {
-                            cert_chain: ev.cert_chain.to_vec(),
-                            crls: ev.crls.to_vec(),
-                            chain: chain.clone(),
-                        },
-                    );
-                }
+                self.cache.insert(ev.signing_cert, &rest, chain.clone());
                 chain
             }
         };
