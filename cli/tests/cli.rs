@@ -200,3 +200,29 @@ fn skip(msg: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
+
+#[test]
+fn bench_verify_reports_ratios_in_the_documented_shape() {
+    let (code, out, err) = cgx(&["bench", "verify", "--json", "--seconds", "0.05"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    for kind in ["snp", "nvidia"] {
+        for key in ["ops_per_s", "bound_ops_per_s", "ratio"] {
+            assert!(
+                v[kind][key].as_f64().is_some_and(|x| x > 0.0),
+                "{kind}.{key}: {v}"
+            );
+        }
+        assert!(v[kind].get("peer_ops_per_s").is_some());
+    }
+    assert!(v["snp"]["peer_ops_per_s"].as_f64().is_some_and(|x| x > 0.0));
+    // TDX needs the real vectors (there is no TDX simulator).
+    if vectors().is_some() {
+        assert!(v["tdx"]["ratio"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+        assert!(v["tdx"]["peer_ops_per_s"].as_f64().is_some_and(|x| x > 0.0));
+    } else {
+        assert!(v["tdx"]["skipped"].is_string());
+    }
+    let (code, _, _) = cgx(&["bench", "verify", "--seconds", "0"]);
+    assert_eq!(code, 2);
+}
