@@ -1,4 +1,4 @@
-//! A bounded cache of verified certificate chains, shared by the SNP and NVIDIA verifiers.
+//! A bounded cache of verified certificate chains (SNP, NVIDIA) and parsed collateral (TDX).
 //!
 //! Entries are keyed by the exact bytes they were verified from: the first part (the signing
 //! certificate) is hashed, the others are compared on a hit. So a hit costs hashing about a

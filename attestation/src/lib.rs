@@ -109,7 +109,7 @@ impl Verifier {
     pub fn with_provider(config: VerifierConfig, provider: &'static dyn CryptoProvider) -> Self {
         Verifier {
             snp: snp::SnpVerifier::new(provider, config.sim.clone()),
-            tdx: tdx::TdxVerifier,
+            tdx: tdx::TdxVerifier::default(),
             nvidia: nvidia::NvidiaVerifier::new(provider, config.sim),
         }
     }

@@ -12,6 +12,7 @@ use dcap_qvl::quote::Report;
 use dcap_qvl::verify::QuoteVerifier;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::cache::ChainCache;
 use crate::claims::{Claims, EvidenceKind, KindClaims, TdxClaims};
 use crate::error::{Error, Result};
 
@@ -22,16 +23,6 @@ pub struct TdxEvidence<'a> {
     pub quote: &'a [u8],
     /// Intel collateral in dcap-qvl's `QuoteCollateralV3` JSON shape.
     pub collateral_json: &'a [u8],
-}
-
-/// Accepts every cryptographically valid quote: acceptability is policy's call, not ours.
-/// (dcap-qvl's `Policy` speaks `anyhow`; it goes no further than this module.)
-struct VerifyOnly;
-
-impl dcap_qvl::policy::Policy for VerifyOnly {
-    fn validate(&self, _: &dcap_qvl::policy::QuoteClaims) -> anyhow::Result<()> {
-        Ok(())
-    }
 }
 
 /// dcap-qvl configured with aws-lc-rs, so TDX shares the crypto backend of every other verifier.
@@ -102,9 +93,20 @@ impl dcap_qvl::config::CryptoProvider for AwsLcDcap {
     }
 }
 
-/// Verifies TDX quotes.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TdxVerifier;
+/// Verifies TDX quotes. Parsed collateral is cached by its exact bytes: one platform's
+/// collateral (per FMSPC) serves every quote it produces until the next TCB info update.
+#[derive(Debug)]
+pub struct TdxVerifier {
+    collateral: ChainCache<QuoteCollateralV3>,
+}
+
+impl Default for TdxVerifier {
+    fn default() -> Self {
+        TdxVerifier {
+            collateral: ChainCache::new(),
+        }
+    }
+}
 
 /// Smallest quote: 48-byte header + 584-byte TD 1.0 body + 4-byte signature length.
 const MIN_QUOTE_LEN: usize = 48 + 584 + 4;
@@ -126,19 +128,28 @@ impl TdxVerifier {
                 format!("{:#x} is not TDX (0x81)", quote.header.tee_type),
             ));
         }
-        check_canonical(ev.quote, &quote)?;
-        let collateral: QuoteCollateralV3 =
-            serde_json::from_slice(ev.collateral_json).map_err(|e| Error::Collateral {
-                detail: format!("collateral JSON: {e}"),
-            })?;
+        let pck_leaf = check_canonical(ev.quote, &quote)?;
+        let fmspc = fmspc_of(&pck_leaf)?;
+        let collateral = match self.collateral.get(ev.collateral_json, &[]) {
+            Some(c) => c,
+            None => {
+                let c: QuoteCollateralV3 =
+                    serde_json::from_slice(ev.collateral_json).map_err(|e| Error::Collateral {
+                        detail: format!("collateral JSON: {e}"),
+                    })?;
+                let c = std::sync::Arc::new(c);
+                self.collateral.insert(ev.collateral_json, &[], c.clone());
+                c
+            }
+        };
         let now = u64::try_from(now).map_err(|_| Error::invalid("time", "before 1970"))?;
-        let claims = QuoteVerifier::new_prod()
+        let verified = QuoteVerifier::new_prod()
             .with_config::<AwsLcConfig>()
             .allow_debug(true)
             .allow_service_td(true)
-            .verify_with_policy(ev.quote, collateral, now, &VerifyOnly)
+            .verify(ev.quote, &collateral, now)
             .map_err(|e| classify(&format!("{e:#}")))?;
-        let (base, td15) = match &claims.report {
+        let (base, td15) = match &verified.report {
             Report::TD10(r) => (r, None),
             Report::TD15(r) => (&r.base, Some(r)),
             Report::TD15Ex(r) => (&r.base.base, Some(&r.base)),
@@ -153,10 +164,10 @@ impl TdxVerifier {
             // TD_ATTRIBUTES bit 0: DEBUG (TDX module ABI, TDATTRIBUTES table).
             debug: base.td_attributes[0] & 1 != 0,
             detail: KindClaims::Tdx(TdxClaims {
-                quote_version: claims.header.version,
+                quote_version: quote.header.version,
                 body: if td15.is_some() { "td15" } else { "td10" }.into(),
-                tcb_status: claims.tcb.status.to_string(),
-                advisory_ids: claims.tcb.advisory_ids.clone(),
+                tcb_status: verified.status.clone(),
+                advisory_ids: verified.advisory_ids.clone(),
                 mr_td: hex::encode(base.mr_td),
                 mr_config_id: hex::encode(base.mr_config_id),
                 mr_owner: hex::encode(base.mr_owner),
@@ -174,7 +185,7 @@ impl TdxVerifier {
                 seam_attributes: hex::encode(base.seam_attributes),
                 tee_tcb_svn2: td15.map(|r| hex::encode(r.tee_tcb_svn2)),
                 mr_service_td: td15.map(|r| hex::encode(r.mr_service_td)),
-                fmspc: hex::encode(claims.platform.pck.fmspc),
+                fmspc: hex::encode(fmspc),
             }),
         })
     }
@@ -190,7 +201,8 @@ const CERT_TYPE_PCK_CHAIN: u16 = 5;
 /// exactly its own encoding (zero padding after it allowed), the certification data types must be
 /// 6 then 5, the PCK chain must be canonical PEM (64-column lines; NUL padding allowed), and the
 /// root it carries must be Intel's exact certificate.
-fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<()> {
+/// Returns the PCK leaf certificate (DER).
+fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<Vec<u8>> {
     use dcap_qvl::quote::AuthData;
     use parity_scale_codec::Encode;
     let encoded = quote.encode();
@@ -233,7 +245,39 @@ fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<()> {
             detail: "the quote's PCK chain does not end at the Intel SGX Root CA".into(),
         });
     }
-    Ok(())
+    ders.into_iter()
+        .next()
+        .ok_or_else(|| Error::malformed("PCK certificate chain", "empty"))
+}
+
+/// Intel SGX extensions of a PCK certificate (Intel SGX PCK Certificate and CRL Profile, §1.3.5).
+const OID_SGX_EXTENSIONS: &str = "1.2.840.113741.1.13.1";
+/// DER body of the FMSPC OID 1.2.840.113741.1.13.1.4 inside them.
+const FMSPC_OID_BODY: [u8; 10] = [0x2A, 0x86, 0x48, 0x86, 0xF8, 0x4D, 0x01, 0x0D, 0x01, 0x04];
+
+/// The FMSPC (6 bytes) from the PCK leaf: `SEQUENCE OF SEQUENCE { OID, value }`. dcap-qvl has
+/// already used it to select the TCB info; we only report it.
+fn fmspc_of(pck_leaf: &[u8]) -> Result<[u8; 6]> {
+    let cert = crate::x509::parse_cert(pck_leaf, "PCK certificate")?;
+    let bad = || Error::malformed("PCK certificate", "no FMSPC in the SGX extensions");
+    let ext = crate::x509::extension(&cert, OID_SGX_EXTENSIONS, crate::error::ChainKind::Intel)?
+        .ok_or_else(bad)?;
+    let Some((0x30, body, _)) = crate::der::read_tlv(ext) else {
+        return Err(bad());
+    };
+    for (tag, item) in crate::der::children(body) {
+        if tag != 0x30 {
+            continue;
+        }
+        let mut it = crate::der::children(item);
+        if let (Some((0x06, oid)), Some((0x04, value))) = (it.next(), it.next())
+            && oid == FMSPC_OID_BODY
+            && let Ok(fmspc) = <[u8; 6]>::try_from(value)
+        {
+            return Ok(fmspc);
+        }
+    }
+    Err(bad())
 }
 
 fn canonical_pem(der: &[u8]) -> String {

@@ -113,6 +113,11 @@ fn shared_vectors_verify_exactly_as_expected() {
                 counts.0 += 1;
                 let actual = serde_json::to_value(claims.claims()).unwrap();
                 assert_eq!(actual["kind"], expected["kind"], "{name}");
+                // TDX bundles are named after their FMSPC (`v4-b0c06f-…`): the PCK cert's.
+                if let Some(fam) = name.strip_prefix("tdx/").and_then(|n| n.get(3..9)) {
+                    let fmspc = actual["fmspc"].as_str().unwrap_or("");
+                    assert!(fmspc.starts_with(fam), "{name}: fmspc {fmspc}");
+                }
                 if !matches(&expected["claims"], &actual) {
                     failures.push(format!("{name}: claims differ:\n{actual:#}"));
                 }
