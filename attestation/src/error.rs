@@ -99,6 +99,9 @@ pub enum Error {
     /// A nonce in the evidence differs from the one expected by the caller.
     #[error("nonce mismatch: expected {expected}, evidence has {actual}")]
     NonceMismatch { expected: String, actual: String },
+    /// Composite evidence does not bind together (nonce, node key, GPU evidence or order).
+    #[error("binding mismatch: {link}")]
+    BindingMismatch { link: String },
     /// Intel collateral or the quote's TCB could not be matched (TDX), with Intel's wording.
     #[error("TDX TCB: {detail}")]
     TcbLevel { detail: String },
@@ -135,6 +138,7 @@ impl Error {
             Error::SigningKeyMismatch { .. } => "signing_key_mismatch",
             Error::FwidMismatch { .. } => "fwid_mismatch",
             Error::NonceMismatch { .. } => "nonce_mismatch",
+            Error::BindingMismatch { .. } => "binding_mismatch",
             Error::TcbLevel { .. } => "tcb_level_not_found",
             Error::CollateralExpired { .. } => "collateral_expired",
             Error::Collateral { .. } => "collateral_invalid",

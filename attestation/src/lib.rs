@@ -30,6 +30,7 @@
 //! # Ok::<(), cgx_attestation::Error>(())
 //! ```
 
+pub mod binding;
 pub mod bundle;
 mod cache;
 pub mod claims;
