@@ -114,6 +114,12 @@ pub enum Error {
     /// A RIM is malformed, unsigned, or signed by an untrusted chain.
     #[error("RIM {rim}: {detail}")]
     Rim { rim: String, detail: String },
+    /// The policy or its reference values could not be compiled or evaluated.
+    #[error("policy: {detail}")]
+    Policy { detail: String },
+    /// An attestation result could not be signed or verified.
+    #[error("attestation result: {detail}")]
+    Result { detail: String },
     /// The bundle folder could not be read (I/O at the edge).
     #[error("bundle {path}: {detail}")]
     Bundle { path: String, detail: String },
@@ -144,6 +150,8 @@ impl Error {
             Error::Collateral { .. } => "collateral_invalid",
             Error::Rim { .. } => "rim_invalid",
             Error::Bundle { .. } => "bundle_unreadable",
+            Error::Policy { .. } => "policy_error",
+            Error::Result { .. } => "result_error",
         }
     }
 

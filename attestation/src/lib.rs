@@ -30,6 +30,7 @@
 //! # Ok::<(), cgx_attestation::Error>(())
 //! ```
 
+pub mod appraisal;
 pub mod binding;
 pub mod bundle;
 mod cache;
@@ -38,6 +39,7 @@ pub mod crypto;
 mod der;
 pub mod error;
 pub mod nvidia;
+pub mod results;
 pub mod sim;
 pub mod snp;
 pub mod tdx;

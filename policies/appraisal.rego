@@ -1,0 +1,246 @@
+# cgx default appraisal policy: verified claims -> an AR4SI trust vector.
+#
+# input: the claims of one piece of verified evidence (docs/claims.md, schema cgx.claims.v1).
+# data.reference: reference values (reference-values/*.json).
+# Output: data.cgx.appraisal.result = {"trust_vector": {...}, "violations": [...]}.
+#
+# Every violation names its rule, the trust-vector claim it lowers, the AR4SI code it sets, the
+# offending value and what was expected, so a refusal says why. Codes (draft-ietf-rats-ar4si):
+#   2 affirming; 32..95 warning (32 unsafe/unsupportable, 33 unrecognized);
+#   96..127 contraindicated (96 contraindicated, 97 unrecognized hardware).
+package cgx.appraisal
+
+import rego.v1
+
+ref := object.get(data, "reference", {})
+
+kind_ref := object.get(ref, input.kind, {})
+
+# Affirming value per claim for a verified piece of evidence. 0 = no claim made.
+affirming := {
+	"instance-identity": 2,
+	"configuration": 2,
+	"executables": 2,
+	"file-system": 0,
+	"hardware": 2,
+	"runtime-opaque": 2,
+	"storage-opaque": 0,
+	"sourced-data": 0,
+}
+
+# ---------------------------------------------------------------- all kinds
+
+violations contains v if {
+	input.sim
+	not object.get(ref, "allow_sim", false)
+	v := {
+		"rule": "sim_evidence_forbidden",
+		"claim": "hardware",
+		"code": 97,
+		"value": "sim",
+		"expected": "evidence from real hardware",
+	}
+}
+
+violations contains v if {
+	input.sim
+	object.get(ref, "allow_sim", false)
+	v := {
+		"rule": "sim_evidence_allowed_by_reference_values",
+		"claim": "hardware",
+		"code": 32,
+		"value": "sim",
+		"expected": "evidence from real hardware",
+	}
+}
+
+violations contains v if {
+	input.debug
+	not object.get(kind_ref, "allow_debug", false)
+	v := {
+		"rule": "debug_forbidden",
+		"claim": "configuration",
+		"code": 96,
+		"value": "debug",
+		"expected": "a TEE that the host cannot inspect",
+	}
+}
+
+# ---------------------------------------------------------------- SEV-SNP
+
+violations contains v if {
+	input.kind == "snp"
+	input.migration_agent_allowed
+	not object.get(kind_ref, "allow_migration_agent", false)
+	v := {
+		"rule": "snp_migration_agent_forbidden",
+		"claim": "configuration",
+		"code": 96,
+		"value": input.policy,
+		"expected": "guest policy without MIGRATE_MA (bit 18)",
+	}
+}
+
+violations contains v if {
+	input.kind == "snp"
+	input.smt_enabled
+	object.get(kind_ref, "allow_smt", true) == false
+	v := {
+		"rule": "snp_smt_forbidden",
+		"claim": "configuration",
+		"code": 32,
+		"value": input.platform_info,
+		"expected": "SMT disabled",
+	}
+}
+
+violations contains v if {
+	input.kind == "snp"
+	min := object.get(object.get(kind_ref, "min_tcb", {}), input.product, {})
+	some field, least in min
+	have := object.get(input.reported_tcb, field, -1)
+	have < least
+	v := {
+		"rule": "snp_tcb_below_minimum",
+		"claim": "hardware",
+		"code": 96,
+		"value": sprintf("%s=%v", [field, have]),
+		"expected": sprintf("%s>=%v on %s", [field, least, input.product]),
+	}
+}
+
+violations contains v if {
+	input.kind == "snp"
+	not input.measurement in object.get(kind_ref, "measurements", [])
+	v := {
+		"rule": "snp_measurement_not_allowed",
+		"claim": "executables",
+		"code": 33,
+		"value": input.measurement,
+		"expected": "a launch measurement listed in reference values snp.measurements",
+	}
+}
+
+violations contains v if {
+	input.kind == "snp"
+	input.vmpl > object.get(kind_ref, "max_vmpl", 3)
+	v := {
+		"rule": "snp_vmpl_too_high",
+		"claim": "configuration",
+		"code": 32,
+		"value": input.vmpl,
+		"expected": sprintf("VMPL <= %v", [object.get(kind_ref, "max_vmpl", 3)]),
+	}
+}
+
+# ---------------------------------------------------------------- TDX
+
+tdx_allowed_status := object.get(kind_ref, "allowed_tcb_status", ["UpToDate"])
+
+violations contains v if {
+	input.kind == "tdx"
+	input.tcb_status == "Revoked"
+	v := {
+		"rule": "tdx_tcb_revoked",
+		"claim": "hardware",
+		"code": 96,
+		"value": input.tcb_status,
+		"expected": concat(" or ", tdx_allowed_status),
+	}
+}
+
+violations contains v if {
+	input.kind == "tdx"
+	input.tcb_status != "Revoked"
+	not input.tcb_status in tdx_allowed_status
+	v := {
+		"rule": "tdx_tcb_status_not_allowed",
+		"claim": "hardware",
+		"code": 32,
+		"value": sprintf("%s %v", [input.tcb_status, input.advisory_ids]),
+		"expected": concat(" or ", tdx_allowed_status),
+	}
+}
+
+violations contains v if {
+	input.kind == "tdx"
+	not input.mr_td in object.get(kind_ref, "mr_td", [])
+	v := {
+		"rule": "tdx_mr_td_not_allowed",
+		"claim": "executables",
+		"code": 33,
+		"value": input.mr_td,
+		"expected": "an MRTD listed in reference values tdx.mr_td",
+	}
+}
+
+violations contains v if {
+	input.kind == "tdx"
+	some i, allowed in object.get(kind_ref, "rtmr", {})
+	not input.rtmr[to_number(i)] in allowed
+	v := {
+		"rule": "tdx_rtmr_not_allowed",
+		"claim": "executables",
+		"code": 33,
+		"value": sprintf("RTMR%s=%s", [i, input.rtmr[to_number(i)]]),
+		"expected": sprintf("a value listed in reference values tdx.rtmr.%s", [i]),
+	}
+}
+
+# ---------------------------------------------------------------- NVIDIA GPU
+
+violations contains v if {
+	input.kind == "nvidia"
+	allowed := object.get(kind_ref, "driver_versions", [])
+	count(allowed) > 0
+	not input.driver_version in allowed
+	v := {
+		"rule": "gpu_driver_not_allowed",
+		"claim": "runtime-opaque",
+		"code": 33,
+		"value": object.get(input, "driver_version", "none"),
+		"expected": concat(" or ", allowed),
+	}
+}
+
+violations contains v if {
+	input.kind == "nvidia"
+	allowed := object.get(kind_ref, "vbios_versions", [])
+	count(allowed) > 0
+	not input.vbios_version in allowed
+	v := {
+		"rule": "gpu_vbios_not_allowed",
+		"claim": "executables",
+		"code": 33,
+		"value": object.get(input, "vbios_version", "none"),
+		"expected": concat(" or ", allowed),
+	}
+}
+
+# Golden measurements (from verified RIMs): index -> allowed digests.
+violations contains v if {
+	input.kind == "nvidia"
+	some index, allowed in object.get(kind_ref, "measurements", {})
+	have := object.get(input.measurements, index, "absent")
+	not have in allowed
+	v := {
+		"rule": "gpu_measurement_mismatch",
+		"claim": "executables",
+		"code": 96,
+		"value": sprintf("measurement %s=%s", [index, have]),
+		"expected": concat(" or ", allowed),
+	}
+}
+
+# ---------------------------------------------------------------- result
+
+trust_vector[claim] := code if {
+	some claim, affirm in affirming
+	codes := [c | some w in violations; w.claim == claim; c := w.code]
+	code := max(array.concat([affirm], codes))
+}
+
+result := {
+	"trust_vector": trust_vector,
+	"violations": [w | some w in violations],
+}

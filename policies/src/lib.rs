@@ -1,0 +1,133 @@
+//! cgx's shipped policies: the default appraisal policy (Rego) and reference values, embedded so
+//! every binary carries them, and the runner behind `cgx policy test`.
+//!
+//! The Rego sources live beside this crate (`appraisal.rego`, `reference-values/`,
+//! `tests/*.rego`) so operators can read, copy and override them.
+
+use std::path::Path;
+
+use cgx_attestation::appraisal::PolicyEngine;
+
+/// The default appraisal policy.
+pub const APPRAISAL_POLICY: &str = include_str!("../appraisal.rego");
+/// The default reference values (no launch measurements: operators add their image's).
+pub const DEFAULT_REFERENCE_VALUES: &str = include_str!("../reference-values/default.json");
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Attestation(#[from] cgx_attestation::Error),
+    #[error("{path}: {detail}")]
+    Io { path: String, detail: String },
+    #[error("{file}: {detail}")]
+    Rego { file: String, detail: String },
+}
+
+/// The default policy compiled with `reference_values` (the shipped defaults when `None`).
+pub fn appraisal_engine(reference_values: Option<&str>) -> Result<PolicyEngine, Error> {
+    Ok(PolicyEngine::new(
+        "cgx.appraisal",
+        APPRAISAL_POLICY,
+        reference_values.unwrap_or(DEFAULT_REFERENCE_VALUES),
+    )?)
+}
+
+/// Outcome of one Rego test rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestResult {
+    /// `data.<package>.<rule>`.
+    pub name: String,
+    pub passed: bool,
+    /// Why it failed (evaluation error or a non-true value).
+    pub detail: Option<String>,
+}
+
+fn read(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|e| Error::Io {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })
+}
+
+/// Run every `test_*` rule of the `.rego` files under `dir/tests` against the policies in `dir`
+/// (`cgx policy test`). Each test is evaluated on its own, so one failure does not hide others.
+pub fn run_tests(dir: &Path) -> Result<Vec<TestResult>, Error> {
+    let mut policies = Vec::new();
+    for sub in [dir.to_path_buf(), dir.join("tests")] {
+        let Ok(entries) = std::fs::read_dir(&sub) else {
+            continue;
+        };
+        let mut files: Vec<_> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "rego"))
+            .collect();
+        files.sort();
+        for f in files {
+            let src = read(&f)?;
+            policies.push((f, src));
+        }
+    }
+    if policies.is_empty() {
+        return Err(Error::Io {
+            path: dir.display().to_string(),
+            detail: "no .rego files".into(),
+        });
+    }
+    let mut engine = regorus::Engine::new();
+    let mut tests = Vec::new();
+    for (path, src) in &policies {
+        engine
+            .add_policy(path.display().to_string(), src.clone())
+            .map_err(|e| Error::Rego {
+                file: path.display().to_string(),
+                detail: e.to_string(),
+            })?;
+        let package = src
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("package "))
+            .map(|p| p.trim().to_string());
+        if let Some(package) = package {
+            for line in src.lines() {
+                if let Some(rest) = line.strip_prefix("test_") {
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    let full = format!("data.{package}.test_{name}");
+                    if !tests.contains(&full) {
+                        tests.push(full);
+                    }
+                }
+            }
+        }
+    }
+    let reference: serde_json::Value = serde_json::from_str(DEFAULT_REFERENCE_VALUES)
+        .map_err(|e| Error::Rego {
+            file: "reference-values/default.json".into(),
+            detail: e.to_string(),
+        })?;
+    engine
+        .add_data(regorus::Value::from(serde_json::json!({ "reference": reference })))
+        .map_err(|e| Error::Rego {
+            file: "reference-values/default.json".into(),
+            detail: e.to_string(),
+        })?;
+    let mut results = Vec::new();
+    for name in tests {
+        let outcome = engine.eval_rule(name.clone());
+        let (passed, detail) = match outcome {
+            Ok(regorus::Value::Bool(true)) => (true, None),
+            Ok(regorus::Value::Undefined) => (false, Some("undefined (a condition failed)".into())),
+            Ok(other) => (false, Some(format!("evaluated to {other}"))),
+            Err(e) => (false, Some(e.to_string())),
+        };
+        results.push(TestResult {
+            name,
+            passed,
+            detail,
+        });
+    }
+    Ok(results)
+}

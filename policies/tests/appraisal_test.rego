@@ -1,0 +1,131 @@
+# Tests of the default appraisal policy: `cgx policy test` runs every test_* rule here.
+package cgx.appraisal_test
+
+import rego.v1
+
+import data.cgx.appraisal
+
+refs := {
+	"allow_sim": false,
+	"snp": {
+		"measurements": ["aa"],
+		"min_tcb": {"genoa": {"bootloader": 9, "tee": 0, "snp": 20, "microcode": 70}},
+	},
+	"tdx": {"allowed_tcb_status": ["UpToDate"], "mr_td": ["bb"], "rtmr": {"0": ["r0"]}},
+	"nvidia": {
+		"driver_versions": ["550.90.07"],
+		"vbios_versions": ["96.00.9F.00.01"],
+		"measurements": {"2": ["m2"]},
+	},
+}
+
+snp := {
+	"schema": "cgx.claims.v1", "kind": "snp", "sim": false, "debug": false,
+	"product": "genoa", "measurement": "aa", "policy": "0x30000", "vmpl": 0,
+	"reported_tcb": {"bootloader": 9, "tee": 0, "snp": 23, "microcode": 72},
+	"smt_enabled": true, "migration_agent_allowed": false, "platform_info": "0x1",
+}
+
+tdx := {
+	"schema": "cgx.claims.v1", "kind": "tdx", "sim": false, "debug": false,
+	"tcb_status": "UpToDate", "advisory_ids": [], "mr_td": "bb", "rtmr": ["r0", "r1", "r2", "r3"],
+}
+
+gpu := {
+	"schema": "cgx.claims.v1", "kind": "nvidia", "sim": false, "debug": false,
+	"driver_version": "550.90.07", "vbios_version": "96.00.9F.00.01",
+	"measurements": {"1": "m1", "2": "m2"},
+}
+
+result(claims) := r if {
+	r := appraisal.result with input as claims with data.reference as refs
+}
+
+rules(r) := {v.rule | some v in r.violations}
+
+test_snp_affirming if {
+	r := result(snp)
+	r.trust_vector.executables == 2
+	r.trust_vector.hardware == 2
+	r.trust_vector.configuration == 2
+	count(r.violations) == 0
+}
+
+test_snp_debug_is_contraindicated if {
+	r := result(object.union(snp, {"debug": true}))
+	r.trust_vector.configuration == 96
+	"debug_forbidden" in rules(r)
+}
+
+test_snp_unknown_measurement_is_unrecognized if {
+	r := result(object.union(snp, {"measurement": "cc"}))
+	r.trust_vector.executables == 33
+	some v in r.violations
+	v.rule == "snp_measurement_not_allowed"
+	v.value == "cc"
+}
+
+test_snp_old_tcb_names_the_field if {
+	r := result(object.union(snp, {"reported_tcb": {"bootloader": 9, "tee": 0, "snp": 19, "microcode": 72}}))
+	r.trust_vector.hardware == 96
+	some v in r.violations
+	v.rule == "snp_tcb_below_minimum"
+	v.value == "snp=19"
+}
+
+test_snp_migration_agent_forbidden if {
+	r := result(object.union(snp, {"migration_agent_allowed": true}))
+	r.trust_vector.configuration == 96
+}
+
+test_sim_is_refused if {
+	r := result(object.union(snp, {"sim": true}))
+	r.trust_vector.hardware == 97
+	"sim_evidence_forbidden" in rules(r)
+}
+
+test_sim_allowed_is_only_a_warning if {
+	r := appraisal.result with input as object.union(snp, {"sim": true})
+		with data.reference as object.union(refs, {"allow_sim": true})
+	r.trust_vector.hardware == 32
+}
+
+test_tdx_affirming if {
+	r := result(tdx)
+	count(r.violations) == 0
+	r.trust_vector.executables == 2
+}
+
+test_tdx_out_of_date_is_a_warning if {
+	r := result(object.union(tdx, {"tcb_status": "OutOfDate", "advisory_ids": ["INTEL-SA-00837"]}))
+	r.trust_vector.hardware == 32
+	some v in r.violations
+	v.rule == "tdx_tcb_status_not_allowed"
+	contains(v.value, "INTEL-SA-00837")
+}
+
+test_tdx_revoked_is_contraindicated if {
+	r := result(object.union(tdx, {"tcb_status": "Revoked"}))
+	r.trust_vector.hardware == 96
+}
+
+test_tdx_debug_and_rtmr if {
+	r := result(object.union(tdx, {"debug": true, "rtmr": ["x", "r1", "r2", "r3"]}))
+	r.trust_vector.configuration == 96
+	"tdx_rtmr_not_allowed" in rules(r)
+}
+
+test_gpu_affirming if {
+	r := result(gpu)
+	count(r.violations) == 0
+}
+
+test_gpu_measurement_mismatch_is_contraindicated if {
+	r := result(object.union(gpu, {"measurements": {"1": "m1", "2": "evil"}}))
+	r.trust_vector.executables == 96
+}
+
+test_gpu_driver_not_allowed if {
+	r := result(object.union(gpu, {"driver_version": "535.1"}))
+	r.trust_vector["runtime-opaque"] == 33
+}

@@ -1,0 +1,86 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The shipped Rego tests pass, and the default policy appraises real and simulated evidence.
+
+use std::path::Path;
+
+use cgx_attestation::appraisal::Tier;
+use cgx_attestation::bundle::Bundle;
+use cgx_attestation::{Verifier, VerifierConfig};
+
+#[test]
+fn shipped_rego_tests_pass() {
+    let results = cgx_policies::run_tests(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let failed: Vec<_> = results.iter().filter(|r| !r.passed).collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert!(results.len() >= 14, "only {} tests found", results.len());
+}
+
+#[test]
+fn default_policy_on_real_evidence() {
+    let Some(v) = cgx_attestation::bundle::shared_vectors(Path::new(env!("CARGO_MANIFEST_DIR"))) else {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "SKIPPED default_policy_on_real_evidence: no vectors");
+        return;
+    };
+    let verifier = Verifier::new(VerifierConfig::default());
+    let at = time::macros::datetime!(2025-10-01 00:00 UTC);
+    let b = Bundle::load(&v.join("snp/genoa-v5-oak-genoa-oc")).unwrap();
+    let claims = verifier.verify(&b.evidence(), at).unwrap().into_claims();
+    // Shipped defaults hold no launch measurements: genuine but unrecognized.
+    let out = cgx_policies::appraisal_engine(None).unwrap().evaluate(&claims).unwrap();
+    assert_eq!(out.status, Tier::Warning);
+    assert_eq!(out.trust_vector["executables"], 33);
+    assert_eq!(out.trust_vector["hardware"], 2);
+    assert_eq!(out.violations[0].rule, "snp_measurement_not_allowed");
+    // With the image's measurement as a reference value: affirming.
+    let cgx_attestation::KindClaims::Snp(s) = &claims.detail else { panic!() };
+    let refs = serde_json::json!({"snp": {"measurements": [s.measurement],
+        "min_tcb": {"genoa": {"bootloader": 10, "tee": 0, "snp": 25, "microcode": 84}}}});
+    let engine = cgx_policies::appraisal_engine(Some(&refs.to_string())).unwrap();
+    let out = engine.evaluate(&claims).unwrap();
+    assert_eq!(out.status, Tier::Affirming, "{out:#?}");
+    // A minimum TCB above the platform's: contraindicated, naming the field.
+    let refs = serde_json::json!({"snp": {"measurements": [s.measurement],
+        "min_tcb": {"genoa": {"microcode": 85}}}});
+    let out = cgx_policies::appraisal_engine(Some(&refs.to_string())).unwrap().evaluate(&claims).unwrap();
+    assert_eq!(out.status, Tier::Contraindicated);
+    assert_eq!(out.violations[0].rule, "snp_tcb_below_minimum");
+    assert_eq!(out.violations[0].value, "microcode=84");
+    // The debug TD verifies and is refused by policy.
+    let b = Bundle::load(&v.join("tdx/v4-50806f-trustee-debug")).unwrap();
+    let at = time::macros::datetime!(2023-07-08 07:24:58 UTC);
+    let claims = verifier.verify(&b.evidence(), at).unwrap().into_claims();
+    let out = cgx_policies::appraisal_engine(None).unwrap().evaluate(&claims).unwrap();
+    assert_eq!(out.status, Tier::Contraindicated);
+    assert!(out.violations.iter().any(|v| v.rule == "debug_forbidden"));
+}
+
+#[test]
+fn bad_policy_or_reference_values_are_errors() {
+    let e = cgx_policies::appraisal_engine(Some("not json")).unwrap_err();
+    assert!(e.to_string().contains("reference values"), "{e}");
+    let e = cgx_policies::appraisal_engine(Some("[1]")).unwrap_err();
+    assert!(e.to_string().contains("object"), "{e}");
+    let e = cgx_attestation::appraisal::PolicyEngine::new("x", "package x\nthis is not rego", "{}")
+        .unwrap_err();
+    assert_eq!(e.code(), "policy_error");
+}
+
+#[test]
+fn a_failing_rego_test_is_reported() {
+    let dir = std::env::temp_dir().join(format!("cgx-policy-test-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("tests")).unwrap();
+    std::fs::write(dir.join("p.rego"), "package p\nimport rego.v1\nallow if input.ok\n").unwrap();
+    std::fs::write(
+        dir.join("tests/p_test.rego"),
+        "package p_test\nimport rego.v1\nimport data.p\n\
+         test_pass if { p.allow with input as {\"ok\": true} }\n\
+         test_fail if { p.allow with input as {\"ok\": false} }\n",
+    )
+    .unwrap();
+    let results = cgx_policies::run_tests(&dir).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let by = |n: &str| results.iter().find(|r| r.name.ends_with(n)).unwrap().passed;
+    assert!(by("test_pass"));
+    assert!(!by("test_fail"));
+}
