@@ -12,7 +12,7 @@ package cgx.appraisal
 
 import rego.v1
 
-ref := object.get(data, "reference", {})
+ref := data.reference
 
 kind_ref := object.get(ref, input.kind, {})
 

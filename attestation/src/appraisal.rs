@@ -85,11 +85,23 @@ struct RawOutcome {
 }
 
 /// A compiled appraisal policy with its reference values.
-#[derive(Debug, Clone)]
+///
+/// The policy is compiled once to a regorus RVM program; evaluations run on VMs kept in a small
+/// pool (each VM already holds the program and the reference values), about five times faster
+/// than interpreting the compiled policy (`../shared/CRATES.md`).
 pub struct PolicyEngine {
     compiled: regorus::CompiledPolicy,
+    program: std::sync::Arc<regorus::rvm::Program>,
+    data: regorus::Value,
+    vms: std::sync::Mutex<Vec<regorus::rvm::RegoVM>>,
     /// `name@sha256:<digest of policy ‖ reference values>`: goes into the EAR's policy ids.
     id: String,
+}
+
+impl std::fmt::Debug for PolicyEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyEngine").field("id", &self.id).finish_non_exhaustive()
+    }
 }
 
 impl PolicyEngine {
@@ -109,6 +121,7 @@ impl PolicyEngine {
         engine
             .add_policy(format!("{name}.rego"), rego.to_string())
             .map_err(|e| bad("policy", &e))?;
+        let reference_copy = reference.clone();
         let data = serde_json::json!({ "reference": reference });
         engine
             .add_data(regorus::Value::from(data))
@@ -116,11 +129,43 @@ impl PolicyEngine {
         let compiled = engine
             .compile_with_entrypoint(&regorus::Rc::from(ENTRY_POINT))
             .map_err(|e| bad("policy", &e))?;
-        let digest = crate::crypto::sha256(&[rego.as_bytes(), b"\0", reference_values.as_bytes()].concat());
+        let program = regorus::languages::rego::compiler::Compiler::compile_from_policy(
+            &compiled,
+            &[ENTRY_POINT],
+        )
+        .map_err(|e| bad("policy (RVM)", &e))?;
+        let digest =
+            crate::crypto::sha256(&[rego.as_bytes(), b"\0", reference_values.as_bytes()].concat());
         Ok(PolicyEngine {
             compiled,
+            program,
+            data: regorus::Value::from(serde_json::json!({ "reference": reference_copy })),
+            vms: std::sync::Mutex::new(Vec::new()),
             id: format!("{name}@sha256:{}", hex::encode(digest)),
         })
+    }
+
+    fn run(&self, input: regorus::Value) -> std::result::Result<regorus::Value, String> {
+        let pooled = self.vms.lock().ok().and_then(|mut p| p.pop());
+        let mut vm = match pooled {
+            Some(vm) => vm,
+            None => {
+                let mut vm = regorus::rvm::RegoVM::new_with_policy(self.compiled.clone());
+                vm.load_program(self.program.clone());
+                vm.set_data(self.data.clone()).map_err(|e| e.to_string())?;
+                vm
+            }
+        };
+        vm.set_input(input);
+        let out = vm
+            .execute_entry_point_by_name(ENTRY_POINT)
+            .map_err(|e| e.to_string());
+        if let Ok(mut pool) = self.vms.lock() {
+            if pool.len() < 64 {
+                pool.push(vm);
+            }
+        }
+        out
     }
 
     /// Identifier of this policy and its reference values.
@@ -130,24 +175,29 @@ impl PolicyEngine {
 
     /// Appraise verified claims.
     pub fn evaluate(&self, claims: &Claims) -> Result<Outcome> {
-        let input = serde_json::to_value(claims).map_err(|e| Error::Policy {
+        let json = serde_json::to_string(claims).map_err(|e| Error::Policy {
             detail: format!("claims: {e}"),
         })?;
-        self.evaluate_json(input)
+        self.evaluate_str(&json)
     }
 
     /// Appraise a claims-shaped JSON value (policy tests feed claims they construct).
     pub fn evaluate_json(&self, input: serde_json::Value) -> Result<Outcome> {
-        let out = self
-            .compiled
-            .eval_with_input(regorus::Value::from(input))
-            .map_err(|e| Error::Policy {
-                detail: format!("evaluation: {e}"),
-            })?;
-        let json = out.to_json_str().map_err(|e| Error::Policy {
+        self.evaluate_str(&input.to_string())
+    }
+
+    /// Appraise claims given as JSON text (what [`Appraiser`] also digests into the result).
+    pub fn evaluate_str(&self, claims_json: &str) -> Result<Outcome> {
+        let input = regorus::Value::from_json_str(claims_json).map_err(|e| Error::Policy {
+            detail: format!("claims: {e}"),
+        })?;
+        let out = self.run(input).map_err(|e| Error::Policy {
+            detail: format!("evaluation: {e}"),
+        })?;
+        let json = serde_json::to_value(&out).map_err(|e| Error::Policy {
             detail: format!("result: {e}"),
         })?;
-        let raw: RawOutcome = serde_json::from_str(&json).map_err(|e| Error::Policy {
+        let raw: RawOutcome = serde_json::from_value(json).map_err(|e| Error::Policy {
             detail: format!("policy result is not {{trust_vector, violations}}: {e}"),
         })?;
         for name in raw.trust_vector.keys() {
@@ -169,6 +219,57 @@ impl PolicyEngine {
             status,
             trust_vector: raw.trust_vector,
             violations,
+        })
+    }
+}
+
+/// The whole appraisal of one piece of evidence: verify, evaluate policy, sign the result.
+#[derive(Debug)]
+pub struct Appraiser {
+    pub verifier: crate::Verifier,
+    pub engine: PolicyEngine,
+    pub signer: crate::results::ResultSigner,
+}
+
+/// An appraisal and its signed result.
+#[derive(Debug)]
+pub struct Appraised {
+    pub claims: Claims,
+    pub outcome: Outcome,
+    /// The EAR as a signed JWT.
+    pub token: String,
+}
+
+impl Appraiser {
+    /// Verify `evidence` at `now`, appraise it, and sign an EAR issued at `issued_at` (Unix
+    /// seconds) echoing `nonce` and binding `node_key` when given.
+    pub fn appraise(
+        &self,
+        evidence: &crate::Evidence<'_>,
+        now: time::OffsetDateTime,
+        issued_at: i64,
+        nonce: Option<&[u8]>,
+        node_key: Option<&[u8]>,
+    ) -> Result<Appraised> {
+        let claims = self.verifier.verify(evidence, now)?.into_claims();
+        let outcome = self.engine.evaluate(&claims)?;
+        let name = claims.kind.as_str();
+        let ear = self.signer.build(
+            &[crate::results::Submod {
+                name,
+                claims: &claims,
+                outcome: &outcome,
+            }],
+            self.engine.id(),
+            nonce,
+            node_key,
+            issued_at,
+        )?;
+        let token = self.signer.sign(&ear)?;
+        Ok(Appraised {
+            claims,
+            outcome,
+            token,
         })
     }
 }

@@ -34,7 +34,9 @@ pub struct Submod<'a> {
 
 /// Signs EARs. The private key never leaves this value and is never printed.
 pub struct ResultSigner {
-    pkcs8: Vec<u8>,
+    key: aws_lc_rs::signature::EcdsaKeyPair,
+    /// `base64url(protected header) "."`, fixed per key.
+    header_b64: String,
     public_point: Vec<u8>,
     kid: String,
     /// Lifetime of issued results in seconds.
@@ -80,10 +82,13 @@ impl ResultSigner {
             b64url(&public_point[1..33]),
             b64url(&public_point[33..65])
         );
+        let kid = b64url(&sha256(thumb.as_bytes()));
+        let header = serde_json::json!({"alg": "ES256", "typ": "JWT", "kid": kid});
         Ok(ResultSigner {
-            pkcs8: pkcs8.to_vec(),
+            key: kp,
+            header_b64: format!("{}.", b64url(header.to_string().as_bytes())),
             public_point,
-            kid: b64url(&sha256(thumb.as_bytes())),
+            kid,
             ttl_secs: DEFAULT_TTL_SECS,
         })
     }
@@ -123,6 +128,7 @@ impl ResultSigner {
             return Err(err("an EAR needs at least one appraisal"));
         }
         let mut ear = Ear::new();
+        ear.profile = ear::EAR_PROFILE.to_string();
         ear.iat = issued_at;
         ear.exp = Some(issued_at + self.ttl_secs);
         ear.vid = VerifierID {
@@ -152,7 +158,10 @@ impl ResultSigner {
                 "cgx.claims-sha256".to_string(),
                 RawValue::String(hex::encode(sha256(&claims_json))),
             );
-            vc.insert("cgx.kind".to_string(), RawValue::String(s.claims.kind.as_str().into()));
+            vc.insert(
+                "cgx.kind".to_string(),
+                RawValue::String(s.claims.kind.as_str().into()),
+            );
             vc.insert("cgx.sim".to_string(), RawValue::Bool(s.claims.sim));
             if let Some(k) = node_key {
                 vc.insert("cgx.node-key".to_string(), RawValue::String(hex::encode(k)));
@@ -175,16 +184,24 @@ impl ResultSigner {
             ear.submods.insert(s.name.to_string(), a);
         }
         ear.status = Some(ear.most_severe_submod_status());
-        ear.validate().map_err(|e| err(format!("invalid EAR: {e}")))?;
+        ear.validate()
+            .map_err(|e| err(format!("invalid EAR: {e}")))?;
         Ok(ear)
     }
 
-    /// Sign an EAR as a JWT (ES256, `kid` in the header).
+    /// Sign an EAR as a JWT (RFC 7515 compact JWS, ES256, `kid` in the protected header). The
+    /// key is parsed once per signer; the signature is the fixed-width `r ‖ s` JWS requires.
     pub fn sign(&self, ear: &Ear) -> Result<String> {
-        let mut header = ear::new_jwt_header(&Algorithm::ES256).map_err(|e| err(e.to_string()))?;
-        header.kid = Some(self.kid.clone());
-        ear.sign_jwk_der_with_header(&header, &self.pkcs8)
-            .map_err(|e| err(format!("signing: {e}")))
+        let payload = serde_json::to_vec(ear).map_err(|e| err(format!("EAR encoding: {e}")))?;
+        let mut token = self.header_b64.clone();
+        token.push_str(&b64url(&payload));
+        let sig = self
+            .key
+            .sign(&aws_lc_rs::rand::SystemRandom::new(), token.as_bytes())
+            .map_err(|_| err("signing failed"))?;
+        token.push('.');
+        token.push_str(&b64url(sig.as_ref()));
+        Ok(token)
     }
 }
 

@@ -340,3 +340,164 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `cgx bench appraise`: full appraisals (verify + policy + sign an EAR) per second against
+/// verification alone, per kind, measured in interleaved rounds.
+pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult {
+    use cgx_attestation::appraisal::{Appraiser, PolicyEngine};
+    use cgx_attestation::results::ResultSigner;
+    if !(0.05..=60.0).contains(&secs) {
+        return Err("--seconds must be between 0.05 and 60".into());
+    }
+    let vectors = vectors_dir(vectors);
+    let now = OffsetDateTime::now_utc();
+    let t = now.unix_timestamp();
+    let mut inputs: Vec<(&str, Bundle, OffsetDateTime, SimTrust, String)> = Vec::new();
+    match &vectors {
+        Some(v) => {
+            for (kind, dir) in [
+                ("snp", "snp/genoa-v5-oak-genoa-oc"),
+                ("tdx", "tdx/v4-b0c06f-dcapqvl-phala"),
+                ("nvidia", "nvidia/h100-nvtrust-sample"),
+            ] {
+                let d = v.join(dir);
+                let b = Bundle::load(&d).map_err(|e| e.to_string())?;
+                inputs.push((kind, b, at_of(&d), SimTrust::Refuse, format!("real: {dir}")));
+            }
+        }
+        None => {
+            let amd = SimAmd::generate(
+                Product::Genoa,
+                SigningKey::Vcek,
+                default_tcb(Product::Genoa),
+                [7; 64],
+                t,
+            )
+            .map_err(|e| e.to_string())?;
+            let b = amd
+                .bundle(&SnpReportOptions::default())
+                .map_err(|e| e.to_string())?;
+            inputs.push((
+                "snp",
+                b,
+                now,
+                SimTrust::Pinned(vec![amd.root_pin()]),
+                "simulated Genoa".into(),
+            ));
+            let gpu = SimGpu::generate(t).map_err(|e| e.to_string())?;
+            let b = gpu.bundle([1; 32], 64).map_err(|e| e.to_string())?;
+            inputs.push((
+                "nvidia",
+                b,
+                now,
+                SimTrust::Pinned(vec![gpu.root_pin()]),
+                "simulated H100".into(),
+            ));
+        }
+    }
+    let mut out = serde_json::Map::new();
+    for (kind, bundle, at, sim, source) in &inputs {
+        let ev = bundle.evidence();
+        let verifier = Verifier::new(VerifierConfig { sim: sim.clone() });
+        // Reference values that accept this evidence, so the measured path is the full one.
+        let claims = verifier
+            .verify(&ev, *at)
+            .map_err(|e| e.to_string())?
+            .into_claims();
+        let refs = accepting_reference_values(&claims);
+        let appraiser = Appraiser {
+            verifier: Verifier::new(VerifierConfig { sim: sim.clone() }),
+            engine: PolicyEngine::new("cgx.appraisal", cgx_policies::APPRAISAL_POLICY, &refs)
+                .map_err(|e| e.to_string())?,
+            signer: ResultSigner::generate().map_err(|e| e.to_string())?,
+        };
+        let status = appraiser
+            .appraise(&ev, *at, t, Some(b"bench-nonce-0000"), Some(&[7; 32]))
+            .map_err(|e| e.to_string())?
+            .outcome
+            .status;
+        let mut full: Op<'_> = Box::new(|| {
+            appraiser
+                .appraise(&ev, *at, t, Some(b"bench-nonce-0000"), Some(&[7; 32]))
+                .is_ok()
+        });
+        let mut alone: Op<'_> = Box::new(|| verifier.verify(&ev, *at).is_ok());
+        // Where the time goes: policy alone, and building + signing the EAR alone.
+        let outcome = appraiser.engine.evaluate(&claims).map_err(|e| e.to_string())?;
+        let mut policy: Op<'_> = Box::new(|| appraiser.engine.evaluate(&claims).is_ok());
+        let mut sign: Op<'_> = Box::new(|| {
+            let sub = cgx_attestation::results::Submod {
+                name: kind,
+                claims: &claims,
+                outcome: &outcome,
+            };
+            appraiser
+                .signer
+                .build(&[sub], appraiser.engine.id(), Some(b"bench-nonce-0000"), Some(&[7; 32]), t)
+                .and_then(|e| appraiser.signer.sign(&e))
+                .is_ok()
+        });
+        let policy_us = 1e6 / one_round(secs, &mut policy);
+        let sign_us = 1e6 / one_round(secs, &mut sign);
+        let (mut f, mut a, mut r) = (vec![], vec![], vec![]);
+        for _ in 0..ROUNDS {
+            let x = one_round(secs, &mut full);
+            let y = one_round(secs, &mut alone);
+            f.push(x);
+            a.push(y);
+            r.push(x / y);
+        }
+        out.insert(
+            (*kind).into(),
+            json!({
+                "appraisals_per_s": median(f).round(),
+                "verifications_per_s": median(a).round(),
+                "ratio": (median(r) * 1000.0).round() / 1000.0,
+                "status": status.as_str(),
+                "policy_us": (policy_us * 10.0).round() / 10.0,
+                "result_us": (sign_us * 10.0).round() / 10.0,
+                "evidence": source,
+            }),
+        );
+    }
+    let out = Value::Object(out);
+    if json_out {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+        );
+    } else {
+        println!(
+            "one core; medians of {ROUNDS} interleaved rounds of {secs} s; appraisal = verify + Rego policy + ES256 EAR"
+        );
+        if let Value::Object(m) = &out {
+            for (kind, v) in m {
+                println!(
+                    "{kind:7} {:>7} appraisals/s  {:>7} verifications/s  ratio {:.3}  [{}; {}]",
+                    v["appraisals_per_s"],
+                    v["verifications_per_s"],
+                    v["ratio"].as_f64().unwrap_or(0.0),
+                    v["evidence"].as_str().unwrap_or(""),
+                    v["status"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reference values under which `claims` appraise as affirming (sim allowed only for sim).
+fn accepting_reference_values(claims: &cgx_attestation::Claims) -> String {
+    use cgx_attestation::KindClaims;
+    let v = match &claims.detail {
+        KindClaims::Snp(s) => json!({"snp": {"measurements": [s.measurement]}}),
+        KindClaims::Tdx(t) => {
+            json!({"tdx": {"mr_td": [t.mr_td], "allowed_tcb_status": [t.tcb_status]}})
+        }
+        KindClaims::Nvidia(n) => json!({"nvidia": {"measurements":
+            n.measurements.iter().map(|(k, v)| (k.clone(), json!([v]))).collect::<serde_json::Map<_, _>>()}}),
+    };
+    let mut v = v;
+    v["allow_sim"] = json!(claims.sim);
+    v.to_string()
+}

@@ -406,3 +406,133 @@ pub fn up() -> CliResult {
     println!("ok: both verified through the same code path real evidence takes");
     Ok(ExitCode::SUCCESS)
 }
+
+/// Options of `cgx appraise`.
+#[derive(Debug)]
+pub struct AppraiseOptions<'a> {
+    pub policy: Option<&'a Path>,
+    pub reference_values: Option<&'a Path>,
+    pub at: Option<&'a str>,
+    pub json: bool,
+    pub trust_sim: bool,
+    pub signing_key: Option<&'a Path>,
+    pub nonce: Option<&'a str>,
+}
+
+fn read_text(p: &Path) -> Result<String, String> {
+    std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+pub fn appraise(dir: &Path, o: &AppraiseOptions<'_>) -> CliResult {
+    use cgx_attestation::appraisal::{Appraiser, PolicyEngine, Tier};
+    use cgx_attestation::results::ResultSigner;
+    let now = parse_at(o.at)?;
+    let nonce = match o.nonce {
+        Some(n) => Some(hex::decode(n).map_err(|e| format!("--nonce is not hex: {e}"))?),
+        None => None,
+    };
+    let rego = match o.policy {
+        Some(p) => read_text(p)?,
+        None => cgx_policies::APPRAISAL_POLICY.to_string(),
+    };
+    let refs = match o.reference_values {
+        Some(p) => read_text(p)?,
+        None => cgx_policies::DEFAULT_REFERENCE_VALUES.to_string(),
+    };
+    let engine = PolicyEngine::new("cgx.appraisal", &rego, &refs).map_err(|e| e.to_string())?;
+    let signer = match o.signing_key {
+        Some(p) => {
+            let der = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            ResultSigner::from_pkcs8(&der).map_err(|e| e.to_string())?
+        }
+        None => ResultSigner::generate().map_err(|e| e.to_string())?,
+    };
+    let appraiser = Appraiser {
+        verifier: Verifier::new(VerifierConfig {
+            sim: if o.trust_sim {
+                SimTrust::Any
+            } else {
+                SimTrust::Refuse
+            },
+        }),
+        engine,
+        signer,
+    };
+    let bundle = Bundle::load(dir);
+    let kind = bundle.as_ref().ok().map(|b| b.kind().as_str());
+    let issued_at = OffsetDateTime::now_utc().unix_timestamp();
+    let result = bundle
+        .and_then(|b| appraiser.appraise(&b.evidence(), now, issued_at, nonce.as_deref(), None));
+    let a = match result {
+        Ok(a) => a,
+        Err(e) => return refused(o.json, kind, &e),
+    };
+    // Decode what was signed, through the same verification a relying party does.
+    let ear = cgx_attestation::results::verify(&a.token, &appraiser.signer.jwk(), issued_at)
+        .map_err(|e| e.to_string())?;
+    let ear_json = serde_json::to_value(&ear).map_err(|e| e.to_string())?;
+    if o.json {
+        let out = json!({
+            "status": a.outcome.status.as_str(),
+            "trust_vector": a.outcome.trust_vector,
+            "violations": a.outcome.violations,
+            "ear": ear_json,
+            "token": a.token,
+            "jwks": appraiser.signer.jwks(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+        );
+    } else {
+        println!(
+            "{} {}",
+            a.outcome.status.as_str().to_uppercase(),
+            summary(&a.claims)
+        );
+        let tv: Vec<String> = a
+            .outcome
+            .trust_vector
+            .iter()
+            .filter(|(_, c)| **c != 0)
+            .map(|(k, c)| format!("{k}={c}"))
+            .collect();
+        println!("  trust vector {}", tv.join(" "));
+        for v in &a.outcome.violations {
+            println!(
+                "  {} [{} {}]: {} (expected {})",
+                v.rule, v.claim, v.code, v.value, v.expected
+            );
+        }
+        println!("  policy       {}", appraiser.engine.id());
+        println!(
+            "  result       EAR, ES256, kid {}, expires in {} s",
+            appraiser.signer.kid(),
+            appraiser.signer.ttl_secs
+        );
+    }
+    Ok(ExitCode::from(match a.outcome.status {
+        Tier::Affirming => 0,
+        Tier::Warning | Tier::None => 3,
+        Tier::Contraindicated => 4,
+    }))
+}
+
+pub fn policy_test(dir: &Path) -> CliResult {
+    let results = cgx_policies::run_tests(dir).map_err(|e| e.to_string())?;
+    let mut failed = 0;
+    for r in &results {
+        if r.passed {
+            println!("PASS {}", r.name);
+        } else {
+            failed += 1;
+            println!("FAIL {}: {}", r.name, r.detail.as_deref().unwrap_or(""));
+        }
+    }
+    println!("{} passed, {} failed", results.len() - failed, failed);
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

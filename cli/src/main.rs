@@ -49,6 +49,36 @@ enum Command {
         #[arg(long)]
         rim_ignore_signer_expiry: bool,
     },
+    /// Verify a bundle, appraise it with a policy and print the signed result (EAR).
+    /// Exit 0 affirming, 3 warning, 4 contraindicated, 1 refused by the verifier, 2 usage.
+    Appraise {
+        bundle: PathBuf,
+        /// Rego appraisal policy (default: the shipped policies/appraisal.rego).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Reference values JSON (default: the shipped policies/reference-values/default.json).
+        #[arg(long)]
+        reference_values: Option<PathBuf>,
+        /// Verification time (RFC 3339); defaults to now. The result is issued now.
+        #[arg(long)]
+        at: Option<String>,
+        #[arg(long)]
+        json: bool,
+        /// Trust simulator roots (development only).
+        #[arg(long)]
+        trust_sim: bool,
+        /// Result signing key, PKCS#8 DER (P-256); a fresh key when absent.
+        #[arg(long)]
+        signing_key: Option<PathBuf>,
+        /// Nonce to echo in the result (hex).
+        #[arg(long)]
+        nonce: Option<String>,
+    },
+    /// Appraisal policies.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// Write simulated evidence bundles.
     Sim {
         #[command(subcommand)]
@@ -98,6 +128,16 @@ enum SimKind {
 }
 
 #[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// Run the Rego tests (`test_*` rules in DIR/tests/*.rego against DIR/*.rego).
+    Test {
+        /// Policy folder (default: ./policies).
+        #[arg(default_value = "policies")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum RimCommand {
     /// Verify RIM files (XML-DSig and chain to the NVIDIA CoRIM signing root).
     Verify {
@@ -113,6 +153,15 @@ enum RimCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchWhat {
+    /// Full appraisals per second (verify + policy + sign) against verification alone.
+    Appraise {
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        #[arg(long)]
+        vectors: Option<PathBuf>,
+    },
     /// Verifications per second per kind on one core, against the raw signature bound.
     Verify {
         #[arg(long)]
@@ -163,6 +212,30 @@ fn main() -> ExitCode {
                 rim_ignore_signer_expiry,
             },
         ),
+        Command::Appraise {
+            bundle,
+            policy,
+            reference_values,
+            at,
+            json,
+            trust_sim,
+            signing_key,
+            nonce,
+        } => commands::appraise(
+            &bundle,
+            &commands::AppraiseOptions {
+                policy: policy.as_deref(),
+                reference_values: reference_values.as_deref(),
+                at: at.as_deref(),
+                json,
+                trust_sim,
+                signing_key: signing_key.as_deref(),
+                nonce: nonce.as_deref(),
+            },
+        ),
+        Command::Policy { command } => match command {
+            PolicyCommand::Test { dir } => commands::policy_test(&dir),
+        },
         Command::Sim { kind } => match kind {
             SimKind::Snp {
                 out,
@@ -194,6 +267,11 @@ fn main() -> ExitCode {
             } => commands::rim_verify(&files, at.as_deref(), ignore_signer_expiry, json),
         },
         Command::Bench { what } => match what {
+            BenchWhat::Appraise {
+                json,
+                seconds,
+                vectors,
+            } => bench::appraise(json, seconds, vectors),
             BenchWhat::Verify {
                 json,
                 seconds,

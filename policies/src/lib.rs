@@ -103,13 +103,15 @@ pub fn run_tests(dir: &Path) -> Result<Vec<TestResult>, Error> {
             }
         }
     }
-    let reference: serde_json::Value = serde_json::from_str(DEFAULT_REFERENCE_VALUES)
-        .map_err(|e| Error::Rego {
+    let reference: serde_json::Value =
+        serde_json::from_str(DEFAULT_REFERENCE_VALUES).map_err(|e| Error::Rego {
             file: "reference-values/default.json".into(),
             detail: e.to_string(),
         })?;
     engine
-        .add_data(regorus::Value::from(serde_json::json!({ "reference": reference })))
+        .add_data(regorus::Value::from(
+            serde_json::json!({ "reference": reference }),
+        ))
         .map_err(|e| Error::Rego {
             file: "reference-values/default.json".into(),
             detail: e.to_string(),

@@ -17,9 +17,13 @@ fn shipped_rego_tests_pass() {
 
 #[test]
 fn default_policy_on_real_evidence() {
-    let Some(v) = cgx_attestation::bundle::shared_vectors(Path::new(env!("CARGO_MANIFEST_DIR"))) else {
+    let Some(v) = cgx_attestation::bundle::shared_vectors(Path::new(env!("CARGO_MANIFEST_DIR")))
+    else {
         use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED default_policy_on_real_evidence: no vectors");
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED default_policy_on_real_evidence: no vectors"
+        );
         return;
     };
     let verifier = Verifier::new(VerifierConfig::default());
@@ -27,13 +31,18 @@ fn default_policy_on_real_evidence() {
     let b = Bundle::load(&v.join("snp/genoa-v5-oak-genoa-oc")).unwrap();
     let claims = verifier.verify(&b.evidence(), at).unwrap().into_claims();
     // Shipped defaults hold no launch measurements: genuine but unrecognized.
-    let out = cgx_policies::appraisal_engine(None).unwrap().evaluate(&claims).unwrap();
+    let out = cgx_policies::appraisal_engine(None)
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
     assert_eq!(out.status, Tier::Warning);
     assert_eq!(out.trust_vector["executables"], 33);
     assert_eq!(out.trust_vector["hardware"], 2);
     assert_eq!(out.violations[0].rule, "snp_measurement_not_allowed");
     // With the image's measurement as a reference value: affirming.
-    let cgx_attestation::KindClaims::Snp(s) = &claims.detail else { panic!() };
+    let cgx_attestation::KindClaims::Snp(s) = &claims.detail else {
+        panic!()
+    };
     let refs = serde_json::json!({"snp": {"measurements": [s.measurement],
         "min_tcb": {"genoa": {"bootloader": 10, "tee": 0, "snp": 25, "microcode": 84}}}});
     let engine = cgx_policies::appraisal_engine(Some(&refs.to_string())).unwrap();
@@ -42,7 +51,10 @@ fn default_policy_on_real_evidence() {
     // A minimum TCB above the platform's: contraindicated, naming the field.
     let refs = serde_json::json!({"snp": {"measurements": [s.measurement],
         "min_tcb": {"genoa": {"microcode": 85}}}});
-    let out = cgx_policies::appraisal_engine(Some(&refs.to_string())).unwrap().evaluate(&claims).unwrap();
+    let out = cgx_policies::appraisal_engine(Some(&refs.to_string()))
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
     assert_eq!(out.status, Tier::Contraindicated);
     assert_eq!(out.violations[0].rule, "snp_tcb_below_minimum");
     assert_eq!(out.violations[0].value, "microcode=84");
@@ -50,7 +62,10 @@ fn default_policy_on_real_evidence() {
     let b = Bundle::load(&v.join("tdx/v4-50806f-trustee-debug")).unwrap();
     let at = time::macros::datetime!(2023-07-08 07:24:58 UTC);
     let claims = verifier.verify(&b.evidence(), at).unwrap().into_claims();
-    let out = cgx_policies::appraisal_engine(None).unwrap().evaluate(&claims).unwrap();
+    let out = cgx_policies::appraisal_engine(None)
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
     assert_eq!(out.status, Tier::Contraindicated);
     assert!(out.violations.iter().any(|v| v.rule == "debug_forbidden"));
 }
@@ -70,7 +85,11 @@ fn bad_policy_or_reference_values_are_errors() {
 fn a_failing_rego_test_is_reported() {
     let dir = std::env::temp_dir().join(format!("cgx-policy-test-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("tests")).unwrap();
-    std::fs::write(dir.join("p.rego"), "package p\nimport rego.v1\nallow if input.ok\n").unwrap();
+    std::fs::write(
+        dir.join("p.rego"),
+        "package p\nimport rego.v1\nallow if input.ok\n",
+    )
+    .unwrap();
     std::fs::write(
         dir.join("tests/p_test.rego"),
         "package p_test\nimport rego.v1\nimport data.p\n\
