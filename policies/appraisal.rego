@@ -2,7 +2,8 @@
 #
 # input: the claims of one piece of verified evidence (docs/claims.md, schema cgx.claims.v1).
 # data.reference: reference values (reference-values/*.json).
-# Output: data.cgx.appraisal.result = {"trust_vector": {...}, "violations": [...]}.
+# Output: data.cgx.appraisal.result = {"affirming": {claim: code}, "violations": [...]}; the trust
+# vector is, per claim, the highest of its affirming code and its violations' codes.
 #
 # Every violation names its rule, the trust-vector claim it lowers, the AR4SI code it sets, the
 # offending value and what was expected, so a refusal says why. Codes (draft-ietf-rats-ar4si):
@@ -189,6 +190,14 @@ violations contains v if {
 
 # ---------------------------------------------------------------- NVIDIA GPU
 
+default gpu_driver := "none"
+
+gpu_driver := input.driver_version
+
+default gpu_vbios := "none"
+
+gpu_vbios := input.vbios_version
+
 violations contains v if {
 	input.kind == "nvidia"
 	allowed := object.get(kind_ref, "driver_versions", [])
@@ -198,7 +207,7 @@ violations contains v if {
 		"rule": "gpu_driver_not_allowed",
 		"claim": "runtime-opaque",
 		"code": 33,
-		"value": object.get(input, "driver_version", "none"),
+		"value": gpu_driver,
 		"expected": concat(" or ", allowed),
 	}
 }
@@ -212,7 +221,7 @@ violations contains v if {
 		"rule": "gpu_vbios_not_allowed",
 		"claim": "executables",
 		"code": 33,
-		"value": object.get(input, "vbios_version", "none"),
+		"value": gpu_vbios,
 		"expected": concat(" or ", allowed),
 	}
 }
@@ -234,13 +243,10 @@ violations contains v if {
 
 # ---------------------------------------------------------------- result
 
-trust_vector[claim] := code if {
-	some claim, affirm in affirming
-	codes := [c | some w in violations; w.claim == claim; c := w.code]
-	code := max(array.concat([affirm], codes))
-}
-
+# The engine folds violations into the trust vector: each claim takes the highest code among its
+# affirming value and the codes of the violations that name it (a fold in the engine costs a
+# fraction of the same comprehension in Rego, and the outcome is the same).
 result := {
-	"trust_vector": trust_vector,
+	"affirming": affirming,
 	"violations": [w | some w in violations],
 }

@@ -80,7 +80,7 @@ pub struct Outcome {
 
 #[derive(Deserialize)]
 struct RawOutcome {
-    trust_vector: BTreeMap<String, i64>,
+    affirming: BTreeMap<String, i64>,
     violations: Vec<Violation>,
 }
 
@@ -94,13 +94,61 @@ pub struct PolicyEngine {
     program: std::sync::Arc<regorus::rvm::Program>,
     data: regorus::Value,
     vms: std::sync::Mutex<Vec<regorus::rvm::RegoVM>>,
+    /// The top-level claims the policy reads, when it only ever reads `input.<name>`; the input
+    /// is then built from those alone. `None`: the policy sees all claims.
+    reads: Option<Vec<String>>,
     /// `name@sha256:<digest of policy ‖ reference values>`: goes into the EAR's policy ids.
     id: String,
 }
 
+/// The names `x` of every `input.x` in a policy, or `None` when `input` is used any other way
+/// (`input[k]`, `x := input`, `object.get(input, …)`): then the policy must see every claim.
+fn input_fields(rego: &str) -> Option<Vec<String>> {
+    // Drop `#` comments, except on lines with a string literal (a `#` there may be inside it;
+    // keeping the line can only make the answer more conservative).
+    let code: String = rego
+        .lines()
+        .map(|l| match l.find('#') {
+            Some(i) if !l.contains('"') => &l[..i],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let rego = code.as_str();
+    let bytes = rego.as_bytes();
+    let mut names = Vec::new();
+    let mut from = 0;
+    while let Some(pos) = rego[from..].find("input") {
+        let at = from + pos;
+        from = at + 5;
+        let before = at.checked_sub(1).map(|i| bytes[i]);
+        if before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
+            continue; // part of another identifier or a path like data.input
+        }
+        let rest = &rego[at + 5..];
+        if rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_') {
+            continue; // e.g. `inputs`
+        }
+        let field = rest.strip_prefix('.')?;
+        let name: String = field
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            return None;
+        }
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Some(names)
+}
+
 impl std::fmt::Debug for PolicyEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PolicyEngine").field("id", &self.id).finish_non_exhaustive()
+        f.debug_struct("PolicyEngine")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -141,6 +189,7 @@ impl PolicyEngine {
             program,
             data: regorus::Value::from(serde_json::json!({ "reference": reference_copy })),
             vms: std::sync::Mutex::new(Vec::new()),
+            reads: input_fields(rego),
             id: format!("{name}@sha256:{}", hex::encode(digest)),
         })
     }
@@ -160,12 +209,17 @@ impl PolicyEngine {
         let out = vm
             .execute_entry_point_by_name(ENTRY_POINT)
             .map_err(|e| e.to_string());
-        if let Ok(mut pool) = self.vms.lock() {
-            if pool.len() < 64 {
-                pool.push(vm);
-            }
+        if let Ok(mut pool) = self.vms.lock()
+            && pool.len() < 64
+        {
+            pool.push(vm);
         }
         out
+    }
+
+    /// The claims the policy reads (`None`: all of them).
+    pub fn reads(&self) -> Option<&[String]> {
+        self.reads.as_deref()
     }
 
     /// Identifier of this policy and its reference values.
@@ -175,22 +229,24 @@ impl PolicyEngine {
 
     /// Appraise verified claims.
     pub fn evaluate(&self, claims: &Claims) -> Result<Outcome> {
-        let json = serde_json::to_string(claims).map_err(|e| Error::Policy {
+        let json = serde_json::to_value(claims).map_err(|e| Error::Policy {
             detail: format!("claims: {e}"),
         })?;
-        self.evaluate_str(&json)
+        self.evaluate_json(&json)
     }
 
     /// Appraise a claims-shaped JSON value (policy tests feed claims they construct).
-    pub fn evaluate_json(&self, input: serde_json::Value) -> Result<Outcome> {
-        self.evaluate_str(&input.to_string())
-    }
-
-    /// Appraise claims given as JSON text (what [`Appraiser`] also digests into the result).
-    pub fn evaluate_str(&self, claims_json: &str) -> Result<Outcome> {
-        let input = regorus::Value::from_json_str(claims_json).map_err(|e| Error::Policy {
-            detail: format!("claims: {e}"),
-        })?;
+    pub fn evaluate_json(&self, input: &serde_json::Value) -> Result<Outcome> {
+        let input = match (&self.reads, input) {
+            (Some(reads), serde_json::Value::Object(all)) => serde_json::Value::Object(
+                reads
+                    .iter()
+                    .filter_map(|name| all.get(name).map(|v| (name.clone(), v.clone())))
+                    .collect(),
+            ),
+            (_, other) => other.clone(),
+        };
+        let input = regorus::Value::from(input);
         let out = self.run(input).map_err(|e| Error::Policy {
             detail: format!("evaluation: {e}"),
         })?;
@@ -198,17 +254,21 @@ impl PolicyEngine {
             detail: format!("result: {e}"),
         })?;
         let raw: RawOutcome = serde_json::from_value(json).map_err(|e| Error::Policy {
-            detail: format!("policy result is not {{trust_vector, violations}}: {e}"),
+            detail: format!("policy result is not {{affirming, violations}}: {e}"),
         })?;
-        for name in raw.trust_vector.keys() {
-            if !TRUST_CLAIMS.contains(&name.as_str()) {
+        let mut trust_vector = raw.affirming;
+        for v in &raw.violations {
+            let code = trust_vector.entry(v.claim.clone()).or_insert(0);
+            *code = (*code).max(v.code);
+        }
+        for (name, code) in &trust_vector {
+            if !TRUST_CLAIMS.contains(&name.as_str()) || !(-128..=127).contains(code) {
                 return Err(Error::Policy {
-                    detail: format!("policy set unknown trust claim '{name}'"),
+                    detail: format!("policy set unknown trust claim or code '{name}' = {code}"),
                 });
             }
         }
-        let status = raw
-            .trust_vector
+        let status = trust_vector
             .values()
             .map(|&c| Tier::of(c))
             .max()
@@ -217,7 +277,7 @@ impl PolicyEngine {
         violations.sort_by(|a, b| b.code.cmp(&a.code).then(a.rule.cmp(&b.rule)));
         Ok(Outcome {
             status,
-            trust_vector: raw.trust_vector,
+            trust_vector,
             violations,
         })
     }
@@ -252,12 +312,16 @@ impl Appraiser {
         node_key: Option<&[u8]>,
     ) -> Result<Appraised> {
         let claims = self.verifier.verify(evidence, now)?.into_claims();
-        let outcome = self.engine.evaluate(&claims)?;
+        let json = serde_json::to_value(&claims).map_err(|e| Error::Policy {
+            detail: format!("claims: {e}"),
+        })?;
+        let outcome = self.engine.evaluate_json(&json)?;
         let name = claims.kind.as_str();
         let ear = self.signer.build(
             &[crate::results::Submod {
                 name,
                 claims: &claims,
+                claims_sha256: crate::results::claims_digest_of(&json),
                 outcome: &outcome,
             }],
             self.engine.id(),

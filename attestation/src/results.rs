@@ -29,7 +29,22 @@ fn b64url(b: &[u8]) -> String {
 pub struct Submod<'a> {
     pub name: &'a str,
     pub claims: &'a Claims,
+    /// [`claims_digest`] of `claims`.
+    pub claims_sha256: [u8; 32],
     pub outcome: &'a Outcome,
+}
+
+/// SHA-256 of the claims in canonical JSON: object keys sorted, no whitespace (what
+/// `serde_json::Value` writes; for claims — strings, integers, booleans — this is RFC 8785 JCS).
+/// Auditors recompute it from archived claims to tie a result to what was appraised.
+pub fn claims_digest(claims: &Claims) -> Result<[u8; 32]> {
+    let v = serde_json::to_value(claims).map_err(|e| err(format!("claims: {e}")))?;
+    Ok(claims_digest_of(&v))
+}
+
+/// [`claims_digest`] of claims already turned into a JSON value.
+pub fn claims_digest_of(claims: &serde_json::Value) -> [u8; 32] {
+    sha256(claims.to_string().as_bytes())
 }
 
 /// Signs EARs. The private key never leaves this value and is never printed.
@@ -151,12 +166,10 @@ impl ResultSigner {
             }
             a.update_status_from_trust_vector();
             a.policy_ids = vec![policy_id.to_string()];
-            let claims_json =
-                serde_json::to_vec(s.claims).map_err(|e| err(format!("claims: {e}")))?;
             let mut vc = std::collections::BTreeMap::new();
             vc.insert(
                 "cgx.claims-sha256".to_string(),
-                RawValue::String(hex::encode(sha256(&claims_json))),
+                RawValue::String(hex::encode(s.claims_sha256)),
             );
             vc.insert(
                 "cgx.kind".to_string(),

@@ -423,17 +423,27 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
         });
         let mut alone: Op<'_> = Box::new(|| verifier.verify(&ev, *at).is_ok());
         // Where the time goes: policy alone, and building + signing the EAR alone.
-        let outcome = appraiser.engine.evaluate(&claims).map_err(|e| e.to_string())?;
+        let outcome = appraiser
+            .engine
+            .evaluate(&claims)
+            .map_err(|e| e.to_string())?;
         let mut policy: Op<'_> = Box::new(|| appraiser.engine.evaluate(&claims).is_ok());
         let mut sign: Op<'_> = Box::new(|| {
             let sub = cgx_attestation::results::Submod {
                 name: kind,
                 claims: &claims,
+                claims_sha256: cgx_attestation::results::claims_digest(&claims).unwrap_or_default(),
                 outcome: &outcome,
             };
             appraiser
                 .signer
-                .build(&[sub], appraiser.engine.id(), Some(b"bench-nonce-0000"), Some(&[7; 32]), t)
+                .build(
+                    &[sub],
+                    appraiser.engine.id(),
+                    Some(b"bench-nonce-0000"),
+                    Some(&[7; 32]),
+                    t,
+                )
                 .and_then(|e| appraiser.signer.sign(&e))
                 .is_ok()
         });

@@ -103,3 +103,33 @@ fn a_failing_rego_test_is_reported() {
     assert!(by("test_pass"));
     assert!(!by("test_fail"));
 }
+
+#[test]
+fn the_default_policy_reads_named_claims_only() {
+    let engine = cgx_policies::appraisal_engine(None).unwrap();
+    let reads = engine
+        .reads()
+        .expect("the default policy reads input.<name> only");
+    for name in [
+        "kind",
+        "sim",
+        "debug",
+        "measurement",
+        "reported_tcb",
+        "measurements",
+    ] {
+        assert!(
+            reads.iter().any(|r| r == name),
+            "{name} missing from {reads:?}"
+        );
+    }
+    assert!(!reads.iter().any(|r| r == "chip_id"));
+    // A policy that reads `input` as a whole sees every claim.
+    let whole = "package cgx.appraisal\nimport rego.v1\nresult := {\"affirming\": {}, \"violations\": [v | v := {\"rule\": \"all\", \"claim\": \"configuration\", \"code\": 32, \"value\": count(input), \"expected\": 0}]}\n";
+    let e = cgx_attestation::appraisal::PolicyEngine::new("w", whole, "{}").unwrap();
+    assert!(e.reads().is_none());
+    let out = e
+        .evaluate_json(&serde_json::json!({"a": 1, "b": 2, "c": 3}))
+        .unwrap();
+    assert_eq!(out.violations[0].value, 3);
+}
