@@ -69,6 +69,26 @@ pub struct Violation {
     pub expected: serde_json::Value,
 }
 
+impl Violation {
+    /// `rule [claim code]: value (expected …)`, strings shown without JSON quotes.
+    pub fn describe(&self) -> String {
+        fn plain(v: &serde_json::Value) -> String {
+            match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }
+        }
+        format!(
+            "{} [{} {}]: {} (expected {})",
+            self.rule,
+            self.claim,
+            self.code,
+            plain(&self.value),
+            plain(&self.expected)
+        )
+    }
+}
+
 /// What the policy decided about one piece of evidence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {

@@ -184,12 +184,7 @@ impl ResultSigner {
                     .outcome
                     .violations
                     .iter()
-                    .map(|v| {
-                        RawValue::String(format!(
-                            "{} [{} {}]: {} (expected {})",
-                            v.rule, v.claim, v.code, v.value, v.expected
-                        ))
-                    })
+                    .map(|v| RawValue::String(v.describe()))
                     .collect();
                 vc.insert("cgx.violations".to_string(), RawValue::Array(v));
             }

@@ -499,10 +499,7 @@ pub fn appraise(dir: &Path, o: &AppraiseOptions<'_>) -> CliResult {
             .collect();
         println!("  trust vector {}", tv.join(" "));
         for v in &a.outcome.violations {
-            println!(
-                "  {} [{} {}]: {} (expected {})",
-                v.rule, v.claim, v.code, v.value, v.expected
-            );
+            println!("  {}", v.describe());
         }
         println!("  policy       {}", appraiser.engine.id());
         println!(

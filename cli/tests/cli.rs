@@ -226,3 +226,70 @@ fn bench_verify_reports_ratios_in_the_documented_shape() {
     let (code, _, _) = cgx(&["bench", "verify", "--seconds", "0"]);
     assert_eq!(code, 2);
 }
+
+#[test]
+fn appraise_exit_codes_follow_the_tier() {
+    let dir = tmp("appraise");
+    let d = dir.to_str().unwrap();
+    let m = "cd".repeat(48);
+    assert_eq!(cgx(&["sim", "snp", "--out", d, "--measurement", &m]).0, 0);
+    // Default reference values refuse sim evidence: contraindicated, exit 4.
+    let (code, out, _) = cgx(&["appraise", d, "--trust-sim", "--json"]);
+    assert_eq!(code, 4, "{out}");
+    let v = json(&out);
+    assert_eq!(v["status"], "contraindicated");
+    assert_eq!(v["trust_vector"]["hardware"], 97);
+    assert!(v["token"].as_str().unwrap().split('.').count() == 3);
+    assert_eq!(v["jwks"]["keys"][0]["kty"], "EC");
+    // Reference values that know the image and accept sim: affirming would still be sim; with
+    // allow_sim the hardware claim is a warning (exit 3).
+    let refs = dir.join("refs.json");
+    std::fs::write(
+        &refs,
+        format!(r#"{{"allow_sim": true, "snp": {{"measurements": ["{m}"]}}}}"#),
+    )
+    .unwrap();
+    let (code, out, _) = cgx(&[
+        "appraise",
+        d,
+        "--trust-sim",
+        "--json",
+        "--reference-values",
+        refs.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 3, "{out}");
+    assert_eq!(json(&out)["trust_vector"]["executables"], 2);
+    // A policy that accepts everything: affirming, exit 0.
+    let pol = dir.join("p.rego");
+    std::fs::write(&pol, "package cgx.appraisal\nimport rego.v1\nresult := {\"affirming\": {\"hardware\": 2}, \"violations\": []}\n").unwrap();
+    let (code, out, _) = cgx(&[
+        "appraise",
+        d,
+        "--trust-sim",
+        "--policy",
+        pol.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("AFFIRMING"), "{out}");
+    // Refused by the verifier (no --trust-sim): exit 1; a bad policy: exit 2.
+    assert_eq!(cgx(&["appraise", d]).0, 1);
+    std::fs::write(&pol, "package x\nnot rego at all").unwrap();
+    let (code, _, err) = cgx(&[
+        "appraise",
+        d,
+        "--trust-sim",
+        "--policy",
+        pol.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("policy"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn policy_test_runs_the_shipped_rego_tests() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let (code, out, err) = cgx(&["policy", "test", dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
+}
