@@ -35,6 +35,7 @@ pub mod binding;
 pub mod bundle;
 mod cache;
 pub mod claims;
+pub mod collateral;
 pub mod crypto;
 mod der;
 pub mod error;
