@@ -191,6 +191,22 @@ impl TdxVerifier {
     }
 }
 
+/// What Intel collateral a quote needs: its FMSPC and the CA (`platform` or `processor`) that
+/// issued its PCK certificate — the inputs of PCS's TCB-info and PCK-CRL requests.
+pub fn collateral_ids(quote_bytes: &[u8]) -> Result<([u8; 6], &'static str)> {
+    let quote = dcap_qvl::quote::Quote::parse(quote_bytes)
+        .map_err(|e| Error::malformed("TDX quote", format!("{e:#}")))?;
+    let leaf = check_canonical(quote_bytes, &quote)?;
+    let fmspc = fmspc_of(&leaf)?;
+    let cert = crate::x509::parse_cert(&leaf, "PCK certificate")?;
+    let ca = if cert.issuer().to_string().contains("Platform") {
+        "platform"
+    } else {
+        "processor"
+    };
+    Ok((fmspc, ca))
+}
+
 /// Certification data type 6: QE report certification data; its inner type 5: PCK chain (PEM).
 const CERT_TYPE_QE_REPORT: u16 = 6;
 const CERT_TYPE_PCK_CHAIN: u16 = 5;

@@ -14,9 +14,12 @@
 //! Keys mirror the vendor URL paths (e.g. `amd/vcek/v1/Milan/<hwid>?blSPL=3&teeSPL=0&snpSPL=8&ucodeSPL=115`)
 //! so a KDS answer is cached by (chip id, TCB) — KDS rate-limits hard.
 
+pub mod fetch;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::crypto::sha256;
@@ -171,37 +174,49 @@ pub fn validity_window(bytes: &[u8]) -> (Option<i64>, Option<i64>) {
             narrow(this, crl.next_update().map_or(i64::MAX, |n| n.timestamp()));
         }
     }
-    if ders.is_empty() {
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
-            let mut docs = vec![v.clone()];
-            // dcap-qvl's QuoteCollateralV3 carries the PCS documents as strings.
-            for k in ["tcb_info", "qe_identity"] {
-                if let Some(s) = v.get(k).and_then(|s| s.as_str()) {
-                    if let Ok(d) = serde_json::from_str(s) {
-                        docs.push(d);
+    if ders.is_empty()
+        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes)
+    {
+        let mut docs = vec![v.clone()];
+        // dcap-qvl's QuoteCollateralV3 carries the PCS documents as strings; a stored PCS answer
+        // ({"body", "issuer_chain"}) carries its body as a string (base64 for a CRL).
+        for k in ["tcb_info", "qe_identity", "body"] {
+            if let Some(s) = v.get(k).and_then(|s| s.as_str()) {
+                if let Ok(d) = serde_json::from_str(s) {
+                    docs.push(d);
+                } else if let Ok(der) = base64::engine::general_purpose::STANDARD.decode(s) {
+                    let (b, a) = validity_window(&der);
+                    if let (Some(b), Some(a)) = (b, a) {
+                        narrow(b, a);
                     }
                 }
             }
-            for d in docs {
-                let body = d
-                    .get("tcbInfo")
-                    .or_else(|| d.get("enclaveIdentity"))
-                    .unwrap_or(&d);
-                let t = |k: &str| {
-                    body.get(k)
-                        .and_then(|s| s.as_str())
-                        .and_then(|s| {
-                            time::OffsetDateTime::parse(
-                                s,
-                                &time::format_description::well_known::Rfc3339,
-                            )
-                            .ok()
-                        })
-                        .map(|t| t.unix_timestamp())
-                };
-                if let (Some(b), Some(a)) = (t("issueDate"), t("nextUpdate")) {
-                    narrow(b, a);
-                }
+        }
+        if let Some(chain) = v.get("issuer_chain").and_then(|s| s.as_str()) {
+            let (b, a) = validity_window(chain.as_bytes());
+            if let (Some(b), Some(a)) = (b, a) {
+                narrow(b, a);
+            }
+        }
+        for d in docs {
+            let body = d
+                .get("tcbInfo")
+                .or_else(|| d.get("enclaveIdentity"))
+                .unwrap_or(&d);
+            let t = |k: &str| {
+                body.get(k)
+                    .and_then(|s| s.as_str())
+                    .and_then(|s| {
+                        time::OffsetDateTime::parse(
+                            s,
+                            &time::format_description::well_known::Rfc3339,
+                        )
+                        .ok()
+                    })
+                    .map(|t| t.unix_timestamp())
+            };
+            if let (Some(b), Some(a)) = (t("issueDate"), t("nextUpdate")) {
+                narrow(b, a);
             }
         }
     }
@@ -252,10 +267,10 @@ impl CollateralStore {
             stored_at: now,
             source: source.to_string(),
         };
-        if let Some(old) = self.index.get(key) {
-            if old.not_after.unwrap_or(i64::MAX) > entry.not_after.unwrap_or(i64::MAX) {
-                return Ok(old.clone());
-            }
+        if let Some(old) = self.index.get(key)
+            && old.not_after.unwrap_or(i64::MAX) > entry.not_after.unwrap_or(i64::MAX)
+        {
+            return Ok(old.clone());
         }
         let path = self.object_path(&sha);
         if !path.exists() {
