@@ -54,6 +54,95 @@ fn missing(dir: &Path, what: &str) -> Error {
 }
 
 impl Bundle {
+    /// Load the bundle in `dir`, taking collateral it lacks (VCEK and AMD cert chain for SNP,
+    /// Intel collateral for TDX) from `source` as of Unix time `now`.
+    pub fn load_with(
+        dir: &Path,
+        source: &crate::collateral::fetch::CollateralSource,
+        now: i64,
+    ) -> Result<Self> {
+        use crate::collateral::CollateralKey;
+        let kind = if dir.is_dir() {
+            Self::detect_kind(dir)?
+        } else {
+            return Self::load(dir);
+        };
+        match kind {
+            EvidenceKind::Snp
+                if first_existing(
+                    dir,
+                    &["vcek.der", "vcek.pem", "vcek.crt", "vlek.der", "vlek.pem"],
+                )
+                .is_none() =>
+            {
+                let report = read(&dir.join("report.bin"))?;
+                let parsed = snp::AttestationReport::parse(&report)?;
+                if parsed.signing_key()? == snp::SigningKey::Vlek {
+                    return Err(missing(dir, "vlek.der (VLEKs are not served by AMD KDS)"));
+                }
+                let product = parsed.cpuid_product().ok_or_else(|| {
+                    missing(dir, "vcek.der (a v2 report does not name its product)")
+                })?;
+                let hw_id = if product == snp::Product::Turin {
+                    parsed.chip_id[..8].to_vec()
+                } else {
+                    parsed.chip_id.to_vec()
+                };
+                let tcb = snp::TcbVersion::decode(parsed.reported_tcb, product);
+                let vcek = source
+                    .get(
+                        &CollateralKey::AmdVcek {
+                            product,
+                            hw_id,
+                            tcb,
+                        },
+                        now,
+                    )?
+                    .bytes;
+                let chain = match first_existing(dir, &["ask_ark.pem", "cert_chain.pem"]) {
+                    Some(p) => read(&p)?,
+                    None => {
+                        source
+                            .get(
+                                &CollateralKey::AmdCertChain {
+                                    product,
+                                    vlek: false,
+                                },
+                                now,
+                            )?
+                            .bytes
+                    }
+                };
+                // Revocation is checked whenever the CRL can be had; its absence is not an error
+                // (AMD CRLs are checked "when supplied").
+                let crls = source
+                    .get(
+                        &CollateralKey::AmdCrl {
+                            product,
+                            vlek: false,
+                        },
+                        now,
+                    )
+                    .map(|f| vec![f.bytes])
+                    .unwrap_or_default();
+                Ok(Bundle::Snp {
+                    report,
+                    signing_cert: vcek,
+                    signing_key: snp::SigningKey::Vcek,
+                    cert_chain: chain,
+                    crls,
+                })
+            }
+            EvidenceKind::Tdx if !dir.join("collateral.json").is_file() => {
+                let quote = read(&dir.join("quote.bin"))?;
+                let (fmspc, ca) = crate::tdx::collateral_ids(&quote)?;
+                let collateral = source.tdx_collateral(fmspc, ca, now)?;
+                Ok(Bundle::Tdx { quote, collateral })
+            }
+            _ => Self::load(dir),
+        }
+    }
+
     /// Load the bundle in `dir`.
     pub fn load(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {

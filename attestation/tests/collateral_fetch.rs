@@ -254,6 +254,41 @@ fn amd_kds_cache_outage_rate_limit_garbage_and_single_flight() {
 }
 
 #[test]
+fn offline_source_never_calls_a_vendor() {
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let vendor = Vendor::default();
+    let _base = vendor.start();
+    let amd = SimAmd::generate(
+        Product::Milan,
+        SigningKey::Vcek,
+        default_tcb(Product::Milan),
+        [9; 64],
+        now,
+    )
+    .unwrap();
+    let dir = tmp("offline");
+    let mut store = CollateralStore::open(&dir).unwrap();
+    let (key, url) = vcek_key([9; 64]);
+    store
+        .put(&key.path(), &amd.leaf_der, "test", now - 10 * 86_400)
+        .unwrap();
+    let src = CollateralSource::offline(store);
+    // Old but valid: served from the store without asking anyone.
+    assert_eq!(src.get(&key, now).unwrap().origin, Origin::Cache);
+    let e = src
+        .get(
+            &CollateralKey::AmdCrl {
+                product: Product::Milan,
+                vlek: false,
+            },
+            now,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("offline"), "{e}");
+    assert_eq!(vendor.hits(&url), 0);
+}
+
+#[test]
 fn amd_kds_requests_are_paced() {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let vendor = Vendor::default();

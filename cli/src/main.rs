@@ -39,6 +39,10 @@ enum Command {
         /// Trust simulator roots found in the bundle (development only; claims say `sim`).
         #[arg(long)]
         trust_sim: bool,
+        /// Take collateral the bundle lacks from this store (offline: prepare it with
+        /// `cgx collateral fetch|import`).
+        #[arg(long)]
+        collateral: Option<PathBuf>,
         /// Expected requester nonce of NVIDIA evidence (32 bytes hex); refused when it differs.
         #[arg(long)]
         nonce: Option<String>,
@@ -73,6 +77,13 @@ enum Command {
         /// Nonce to echo in the result (hex).
         #[arg(long)]
         nonce: Option<String>,
+    },
+    /// Vendor collateral cache: fetch for a bundle, import, export (air-gapped use), list.
+    Collateral {
+        #[command(subcommand)]
+        command: CollateralCommand,
+        #[command(flatten)]
+        source: SourceArgs,
     },
     /// Appraisal policies.
     Policy {
@@ -124,6 +135,59 @@ enum SimKind {
         /// Requester nonce, 32 bytes of hex (random when absent).
         #[arg(long)]
         nonce: Option<String>,
+    },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SourceArgs {
+    /// Collateral store (default: $CGX_COLLATERAL, else ~/.cache/cgx/collateral).
+    #[arg(long, global = true)]
+    pub store: Option<PathBuf>,
+    /// AMD KDS base URL.
+    #[arg(long, global = true, default_value = "https://kdsintf.amd.com")]
+    pub kds: String,
+    /// Intel PCS v4 or PCCS base URL.
+    #[arg(
+        long,
+        global = true,
+        default_value = "https://api.trustedservices.intel.com"
+    )]
+    pub pcs: String,
+    /// Intel SGX Root CA CRL URL.
+    #[arg(
+        long,
+        global = true,
+        default_value = "https://certificates.trustedservices.intel.com/IntelSGXRootCA.der"
+    )]
+    pub intel_root_ca_crl: String,
+    /// NVIDIA RIM service base URL.
+    #[arg(
+        long,
+        global = true,
+        default_value = "https://rim.attestation.nvidia.com"
+    )]
+    pub rim_service: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum CollateralCommand {
+    /// Fetch what a bundle's evidence needs (SNP: VCEK, cert chain, CRL; TDX: TCB info, QE
+    /// identity, CRLs) or NVIDIA RIMs by id, into the store.
+    Fetch {
+        /// Evidence bundles.
+        bundles: Vec<PathBuf>,
+        /// NVIDIA RIM ids.
+        #[arg(long = "rim-id")]
+        rim_ids: Vec<String>,
+    },
+    /// Import exported stores, evidence bundles' collateral, or RIM files.
+    Import { paths: Vec<PathBuf> },
+    /// Export the store to a folder (carry it to an air-gapped verifier, then import).
+    Export { dir: PathBuf },
+    /// List what the store holds and how fresh it is now.
+    Ls {
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -198,6 +262,7 @@ fn main() -> ExitCode {
             at,
             json,
             trust_sim,
+            collateral,
             nonce,
             rims,
             rim_ignore_signer_expiry,
@@ -208,6 +273,7 @@ fn main() -> ExitCode {
                 json,
                 trust_sim,
                 nonce: nonce.as_deref(),
+                collateral: collateral.as_deref(),
                 rims: &rims,
                 rim_ignore_signer_expiry,
             },
@@ -233,6 +299,14 @@ fn main() -> ExitCode {
                 nonce: nonce.as_deref(),
             },
         ),
+        Command::Collateral { command, source } => match command {
+            CollateralCommand::Fetch { bundles, rim_ids } => {
+                commands::collateral_fetch(&source, &bundles, &rim_ids)
+            }
+            CollateralCommand::Import { paths } => commands::collateral_import(&source, &paths),
+            CollateralCommand::Export { dir } => commands::collateral_export(&source, &dir),
+            CollateralCommand::Ls { json } => commands::collateral_ls(&source, json),
+        },
         Command::Policy { command } => match command {
             PolicyCommand::Test { dir } => commands::policy_test(&dir),
         },

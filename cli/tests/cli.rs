@@ -293,3 +293,93 @@ fn policy_test_runs_the_shipped_rego_tests() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains(" passed, 0 failed"), "{out}");
 }
+
+#[test]
+fn collateral_store_feeds_verification_of_a_bare_report() {
+    let Some(v) = vectors() else {
+        skip("SKIPPED collateral_store_feeds_verification_of_a_bare_report: no vectors");
+        return;
+    };
+    let dir = tmp("coll");
+    let store = dir.join("store");
+    let s = store.to_str().unwrap();
+    let bundle = v.join("snp/genoa-v5-oak-genoa-oc");
+    let (code, out, err) = cgx(&[
+        "collateral",
+        "import",
+        bundle.to_str().unwrap(),
+        "--store",
+        s,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, _) = cgx(&["collateral", "ls", "--json", "--store", s]);
+    assert_eq!(code, 0);
+    let rows = json(&out);
+    assert!(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["key"].as_str().unwrap().starts_with("amd/vcek/v1/Genoa/")),
+        "{rows}"
+    );
+    // A bundle holding only the report verifies with the store's VCEK and chain.
+    let bare = dir.join("bare");
+    std::fs::create_dir_all(&bare).unwrap();
+    std::fs::copy(bundle.join("report.bin"), bare.join("report.bin")).unwrap();
+    let (code, out, _) = cgx(&[
+        "verify",
+        bare.to_str().unwrap(),
+        "--json",
+        "--at",
+        "2025-10-01T00:00:00Z",
+    ]);
+    assert_eq!(code, 1, "without collateral it is refused: {out}");
+    let (code, out, _) = cgx(&[
+        "verify",
+        bare.to_str().unwrap(),
+        "--json",
+        "--at",
+        "2025-10-01T00:00:00Z",
+        "--collateral",
+        s,
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(json(&out)["claims"]["product"], "genoa");
+    // Export and import into another store carry the same items.
+    let exported = dir.join("export");
+    assert_eq!(
+        cgx(&[
+            "collateral",
+            "export",
+            exported.to_str().unwrap(),
+            "--store",
+            s
+        ])
+        .0,
+        0
+    );
+    let other = dir.join("other");
+    assert_eq!(
+        cgx(&[
+            "collateral",
+            "import",
+            exported.to_str().unwrap(),
+            "--store",
+            other.to_str().unwrap()
+        ])
+        .0,
+        0
+    );
+    let (_, out, _) = cgx(&[
+        "collateral",
+        "ls",
+        "--json",
+        "--store",
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        json(&out).as_array().unwrap().len(),
+        rows.as_array().unwrap().len()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -114,6 +114,8 @@ pub struct CollateralSource {
     policy: FetchPolicy,
     pacing: Mutex<HashMap<Vendor, Pacing>>,
     inflight: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Never contact a vendor: serve what the store holds while it is valid.
+    offline: bool,
 }
 
 fn err(detail: impl Into<String>) -> Error {
@@ -152,7 +154,22 @@ impl CollateralSource {
             policy,
             pacing: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
+            offline: false,
         }
+    }
+
+    /// A source that only reads `store` (air-gapped verification): no request ever leaves.
+    pub fn offline(store: CollateralStore) -> Self {
+        let mut s = Self::new(
+            store,
+            Endpoints::default(),
+            FetchPolicy {
+                refresh_after_secs: i64::MAX,
+                ..FetchPolicy::default()
+            },
+        );
+        s.offline = true;
+        s
     }
 
     /// The item for `key` at Unix time `now`.
@@ -193,6 +210,9 @@ impl CollateralSource {
                 ))),
             }
         };
+        if self.offline {
+            return fallback("offline: not in the store".into());
+        }
         let (vendor, url) = self.url(key);
         if let Err(wait) = self.take_turn(vendor) {
             return fallback(format!(
