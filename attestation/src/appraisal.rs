@@ -357,3 +357,77 @@ impl Appraiser {
         })
     }
 }
+
+impl Appraiser {
+    /// Appraise composite evidence (one CPU report bound to its GPUs, a broker nonce and the
+    /// node key; [`crate::binding`]): one EAR with a submodule per piece (`cpu`, `gpu0`, …),
+    /// echoing the nonce and carrying the node key the evidence bound.
+    pub fn appraise_composite(
+        &self,
+        evidence: &crate::binding::CompositeEvidence<'_>,
+        now: time::OffsetDateTime,
+        issued_at: i64,
+    ) -> Result<AppraisedComposite> {
+        let verified = crate::binding::verify_composite(&self.verifier, evidence, now)?;
+        let mut parts: Vec<(String, Claims)> = vec![("cpu".into(), verified.cpu().clone())];
+        parts.extend(
+            verified
+                .gpus()
+                .enumerate()
+                .map(|(i, c)| (format!("gpu{i}"), c.clone())),
+        );
+        let mut outcomes = Vec::with_capacity(parts.len());
+        let mut digests = Vec::with_capacity(parts.len());
+        for (_, claims) in &parts {
+            let json = serde_json::to_value(claims).map_err(|e| Error::Policy {
+                detail: format!("claims: {e}"),
+            })?;
+            outcomes.push(self.engine.evaluate_json(&json)?);
+            digests.push(crate::results::claims_digest_of(&json));
+        }
+        let submods: Vec<crate::results::Submod<'_>> = parts
+            .iter()
+            .zip(&outcomes)
+            .zip(&digests)
+            .map(
+                |(((name, claims), outcome), digest)| crate::results::Submod {
+                    name,
+                    claims,
+                    claims_sha256: *digest,
+                    outcome,
+                },
+            )
+            .collect();
+        let ear = self.signer.build(
+            &submods,
+            self.engine.id(),
+            Some(verified.nonce()),
+            Some(verified.node_pubkey()),
+            issued_at,
+        )?;
+        let status = outcomes
+            .iter()
+            .map(|o| o.status)
+            .max()
+            .unwrap_or(Tier::None);
+        let token = self.signer.sign(&ear)?;
+        Ok(AppraisedComposite {
+            parts: parts
+                .into_iter()
+                .zip(outcomes)
+                .map(|((n, c), o)| (n, c, o))
+                .collect(),
+            status,
+            token,
+        })
+    }
+}
+
+/// A composite appraisal: each part's claims and outcome, the overall tier, the signed EAR.
+#[derive(Debug)]
+pub struct AppraisedComposite {
+    pub parts: Vec<(String, Claims, Outcome)>,
+    /// The worst tier among the parts.
+    pub status: Tier,
+    pub token: String,
+}

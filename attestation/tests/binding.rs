@@ -143,3 +143,53 @@ fn encodings_are_unambiguous() {
         binding::gpu_nonce(b"n", b"k", 1)
     );
 }
+
+#[test]
+fn composite_appraisal_is_one_ear_with_a_submod_per_piece() {
+    use cgx_attestation::appraisal::{Appraiser, PolicyEngine, Tier};
+    use cgx_attestation::results::{self, ResultSigner};
+    let now = OffsetDateTime::now_utc();
+    let t = now.unix_timestamp();
+    let amd = SimAmd::generate(
+        Product::Turin,
+        SigningKey::Vcek,
+        default_tcb(Product::Turin),
+        [4; 64],
+        t,
+    )
+    .unwrap();
+    let gpus = [SimGpu::generate(t).unwrap()];
+    let (nonce, key) = (b"n-123456".as_slice(), [6u8; 32]);
+    let n = node(&amd, &gpus, nonce, &key);
+    let policy = r#"package cgx.appraisal
+import rego.v1
+result := {"affirming": {"hardware": 2}, "violations": [v | input.kind == "nvidia"; v := {"rule": "gpu_flag", "claim": "runtime-opaque", "code": 33, "value": input.kind, "expected": "x"}]}
+"#;
+    let appraiser = Appraiser {
+        verifier: Verifier::new(VerifierConfig { sim: SimTrust::Any }),
+        engine: PolicyEngine::new("composite", policy, "{}").unwrap(),
+        signer: ResultSigner::generate().unwrap(),
+    };
+    let a = appraiser
+        .appraise_composite(&composite(&n, &[0], nonce, &key), now, t)
+        .unwrap();
+    assert_eq!(a.parts.len(), 2);
+    assert_eq!(a.parts[0].2.status, Tier::Affirming);
+    assert_eq!(a.status, Tier::Warning);
+    let ear = results::verify(&a.token, &appraiser.signer.jwk(), t).unwrap();
+    let json = serde_json::to_value(&ear).unwrap();
+    assert_eq!(json["ear_status"], "warning");
+    assert_eq!(
+        json["submods"]["cpu"]["ear_verifier_claims"]["cgx.node-key"],
+        hex::encode(key)
+    );
+    assert_eq!(
+        json["submods"]["gpu0"]["ear_trustworthiness_vector"]["runtime-opaque"],
+        33
+    );
+    // A broken binding yields no result at all.
+    let e = appraiser
+        .appraise_composite(&composite(&n, &[0], b"other", &key), now, t)
+        .unwrap_err();
+    assert_eq!(e.code(), "binding_mismatch");
+}
