@@ -80,25 +80,13 @@ impl Bundle {
                 if parsed.signing_key()? == snp::SigningKey::Vlek {
                     return Err(missing(dir, "vlek.der (VLEKs are not served by AMD KDS)"));
                 }
-                let product = parsed.cpuid_product().ok_or_else(|| {
+                let vcek_key = CollateralKey::vcek_for(&parsed).ok_or_else(|| {
                     missing(dir, "vcek.der (a v2 report does not name its product)")
                 })?;
-                let hw_id = if product == snp::Product::Turin {
-                    parsed.chip_id[..8].to_vec()
-                } else {
-                    parsed.chip_id.to_vec()
+                let CollateralKey::AmdVcek { product, .. } = vcek_key else {
+                    return Err(missing(dir, "vcek.der"));
                 };
-                let tcb = snp::TcbVersion::decode(parsed.reported_tcb, product);
-                let vcek = source
-                    .get(
-                        &CollateralKey::AmdVcek {
-                            product,
-                            hw_id,
-                            tcb,
-                        },
-                        now,
-                    )?
-                    .bytes;
+                let vcek = source.get(&vcek_key, now)?.bytes;
                 let chain = match first_existing(dir, &["ask_ark.pem", "cert_chain.pem"]) {
                     Some(p) => read(&p)?,
                     None => {

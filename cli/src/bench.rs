@@ -179,6 +179,22 @@ fn sev_peer(bundle: &Bundle) -> Result<Op<'_>, String> {
     }))
 }
 
+/// A simulated Genoa chain and a report it signed, for runs without the real vectors.
+fn sim_genoa(t: i64) -> Result<(SimAmd, Bundle), String> {
+    let amd = SimAmd::generate(
+        Product::Genoa,
+        SigningKey::Vcek,
+        default_tcb(Product::Genoa),
+        [7; 64],
+        t,
+    )
+    .map_err(|e| e.to_string())?;
+    let b = amd
+        .bundle(&SnpReportOptions::default())
+        .map_err(|e| e.to_string())?;
+    Ok((amd, b))
+}
+
 fn vectors_dir(arg: Option<PathBuf>) -> Option<PathBuf> {
     match arg {
         Some(p) => p.is_dir().then_some(p),
@@ -219,18 +235,8 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
             )
         }
         None => {
-            let t = now.unix_timestamp();
-            sim_snp = SimAmd::generate(
-                Product::Genoa,
-                SigningKey::Vcek,
-                default_tcb(Product::Genoa),
-                [7; 64],
-                t,
-            )
-            .map_err(|e| e.to_string())?;
-            let b = sim_snp
-                .bundle(&SnpReportOptions::default())
-                .map_err(|e| e.to_string())?;
+            let (amd, b) = sim_genoa(now.unix_timestamp())?;
+            sim_snp = amd;
             let trust = SimTrust::Pinned(vec![sim_snp.root_pin()]);
             (b, now, "simulated Genoa", trust)
         }
@@ -366,17 +372,7 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
             }
         }
         None => {
-            let amd = SimAmd::generate(
-                Product::Genoa,
-                SigningKey::Vcek,
-                default_tcb(Product::Genoa),
-                [7; 64],
-                t,
-            )
-            .map_err(|e| e.to_string())?;
-            let b = amd
-                .bundle(&SnpReportOptions::default())
-                .map_err(|e| e.to_string())?;
+            let (amd, b) = sim_genoa(t)?;
             inputs.push((
                 "snp",
                 b,

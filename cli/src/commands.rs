@@ -648,34 +648,20 @@ pub fn collateral_import(a: &crate::SourceArgs, paths: &[std::path::PathBuf]) ->
                 } => {
                     let r = cgx_attestation::snp::AttestationReport::parse(&report)
                         .map_err(|e| e.to_string())?;
-                    let product = r
-                        .cpuid_product()
+                    let vcek_key = CollateralKey::vcek_for(&r)
                         .ok_or("v2 report: its product is not in the report")?;
+                    let CollateralKey::AmdVcek { product, .. } = vcek_key else {
+                        return Err("not a VCEK key".into());
+                    };
                     let vlek = signing_key == cgx_attestation::snp::SigningKey::Vlek;
                     if !vlek {
-                        let hw_id = if product == cgx_attestation::snp::Product::Turin {
-                            r.chip_id[..8].to_vec()
-                        } else {
-                            r.chip_id.to_vec()
-                        };
-                        let tcb = cgx_attestation::snp::TcbVersion::decode(r.reported_tcb, product);
                         let der = if signing_cert.first() == Some(&0x30) {
                             signing_cert
                         } else {
                             return Err("import the VCEK as DER".into());
                         };
                         store
-                            .put(
-                                &CollateralKey::AmdVcek {
-                                    product,
-                                    hw_id,
-                                    tcb,
-                                }
-                                .path(),
-                                &der,
-                                &src,
-                                now,
-                            )
+                            .put(&vcek_key.path(), &der, &src, now)
                             .map_err(|e| e.to_string())?;
                         n += 1;
                     }

@@ -55,6 +55,23 @@ pub enum CollateralKey {
 }
 
 impl CollateralKey {
+    /// The VCEK key for a report: its product (CPUID, v3+), the hwID KDS indexes by (CHIP_ID;
+    /// its first 8 bytes on Turin) and REPORTED_TCB. `None` for a v2 report, which does not
+    /// name its product.
+    pub fn vcek_for(report: &crate::snp::AttestationReport) -> Option<Self> {
+        let product = report.cpuid_product()?;
+        let hw_id = if product == Product::Turin {
+            report.chip_id[..8].to_vec()
+        } else {
+            report.chip_id.to_vec()
+        };
+        Some(CollateralKey::AmdVcek {
+            product,
+            hw_id,
+            tcb: TcbVersion::decode(report.reported_tcb, product),
+        })
+    }
+
     /// The canonical key string (the vendor path, without host).
     pub fn path(&self) -> String {
         match self {
