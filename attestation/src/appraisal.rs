@@ -321,6 +321,17 @@ pub struct Appraised {
 }
 
 impl Appraiser {
+    /// Policy outcome and canonical claims digest, from one JSON rendering of the claims.
+    fn evaluate(&self, claims: &Claims) -> Result<(Outcome, [u8; 32])> {
+        let json = serde_json::to_value(claims).map_err(|e| Error::Policy {
+            detail: format!("claims: {e}"),
+        })?;
+        Ok((
+            self.engine.evaluate_json(&json)?,
+            crate::results::claims_digest_of(&json),
+        ))
+    }
+
     /// Verify `evidence` at `now`, appraise it, and sign an EAR issued at `issued_at` (Unix
     /// seconds) echoing `nonce` and binding `node_key` when given.
     pub fn appraise(
@@ -332,16 +343,13 @@ impl Appraiser {
         node_key: Option<&[u8]>,
     ) -> Result<Appraised> {
         let claims = self.verifier.verify(evidence, now)?.into_claims();
-        let json = serde_json::to_value(&claims).map_err(|e| Error::Policy {
-            detail: format!("claims: {e}"),
-        })?;
-        let outcome = self.engine.evaluate_json(&json)?;
+        let (outcome, digest) = self.evaluate(&claims)?;
         let name = claims.kind.as_str();
         let ear = self.signer.build(
             &[crate::results::Submod {
                 name,
                 claims: &claims,
-                claims_sha256: crate::results::claims_digest_of(&json),
+                claims_sha256: digest,
                 outcome: &outcome,
             }],
             self.engine.id(),
@@ -376,15 +384,12 @@ impl Appraiser {
                 .enumerate()
                 .map(|(i, c)| (format!("gpu{i}"), c.clone())),
         );
-        let mut outcomes = Vec::with_capacity(parts.len());
-        let mut digests = Vec::with_capacity(parts.len());
-        for (_, claims) in &parts {
-            let json = serde_json::to_value(claims).map_err(|e| Error::Policy {
-                detail: format!("claims: {e}"),
-            })?;
-            outcomes.push(self.engine.evaluate_json(&json)?);
-            digests.push(crate::results::claims_digest_of(&json));
-        }
+        let (outcomes, digests): (Vec<_>, Vec<_>) = parts
+            .iter()
+            .map(|(_, claims)| self.evaluate(claims))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
         let submods: Vec<crate::results::Submod<'_>> = parts
             .iter()
             .zip(&outcomes)

@@ -142,10 +142,3 @@ pub struct NvidiaClaims {
     /// Subject of the leaf certificate's issuer chain root.
     pub root: String,
 }
-
-impl Claims {
-    /// The claims as a JSON value (policy input).
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
-    }
-}

@@ -247,7 +247,10 @@ fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<Vec<u
     let data = quote.inner_cert_data();
     let end = data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
     let ders = crate::x509::pem_certs(&data[..end], "PCK certificate chain")?;
-    let canonical: String = ders.iter().map(|d| canonical_pem(d)).collect();
+    let canonical: String = ders
+        .iter()
+        .map(|d| crate::x509::to_pem("CERTIFICATE", d))
+        .collect();
     if canonical.as_bytes() != &data[..end] {
         return Err(Error::malformed(
             "PCK certificate chain",
@@ -294,18 +297,6 @@ fn fmspc_of(pck_leaf: &[u8]) -> Result<[u8; 6]> {
         }
     }
     Err(bad())
-}
-
-fn canonical_pem(der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
 }
 
 /// Map dcap-qvl's error text to a typed refusal. The message is kept verbatim for operators.

@@ -61,6 +61,21 @@ pub(crate) fn der_or_pem_certs(bytes: &[u8], what: &'static str) -> Result<Vec<V
     }
 }
 
+/// Canonical PEM: 64-column base64, LF line ends (what Intel's QE, AMD KDS and our simulator
+/// write; `tdx` requires quotes' PCK chains to be exactly this).
+pub(crate) fn to_pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        // base64 output is ASCII, so every chunk is valid UTF-8.
+        out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
 /// Human-readable subject for messages.
 pub(crate) fn subject(cert: &X509Certificate<'_>) -> String {
     cert.subject().to_string()

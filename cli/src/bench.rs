@@ -320,10 +320,7 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
 
     let out = Value::Object(out);
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-        );
+        crate::commands::print_json(&out)?;
     } else {
         println!("one core; medians of {ROUNDS} interleaved rounds of {secs} s per contestant");
         for kind in ["snp", "tdx", "nvidia"] {
@@ -401,8 +398,9 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
             .map_err(|e| e.to_string())?
             .into_claims();
         let refs = accepting_reference_values(&claims);
+        // One verifier (one chain cache) serves both contestants.
         let appraiser = Appraiser {
-            verifier: Verifier::new(VerifierConfig { sim: sim.clone() }),
+            verifier,
             engine: PolicyEngine::new("cgx.appraisal", cgx_policies::APPRAISAL_POLICY, &refs)
                 .map_err(|e| e.to_string())?,
             signer: ResultSigner::generate().map_err(|e| e.to_string())?,
@@ -417,7 +415,7 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
                 .appraise(&ev, *at, t, Some(b"bench-nonce-0000"), Some(&[7; 32]))
                 .is_ok()
         });
-        let mut alone: Op<'_> = Box::new(|| verifier.verify(&ev, *at).is_ok());
+        let mut alone: Op<'_> = Box::new(|| appraiser.verifier.verify(&ev, *at).is_ok());
         // Where the time goes: policy alone, and building + signing the EAR alone.
         let outcome = appraiser
             .engine
@@ -468,10 +466,7 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
     }
     let out = Value::Object(out);
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-        );
+        crate::commands::print_json(&out)?;
     } else {
         println!(
             "one core; medians of {ROUNDS} interleaved rounds of {secs} s; appraisal = verify + Rego policy + ES256 EAR"

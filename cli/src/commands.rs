@@ -12,6 +12,15 @@ use serde_json::json;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+/// Pretty JSON on stdout.
+pub fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
 /// A usage or I/O problem (exit 2), as opposed to a verification refusal (exit 1).
 pub type CliResult = Result<ExitCode, String>;
 
@@ -91,23 +100,15 @@ fn summary(c: &Claims) -> String {
 /// Options of `cgx verify`.
 #[derive(Debug)]
 pub struct VerifyOptions<'a> {
-    pub at: Option<&'a str>,
-    pub json: bool,
-    pub trust_sim: bool,
     pub nonce: Option<&'a str>,
     pub collateral: Option<&'a Path>,
     pub rims: &'a [std::path::PathBuf],
     pub rim_ignore_signer_expiry: bool,
 }
 
-pub fn verify(dir: &Path, o: &VerifyOptions<'_>) -> CliResult {
-    let (at, json_out, trust_sim, rim_files, rim_ignore_expiry) = (
-        o.at,
-        o.json,
-        o.trust_sim,
-        o.rims,
-        o.rim_ignore_signer_expiry,
-    );
+pub fn verify(e: &crate::EvidenceArgs, o: &VerifyOptions<'_>) -> CliResult {
+    let (dir, at, json_out, trust_sim) = (e.bundle.as_path(), e.at.as_deref(), e.json, e.trust_sim);
+    let (rim_files, rim_ignore_expiry) = (o.rims, o.rim_ignore_signer_expiry);
     let nonce = match o.nonce {
         Some(n) => Some(hex_arg::<32>(Some(n), "nonce", true)?),
         None => None,
@@ -182,10 +183,7 @@ pub fn verify(dir: &Path, o: &VerifyOptions<'_>) -> CliResult {
                 if let Some(c) = &comparison {
                     out["rim_comparison"] = json!(c);
                 }
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-                );
+                print_json(&out)?;
             } else {
                 println!("VALID {}", summary(claims));
                 if let Some(c) = &comparison {
@@ -224,10 +222,7 @@ fn refused(json_out: bool, kind: Option<&str>, e: &cgx_attestation::Error) -> Cl
             "kind": kind,
             "error": {"code": e.code(), "message": e.to_string()},
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-        );
+        print_json(&out)?;
     } else {
         println!(
             "REFUSED {}: {} ({})",
@@ -352,10 +347,7 @@ pub fn rim_verify(
         }
     }
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?
-        );
+        print_json(&results)?;
     }
     Ok(if all_ok {
         ExitCode::SUCCESS
@@ -423,9 +415,6 @@ pub fn up() -> CliResult {
 pub struct AppraiseOptions<'a> {
     pub policy: Option<&'a Path>,
     pub reference_values: Option<&'a Path>,
-    pub at: Option<&'a str>,
-    pub json: bool,
-    pub trust_sim: bool,
     pub signing_key: Option<&'a Path>,
     pub nonce: Option<&'a str>,
 }
@@ -434,10 +423,11 @@ fn read_text(p: &Path) -> Result<String, String> {
     std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-pub fn appraise(dir: &Path, o: &AppraiseOptions<'_>) -> CliResult {
+pub fn appraise(e: &crate::EvidenceArgs, o: &AppraiseOptions<'_>) -> CliResult {
     use cgx_attestation::appraisal::{Appraiser, PolicyEngine, Tier};
     use cgx_attestation::results::ResultSigner;
-    let now = parse_at(o.at)?;
+    let dir = e.bundle.as_path();
+    let now = parse_at(e.at.as_deref())?;
     let nonce = match o.nonce {
         Some(n) => Some(hex::decode(n).map_err(|e| format!("--nonce is not hex: {e}"))?),
         None => None,
@@ -460,7 +450,7 @@ pub fn appraise(dir: &Path, o: &AppraiseOptions<'_>) -> CliResult {
     };
     let appraiser = Appraiser {
         verifier: Verifier::new(VerifierConfig {
-            sim: if o.trust_sim {
+            sim: if e.trust_sim {
                 SimTrust::Any
             } else {
                 SimTrust::Refuse
@@ -476,13 +466,13 @@ pub fn appraise(dir: &Path, o: &AppraiseOptions<'_>) -> CliResult {
         .and_then(|b| appraiser.appraise(&b.evidence(), now, issued_at, nonce.as_deref(), None));
     let a = match result {
         Ok(a) => a,
-        Err(e) => return refused(o.json, kind, &e),
+        Err(err) => return refused(e.json, kind, &err),
     };
     // Decode what was signed, through the same verification a relying party does.
     let ear = cgx_attestation::results::verify(&a.token, &appraiser.signer.jwk(), issued_at)
         .map_err(|e| e.to_string())?;
     let ear_json = serde_json::to_value(&ear).map_err(|e| e.to_string())?;
-    if o.json {
+    if e.json {
         let out = json!({
             "status": a.outcome.status.as_str(),
             "trust_vector": a.outcome.trust_vector,
@@ -491,10 +481,7 @@ pub fn appraise(dir: &Path, o: &AppraiseOptions<'_>) -> CliResult {
             "token": a.token,
             "jwks": appraiser.signer.jwks(),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-        );
+        print_json(&out)?;
     } else {
         println!(
             "{} {}",
@@ -721,10 +708,7 @@ pub fn collateral_ls(a: &crate::SourceArgs, json_out: bool) -> CliResult {
         })
         .collect();
     if json_out {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
-        );
+        print_json(&rows)?;
     } else {
         for r in &rows {
             println!(

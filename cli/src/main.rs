@@ -29,16 +29,8 @@ enum Command {
     /// Verify an evidence bundle (a folder: report.bin + vcek.der + ask_ark.pem, quote.bin +
     /// collateral.json, or attestation_report.hex + cert_chain.pem).
     Verify {
-        bundle: PathBuf,
-        /// Verification time (RFC 3339); defaults to now.
-        #[arg(long)]
-        at: Option<String>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-        /// Trust simulator roots found in the bundle (development only; claims say `sim`).
-        #[arg(long)]
-        trust_sim: bool,
+        #[command(flatten)]
+        evidence: EvidenceArgs,
         /// Take collateral the bundle lacks from this store (offline: prepare it with
         /// `cgx collateral fetch|import`).
         #[arg(long)]
@@ -53,24 +45,17 @@ enum Command {
         #[arg(long)]
         rim_ignore_signer_expiry: bool,
     },
-    /// Verify a bundle, appraise it with a policy and print the signed result (EAR).
+    /// Verify a bundle, appraise it with a policy and print the signed result (EAR), issued now.
     /// Exit 0 affirming, 3 warning, 4 contraindicated, 1 refused by the verifier, 2 usage.
     Appraise {
-        bundle: PathBuf,
+        #[command(flatten)]
+        evidence: EvidenceArgs,
         /// Rego appraisal policy (default: the shipped policies/appraisal.rego).
         #[arg(long)]
         policy: Option<PathBuf>,
         /// Reference values JSON (default: the shipped policies/reference-values/default.json).
         #[arg(long)]
         reference_values: Option<PathBuf>,
-        /// Verification time (RFC 3339); defaults to now. The result is issued now.
-        #[arg(long)]
-        at: Option<String>,
-        #[arg(long)]
-        json: bool,
-        /// Trust simulator roots (development only).
-        #[arg(long)]
-        trust_sim: bool,
         /// Result signing key, PKCS#8 DER (P-256); a fresh key when absent.
         #[arg(long)]
         signing_key: Option<PathBuf>,
@@ -136,6 +121,22 @@ enum SimKind {
         #[arg(long)]
         nonce: Option<String>,
     },
+}
+
+/// The evidence a command verifies, and how.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EvidenceArgs {
+    /// Evidence bundle folder.
+    pub bundle: PathBuf,
+    /// Verification time (RFC 3339); defaults to now.
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Trust simulator roots found in the bundle (development only; claims say `sim`).
+    #[arg(long)]
+    pub trust_sim: bool,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -258,20 +259,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Up => commands::up(),
         Command::Verify {
-            bundle,
-            at,
-            json,
-            trust_sim,
+            evidence,
             collateral,
             nonce,
             rims,
             rim_ignore_signer_expiry,
         } => commands::verify(
-            &bundle,
+            &evidence,
             &commands::VerifyOptions {
-                at: at.as_deref(),
-                json,
-                trust_sim,
                 nonce: nonce.as_deref(),
                 collateral: collateral.as_deref(),
                 rims: &rims,
@@ -279,22 +274,16 @@ fn main() -> ExitCode {
             },
         ),
         Command::Appraise {
-            bundle,
+            evidence,
             policy,
             reference_values,
-            at,
-            json,
-            trust_sim,
             signing_key,
             nonce,
         } => commands::appraise(
-            &bundle,
+            &evidence,
             &commands::AppraiseOptions {
                 policy: policy.as_deref(),
                 reference_values: reference_values.as_deref(),
-                at: at.as_deref(),
-                json,
-                trust_sim,
                 signing_key: signing_key.as_deref(),
                 nonce: nonce.as_deref(),
             },

@@ -147,18 +147,6 @@ fn sign_tbs(tbs: &Tbs<'_>, signer: Signer<'_>) -> Result<Vec<u8>> {
     Ok(w::seq(&[body, tbs.sig_alg.clone(), w::bits(&signature)]))
 }
 
-fn pem(label: &str, der: &[u8]) -> String {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(&String::from_utf8_lossy(chunk));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
-}
-
 /// Validity of generated certificates: from a day before `now` for ten years.
 fn window(now: i64) -> (i64, i64) {
     (now - 86_400, now + 10 * 365 * 86_400)
@@ -350,7 +338,8 @@ impl SimAmd {
 
     /// `cert_chain` as KDS serves it: ASK then ARK, PEM.
     pub fn cert_chain_pem(&self) -> String {
-        pem("CERTIFICATE", &self.ask_der) + &pem("CERTIFICATE", &self.ark_der)
+        crate::x509::to_pem("CERTIFICATE", &self.ask_der)
+            + &crate::x509::to_pem("CERTIFICATE", &self.ark_der)
     }
 
     /// An unsigned report in the exact layout, for this chain's product, TCB and chip.
@@ -543,9 +532,9 @@ impl SimGpu {
             },
             Signer::Ec(&ca),
         )?;
-        let chain_pem = pem("CERTIFICATE", &leaf_der)
-            + &pem("CERTIFICATE", &ca_der)
-            + &pem("CERTIFICATE", &root_der);
+        let chain_pem = crate::x509::to_pem("CERTIFICATE", &leaf_der)
+            + &crate::x509::to_pem("CERTIFICATE", &ca_der)
+            + &crate::x509::to_pem("CERTIFICATE", &root_der);
         Ok(SimGpu {
             root,
             ca,
