@@ -226,6 +226,22 @@ violations contains v if {
 	}
 }
 
+# Device-chain revocation: the verifier checks OCSP responses when they come with the evidence
+# (the collateral source fetches them from NVIDIA); unchecked revocation is not affirming unless
+# the reference values waive it.
+violations contains v if {
+	input.kind == "nvidia"
+	input.ocsp != "good"
+	object.get(kind_ref, "require_ocsp", true)
+	v := {
+		"rule": "gpu_revocation_not_checked",
+		"claim": "hardware",
+		"code": 32,
+		"value": sprintf("ocsp %s", [input.ocsp]),
+		"expected": "OCSP status good for every certificate between the GPU leaf and the NVIDIA root",
+	}
+}
+
 # Golden measurements (from verified RIMs): index -> allowed digests.
 violations contains v if {
 	input.kind == "nvidia"

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | snp | `report.bin`; `vcek.der`/`vlek.der` (or `.pem`); `ask_ark.pem`/`asvk_ark.pem`; optional `*.crl` |
 //! | tdx | `quote.bin`; `collateral.json` |
-//! | nvidia | `attestation_report.hex` or `.bin`; `cert_chain.pem` |
+//! | nvidia | `attestation_report.hex` or `.bin`; `cert_chain.pem`; optional `*.ocsp` (DER OCSP responses for the chain) |
 //!
 //! `expected.json`, when present, names the kind; otherwise the files do.
 
@@ -32,7 +32,23 @@ pub enum Bundle {
     Nvidia {
         report: Vec<u8>,
         cert_chain: Vec<u8>,
+        /// DER OCSP responses covering the chain; empty when revocation was not fetched.
+        ocsp: Vec<Vec<u8>>,
     },
+}
+
+/// The files in `dir` with extension `ext`, sorted.
+fn files_with_extension(dir: &Path, ext: &str) -> Result<Vec<PathBuf>> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::Bundle {
+            path: dir.display().to_string(),
+            detail: e.to_string(),
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    entries.sort();
+    Ok(entries)
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
@@ -121,6 +137,33 @@ impl Bundle {
                     crls,
                 })
             }
+            EvidenceKind::Nvidia if files_with_extension(dir, "ocsp")?.is_empty() => {
+                let Bundle::Nvidia {
+                    report,
+                    cert_chain,
+                    ocsp: _,
+                } = Self::load(dir)?
+                else {
+                    return Err(missing(dir, "NVIDIA evidence"));
+                };
+                // Like AMD CRLs: revocation is checked whenever the responses can be had; when
+                // they cannot, the claims say `not_checked` and policy decides.
+                let ocsp = crate::nvidia::ocsp::chain_cert_ids(&cert_chain)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|cert_id| {
+                        source
+                            .get(&CollateralKey::NvidiaOcsp { cert_id }, now)
+                            .map(|f| f.bytes)
+                    })
+                    .collect::<Result<Vec<_>>>()
+                    .unwrap_or_default();
+                Ok(Bundle::Nvidia {
+                    report,
+                    cert_chain,
+                    ocsp,
+                })
+            }
             EvidenceKind::Tdx if !dir.join("collateral.json").is_file() => {
                 let quote = read(&dir.join("quote.bin"))?;
                 let (fmspc, ca) = crate::tdx::collateral_ids(&quote)?;
@@ -153,19 +196,10 @@ impl Bundle {
                 };
                 let chain = first_existing(dir, &["ask_ark.pem", "asvk_ark.pem", "cert_chain.pem"])
                     .ok_or_else(|| missing(dir, "ask_ark.pem or asvk_ark.pem"))?;
-                let mut crls = Vec::new();
-                let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-                    .map_err(|e| Error::Bundle {
-                        path: dir.display().to_string(),
-                        detail: e.to_string(),
-                    })?
-                    .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| p.extension().is_some_and(|x| x == "crl"))
-                    .collect();
-                entries.sort();
-                for p in entries {
-                    crls.push(read(&p)?);
-                }
+                let crls = files_with_extension(dir, "crl")?
+                    .iter()
+                    .map(|p| read(p))
+                    .collect::<Result<Vec<_>>>()?;
                 Ok(Bundle::Snp {
                     report,
                     signing_cert: read(&cert)?,
@@ -194,6 +228,10 @@ impl Bundle {
                 Ok(Bundle::Nvidia {
                     report,
                     cert_chain: read(&dir.join("cert_chain.pem"))?,
+                    ocsp: files_with_extension(dir, "ocsp")?
+                        .iter()
+                        .map(|p| read(p))
+                        .collect::<Result<Vec<_>>>()?,
                 })
             }
         }
@@ -254,10 +292,15 @@ impl Bundle {
                 quote,
                 collateral_json: collateral,
             }),
-            Bundle::Nvidia { report, cert_chain } => Evidence::Nvidia(nvidia::NvidiaEvidence {
+            Bundle::Nvidia {
+                report,
+                cert_chain,
+                ocsp,
+            } => Evidence::Nvidia(nvidia::NvidiaEvidence {
                 report,
                 cert_chain,
                 expected_nonce: None,
+                ocsp,
             }),
         }
     }
@@ -291,10 +334,20 @@ impl Bundle {
                 ("quote.bin".into(), quote.as_slice()),
                 ("collateral.json".into(), collateral.as_slice()),
             ],
-            Bundle::Nvidia { report, cert_chain } => vec![
-                ("attestation_report.bin".into(), report.as_slice()),
-                ("cert_chain.pem".into(), cert_chain.as_slice()),
-            ],
+            Bundle::Nvidia {
+                report,
+                cert_chain,
+                ocsp,
+            } => {
+                let mut v: Vec<(String, &[u8])> = vec![
+                    ("attestation_report.bin".into(), report.as_slice()),
+                    ("cert_chain.pem".into(), cert_chain.as_slice()),
+                ];
+                for (i, r) in ocsp.iter().enumerate() {
+                    v.push((format!("device-{i}.ocsp"), r.as_slice()));
+                }
+                v
+            }
         };
         for (name, bytes) in files {
             let p = dir.join(name);

@@ -141,4 +141,7 @@ pub struct NvidiaClaims {
     pub device_serial: String,
     /// Subject of the leaf certificate's issuer chain root.
     pub root: String,
+    /// Revocation of the device chain: `good` (OCSP responses showed every certificate between
+    /// leaf and root good) or `not_checked` (no responses came with the evidence).
+    pub ocsp: String,
 }

@@ -27,6 +27,8 @@ pub enum SigAlg {
 /// Digest algorithms the verifiers need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DigestAlg {
+    /// Only for identifiers that are defined with it (OCSP CertID, ResponderID by key).
+    Sha1,
     Sha256,
     Sha384,
     Sha512,
@@ -107,6 +109,7 @@ impl CryptoProvider for AwsLc {
     fn digest(&self, alg: DigestAlg, data: &[&[u8]]) -> Vec<u8> {
         use aws_lc_rs::digest;
         let mut ctx = digest::Context::new(match alg {
+            DigestAlg::Sha1 => &digest::SHA1_FOR_LEGACY_USE_ONLY,
             DigestAlg::Sha256 => &digest::SHA256,
             DigestAlg::Sha384 => &digest::SHA384,
             DigestAlg::Sha512 => &digest::SHA512,

@@ -77,6 +77,10 @@ pub enum Error {
     /// A CRL could not be used (bad signature, outside its window, wrong issuer).
     #[error("CRL: {detail}")]
     Crl { detail: String },
+    /// An OCSP response could not be used (unparseable, unsigned by the issuer or its delegate,
+    /// stale, about another certificate, or the responder does not know the certificate).
+    #[error("OCSP: {detail}")]
+    Ocsp { detail: String },
     /// The VCEK/VLEK TCB extensions do not equal the report's REPORTED_TCB.
     #[error("TCB mismatch in {field}: certificate says {certificate}, report says {report}")]
     TcbMismatch {
@@ -139,6 +143,7 @@ impl Error {
             Error::CertificateValidity { .. } => "certificate_not_valid_at_time",
             Error::Revoked { .. } => "revoked",
             Error::Crl { .. } => "crl_invalid",
+            Error::Ocsp { .. } => "ocsp_invalid",
             Error::TcbMismatch { .. } => "tcb_mismatch",
             Error::ChipIdMismatch { .. } => "chip_id_mismatch",
             Error::SigningKeyMismatch { .. } => "signing_key_mismatch",

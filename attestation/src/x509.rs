@@ -273,6 +273,36 @@ pub(crate) fn verify_issued_by(
         })
 }
 
+/// Verify `signature` over `msg` by `signer`'s key under the DER `AlgorithmIdentifier`
+/// `signature_algorithm` (OCSP responses and other signed structures that are not X.509).
+pub(crate) fn verify_signed(
+    signer: &X509Certificate<'_>,
+    signature_algorithm: &[u8],
+    msg: &[u8],
+    signature: &[u8],
+    provider: &dyn CryptoProvider,
+    chain: ChainKind,
+) -> Result<()> {
+    // Outside the signed bytes, so only exact encodings pass: a lenient parser would read some
+    // malformed tags and OIDs as the algorithm they resemble.
+    let exact = |oid: &str| crate::der::write::seq(&[crate::der::write::oid(oid)]);
+    let known = signature_algorithm == exact(OID_ECDSA_SHA384).as_slice()
+        || signature_algorithm == exact(OID_ECDSA_SHA256).as_slice();
+    let alg = match AlgorithmIdentifier::from_der(signature_algorithm) {
+        Ok(([], alg)) if known => alg,
+        _ => {
+            return Err(Error::malformed(
+                "signature algorithm",
+                "not ecdsa-with-SHA384 or ecdsa-with-SHA256 in DER",
+            ));
+        }
+    };
+    let (key, alg) = key_and_alg(signer, &alg, chain)?;
+    provider
+        .verify(alg, key, msg, signature)
+        .map_err(|_| Error::signature(format!("signature by '{}'", subject(signer))))
+}
+
 /// The public key of a certificate for `alg`, checking that the key type matches.
 pub(crate) fn ec_public_key<'a>(
     cert: &'a X509Certificate<'_>,

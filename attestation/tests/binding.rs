@@ -15,7 +15,10 @@ struct Node {
 }
 
 fn gpu_parts(b: &Bundle) -> (&[u8], &[u8]) {
-    let Bundle::Nvidia { report, cert_chain } = b else {
+    let Bundle::Nvidia {
+        report, cert_chain, ..
+    } = b
+    else {
         panic!()
     };
     (report, cert_chain)
@@ -57,6 +60,7 @@ fn composite<'a>(
                     report,
                     cert_chain,
                     expected_nonce: None,
+                    ocsp: &[],
                 }
             })
             .collect(),

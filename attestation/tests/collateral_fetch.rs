@@ -26,7 +26,11 @@ enum Reply {
 struct Vendor {
     routes: Arc<Mutex<HashMap<String, Reply>>>,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    posts: Arc<Mutex<Vec<Posted>>>,
 }
+
+/// (method, path, content type, body) of a request with a body.
+type Posted = (String, String, String, Vec<u8>);
 
 impl Vendor {
     /// Serve on 127.0.0.1:0 until the test process ends (threads are detached).
@@ -57,12 +61,30 @@ impl Vendor {
         if reader.read_line(&mut line).is_err() {
             return;
         }
+        let method = line.split_whitespace().next().unwrap_or("").to_string();
         let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+        let (mut length, mut content_type) = (0usize, String::new());
         loop {
             let mut h = String::new();
             if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
                 break;
             }
+            let lower = h.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            } else if let Some(v) = lower.strip_prefix("content-type:") {
+                content_type = v.trim().to_string();
+            }
+        }
+        if length > 0 {
+            let mut body = vec![0u8; length];
+            if reader.read_exact(&mut body).is_err() {
+                return;
+            }
+            self.posts
+                .lock()
+                .unwrap()
+                .push((method, path.clone(), content_type, body));
         }
         *self.hits.lock().unwrap().entry(path.clone()).or_default() += 1;
         let reply = self.routes.lock().unwrap().get(&path).cloned();
@@ -121,6 +143,7 @@ fn source(base: &str, name: &str, p: FetchPolicy) -> CollateralSource {
         intel_pcs: base.into(),
         intel_root_ca_crl: format!("{base}/IntelSGXRootCA.der"),
         nvidia_rim: base.into(),
+        nvidia_ocsp: format!("{base}/ocsp"),
     };
     CollateralSource::new(store, endpoints, p)
 }
@@ -468,4 +491,152 @@ fn intel_pcs_and_nvidia_rims_from_real_collateral() {
         )
         .is_err()
     );
+}
+
+/// NVIDIA's OCSP responder on loopback: the device chain's status is fetched by POST, cached by
+/// CertID, served stale-but-valid in an outage, and garbage is never stored.
+#[test]
+fn nvidia_ocsp_fetch_cache_outage_and_garbage() {
+    use cgx_attestation::bundle::Bundle;
+    use cgx_attestation::nvidia::ocsp::{self, CertStatus};
+    use cgx_attestation::sim::{SimGpu, SimOcsp, SimOcspSigner};
+    use cgx_attestation::{KindClaims, SimTrust, Verifier, VerifierConfig};
+
+    let t = time::OffsetDateTime::now_utc();
+    let now = t.unix_timestamp();
+    let gpu = SimGpu::generate(now).unwrap();
+    let verifier = Verifier::new(VerifierConfig {
+        sim: SimTrust::Pinned(vec![gpu.root_pin()]),
+    });
+    // A bundle as a guest sends it: evidence and chain, no OCSP responses.
+    let dir = tmp("ocsp-bundle");
+    let Bundle::Nvidia {
+        report, cert_chain, ..
+    } = gpu.bundle([8; 32], 4).unwrap()
+    else {
+        panic!()
+    };
+    Bundle::Nvidia {
+        report,
+        cert_chain: cert_chain.clone(),
+        ocsp: vec![],
+    }
+    .write(&dir)
+    .unwrap();
+    let ocsp_claim = |b: &Bundle| {
+        let c = verifier.verify(&b.evidence(), t)?.into_claims();
+        let KindClaims::Nvidia(n) = c.detail else {
+            panic!()
+        };
+        Ok::<_, cgx_attestation::Error>(n.ocsp)
+    };
+
+    let vendor = Vendor::default();
+    let base = vendor.start();
+    vendor.set(
+        "/ocsp",
+        Reply::Ok(
+            gpu.good_ocsp().unwrap(),
+            vec![("Content-Type".into(), "application/ocsp-response".into())],
+        ),
+    );
+    let src = source(&base, "ocsp", policy());
+    let b = Bundle::load_with(&dir, &src, now).unwrap();
+    assert_eq!(ocsp_claim(&b).unwrap(), "good");
+    // What went out is an RFC 6960 request for exactly the chain's middle certificate.
+    let posts = vendor.posts.lock().unwrap().clone();
+    assert_eq!(posts.len(), 1);
+    let (method, path, content_type, body) = &posts[0];
+    assert_eq!(
+        (method.as_str(), path.as_str(), content_type.as_str()),
+        ("POST", "/ocsp", "application/ocsp-request")
+    );
+    let ids = ocsp::chain_cert_ids(&cert_chain).unwrap();
+    assert_eq!(body, &ocsp::request(&ids, None));
+    // Second load: from the store, no request.
+    let b = Bundle::load_with(&dir, &src, now).unwrap();
+    assert_eq!(ocsp_claim(&b).unwrap(), "good");
+    assert_eq!(vendor.hits("/ocsp"), 1);
+
+    // Responder down, refresh due: the stored response is served while it is valid.
+    let refresh_now = source(
+        &base,
+        "ocsp-refresh",
+        FetchPolicy {
+            refresh_after_secs: 0,
+            ..policy()
+        },
+    );
+    refresh_now
+        .get(
+            &CollateralKey::NvidiaOcsp {
+                cert_id: ids[0].clone(),
+            },
+            now,
+        )
+        .unwrap();
+    vendor.set("/ocsp", Reply::Status(503, None));
+    let f = refresh_now
+        .get(
+            &CollateralKey::NvidiaOcsp {
+                cert_id: ids[0].clone(),
+            },
+            now + 10,
+        )
+        .unwrap();
+    assert!(
+        matches!(f.origin, Origin::StaleCache { .. }),
+        "{:?}",
+        f.origin
+    );
+    // ... and not once it has expired (30 days): then revocation is not checked.
+    let late = now + 40 * 86_400;
+    assert!(
+        refresh_now
+            .get(
+                &CollateralKey::NvidiaOcsp {
+                    cert_id: ids[0].clone()
+                },
+                late
+            )
+            .is_err()
+    );
+
+    // Garbage and a response about another certificate are never stored; revocation then reads
+    // `not_checked` and the default policy does not affirm it.
+    for junk in [
+        b"<html>oops</html>".to_vec(),
+        SimGpu::generate(now).unwrap().good_ocsp().unwrap(),
+    ] {
+        vendor.set("/ocsp", Reply::Ok(junk, vec![]));
+        let fresh = source(&base, "ocsp-garbage", policy());
+        let b = Bundle::load_with(&dir, &fresh, now).unwrap();
+        assert_eq!(ocsp_claim(&b).unwrap(), "not_checked");
+        assert!(
+            !std::fs::read_to_string(tmp("ocsp-garbage").join("index.json"))
+                .unwrap_or_default()
+                .contains("nvidia/ocsp")
+        );
+    }
+
+    // A revoked answer is stored (it is a valid answer) and refuses the evidence.
+    vendor.set(
+        "/ocsp",
+        Reply::Ok(
+            gpu.ocsp_response(&SimOcsp {
+                status: CertStatus::Revoked {
+                    at: now - 60,
+                    reason: Some(1),
+                },
+                this_update: now - 30,
+                next_update: Some(now + 3600),
+                signer: SimOcspSigner::Issuer,
+            })
+            .unwrap(),
+            vec![],
+        ),
+    );
+    let fresh = source(&base, "ocsp-revoked", policy());
+    let b = Bundle::load_with(&dir, &fresh, now).unwrap();
+    assert_eq!(ocsp_claim(&b).unwrap_err().code(), "revoked");
 }

@@ -415,7 +415,10 @@ fn sim_gpu_verifies_and_each_check_refuses_tampering() {
             .code(),
         "untrusted_root"
     );
-    let Bundle::Nvidia { report, cert_chain } = &b else {
+    let Bundle::Nvidia {
+        report, cert_chain, ..
+    } = &b
+    else {
         panic!()
     };
     // Expected nonce.
@@ -423,6 +426,7 @@ fn sim_gpu_verifies_and_each_check_refuses_tampering() {
         report,
         cert_chain,
         expected_nonce: Some(&[4u8; 32]),
+        ocsp: &[],
     });
     assert_eq!(v.verify(&ev, now()).unwrap_err().code(), "nonce_mismatch");
     // Flips: request nonce, a measurement, the opaque FWID, the signature.
@@ -440,6 +444,7 @@ fn sim_gpu_verifies_and_each_check_refuses_tampering() {
         let t = Bundle::Nvidia {
             report: r,
             cert_chain: cert_chain.clone(),
+            ocsp: Vec::new(),
         };
         let e = verify(&v, &t).unwrap_err();
         assert_eq!(e.code(), code, "{what}: {e}");
@@ -449,6 +454,7 @@ fn sim_gpu_verifies_and_each_check_refuses_tampering() {
     let t = Bundle::Nvidia {
         report: report.clone(),
         cert_chain: other.chain_pem.clone().into_bytes(),
+        ocsp: Vec::new(),
     };
     let any = Verifier::new(VerifierConfig { sim: SimTrust::Any });
     assert_eq!(verify(&any, &t).unwrap_err().code(), "fwid_mismatch");
@@ -460,11 +466,13 @@ fn sim_gpu_verifies_and_each_check_refuses_tampering() {
     let t = Bundle::Nvidia {
         report: report.clone(),
         cert_chain: (certs[0].to_string() + certs[1]).into_bytes(),
+        ocsp: Vec::new(),
     };
     assert_eq!(verify(&v, &t).unwrap_err().code(), "untrusted_root");
     let t = Bundle::Nvidia {
         report: report[..report.len() - 1].to_vec(),
         cert_chain: cert_chain.clone(),
+        ocsp: Vec::new(),
     };
     assert_eq!(verify(&v, &t).unwrap_err().code(), "truncated");
 }
@@ -518,6 +526,7 @@ fn random_mutations_never_panic_and_never_verify() {
             Bundle::Nvidia {
                 report: g,
                 cert_chain,
+                ..
             },
         ) = (&snp, &gpu)
         else {
@@ -533,6 +542,7 @@ fn random_mutations_never_panic_and_never_verify() {
             let t = Bundle::Nvidia {
                 report: m,
                 cert_chain: cert_chain.clone(),
+                ocsp: Vec::new(),
             };
             assert!(verify(&v, &t).is_err());
             refused += 1;
@@ -590,7 +600,10 @@ fn gpu_chain_links_and_validity_are_checked() {
     let g = gpu();
     let v = trusting();
     let b = g.bundle([5; 32], 16).unwrap();
-    let Bundle::Nvidia { report, cert_chain } = &b else {
+    let Bundle::Nvidia {
+        report, cert_chain, ..
+    } = &b
+    else {
         panic!()
     };
     let mine: Vec<String> = g
@@ -608,6 +621,7 @@ fn gpu_chain_links_and_validity_are_checked() {
     let t = Bundle::Nvidia {
         report: report.clone(),
         cert_chain: format!("{}{}{}", mine[0], theirs[1], mine[2]).into_bytes(),
+        ocsp: Vec::new(),
     };
     let any = Verifier::new(VerifierConfig { sim: SimTrust::Any });
     let e = verify(&any, &t).unwrap_err();
@@ -619,6 +633,7 @@ fn gpu_chain_links_and_validity_are_checked() {
     let t = Bundle::Nvidia {
         report: report.clone(),
         cert_chain: format!("{}{}{}", mine[0], mine[1], theirs[2]).into_bytes(),
+        ocsp: Vec::new(),
     };
     let e = verify(&any, &t).unwrap_err();
     assert!(
@@ -637,6 +652,7 @@ fn gpu_chain_links_and_validity_are_checked() {
     let t = Bundle::Nvidia {
         report: report.clone(),
         cert_chain: b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec(),
+        ocsp: Vec::new(),
     };
     assert!(verify(&v, &t).is_err());
     let _ = cert_chain;

@@ -556,6 +556,7 @@ fn collateral_source(
             intel_pcs: a.pcs.clone(),
             intel_root_ca_crl: a.intel_root_ca_crl.clone(),
             nvidia_rim: a.rim_service.clone(),
+            nvidia_ocsp: a.nvidia_ocsp.clone(),
         },
         FetchPolicy::default(),
     ))
@@ -575,6 +576,13 @@ pub fn collateral_fetch(
     let mut failed = 0;
     for b in bundles {
         match Bundle::load_with(b, &src, now) {
+            Ok(Bundle::Nvidia { ocsp, .. }) if ocsp.is_empty() => {
+                failed += 1;
+                println!(
+                    "FAIL {}: OCSP responses for the device chain could not be had",
+                    b.display()
+                );
+            }
             Ok(bundle) => println!(
                 "ok   {} ({} collateral in the store)",
                 b.display(),

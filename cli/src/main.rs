@@ -168,6 +168,9 @@ pub struct SourceArgs {
         default_value = "https://rim.attestation.nvidia.com"
     )]
     pub rim_service: String,
+    /// NVIDIA OCSP responder URL (device chain revocation).
+    #[arg(long, global = true, default_value = "http://ocsp.ndis.nvidia.com")]
+    pub nvidia_ocsp: String,
 }
 
 #[derive(Subcommand, Debug)]

@@ -34,7 +34,7 @@ tdx := {
 gpu := {
 	"schema": "cgx.claims.v1", "kind": "nvidia", "sim": false, "debug": false,
 	"driver_version": "550.90.07", "vbios_version": "96.00.9F.00.01",
-	"measurements": {"1": "m1", "2": "m2"},
+	"measurements": {"1": "m1", "2": "m2"}, "ocsp": "good",
 }
 
 # The trust vector as the engine folds it: per claim, the highest code.
@@ -130,6 +130,19 @@ test_gpu_affirming if {
 test_gpu_measurement_mismatch_is_contraindicated if {
 	r := result(object.union(gpu, {"measurements": {"1": "m1", "2": "evil"}}))
 	r.trust_vector.executables == 96
+}
+
+test_gpu_unchecked_revocation_is_a_warning if {
+	r := result(object.union(gpu, {"ocsp": "not_checked"}))
+	r.trust_vector.hardware == 32
+	some v in r.violations
+	v.rule == "gpu_revocation_not_checked"
+}
+
+test_gpu_unchecked_revocation_waived_by_reference_values if {
+	out := appraisal.result with input as object.union(gpu, {"ocsp": "not_checked"})
+		with data.reference as object.union(refs, {"nvidia": object.union(refs.nvidia, {"require_ocsp": false})})
+	count(out.violations) == 0
 }
 
 test_gpu_driver_not_allowed if {

@@ -32,6 +32,8 @@ pub struct Endpoints {
     pub intel_root_ca_crl: String,
     /// NVIDIA RIM service, e.g. `https://rim.attestation.nvidia.com`.
     pub nvidia_rim: String,
+    /// NVIDIA OCSP responder for the device chain (the URL its certificates name).
+    pub nvidia_ocsp: String,
 }
 
 impl Default for Endpoints {
@@ -42,6 +44,7 @@ impl Default for Endpoints {
             intel_root_ca_crl: "https://certificates.trustedservices.intel.com/IntelSGXRootCA.der"
                 .into(),
             nvidia_rim: "https://rim.attestation.nvidia.com".into(),
+            nvidia_ocsp: "http://ocsp.ndis.nvidia.com".into(),
         }
     }
 }
@@ -213,14 +216,14 @@ impl CollateralSource {
         if self.offline {
             return fallback("offline: not in the store".into());
         }
-        let (vendor, url) = self.url(key);
+        let (vendor, url, post) = self.url(key);
         if let Err(wait) = self.take_turn(vendor) {
             return fallback(format!(
                 "vendor rate limit: next request in {} s",
                 wait.as_secs()
             ));
         }
-        let answer = match self.request(vendor, &url) {
+        let answer = match self.request(vendor, &url, post) {
             Ok(a) => a,
             Err(e) => return fallback(e),
         };
@@ -278,12 +281,21 @@ impl CollateralSource {
         }
     }
 
-    fn request(&self, vendor: Vendor, url: &str) -> std::result::Result<Answer, String> {
-        let mut resp = self
-            .agent
-            .get(url)
-            .call()
-            .map_err(|e| format!("{url}: {e}"))?;
+    fn request(
+        &self,
+        vendor: Vendor,
+        url: &str,
+        post: Option<(&'static str, Vec<u8>)>,
+    ) -> std::result::Result<Answer, String> {
+        let sent = match post {
+            None => self.agent.get(url).call(),
+            Some((content_type, body)) => self
+                .agent
+                .post(url)
+                .header("content-type", content_type)
+                .send(&body[..]),
+        };
+        let mut resp = sent.map_err(|e| format!("{url}: {e}"))?;
         let status = resp.status().as_u16();
         if status == 429 || status == 503 {
             let retry = resp
@@ -316,10 +328,19 @@ impl CollateralSource {
         Ok(Answer { body, issuer_chain })
     }
 
-    fn url(&self, key: &CollateralKey) -> (Vendor, String) {
+    /// Vendor, URL and — for OCSP — the POST body of the request for `key`.
+    fn url(&self, key: &CollateralKey) -> (Vendor, String, Option<(&'static str, Vec<u8>)>) {
         let e = &self.endpoints;
         let path = key.path();
-        match key {
+        if let CollateralKey::NvidiaOcsp { cert_id } = key {
+            let body = crate::nvidia::ocsp::request(std::slice::from_ref(cert_id), None);
+            return (
+                Vendor::Nvidia,
+                e.nvidia_ocsp.clone(),
+                Some(("application/ocsp-request", body)),
+            );
+        }
+        let (vendor, url) = match key {
             CollateralKey::AmdVcek { .. }
             | CollateralKey::AmdCertChain { .. }
             | CollateralKey::AmdCrl { .. } => (
@@ -345,8 +366,11 @@ impl CollateralSource {
                 Vendor::Nvidia,
                 format!("{}/v1/rim/{id}", e.nvidia_rim.trim_end_matches('/')),
             ),
-            CollateralKey::Other(p) => (Vendor::Intel, p.clone()),
-        }
+            CollateralKey::NvidiaOcsp { .. } | CollateralKey::Other(_) => {
+                (Vendor::Intel, path.clone())
+            }
+        };
+        (vendor, url, None)
     }
 
     /// Intel collateral for a TDX quote's FMSPC and PCK CA, assembled into the dcap-qvl
@@ -510,6 +534,16 @@ fn validate(key: &CollateralKey, a: Answer) -> std::result::Result<Vec<u8>, Stri
             }
             let _ = id;
             Ok(xml)
+        }
+        CollateralKey::NvidiaOcsp { cert_id } => {
+            let r = crate::nvidia::ocsp::OcspResponse::parse(&a.body).map_err(|e| e.to_string())?;
+            if r.find(cert_id).is_none() {
+                return Err(format!(
+                    "OCSP response holds no status for serial {}",
+                    cert_id.serial_hex()
+                ));
+            }
+            Ok(a.body)
         }
         CollateralKey::Other(_) => Ok(a.body),
     }

@@ -50,6 +50,10 @@ pub enum CollateralKey {
     IntelRootCaCrl,
     /// NVIDIA RIM by id.
     NvidiaRim { id: String },
+    /// NVIDIA OCSP status of one device-chain certificate (asked by POST, cached by CertID).
+    NvidiaOcsp {
+        cert_id: crate::nvidia::ocsp::CertId,
+    },
     /// Any other path (imported as is).
     Other(String),
 }
@@ -116,6 +120,11 @@ impl CollateralKey {
             }
             CollateralKey::IntelRootCaCrl => "intel/sgx/certification/v4/rootcacrl".into(),
             CollateralKey::NvidiaRim { id } => format!("nvidia/rims/{id}"),
+            CollateralKey::NvidiaOcsp { cert_id } => format!(
+                "nvidia/ocsp/{}/{}",
+                hex::encode(&cert_id.issuer_key_hash),
+                cert_id.serial_hex()
+            ),
             CollateralKey::Other(p) => p.clone(),
         }
     }
@@ -161,10 +170,13 @@ fn io(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 /// Read the validity window from the content itself: X.509 certificates (the intersection over
-/// a PEM chain), CRLs (thisUpdate/nextUpdate), Intel TCB info / QE identity JSON
-/// (issueDate/nextUpdate, also inside a dcap-qvl collateral JSON).
+/// a PEM chain), CRLs and OCSP responses (thisUpdate/nextUpdate), Intel TCB info / QE identity
+/// JSON (issueDate/nextUpdate, also inside a dcap-qvl collateral JSON).
 pub fn validity_window(bytes: &[u8]) -> (Option<i64>, Option<i64>) {
     use x509_parser::prelude::FromDer;
+    if let Some((this, next)) = crate::nvidia::ocsp::validity_window(bytes) {
+        return (Some(this), Some(next));
+    }
     let mut nb: Option<i64> = None;
     let mut na: Option<i64> = None;
     let mut narrow = |b: i64, a: i64| {

@@ -5,9 +5,12 @@
 //! Checks: the chain (each link ECDSA P-384, each certificate valid at `now`, root pinned), the
 //! leaf's TCG DICE FWID extension equal to the FWID the GPU reports in its opaque data, the
 //! SPDM signature over `request ‖ response`, and — when the caller supplies one — the requester
-//! nonce. The chain is cached like the SNP chain.
+//! nonce. The chain is cached like the SNP chain. When OCSP responses come with the evidence,
+//! every certificate between leaf and root must be `good` in one of them ([`ocsp`]); the claims
+//! say whether revocation was checked.
 
 pub mod c14n;
+pub mod ocsp;
 pub mod rim;
 pub mod spdm;
 
@@ -36,6 +39,8 @@ pub struct NvidiaEvidence<'a> {
     pub cert_chain: &'a [u8],
     /// The nonce the requester sent, when the caller knows it.
     pub expected_nonce: Option<&'a [u8]>,
+    /// DER OCSP responses for the chain (collateral); empty: revocation not checked.
+    pub ocsp: &'a [Vec<u8>],
 }
 
 #[derive(Debug)]
@@ -46,7 +51,14 @@ struct VerifiedChain {
     device_serial: String,
     root: String,
     windows: Vec<(String, Window)>,
+    /// The chain's certificates (DER, leaf first), for OCSP checks.
+    ders: Vec<Vec<u8>>,
 }
+
+/// `ocsp` claim: every certificate between leaf and root was `good` in a supplied response.
+pub const OCSP_GOOD: &str = "good";
+/// `ocsp` claim: no OCSP responses came with the evidence.
+pub const OCSP_NOT_CHECKED: &str = "not_checked";
 
 /// Verifies NVIDIA SPDM evidence.
 #[derive(Debug)]
@@ -93,6 +105,12 @@ impl NvidiaVerifier {
             .key
             .verify(&ev.report[..spdm.signed_len], &spdm.response.signature)
             .map_err(|_| Error::signature("SPDM measurements (request ‖ response)"))?;
+        let ocsp = if ev.ocsp.is_empty() {
+            OCSP_NOT_CHECKED
+        } else {
+            self.check_revocation(&chain, ev.ocsp, now)?;
+            OCSP_GOOD
+        };
         let measurements: BTreeMap<String, String> = spdm
             .response
             .blocks
@@ -122,8 +140,35 @@ impl NvidiaVerifier {
                     .and_then(spdm::format_vbios_version),
                 device_serial: chain.device_serial.clone(),
                 root: chain.root.clone(),
+                ocsp: ocsp.into(),
             }),
         })
+    }
+
+    /// Every certificate strictly between leaf and root must be `good` at `now` (NVIDIA's
+    /// verifier skips the leaf too: the FMC attestation certificate is minted at boot).
+    fn check_revocation(
+        &self,
+        chain: &VerifiedChain,
+        responses: &[Vec<u8>],
+        now: i64,
+    ) -> Result<()> {
+        let certs = chain
+            .ders
+            .iter()
+            .map(|d| x509::parse_cert(d, "NVIDIA device certificate"))
+            .collect::<Result<Vec<_>>>()?;
+        for i in 1..certs.len().saturating_sub(1) {
+            ocsp::check(
+                responses,
+                &certs[i],
+                &certs[i + 1],
+                self.provider,
+                now,
+                None,
+            )?;
+        }
+        Ok(())
     }
 
     fn chain(&self, pem: &[u8], now: i64) -> Result<Arc<VerifiedChain>> {
@@ -225,6 +270,7 @@ impl NvidiaVerifier {
             device_serial,
             root: x509::subject(root),
             windows,
+            ders: ders.clone(),
         })
     }
 }

@@ -458,9 +458,31 @@ pub struct SimGpu {
     root: EcdsaKeyPair,
     ca: EcdsaKeyPair,
     leaf: EcdsaKeyPair,
+    root_der: Vec<u8>,
+    ca_der: Vec<u8>,
+    created: i64,
     pub chain_pem: String,
     pub fwid: [u8; 48],
     pub serial: String,
+}
+
+/// What the simulated OCSP responder says, and who signs it.
+#[derive(Debug, Clone, Copy)]
+pub struct SimOcsp {
+    pub status: crate::nvidia::ocsp::CertStatus,
+    pub this_update: i64,
+    pub next_update: Option<i64>,
+    pub signer: SimOcspSigner,
+}
+
+/// Who signs a simulated OCSP response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimOcspSigner {
+    /// The issuer of the certificate asked about (the sim root).
+    Issuer,
+    /// A responder certificate the root issued, with id-kp-OCSPSigning (`eku: true`) or
+    /// without it; included in the response and named by key hash.
+    Delegated { eku: bool },
 }
 
 /// NVIDIA opaque-data fields the simulator writes.
@@ -539,6 +561,9 @@ impl SimGpu {
             root,
             ca,
             leaf,
+            root_der,
+            ca_der,
+            created: now,
             chain_pem,
             fwid,
             serial,
@@ -595,6 +620,86 @@ impl SimGpu {
         Ok(out)
     }
 
+    /// The OCSP responder's answer about the identity CA (the one certificate between leaf and
+    /// root), signed by the root as NVIDIA's responder signs for its CAs.
+    pub fn ocsp_response(&self, o: &SimOcsp) -> Result<Vec<u8>> {
+        use crate::nvidia::ocsp::{
+            CertId, CertIdHash, ResponderId, ResponseBuilder, SingleResponse,
+        };
+        let cert_id = CertId::new(&self.ca_der, &self.root_der, CertIdHash::Sha384)?;
+        let root = crate::x509::parse_cert(&self.root_der, "sim root")?;
+        let single = SingleResponse {
+            cert_id,
+            status: o.status,
+            this_update: o.this_update,
+            next_update: o.next_update,
+        };
+        let delegate;
+        let (signer, responder, certs) = match o.signer {
+            SimOcspSigner::Issuer => (
+                &self.root,
+                ResponderId::ByName(root.subject().as_raw().to_vec()),
+                Vec::new(),
+            ),
+            SimOcspSigner::Delegated { eku } => {
+                delegate = EcdsaKeyPair::generate(&sig::ECDSA_P384_SHA384_ASN1_SIGNING)
+                    .map_err(|_| keygen_err("OCSP responder"))?;
+                let (nb, na) = window(o.this_update);
+                let extensions = if eku {
+                    vec![ext(
+                        "2.5.29.37",
+                        false,
+                        w::seq(&[w::oid("1.3.6.1.5.5.7.3.9")]),
+                    )]
+                } else {
+                    Vec::new()
+                };
+                let der = sign_tbs(
+                    &Tbs {
+                        serial: 4,
+                        sig_alg: ecdsa_sha384(),
+                        issuer: root.subject().as_raw().to_vec(),
+                        subject: name(&format!("{SIM_ROOT_CN_PREFIX}NVIDIA OCSP Responder")),
+                        spki: p384_spki(delegate.public_key().as_ref()),
+                        not_before: nb,
+                        not_after: na,
+                        extensions: &extensions,
+                    },
+                    Signer::Ec(&self.root),
+                )?;
+                let key_hash = crate::crypto::CryptoProvider::digest(
+                    &crate::crypto::DEFAULT_PROVIDER,
+                    crate::crypto::DigestAlg::Sha1,
+                    &[delegate.public_key().as_ref()],
+                );
+                (&delegate, ResponderId::ByKey(key_hash), vec![der])
+            }
+        };
+        ResponseBuilder {
+            responder,
+            produced_at: o.this_update,
+            responses: std::slice::from_ref(&single),
+            certs: &certs,
+            nonce: None,
+        }
+        .build(|tbs| {
+            let s = signer
+                .sign(&SystemRandom::new(), tbs)
+                .map_err(|_| sign_err("OCSP response"))?;
+            Ok((ecdsa_sha384(), s.as_ref().to_vec()))
+        })
+    }
+
+    /// A `good` response valid from a day before generation for 30 days.
+    pub fn good_ocsp(&self) -> Result<Vec<u8>> {
+        self.ocsp_response(&SimOcsp {
+            status: crate::nvidia::ocsp::CertStatus::Good,
+            this_update: self.created - 86_400,
+            next_update: Some(self.created + 30 * 86_400),
+            signer: SimOcspSigner::Issuer,
+        })
+    }
+
     /// Evidence as a bundle, with `count` deterministic measurements.
     pub fn bundle(&self, nonce: [u8; 32], count: usize) -> Result<Bundle> {
         let measurements: Vec<[u8; 48]> = (0..count)
@@ -608,6 +713,7 @@ impl SimGpu {
         Ok(Bundle::Nvidia {
             report: self.evidence(nonce, &measurements)?,
             cert_chain: self.chain_pem.clone().into_bytes(),
+            ocsp: vec![self.good_ocsp()?],
         })
     }
 }
