@@ -66,6 +66,8 @@ pub struct NvidiaVerifier {
     provider: &'static dyn CryptoProvider,
     sim: SimTrust,
     cache: ChainCache<VerifiedChain>,
+    /// Verified OCSP answers by (chain, responses).
+    ocsp_cache: ChainCache<Vec<ocsp::Attested>>,
 }
 
 impl NvidiaVerifier {
@@ -74,6 +76,7 @@ impl NvidiaVerifier {
             provider,
             sim,
             cache: ChainCache::new(),
+            ocsp_cache: ChainCache::new(),
         }
     }
 
@@ -108,7 +111,7 @@ impl NvidiaVerifier {
         let ocsp = if ev.ocsp.is_empty() {
             OCSP_NOT_CHECKED
         } else {
-            self.check_revocation(&chain, ev.ocsp, now)?;
+            self.check_revocation(ev.cert_chain, &chain, ev.ocsp, now)?;
             OCSP_GOOD
         };
         let measurements: BTreeMap<String, String> = spdm
@@ -147,28 +150,37 @@ impl NvidiaVerifier {
 
     /// Every certificate strictly between leaf and root must be `good` at `now` (NVIDIA's
     /// verifier skips the leaf too: the FMC attestation certificate is minted at boot).
+    ///
+    /// Signature checks are cached by the exact chain and response bytes (responses are reused
+    /// for days); freshness and status are judged at `now` on every call.
     fn check_revocation(
         &self,
+        pem: &[u8],
         chain: &VerifiedChain,
         responses: &[Vec<u8>],
         now: i64,
     ) -> Result<()> {
-        let certs = chain
-            .ders
-            .iter()
-            .map(|d| x509::parse_cert(d, "NVIDIA device certificate"))
-            .collect::<Result<Vec<_>>>()?;
-        for i in 1..certs.len().saturating_sub(1) {
-            ocsp::check(
-                responses,
-                &certs[i],
-                &certs[i + 1],
-                self.provider,
-                now,
-                None,
-            )?;
-        }
-        Ok(())
+        let rest: Vec<&[u8]> = responses.iter().map(Vec::as_slice).collect();
+        let attested = match self.ocsp_cache.get(pem, &rest) {
+            Some(a) => a,
+            None => {
+                let certs = chain
+                    .ders
+                    .iter()
+                    .map(|d| x509::parse_cert(d, "NVIDIA device certificate"))
+                    .collect::<Result<Vec<_>>>()?;
+                let a = Arc::new(
+                    (1..certs.len().saturating_sub(1))
+                        .map(|i| {
+                            ocsp::attest(responses, &certs[i], &certs[i + 1], self.provider, None)
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                );
+                self.ocsp_cache.insert(pem, &rest, a.clone());
+                a
+            }
+        };
+        attested.iter().try_for_each(|a| a.judge(now))
     }
 
     fn chain(&self, pem: &[u8], now: i64) -> Result<Arc<VerifiedChain>> {

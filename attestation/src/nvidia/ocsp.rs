@@ -509,18 +509,72 @@ fn is_responder(cert: &X509Certificate<'_>, id: &ResponderId, p: &dyn CryptoProv
     }
 }
 
-/// Check the status of `cert` (issued by `issuer`) at `now` in whichever of `responses` (DER
-/// `OCSPResponse`s) speaks of it: signed by the issuer or by a responder the issuer delegated to
-/// (id-kp-OCSPSigning, valid at `now`); fresh; `good`. A response that does not parse is an
-/// error, not skipped. When `nonce` is given, the response must echo it.
-pub(crate) fn check(
+/// A single response whose signature and signer were verified, about `subject`. Judging it
+/// ([`Attested::judge`]) needs only a time, so verifiers cache these.
+#[derive(Debug, Clone)]
+pub(crate) struct Attested {
+    subject: String,
+    single: SingleResponse,
+    /// A delegated responder's validity window, rechecked at every use.
+    responder: Option<(String, x509::Window)>,
+}
+
+impl Attested {
+    /// Fresh at `now` and `good`; otherwise the precise refusal.
+    pub(crate) fn judge(&self, now: i64) -> Result<()> {
+        let who = &self.subject;
+        let single = &self.single;
+        if let Some((name, w)) = &self.responder {
+            w.check(|| name.clone(), now)
+                .map_err(|e| bad(format!("responder certificate: {e}")))?;
+        }
+        if single.this_update > now + MAX_SKEW_SECS {
+            return Err(bad(format!(
+                "status for '{who}' is from the future ({})",
+                x509::rfc3339(single.this_update)
+            )));
+        }
+        match single.next_update {
+            Some(next) if now > next => {
+                return Err(bad(format!(
+                    "status for '{who}' expired at {}",
+                    x509::rfc3339(next)
+                )));
+            }
+            None if now - single.this_update > MAX_AGE_WITHOUT_NEXT_UPDATE_SECS => {
+                return Err(bad(format!(
+                    "status for '{who}' from {} is too old and names no next update",
+                    x509::rfc3339(single.this_update)
+                )));
+            }
+            _ => {}
+        }
+        match single.status {
+            CertStatus::Good => Ok(()),
+            CertStatus::Revoked { at, reason } => Err(Error::Revoked {
+                subject: format!(
+                    "{who} (OCSP: revoked at {}{})",
+                    x509::rfc3339(at),
+                    reason.map(|r| format!(", reason {r}")).unwrap_or_default()
+                ),
+                serial: single.cert_id.serial_hex(),
+            }),
+            CertStatus::Unknown => Err(bad(format!("responder does not know '{who}'"))),
+        }
+    }
+}
+
+/// Find the status of `cert` (issued by `issuer`) in whichever of `responses` (DER
+/// `OCSPResponse`s) speaks of it, and verify that the issuer or a responder it delegated to
+/// (id-kp-OCSPSigning) signed it. A response that does not parse is an error, not skipped.
+/// When `nonce` is given, the response must echo it. Time is judged by [`Attested::judge`].
+pub(crate) fn attest(
     responses: &[Vec<u8>],
     cert: &X509Certificate<'_>,
     issuer: &X509Certificate<'_>,
     provider: &dyn CryptoProvider,
-    now: i64,
     nonce: Option<&[u8]>,
-) -> Result<()> {
+) -> Result<Attested> {
     const C: ChainKind = ChainKind::NvidiaDevice;
     let who = || x509::subject(cert);
     let ids = [CertIdHash::Sha384, CertIdHash::Sha256, CertIdHash::Sha1]
@@ -535,43 +589,42 @@ pub(crate) fn check(
     }
     let (resp, single) =
         found.ok_or_else(|| bad(format!("no OCSP response holds a status for '{}'", who())))?;
-    let single = &single;
     // Who signed: the issuer itself, or a delegated responder certificate in `certs`.
     let delegated;
-    let signer: &X509Certificate<'_> = if is_responder(issuer, &resp.responder, provider) {
-        issuer
-    } else {
-        let found = resp.certs.iter().find_map(|der| {
-            x509::parse_cert(der, "OCSP responder certificate")
-                .ok()
-                .filter(|c| is_responder(c, &resp.responder, provider))
-        });
-        delegated = found.ok_or_else(|| {
-            bad(format!(
-                "signed by a responder that is neither '{}' nor a certificate it included",
-                x509::subject(issuer)
-            ))
-        })?;
-        x509::verify_issued_by(&delegated, issuer, provider, C).map_err(|e| {
-            bad(format!(
-                "responder '{}' is not delegated by '{}': {e}",
-                x509::subject(&delegated),
-                x509::subject(issuer)
-            ))
-        })?;
-        // id-kp-OCSPSigning (1.3.6.1.5.5.7.3.9), which x509-parser decodes as `ocsp_signing`.
-        let ocsp_signing =
-            matches!(delegated.extended_key_usage(), Ok(Some(eku)) if eku.value.ocsp_signing);
-        if !ocsp_signing {
-            return Err(bad(format!(
-                "responder '{}' lacks the OCSPSigning extended key usage",
-                x509::subject(&delegated)
-            )));
-        }
-        x509::check_validity(&delegated, now)
-            .map_err(|e| bad(format!("responder certificate: {e}")))?;
-        &delegated
-    };
+    let (signer, responder): (&X509Certificate<'_>, _) =
+        if is_responder(issuer, &resp.responder, provider) {
+            (issuer, None)
+        } else {
+            let found = resp.certs.iter().find_map(|der| {
+                x509::parse_cert(der, "OCSP responder certificate")
+                    .ok()
+                    .filter(|c| is_responder(c, &resp.responder, provider))
+            });
+            delegated = found.ok_or_else(|| {
+                bad(format!(
+                    "signed by a responder that is neither '{}' nor a certificate it included",
+                    x509::subject(issuer)
+                ))
+            })?;
+            x509::verify_issued_by(&delegated, issuer, provider, C).map_err(|e| {
+                bad(format!(
+                    "responder '{}' is not delegated by '{}': {e}",
+                    x509::subject(&delegated),
+                    x509::subject(issuer)
+                ))
+            })?;
+            // id-kp-OCSPSigning (1.3.6.1.5.5.7.3.9), which x509-parser decodes as `ocsp_signing`.
+            let ocsp_signing =
+                matches!(delegated.extended_key_usage(), Ok(Some(eku)) if eku.value.ocsp_signing);
+            if !ocsp_signing {
+                return Err(bad(format!(
+                    "responder '{}' lacks the OCSPSigning extended key usage",
+                    x509::subject(&delegated)
+                )));
+            }
+            let window = (x509::subject(&delegated), x509::Window::of(&delegated));
+            (&delegated, Some(window))
+        };
     x509::verify_signed(
         signer,
         &resp.signature_algorithm,
@@ -591,43 +644,11 @@ pub(crate) fn check(
     {
         return Err(bad("response does not echo the request nonce"));
     }
-    if single.this_update > now + MAX_SKEW_SECS {
-        return Err(bad(format!(
-            "status for '{}' is from the future ({})",
-            who(),
-            x509::rfc3339(single.this_update)
-        )));
-    }
-    match single.next_update {
-        Some(next) if now > next => {
-            return Err(bad(format!(
-                "status for '{}' expired at {}",
-                who(),
-                x509::rfc3339(next)
-            )));
-        }
-        None if now - single.this_update > MAX_AGE_WITHOUT_NEXT_UPDATE_SECS => {
-            return Err(bad(format!(
-                "status for '{}' from {} is too old and names no next update",
-                who(),
-                x509::rfc3339(single.this_update)
-            )));
-        }
-        _ => {}
-    }
-    match single.status {
-        CertStatus::Good => Ok(()),
-        CertStatus::Revoked { at, reason } => Err(Error::Revoked {
-            subject: format!(
-                "{} (OCSP: revoked at {}{})",
-                who(),
-                x509::rfc3339(at),
-                reason.map(|r| format!(", reason {r}")).unwrap_or_default()
-            ),
-            serial: single.cert_id.serial_hex(),
-        }),
-        CertStatus::Unknown => Err(bad(format!("responder does not know '{}'", who()))),
-    }
+    Ok(Attested {
+        subject: who(),
+        single,
+        responder,
+    })
 }
 
 /// Unix seconds `(thisUpdate, nextUpdate)` of the earliest-expiring single response: the window
