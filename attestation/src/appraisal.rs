@@ -119,6 +119,88 @@ pub struct PolicyEngine {
     reads: Option<Vec<String>>,
     /// `name@sha256:<digest of policy ‖ reference values>`: goes into the EAR's policy ids.
     id: String,
+    /// GPU golden measurements, compared before evaluation ([`Golden`]).
+    golden: Golden,
+    /// Outcomes by exact policy input, when the policy is a pure function of input and data
+    /// (see [`is_pure`]). A VM re-attesting with fresh nonces presents the same projected claims
+    /// (nonces and report data are not read), so its appraisals skip the RVM.
+    memo: Option<std::sync::Mutex<std::collections::HashMap<String, Outcome>>>,
+}
+
+/// Bound on memoized outcomes; past it the memo is cleared.
+const MEMO_CAP: usize = 4096;
+
+/// Builtins whose answer depends on something besides input and data (the clock, randomness,
+/// the network, the runtime): a policy naming any of them is evaluated every time.
+const IMPURE_BUILTINS: [&str; 8] = [
+    "time.now_ns",
+    "rand.",
+    "http.send",
+    "uuid.",
+    "opa.runtime",
+    "net.lookup",
+    "crypto.x509.parse_and_verify",
+    "trace(",
+];
+
+/// Is a policy's result a function of input and data alone? Conservative: any mention of an
+/// impure builtin, even in a comment, says no.
+fn is_pure(rego: &str) -> bool {
+    !IMPURE_BUILTINS.iter().any(|b| rego.contains(b))
+}
+
+/// The input field carrying the golden-measurement comparison.
+pub const MEASUREMENT_MISMATCHES: &str = "measurement_mismatches";
+
+/// GPU golden measurements from reference values (`nvidia.measurements`: index → allowed
+/// digests), compared before the policy runs, as NVIDIA's verifier reports `measres`: walking
+/// 64 measurements in the RVM cost more than verifying the evidence, and the comparison is a
+/// set lookup with nothing to decide. The policy decides what a mismatch means; for NVIDIA
+/// evidence it receives `input.measurement_mismatches`: per index whose digest is not allowed,
+/// `{index, value, expected}` (value `absent` when the evidence lacks the index).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Golden(Vec<(String, Vec<String>)>);
+
+impl Golden {
+    fn from_reference(reference: &serde_json::Value) -> Result<Self> {
+        let bad = || Error::Policy {
+            detail: "reference values nvidia.measurements must map an index to a list of digests"
+                .into(),
+        };
+        let Some(table) = reference.get("nvidia").and_then(|n| n.get("measurements")) else {
+            return Ok(Golden::default());
+        };
+        let table = table.as_object().ok_or_else(bad)?;
+        let mut out = Vec::with_capacity(table.len());
+        for (index, allowed) in table {
+            let allowed = allowed
+                .as_array()
+                .ok_or_else(bad)?
+                .iter()
+                .map(|a| a.as_str().map(str::to_string).ok_or_else(bad))
+                .collect::<Result<Vec<_>>>()?;
+            out.push((index.clone(), allowed));
+        }
+        Ok(Golden(out))
+    }
+
+    fn mismatches(&self, measurements: Option<&serde_json::Value>) -> serde_json::Value {
+        let have = measurements.and_then(|m| m.as_object());
+        serde_json::Value::Array(
+            self.0
+                .iter()
+                .filter_map(|(index, allowed)| {
+                    let value = have
+                        .and_then(|m| m.get(index))
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("absent");
+                    (!allowed.iter().any(|a| a == value)).then(
+                        || serde_json::json!({"index": index, "value": value, "expected": allowed}),
+                    )
+                })
+                .collect(),
+        )
+    }
 }
 
 /// The names `x` of every `input.x` in a policy, or `None` when `input` is used any other way
@@ -189,6 +271,7 @@ impl PolicyEngine {
         engine
             .add_policy(format!("{name}.rego"), rego.to_string())
             .map_err(|e| bad("policy", &e))?;
+        let golden = Golden::from_reference(&reference)?;
         let reference_copy = reference.clone();
         let data = serde_json::json!({ "reference": reference });
         engine
@@ -209,6 +292,8 @@ impl PolicyEngine {
             program,
             data: regorus::Value::from(serde_json::json!({ "reference": reference_copy })),
             vms: std::sync::Mutex::new(Vec::new()),
+            golden,
+            memo: is_pure(rego).then(|| std::sync::Mutex::new(std::collections::HashMap::new())),
             reads: input_fields(rego),
             id: format!("{name}@sha256:{}", hex::encode(digest)),
         })
@@ -255,9 +340,44 @@ impl PolicyEngine {
         self.evaluate_json(&json)
     }
 
+    /// Whether outcomes are memoized by input (the policy is pure).
+    pub fn memoizes(&self) -> bool {
+        self.memo.is_some()
+    }
+
+    /// Evaluate `claims` without the memo (benchmarks report the cold cost too).
+    pub fn evaluate_json_cold(&self, claims: &serde_json::Value) -> Result<Outcome> {
+        self.evaluate_uncached(self.policy_input(claims))
+    }
+
     /// Appraise a claims-shaped JSON value (policy tests feed claims they construct).
-    pub fn evaluate_json(&self, input: &serde_json::Value) -> Result<Outcome> {
-        let input = match (&self.reads, input) {
+    pub fn evaluate_json(&self, claims: &serde_json::Value) -> Result<Outcome> {
+        let input = self.policy_input(claims);
+        let key = match &self.memo {
+            Some(_) => serde_json::to_string(&input).ok(),
+            None => None,
+        };
+        if let (Some(memo), Some(k)) = (&self.memo, &key)
+            && let Some(hit) = memo.lock().ok().and_then(|m| m.get(k).cloned())
+        {
+            return Ok(hit);
+        }
+        let outcome = self.evaluate_uncached(input)?;
+        if let (Some(memo), Some(k)) = (&self.memo, key)
+            && let Ok(mut m) = memo.lock()
+        {
+            if m.len() >= MEMO_CAP {
+                m.clear();
+            }
+            m.insert(k, outcome.clone());
+        }
+        Ok(outcome)
+    }
+
+    /// The policy input for `claims`: the claims the policy reads, plus the golden comparison
+    /// for NVIDIA evidence.
+    fn policy_input(&self, claims: &serde_json::Value) -> serde_json::Value {
+        let mut input = match (&self.reads, claims) {
             (Some(reads), serde_json::Value::Object(all)) => serde_json::Value::Object(
                 reads
                     .iter()
@@ -266,6 +386,20 @@ impl PolicyEngine {
             ),
             (_, other) => other.clone(),
         };
+        if let serde_json::Value::Object(fields) = &mut input
+            && claims.get("kind").and_then(|k| k.as_str()) == Some("nvidia")
+            && self
+                .reads
+                .as_ref()
+                .is_none_or(|r| r.iter().any(|n| n == MEASUREMENT_MISMATCHES))
+        {
+            let m = self.golden.mismatches(claims.get("measurements"));
+            fields.insert(MEASUREMENT_MISMATCHES.into(), m);
+        }
+        input
+    }
+
+    fn evaluate_uncached(&self, input: serde_json::Value) -> Result<Outcome> {
         let input = regorus::Value::from(input);
         let out = self.run(input).map_err(|e| Error::Policy {
             detail: format!("evaluation: {e}"),

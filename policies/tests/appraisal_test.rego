@@ -35,6 +35,7 @@ gpu := {
 	"schema": "cgx.claims.v1", "kind": "nvidia", "sim": false, "debug": false,
 	"driver_version": "550.90.07", "vbios_version": "96.00.9F.00.01",
 	"measurements": {"1": "m1", "2": "m2"}, "ocsp": "good",
+	"measurement_mismatches": [],
 }
 
 # The trust vector as the engine folds it: per claim, the highest code.
@@ -128,8 +129,13 @@ test_gpu_affirming if {
 }
 
 test_gpu_measurement_mismatch_is_contraindicated if {
-	r := result(object.union(gpu, {"measurements": {"1": "m1", "2": "evil"}}))
+	mismatch := {"index": "2", "value": "evil", "expected": ["m2"]}
+	r := result(object.union(gpu, {"measurement_mismatches": [mismatch]}))
 	r.trust_vector.executables == 96
+	some v in r.violations
+	v.rule == "gpu_measurement_mismatch"
+	v.value == "measurement 2=evil"
+	v.expected == "m2"
 }
 
 test_gpu_unchecked_revocation_is_a_warning if {

@@ -116,7 +116,8 @@ fn the_default_policy_reads_named_claims_only() {
         "debug",
         "measurement",
         "reported_tcb",
-        "measurements",
+        "ocsp",
+        "measurement_mismatches",
     ] {
         assert!(
             reads.iter().any(|r| r == name),
@@ -124,6 +125,8 @@ fn the_default_policy_reads_named_claims_only() {
         );
     }
     assert!(!reads.iter().any(|r| r == "chip_id"));
+    // The 64 GPU measurements reach the policy as the engine's comparison, not one by one.
+    assert!(!reads.iter().any(|r| r == "measurements"));
     // A policy that reads `input` as a whole sees every claim.
     let whole = "package cgx.appraisal\nimport rego.v1\nresult := {\"affirming\": {}, \"violations\": [v | v := {\"rule\": \"all\", \"claim\": \"configuration\", \"code\": 32, \"value\": count(input), \"expected\": 0}]}\n";
     let e = cgx_attestation::appraisal::PolicyEngine::new("w", whole, "{}").unwrap();
@@ -132,4 +135,123 @@ fn the_default_policy_reads_named_claims_only() {
         .evaluate_json(&serde_json::json!({"a": 1, "b": 2, "c": 3}))
         .unwrap();
     assert_eq!(out.violations[0].value, 3);
+}
+
+fn sim_gpu_claims() -> cgx_attestation::Claims {
+    let t = time::OffsetDateTime::now_utc();
+    let gpu = cgx_attestation::sim::SimGpu::generate(t.unix_timestamp()).unwrap();
+    let v = Verifier::new(VerifierConfig {
+        sim: cgx_attestation::SimTrust::Pinned(vec![gpu.root_pin()]),
+    });
+    let b = gpu.bundle([2; 32], 64).unwrap();
+    v.verify(&b.evidence(), t).unwrap().into_claims()
+}
+
+#[test]
+fn golden_measurements_are_compared_and_named() {
+    let claims = sim_gpu_claims();
+    let cgx_attestation::KindClaims::Nvidia(n) = &claims.detail else {
+        panic!()
+    };
+    assert_eq!(n.ocsp, "good");
+    let golden: serde_json::Map<String, serde_json::Value> = n
+        .measurements
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::json!(["00", v])))
+        .collect();
+    let refs = |golden: &serde_json::Map<String, serde_json::Value>| {
+        serde_json::json!({"allow_sim": true, "nvidia": {"measurements": golden}}).to_string()
+    };
+    let engine = cgx_policies::appraisal_engine(Some(&refs(&golden))).unwrap();
+    let out = engine.evaluate(&claims).unwrap();
+    // Sim evidence allowed by reference values is a warning, nothing else.
+    assert_eq!(
+        out.violations
+            .iter()
+            .map(|v| v.rule.as_str())
+            .collect::<Vec<_>>(),
+        ["sim_evidence_allowed_by_reference_values"]
+    );
+    // One index differs, one is missing from the evidence: both named, contraindicated.
+    let mut g = golden.clone();
+    g.insert("7".into(), serde_json::json!(["ab", "cd"]));
+    g.insert("99".into(), serde_json::json!(["ef"]));
+    let out = cgx_policies::appraisal_engine(Some(&refs(&g)))
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
+    assert_eq!(out.status, Tier::Contraindicated);
+    let bad: Vec<(String, serde_json::Value)> = out
+        .violations
+        .iter()
+        .filter(|v| v.rule == "gpu_measurement_mismatch")
+        .map(|v| (v.value.as_str().unwrap().to_string(), v.expected.clone()))
+        .collect();
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(
+        bad.iter().any(
+            |(v, e)| v == &format!("measurement 7={}", n.measurements["7"]) && e == "ab or cd"
+        )
+    );
+    assert!(
+        bad.iter()
+            .any(|(v, e)| v == "measurement 99=absent" && e == "ef")
+    );
+    // Without revocation evidence the default requires OCSP: a warning on hardware.
+    let mut unchecked = claims.clone();
+    if let cgx_attestation::KindClaims::Nvidia(n) = &mut unchecked.detail {
+        n.ocsp = "not_checked".into();
+    }
+    let out = engine.evaluate(&unchecked).unwrap();
+    assert!(
+        out.violations
+            .iter()
+            .any(|v| v.rule == "gpu_revocation_not_checked")
+    );
+    assert_eq!(out.trust_vector["hardware"], 32);
+    // Malformed golden tables are refused when the engine is built.
+    for bad in [
+        r#"{"nvidia": {"measurements": []}}"#,
+        r#"{"nvidia": {"measurements": {"1": "ab"}}}"#,
+        r#"{"nvidia": {"measurements": {"1": [1]}}}"#,
+    ] {
+        let e = cgx_policies::appraisal_engine(Some(bad)).unwrap_err();
+        assert!(e.to_string().contains("nvidia.measurements"), "{e}");
+    }
+}
+
+#[test]
+fn outcomes_are_memoized_only_for_pure_policies() {
+    let claims = sim_gpu_claims();
+    let engine = cgx_policies::appraisal_engine(None).unwrap();
+    assert!(engine.memoizes());
+    let first = engine.evaluate(&claims).unwrap();
+    let json = serde_json::to_value(&claims).unwrap();
+    assert_eq!(engine.evaluate(&claims).unwrap(), first);
+    assert_eq!(engine.evaluate_json_cold(&json).unwrap(), first);
+    // Another nonce (not read by the policy) hits the same outcome; another driver does not.
+    let mut other = json.clone();
+    other["nonce"] = serde_json::json!("ff");
+    assert_eq!(engine.evaluate_json(&other).unwrap(), first);
+    let refs = serde_json::json!({"allow_sim": true, "nvidia": {"driver_versions": ["1.0"]}});
+    let strict = cgx_policies::appraisal_engine(Some(&refs.to_string())).unwrap();
+    let a = strict.evaluate_json(&json).unwrap();
+    let mut d = json.clone();
+    d["driver_version"] = serde_json::json!("1.0");
+    let b = strict.evaluate_json(&d).unwrap();
+    assert!(
+        a.violations
+            .iter()
+            .any(|v| v.rule == "gpu_driver_not_allowed")
+    );
+    assert!(
+        !b.violations
+            .iter()
+            .any(|v| v.rule == "gpu_driver_not_allowed")
+    );
+    // A policy that names a clock builtin (here only in a comment: the check is conservative)
+    // is evaluated every time.
+    let clocked = "package cgx.appraisal\nimport rego.v1\n# time.now_ns\nresult := {\"affirming\": {\"hardware\": 2}, \"violations\": []}\n";
+    let e = cgx_attestation::appraisal::PolicyEngine::new("c", clocked, "{}").unwrap();
+    assert!(!e.memoizes());
 }
