@@ -1,0 +1,78 @@
+//! How CoCo binds evidence to a KBS session (what the guest puts in its evidence and what the
+//! KBS expects to find there):
+//!
+//! - CPU `report_data` = SHA-384(JCS({"additional-evidence", "nonce", "tee-pubkey"})), zero-padded
+//!   to 64 bytes (TDX and SNP report data are 64 bytes);
+//! - device evidence binds SHA-384(JCS({"nonce", "tee-pubkey"})); an NVIDIA GPU takes its first 32
+//!   bytes as the SPDM requester nonce.
+//!
+//! `additional-evidence` is the exact string the requester sends (empty when there is none), so
+//! the device evidence is covered by the CPU report too.
+
+use kbs_types::TeePubKey;
+use serde_json::{Value, json};
+
+fn sha384(s: &str) -> [u8; 48] {
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, s.as_bytes());
+    let mut out = [0u8; 48];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+fn key_value(tee_pubkey: &TeePubKey) -> Value {
+    serde_json::to_value(tee_pubkey).unwrap_or(Value::Null)
+}
+
+/// The 64-byte CPU report data for a session.
+pub fn cpu_report_data(nonce: &str, tee_pubkey: &TeePubKey, additional_evidence: &str) -> [u8; 64] {
+    let v = json!({
+        "additional-evidence": additional_evidence,
+        "nonce": nonce,
+        "tee-pubkey": key_value(tee_pubkey),
+    });
+    let mut out = [0u8; 64];
+    out[..48].copy_from_slice(&sha384(&crate::jcs::canonical(&v)));
+    out
+}
+
+/// The 48-byte device binding for a session.
+pub fn device_report_data(nonce: &str, tee_pubkey: &TeePubKey) -> [u8; 48] {
+    let v = json!({"nonce": nonce, "tee-pubkey": key_value(tee_pubkey)});
+    sha384(&crate::jcs::canonical(&v))
+}
+
+/// The SPDM requester nonce an NVIDIA GPU signs for a session.
+pub fn nvidia_nonce(nonce: &str, tee_pubkey: &TeePubKey) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(&device_report_data(nonce, tee_pubkey)[..32]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn binds_every_input() {
+        let k = |x: &str| TeePubKey::EC {
+            crv: "P-256".into(),
+            alg: "ECDH-ES+A256KW".into(),
+            x: x.into(),
+            y: "y".into(),
+        };
+        let base = cpu_report_data("n", &k("a"), "");
+        assert_eq!(base[48..], [0u8; 16]);
+        assert_ne!(base, cpu_report_data("m", &k("a"), ""));
+        assert_ne!(base, cpu_report_data("n", &k("b"), ""));
+        assert_ne!(base, cpu_report_data("n", &k("a"), "{}"));
+        assert_ne!(nvidia_nonce("n", &k("a")), nvidia_nonce("n", &k("b")));
+        // The canonical text hashed: keys sorted, the JWK's members sorted, no whitespace.
+        let text = crate::jcs::canonical(&json!({
+            "additional-evidence": "", "nonce": "n", "tee-pubkey": key_value(&k("a"))}));
+        assert_eq!(
+            text,
+            r#"{"additional-evidence":"","nonce":"n","tee-pubkey":{"alg":"ECDH-ES+A256KW","crv":"P-256","kty":"EC","x":"a","y":"y"}}"#
+        );
+    }
+}
