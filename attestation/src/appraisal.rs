@@ -480,12 +480,7 @@ impl Appraiser {
         let (outcome, digest) = self.evaluate(&claims)?;
         let name = claims.kind.as_str();
         let ear = self.signer.build(
-            &[crate::results::Submod {
-                name,
-                claims: &claims,
-                claims_sha256: digest,
-                outcome: &outcome,
-            }],
+            &[crate::results::Submod::of(name, &claims, digest, &outcome)],
             self.engine.id(),
             nonce,
             node_key,
@@ -528,14 +523,9 @@ impl Appraiser {
             .iter()
             .zip(&outcomes)
             .zip(&digests)
-            .map(
-                |(((name, claims), outcome), digest)| crate::results::Submod {
-                    name,
-                    claims,
-                    claims_sha256: *digest,
-                    outcome,
-                },
-            )
+            .map(|(((name, claims), outcome), digest)| {
+                crate::results::Submod::of(name, claims, *digest, outcome)
+            })
             .collect();
         let ear = self.signer.build(
             &submods,

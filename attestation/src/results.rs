@@ -28,10 +28,31 @@ fn b64url(b: &[u8]) -> String {
 #[derive(Debug, Clone, Copy)]
 pub struct Submod<'a> {
     pub name: &'a str,
-    pub claims: &'a Claims,
-    /// [`claims_digest`] of `claims`.
+    /// Evidence kind of the appraised claims (`snp`, `tdx`, `nvidia`, …).
+    pub kind: &'a str,
+    /// Whether the claims came from simulated evidence.
+    pub sim: bool,
+    /// [`claims_digest`] of the claims.
     pub claims_sha256: [u8; 32],
     pub outcome: &'a Outcome,
+}
+
+impl<'a> Submod<'a> {
+    /// A submodule for verified `claims`.
+    pub fn of(
+        name: &'a str,
+        claims: &'a Claims,
+        claims_sha256: [u8; 32],
+        outcome: &'a Outcome,
+    ) -> Self {
+        Submod {
+            name,
+            kind: claims.kind.as_str(),
+            sim: claims.sim,
+            claims_sha256,
+            outcome,
+        }
+    }
 }
 
 /// SHA-256 of the claims in canonical JSON: object keys sorted, no whitespace (what
@@ -171,11 +192,8 @@ impl ResultSigner {
                 "cgx.claims-sha256".to_string(),
                 RawValue::String(hex::encode(s.claims_sha256)),
             );
-            vc.insert(
-                "cgx.kind".to_string(),
-                RawValue::String(s.claims.kind.as_str().into()),
-            );
-            vc.insert("cgx.sim".to_string(), RawValue::Bool(s.claims.sim));
+            vc.insert("cgx.kind".to_string(), RawValue::String(s.kind.into()));
+            vc.insert("cgx.sim".to_string(), RawValue::Bool(s.sim));
             if let Some(k) = node_key {
                 vc.insert("cgx.node-key".to_string(), RawValue::String(hex::encode(k)));
             }

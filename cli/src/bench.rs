@@ -427,12 +427,12 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
         let mut policy_cold: Op<'_> =
             Box::new(|| appraiser.engine.evaluate_json_cold(&claims_json).is_ok());
         let mut sign: Op<'_> = Box::new(|| {
-            let sub = cgx_attestation::results::Submod {
-                name: kind,
-                claims: &claims,
-                claims_sha256: cgx_attestation::results::claims_digest(&claims).unwrap_or_default(),
-                outcome: &outcome,
-            };
+            let sub = cgx_attestation::results::Submod::of(
+                kind,
+                &claims,
+                cgx_attestation::results::claims_digest(&claims).unwrap_or_default(),
+                &outcome,
+            );
             appraiser
                 .signer
                 .build(

@@ -51,7 +51,13 @@ type Result<T> = std::result::Result<T, AgeError>;
 const CHARSET: &[u8; 32] = b"qpzry9x8gf2tvdw0s3jn54khce6mua7l";
 
 fn polymod(values: &[u8]) -> u32 {
-    const GEN: [u32; 5] = [0x3b6a_57b2, 0x2650_8e6d, 0x1ea1_19fa, 0x3d42_33dd, 0x2a14_62b3];
+    const GEN: [u32; 5] = [
+        0x3b6a_57b2,
+        0x2650_8e6d,
+        0x1ea1_19fa,
+        0x3d42_33dd,
+        0x2a14_62b3,
+    ];
     let mut chk = 1u32;
     for &v in values {
         let b = chk >> 25;
@@ -172,8 +178,7 @@ impl Identity {
             .map(str::trim)
             .find(|l| !l.is_empty() && !l.starts_with('#'))
             .ok_or_else(|| AgeError::Key("no identity line".into()))?;
-        let (hrp, data) =
-            bech32_decode(line).ok_or_else(|| AgeError::Key("not Bech32".into()))?;
+        let (hrp, data) = bech32_decode(line).ok_or_else(|| AgeError::Key("not Bech32".into()))?;
         if hrp != "age-secret-key-" || !line.starts_with("AGE-SECRET-KEY-1") {
             return Err(AgeError::Key("not an AGE-SECRET-KEY".into()));
         }
@@ -209,8 +214,7 @@ impl Identity {
 impl Recipient {
     pub fn parse(text: &str) -> Result<Self> {
         let text = text.trim();
-        let (hrp, data) =
-            bech32_decode(text).ok_or_else(|| AgeError::Key("not Bech32".into()))?;
+        let (hrp, data) = bech32_decode(text).ok_or_else(|| AgeError::Key("not Bech32".into()))?;
         if hrp != "age" || !text.starts_with("age1") {
             return Err(AgeError::Key("not an age1 recipient".into()));
         }
@@ -260,7 +264,10 @@ fn stream_nonce(index: u64, last: bool) -> Nonce {
 
 fn header_mac(file_key: &[u8; 16], header_through_dashes: &[u8]) -> Result<[u8; 32]> {
     let k = hkdf32(file_key, &[], b"header")?;
-    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &k), header_through_dashes);
+    let tag = hmac::sign(
+        &hmac::Key::new(hmac::HMAC_SHA256, &k),
+        header_through_dashes,
+    );
     let mut out = [0u8; 32];
     out.copy_from_slice(tag.as_ref());
     Ok(out)
@@ -354,7 +361,11 @@ pub fn encrypt(
     let wrap_key = hkdf32(&shared, &salt, X25519_INFO)?;
     let mut body = file_key.to_vec();
     chacha(&wrap_key)?
-        .seal_in_place_append_tag(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), &mut body)
+        .seal_in_place_append_tag(
+            Nonce::assume_unique_for_key([0; 12]),
+            Aad::empty(),
+            &mut body,
+        )
         .map_err(|_| AgeError::Crypto("wrap"))?;
     let mut header = format!("{INTRO}\n-> X25519 {}\n", B64.encode(share.as_ref()));
     header.push_str(&wrap_lines(&B64.encode(&body)));
@@ -511,21 +522,20 @@ fn unwrap_file_key(identity: &Identity, h: &Header) -> Result<[u8; 16]> {
     let sk = identity.private_key()?;
     let me = identity.recipient()?;
     for (share, body) in &h.x25519 {
-        let Ok(shared) = agreement::agree(
-            &sk,
-            UnparsedPublicKey::new(&X25519, share),
-            (),
-            |z| Ok(z.to_vec()),
-        ) else {
+        let Ok(shared) = agreement::agree(&sk, UnparsedPublicKey::new(&X25519, share), (), |z| {
+            Ok(z.to_vec())
+        }) else {
             continue;
         };
         let mut salt = share.to_vec();
         salt.extend_from_slice(&me.public);
         let wrap_key = hkdf32(&shared, &salt, X25519_INFO)?;
         let mut b = body.clone();
-        if let Ok(k) =
-            chacha(&wrap_key)?.open_in_place(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), &mut b)
-            && let Ok(k) = <[u8; 16]>::try_from(&k[..])
+        if let Ok(k) = chacha(&wrap_key)?.open_in_place(
+            Nonce::assume_unique_for_key([0; 12]),
+            Aad::empty(),
+            &mut b,
+        ) && let Ok(k) = <[u8; 16]>::try_from(&k[..])
         {
             return Ok(k);
         }
@@ -621,10 +631,25 @@ mod tests {
         let r = id.recipient().unwrap();
         let plain: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
         let mut file = Vec::new();
-        encrypt(&r, &mut &plain[..], len as u64, &mut file, threads, &mut |_| {}).unwrap();
+        encrypt(
+            &r,
+            &mut &plain[..],
+            len as u64,
+            &mut file,
+            threads,
+            &mut |_| {},
+        )
+        .unwrap();
         let mut back = Vec::new();
-        let n = decrypt(&id, &mut &file[..], file.len() as u64, &mut back, threads, &mut |_| {})
-            .unwrap();
+        let n = decrypt(
+            &id,
+            &mut &file[..],
+            file.len() as u64,
+            &mut back,
+            threads,
+            &mut |_| {},
+        )
+        .unwrap();
         assert_eq!(n as usize, len);
         assert_eq!(back, plain, "len {len}");
     }
@@ -694,7 +719,14 @@ mod tests {
         let other = Identity::generate().unwrap();
         let mut out = Vec::new();
         assert!(matches!(
-            decrypt(&other, &mut &file[..], file.len() as u64, &mut out, 1, &mut |_| {}),
+            decrypt(
+                &other,
+                &mut &file[..],
+                file.len() as u64,
+                &mut out,
+                1,
+                &mut |_| {}
+            ),
             Err(AgeError::NoMatch)
         ));
         for n in 0..200usize {

@@ -167,7 +167,10 @@ fn rsa_spki(n: &[u8], e: &[u8]) -> Vec<u8> {
     let alg = tlv(
         0x30,
         &[
-            tlv(0x06, &[0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x01]),
+            tlv(
+                0x06,
+                &[0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x01],
+            ),
             vec![0x05, 0x00],
         ]
         .concat(),
@@ -327,8 +330,8 @@ impl TeeKey {
                     .public_key()
                     .as_der()
                     .map_err(|_| JweError::Crypto("public key"))?;
-                let (n, e) = rsa_components(der.as_ref())
-                    .ok_or(JweError::Crypto("public key encoding"))?;
+                let (n, e) =
+                    rsa_components(der.as_ref()).ok_or(JweError::Crypto("public key encoding"))?;
                 Ok(TeePubKey::RSA {
                     alg: ALG_RSA_OAEP_256.into(),
                     k_mod: B64.encode(n),
@@ -429,7 +432,9 @@ fn rsa_components(spki: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
             if n == 0 || n > 4 || rest.len() < n {
                 return None;
             }
-            let len = rest[..n].iter().fold(0usize, |a, &b| (a << 8) | usize::from(b));
+            let len = rest[..n]
+                .iter()
+                .fold(0usize, |a, &b| (a << 8) | usize::from(b));
             (len, &rest[n..])
         };
         (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
@@ -507,7 +512,9 @@ mod tests {
             t.tag[0] ^= 1;
             assert_eq!(key.decrypt(&t), Err(JweError::Decrypt));
             let mut t = jwe.clone();
-            t.protected.other_fields.insert("kid".into(), Value::from("x"));
+            t.protected
+                .other_fields
+                .insert("kid".into(), Value::from("x"));
             assert_eq!(key.decrypt(&t), Err(JweError::Decrypt));
             // Another key of the same kind cannot open it.
             let other = match &key {

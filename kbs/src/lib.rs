@@ -13,3 +13,11 @@ pub mod jcs;
 pub mod jwe;
 
 pub use kbs_types;
+
+#[cfg(feature = "client")]
+pub mod client;
+#[cfg(feature = "sim")]
+pub mod sim;
+
+#[cfg(feature = "server")]
+pub mod server;

@@ -10,6 +10,8 @@ use cgx_attestation::appraisal::PolicyEngine;
 
 /// The default appraisal policy.
 pub const APPRAISAL_POLICY: &str = include_str!("../appraisal.rego");
+/// The default resource release policy of the KBS (entry point `data.policy.allow`).
+pub const RELEASE_POLICY: &str = include_str!("../release.rego");
 /// The default reference values (no launch measurements: operators add their image's).
 pub const DEFAULT_REFERENCE_VALUES: &str = include_str!("../reference-values/default.json");
 

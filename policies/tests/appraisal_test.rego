@@ -98,6 +98,15 @@ test_sim_allowed_is_only_a_warning if {
 	fold(out).hardware == 32
 }
 
+test_sim_affirming_only_by_explicit_development_opt_in if {
+	out := appraisal.result with input as object.union(snp, {"sim": true})
+		with data.reference as object.union(refs, {"allow_sim": "affirming"})
+	count(out.violations) == 0
+	bad := appraisal.result with input as object.union(snp, {"sim": true})
+		with data.reference as object.union(refs, {"allow_sim": "yes"})
+	fold(bad).hardware == 97
+}
+
 test_tdx_affirming if {
 	r := result(tdx)
 	count(r.violations) == 0

@@ -1,0 +1,168 @@
+//! KBS configuration (`cgx kbs serve --config F`, JSON).
+//!
+//! ```json
+//! { "listen": "0.0.0.0:8443",
+//!   "tls": {"cert": "kbs.crt", "key": "kbs.key"},
+//!   "database": "sqlite://kbs.db",
+//!   "kek": {"file": "kek.hex"},
+//!   "admin_keys": [{"public_key": "<base64 Ed25519>", "repositories": ["*"]}],
+//!   "broker_keys": ["<base64 Ed25519>"],
+//!   "result_key": "ear-signing.pk8",
+//!   "sim_roots": [], "allow_sample": false,
+//!   "nonce_ttl_secs": 60, "session_ttl_secs": 300,
+//!   "collateral": {"store": "collateral", "online": true},
+//!   "appraisal": {"policy": null, "reference_values": null} }
+//! ```
+//! Every replica of one KBS shares `database`, `kek` and `result_key`.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::error::KbsError;
+
+/// Where the resource key-encryption key comes from. It is never stored in the database.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KekSource {
+    /// A file holding 32 bytes as 64 hex digits (or raw).
+    File(PathBuf),
+    /// An environment variable holding 64 hex digits.
+    Env(String),
+}
+
+/// TLS certificate chain and key (PEM).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// An administrator's Ed25519 public key and the repositories (tenants) it may change; `*`
+/// means all, including the global policies.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AdminKey {
+    /// Raw 32-byte Ed25519 public key, base64 (standard or URL-safe), or a PEM SPKI file path.
+    pub public_key: String,
+    #[serde(default = "all_repositories")]
+    pub repositories: Vec<String>,
+}
+
+fn all_repositories() -> Vec<String> {
+    vec!["*".into()]
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CollateralConfig {
+    /// Collateral store directory (see `cgx collateral`); none: only what evidence carries.
+    pub store: Option<PathBuf>,
+    /// Fetch missing collateral from the vendors (AMD KDS, Intel PCS, NVIDIA OCSP).
+    #[serde(default)]
+    pub online: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AppraisalConfig {
+    /// Appraisal policy (Rego); default: the shipped `policies/appraisal.rego`.
+    pub policy: Option<PathBuf>,
+    /// Reference values (JSON); default: the shipped defaults.
+    pub reference_values: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KbsConfig {
+    pub listen: String,
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Plain HTTP (only on a loopback address).
+    #[serde(default)]
+    pub insecure_dev: bool,
+    pub database: String,
+    pub kek: KekSource,
+    #[serde(default)]
+    pub admin_keys: Vec<AdminKey>,
+    /// Ed25519 keys of brokers whose lease tokens are honoured.
+    #[serde(default)]
+    pub broker_keys: Vec<String>,
+    /// EAR signing key (PKCS#8 DER, P-256); a fresh key per process when absent (then tokens
+    /// from one replica do not verify on another).
+    #[serde(default)]
+    pub result_key: Option<PathBuf>,
+    /// SPKI SHA-256 pins (hex) of simulator roots to trust (development and tests only).
+    #[serde(default)]
+    pub sim_roots: Vec<String>,
+    /// Accept CoCo's unsigned `sample` evidence into appraisal (the default policy still refuses
+    /// it). Never enable in production.
+    #[serde(default)]
+    pub allow_sample: bool,
+    #[serde(default = "default_nonce_ttl")]
+    pub nonce_ttl_secs: i64,
+    #[serde(default = "default_session_ttl")]
+    pub session_ttl_secs: i64,
+    #[serde(default)]
+    pub collateral: CollateralConfig,
+    #[serde(default)]
+    pub appraisal: AppraisalConfig,
+}
+
+fn default_nonce_ttl() -> i64 {
+    60
+}
+
+fn default_session_ttl() -> i64 {
+    300
+}
+
+impl KbsConfig {
+    pub fn from_file(path: &std::path::Path) -> Result<Self, KbsError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| KbsError::Config(format!("{}: {e}", path.display())))?;
+        let c: KbsConfig = serde_json::from_str(&text)
+            .map_err(|e| KbsError::Config(format!("{}: {e}", path.display())))?;
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Refuse configurations that cannot be served safely.
+    pub fn check(&self) -> Result<(), KbsError> {
+        let addr: std::net::SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|e| KbsError::Config(format!("listen '{}': {e}", self.listen)))?;
+        match (&self.tls, self.insecure_dev) {
+            (Some(_), true) => Err(KbsError::Config(
+                "tls and insecure_dev are exclusive".into(),
+            )),
+            (None, false) => Err(KbsError::Config(
+                "no tls: configure tls, or insecure_dev for plain HTTP on loopback".into(),
+            )),
+            (None, true) if !addr.ip().is_loopback() => Err(KbsError::Config(format!(
+                "insecure_dev serves plain HTTP on loopback only, not {addr}"
+            ))),
+            _ if self.nonce_ttl_secs <= 0 || self.session_ttl_secs <= 0 => Err(KbsError::Config(
+                "nonce_ttl_secs and session_ttl_secs must be positive".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The key-encryption key.
+    pub fn load_kek(&self) -> Result<[u8; 32], KbsError> {
+        let bad = |w: &str| KbsError::Config(format!("kek: {w} (32 bytes as 64 hex digits)"));
+        let text: Vec<u8> = match &self.kek {
+            KekSource::File(p) => std::fs::read(p).map_err(|e| bad(&e.to_string()))?,
+            KekSource::Env(v) => std::env::var(v)
+                .map_err(|_| bad(&format!("${v} is not set")))?
+                .into_bytes(),
+        };
+        if text.len() == 32 {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&text);
+            return Ok(k);
+        }
+        let hexed = String::from_utf8_lossy(&text).trim().to_string();
+        let v = hex::decode(&hexed).map_err(|_| bad("not hex"))?;
+        v.try_into().map_err(|_| bad("wrong length"))
+    }
+}

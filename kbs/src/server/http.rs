@@ -1,0 +1,705 @@
+//! The router and its handlers. Handlers validate and delegate: attestation to [`Attester`],
+//! release decisions to [`ReleasePolicies`] and [`check_lease`], persistence to [`Store`].
+//!
+//! CoCo protocol: `POST /kbs/v0/auth`, `POST /kbs/v0/attest`, `GET /kbs/v0/resource/{repo}/
+//! {type}/{tag}`. Admin (EdDSA bearer tokens): `POST|DELETE /kbs/v0/resource/...`,
+//! `/kbs/v0/resource-policy[/{repo}[/{type}/{tag}]]`, `/kbs/v0/attestation-policy`,
+//! `/kbs/v0/reference-values`, `/kbs/v0/audit`. Public: `/kbs/v0/jwks`, `/kbs/v0/openapi.json`,
+//! `/metrics`, `/healthz`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use cgx_attestation::appraisal::{PolicyEngine, Tier};
+use kbs_types::{Attestation, Challenge, Request, Tee, TeePubKey};
+use serde_json::{Value, json};
+
+use super::Kbs;
+use super::attest::CPU_SUBMOD;
+use super::error::KbsError;
+use super::release::{check_lease, scopes};
+use super::store::{ATTESTED, now};
+
+pub const PROTOCOL_VERSION: &str = "0.4.0";
+pub const SESSION_COOKIE: &str = "kbs-session-id";
+const OPENAPI: &str = include_str!("openapi.json");
+
+type Shared = State<Arc<Kbs>>;
+
+pub fn router(kbs: Arc<Kbs>) -> Router {
+    Router::new()
+        .route("/kbs/v0/auth", post(auth))
+        .route("/kbs/v0/attest", post(attest))
+        .route(
+            "/kbs/v0/resource/{repo}/{kind}/{tag}",
+            get(get_resource).post(put_resource).delete(delete_resource),
+        )
+        .route(
+            "/kbs/v0/resource-policy",
+            post(set_global_policy).get(get_global_policy),
+        )
+        .route(
+            "/kbs/v0/resource-policy/{repo}",
+            post(set_repo_policy).get(get_repo_policy),
+        )
+        .route(
+            "/kbs/v0/resource-policy/{repo}/{kind}/{tag}",
+            post(set_resource_policy).get(get_resource_policy),
+        )
+        .route(
+            "/kbs/v0/attestation-policy",
+            post(set_attestation_policy).get(get_attestation_policy),
+        )
+        .route(
+            "/kbs/v0/reference-values",
+            post(set_reference_values).get(get_reference_values),
+        )
+        .route("/kbs/v0/audit", get(audit))
+        .route("/kbs/v0/jwks", get(jwks))
+        .route("/kbs/v0/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(16 << 20))
+        .with_state(kbs)
+}
+
+/// Record the request in metrics and turn the result into a response.
+fn finish(
+    kbs: &Kbs,
+    endpoint: &'static str,
+    started: Instant,
+    r: Result<Response, KbsError>,
+) -> Response {
+    let resp = r.unwrap_or_else(IntoResponse::into_response);
+    kbs.metrics
+        .request(endpoint, resp.status().as_u16(), started.elapsed());
+    resp
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, KbsError> {
+    serde_json::from_slice(body).map_err(|e| KbsError::InvalidRequest(format!("{what}: {e}")))
+}
+
+fn random_hex(n: usize) -> Result<String, KbsError> {
+    let mut b = vec![0u8; n];
+    aws_lc_rs::rand::fill(&mut b).map_err(|_| KbsError::Internal("random".into()))?;
+    Ok(hex::encode(b))
+}
+
+fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|kv| {
+            let (k, v) = kv.trim().split_once('=')?;
+            (k == SESSION_COOKIE).then(|| v.to_string())
+        })
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// `repo/type/tag` with each part `[A-Za-z0-9._-]+` and not `.`/`..`; anything else is 404.
+fn resource_path(repo: &str, kind: &str, tag: &str) -> Result<String, KbsError> {
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 128
+            && s != "."
+            && s != ".."
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    };
+    if ok(repo) && ok(kind) && ok(tag) {
+        Ok(format!("{repo}/{kind}/{tag}"))
+    } else {
+        Err(KbsError::NotFound("resource path".into()))
+    }
+}
+
+// ------------------------------------------------------------------------ RCAR
+
+async fn auth(State(kbs): Shared, body: Bytes) -> Response {
+    let t = Instant::now();
+    let r = async {
+        let req: Request = json_body(&body, "auth request")?;
+        if req.version != PROTOCOL_VERSION {
+            return Err(KbsError::ProtocolVersion(req.version));
+        }
+        match req.tee {
+            Tee::Snp | Tee::Tdx => {}
+            Tee::Sample if kbs.allow_sample => {}
+            other => return Err(KbsError::UnsupportedTee(other.to_string())),
+        }
+        let id = random_hex(16)?;
+        let mut n = [0u8; 32];
+        aws_lc_rs::rand::fill(&mut n).map_err(|_| KbsError::Internal("random".into()))?;
+        let nonce = STANDARD.encode(n);
+        let expires = now() + kbs.nonce_ttl;
+        kbs.store
+            .create_session(&id, &nonce, req.tee.as_ref(), expires)
+            .await?;
+        let mut resp = Json(Challenge {
+            nonce,
+            extra_params: json!({}),
+        })
+        .into_response();
+        let c = format!(
+            "{SESSION_COOKIE}={id}; Path=/kbs; HttpOnly; SameSite=Strict; Max-Age={}",
+            kbs.session_ttl
+        );
+        resp.headers_mut().insert(
+            header::SET_COOKIE,
+            HeaderValue::from_str(&c).map_err(|e| KbsError::Internal(e.to_string()))?,
+        );
+        Ok(resp)
+    }
+    .await;
+    finish(&kbs, "auth", t, r)
+}
+
+async fn attest(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response {
+    let t = Instant::now();
+    let r = attest_inner(&kbs, &headers, &body).await;
+    kbs.metrics.event(
+        "attestation",
+        match &r {
+            Ok(_) => "token_issued",
+            Err(_) => "refused",
+        },
+    );
+    finish(&kbs, "attest", t, r)
+}
+
+async fn attest_inner(
+    kbs: &Arc<Kbs>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, KbsError> {
+    let id = cookie(headers)
+        .ok_or_else(|| KbsError::UnAuthenticated("no kbs-session-id cookie".into()))?;
+    let session = kbs
+        .store
+        .session(&id)
+        .await?
+        .ok_or_else(|| KbsError::UnAuthenticated("unknown or expired session".into()))?;
+    let att: Attestation = json_body(body, "attestation")?;
+    // Single use: whatever happens next, this challenge cannot be answered again.
+    if !kbs.store.consume_nonce(&id, now()).await? {
+        return Err(KbsError::UnAuthenticated(
+            "the challenge was already answered or has expired; start again with /auth".into(),
+        ));
+    }
+    let tee: Tee = session
+        .tee
+        .parse()
+        .map_err(|_| KbsError::Internal("stored TEE".into()))?;
+    let k = kbs.clone();
+    let nonce = session.nonce.clone();
+    let att2 = att.clone();
+    let attested = tokio::task::spawn_blocking(move || {
+        k.attester
+            .attest(tee, &att2, &nonce, time::OffsetDateTime::now_utc())
+    })
+    .await
+    .map_err(|e| KbsError::Internal(e.to_string()))??;
+    let key_json = serde_json::to_string(&att.runtime_data.tee_pubkey)
+        .map_err(|e| KbsError::Internal(e.to_string()))?;
+    kbs.store
+        .mark_attested(&id, &key_json, &attested.token, now() + kbs.session_ttl)
+        .await?;
+    tracing::info!(session = %id, status = attested.status.as_str(), "attested");
+    Ok(Json(json!({"token": attested.token})).into_response())
+}
+
+/// The attested TEE key and EAR claims of the requester: its session cookie, or a bearer EAR
+/// this KBS issued.
+async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<(TeePubKey, Value), KbsError> {
+    if let Some(id) = cookie(headers) {
+        let s = kbs
+            .store
+            .session(&id)
+            .await?
+            .filter(|s| s.state == ATTESTED && s.expires_at > now())
+            .ok_or_else(|| {
+                KbsError::UnAuthenticated("no attested, unexpired session for this cookie".into())
+            })?;
+        let key: TeePubKey = serde_json::from_str(s.tee_pubkey.as_deref().unwrap_or(""))
+            .map_err(|_| KbsError::Internal("stored TEE key".into()))?;
+        let claims = token_claims(s.token.as_deref().unwrap_or(""))?;
+        return Ok((key, claims));
+    }
+    if let Some(token) = bearer(headers) {
+        cgx_attestation::results::verify(token, &kbs.attester.signer().jwk(), now())
+            .map_err(|e| KbsError::TokenInvalid(e.to_string()))?;
+        let claims = token_claims(token)?;
+        let node_key = claims["submods"][CPU_SUBMOD]["ear_verifier_claims"]["cgx.node-key"]
+            .as_str()
+            .and_then(|h| hex::decode(h).ok())
+            .and_then(|b| serde_json::from_slice::<TeePubKey>(&b).ok())
+            .ok_or_else(|| KbsError::TokenInvalid("the token binds no TEE key".into()))?;
+        return Ok((node_key, claims));
+    }
+    Err(KbsError::UnAuthenticated(
+        "no session cookie and no bearer token".into(),
+    ))
+}
+
+fn token_claims(token: &str) -> Result<Value, KbsError> {
+    token
+        .split('.')
+        .nth(1)
+        .and_then(|p| URL_SAFE_NO_PAD.decode(p).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| KbsError::TokenInvalid("token payload".into()))
+}
+
+async fn get_resource(
+    State(kbs): Shared,
+    Path((repo, kind, tag)): Path<(String, String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let t = Instant::now();
+    let r = release(&kbs, &repo, &kind, &tag, &query, &headers).await;
+    kbs.metrics.event(
+        "release",
+        match &r {
+            Ok(_) => "released",
+            Err(KbsError::PolicyDeny(_) | KbsError::LeaseInvalid(_)) => "denied",
+            Err(KbsError::ResourceNotFound(_)) => "not_found",
+            Err(_) => "refused",
+        },
+    );
+    finish(&kbs, "resource", t, r)
+}
+
+async fn release(
+    kbs: &Kbs,
+    repo: &str,
+    kind: &str,
+    tag: &str,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Result<Response, KbsError> {
+    let path = resource_path(repo, kind, tag)?;
+    // Authentication first: an unauthenticated caller learns nothing about what exists.
+    let (key, claims) = requester(kbs, headers).await?;
+    let status = claims["ear_status"].as_str().unwrap_or("none");
+    if status != Tier::Affirming.as_str() {
+        return Err(KbsError::PolicyDeny(format!(
+            "{path}: the session's appraisal is {status}, not affirming"
+        )));
+    }
+    let lease = match query.get("lease") {
+        Some(token) => Some(check_lease(token, &kbs.broker_keys, &path, &key, now())?),
+        None => None,
+    };
+    let mut input = claims;
+    input["resource-path"] = json!(path);
+    input["repository"] = json!(repo);
+    input["type"] = json!(kind);
+    input["tag"] = json!(tag);
+    input["query"] = json!(query);
+    input["lease"] = lease.clone().unwrap_or(Value::Null);
+    let [g, r, s] = scopes(&path, repo);
+    let stored = kbs.store.policies(&[&g, &r, &s]).await?;
+    kbs.release.check(&path, &stored, &input)?;
+    let resource = kbs
+        .store
+        .resource(&path)
+        .await?
+        .ok_or_else(|| KbsError::ResourceNotFound(path.clone()))?;
+    if resource.requires_lease && lease.is_none() {
+        return Err(KbsError::LeaseInvalid(format!(
+            "{path} is a job resource and needs a lease token (query parameter lease)"
+        )));
+    }
+    let jwe = crate::jwe::encrypt(&key, &resource.value).map_err(|e| match e {
+        crate::jwe::JweError::UnsupportedKey(_) | crate::jwe::JweError::InvalidKey(_) => {
+            KbsError::InvalidRequest(format!("TEE key: {e}"))
+        }
+        e => KbsError::Jwe(e.to_string()),
+    })?;
+    kbs.store
+        .audit(
+            "tee",
+            "release",
+            &path,
+            &json!({
+                "tee_key": crate::jwe::thumbprint(&key),
+                "lease": lease.as_ref().and_then(|l| l.get("lease")).cloned(),
+            }),
+        )
+        .await?;
+    Ok(Json(jwe).into_response())
+}
+
+// ------------------------------------------------------------------------ admin
+
+/// The admin key that signed the bearer token, if it may act on `repository` (`None`: a global
+/// setting, which needs `*`).
+fn admin(kbs: &Kbs, headers: &HeaderMap, repository: Option<&str>) -> Result<String, KbsError> {
+    let token = bearer(headers).ok_or_else(|| KbsError::AdminAuth("no bearer token".into()))?;
+    let keys: Vec<[u8; 32]> = kbs.admin_keys.iter().map(|(k, _)| *k).collect();
+    let (i, _) = super::jwt::verify_eddsa(token, &keys, now())
+        .map_err(|e| KbsError::AdminAuth(e.to_string()))?;
+    let repos = &kbs.admin_keys[i].1;
+    let allowed = repos.iter().any(|r| r == "*")
+        || repository.is_some_and(|want| repos.iter().any(|r| r == want));
+    if !allowed {
+        return Err(KbsError::AdminAuth(format!(
+            "admin key {i} may not change {}",
+            repository.map_or("global settings".to_string(), |r| format!("repository {r}"))
+        )));
+    }
+    Ok(format!("admin:{i}"))
+}
+
+async fn put_resource(
+    State(kbs): Shared,
+    Path((repo, kind, tag)): Path<(String, String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Instant::now();
+    let r = async {
+        let path = resource_path(&repo, &kind, &tag)?;
+        let actor = admin(&kbs, &headers, Some(&repo))?;
+        let requires_lease = match query.get("lease").map(String::as_str) {
+            None | Some("optional") => false,
+            Some("required") => true,
+            Some(other) => {
+                return Err(KbsError::InvalidRequest(format!(
+                    "lease={other}: use required or optional"
+                )));
+            }
+        };
+        kbs.store
+            .put_resource(&path, &repo, &body, requires_lease)
+            .await?;
+        kbs.store
+            .audit(
+                &actor,
+                "resource.put",
+                &path,
+                &json!({"bytes": body.len(), "requires_lease": requires_lease}),
+            )
+            .await?;
+        Ok(StatusCode::OK.into_response())
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn delete_resource(
+    State(kbs): Shared,
+    Path((repo, kind, tag)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let t = Instant::now();
+    let r = async {
+        let path = resource_path(&repo, &kind, &tag)?;
+        let actor = admin(&kbs, &headers, Some(&repo))?;
+        if !kbs.store.delete_resource(&path).await? {
+            return Err(KbsError::ResourceNotFound(path));
+        }
+        kbs.store
+            .audit(&actor, "resource.delete", &path, &json!({}))
+            .await?;
+        Ok(StatusCode::OK.into_response())
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+/// `{"policy": base64(text)}` (standard or URL-safe alphabet) → the text.
+fn policy_text(body: &[u8]) -> Result<String, KbsError> {
+    let v: Value = json_body(body, "policy request")?;
+    let b64 = v
+        .get("policy")
+        .and_then(Value::as_str)
+        .ok_or_else(|| KbsError::InvalidRequest("no policy field".into()))?;
+    let raw = URL_SAFE_NO_PAD
+        .decode(b64.trim_end_matches('='))
+        .or_else(|_| STANDARD.decode(b64))
+        .map_err(|_| KbsError::InvalidRequest("policy is not base64".into()))?;
+    String::from_utf8(raw).map_err(|_| KbsError::InvalidRequest("policy is not UTF-8".into()))
+}
+
+async fn set_policy(
+    kbs: &Kbs,
+    headers: &HeaderMap,
+    repository: Option<&str>,
+    scope: String,
+    body: &[u8],
+) -> Result<Response, KbsError> {
+    let actor = admin(kbs, headers, repository)?;
+    let text = policy_text(body)?;
+    kbs.release.program(&text)?; // refuse what does not compile, before storing it
+    kbs.store.put_policy(&scope, &text).await?;
+    let digest = hex::encode(aws_lc_rs::digest::digest(
+        &aws_lc_rs::digest::SHA256,
+        text.as_bytes(),
+    ));
+    kbs.store
+        .audit(&actor, "policy.put", &scope, &json!({"sha256": digest}))
+        .await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn get_policy(
+    kbs: &Kbs,
+    headers: &HeaderMap,
+    repository: Option<&str>,
+    scope: &str,
+) -> Result<Response, KbsError> {
+    admin(kbs, headers, repository)?;
+    let text = match kbs.store.policy(scope).await? {
+        Some(t) => t,
+        None if scope == "resource:*" => cgx_policies::RELEASE_POLICY.to_string(),
+        None => return Err(KbsError::NotFound(format!("no policy at {scope}"))),
+    };
+    Ok(Json(json!({"policy": URL_SAFE_NO_PAD.encode(text)})).into_response())
+}
+
+async fn set_global_policy(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response {
+    let t = Instant::now();
+    let r = set_policy(&kbs, &headers, None, "resource:*".into(), &body).await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn get_global_policy(State(kbs): Shared, headers: HeaderMap) -> Response {
+    let t = Instant::now();
+    let r = get_policy(&kbs, &headers, None, "resource:*").await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn set_repo_policy(
+    State(kbs): Shared,
+    Path(repo): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Instant::now();
+    let r = async {
+        resource_path(&repo, "x", "x")?;
+        set_policy(
+            &kbs,
+            &headers,
+            Some(&repo),
+            format!("resource:{repo}"),
+            &body,
+        )
+        .await
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn get_repo_policy(
+    State(kbs): Shared,
+    Path(repo): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let t = Instant::now();
+    let r = async {
+        resource_path(&repo, "x", "x")?;
+        get_policy(&kbs, &headers, Some(&repo), &format!("resource:{repo}")).await
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn set_resource_policy(
+    State(kbs): Shared,
+    Path((repo, kind, tag)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let t = Instant::now();
+    let r = async {
+        let path = resource_path(&repo, &kind, &tag)?;
+        set_policy(
+            &kbs,
+            &headers,
+            Some(&repo),
+            format!("resource:{path}"),
+            &body,
+        )
+        .await
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn get_resource_policy(
+    State(kbs): Shared,
+    Path((repo, kind, tag)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let t = Instant::now();
+    let r = async {
+        let path = resource_path(&repo, &kind, &tag)?;
+        get_policy(&kbs, &headers, Some(&repo), &format!("resource:{path}")).await
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+pub(super) const SCOPE_ATTESTATION: &str = "attestation";
+pub(super) const SCOPE_REFERENCE_VALUES: &str = "reference-values";
+
+async fn set_attestation_policy(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response {
+    let t = Instant::now();
+    let r = async {
+        let actor = admin(&kbs, &headers, None)?;
+        let v: Value = json_body(&body, "attestation policy")?;
+        if let Some(kind) = v.get("type").and_then(Value::as_str)
+            && !kind.eq_ignore_ascii_case("rego")
+        {
+            return Err(KbsError::InvalidRequest(format!(
+                "policy type {kind}: only rego"
+            )));
+        }
+        let text = policy_text(&body)?;
+        let refs = kbs.reference_values().await?;
+        let engine = PolicyEngine::new("kbs.appraisal", &text, &refs)
+            .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
+        kbs.store.put_policy(SCOPE_ATTESTATION, &text).await?;
+        let id = engine.id().to_string();
+        kbs.attester.set_engine(engine);
+        kbs.store
+            .audit(
+                &actor,
+                "attestation-policy.put",
+                SCOPE_ATTESTATION,
+                &json!({"policy_id": id}),
+            )
+            .await?;
+        Ok(StatusCode::OK.into_response())
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn get_attestation_policy(State(kbs): Shared, headers: HeaderMap) -> Response {
+    let t = Instant::now();
+    let r = async {
+        admin(&kbs, &headers, None)?;
+        let text = kbs.appraisal_policy().await?;
+        Ok(Json(json!({"type": "rego", "policy": URL_SAFE_NO_PAD.encode(text)})).into_response())
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn set_reference_values(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response {
+    let t = Instant::now();
+    let r = async {
+        let actor = admin(&kbs, &headers, None)?;
+        let v: Value = json_body(&body, "reference values")?;
+        let text = v.to_string();
+        let policy = kbs.appraisal_policy().await?;
+        let engine = PolicyEngine::new("kbs.appraisal", &policy, &text)
+            .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
+        kbs.store.put_policy(SCOPE_REFERENCE_VALUES, &text).await?;
+        let id = engine.id().to_string();
+        kbs.attester.set_engine(engine);
+        kbs.store
+            .audit(
+                &actor,
+                "reference-values.put",
+                SCOPE_REFERENCE_VALUES,
+                &json!({"policy_id": id}),
+            )
+            .await?;
+        Ok(StatusCode::OK.into_response())
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn get_reference_values(State(kbs): Shared, headers: HeaderMap) -> Response {
+    let t = Instant::now();
+    let r = async {
+        admin(&kbs, &headers, None)?;
+        let text = kbs.reference_values().await?;
+        let v: Value =
+            serde_json::from_str(&text).map_err(|e| KbsError::Internal(e.to_string()))?;
+        Ok(Json(v).into_response())
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+async fn audit(
+    State(kbs): Shared,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let t = Instant::now();
+    let r = async {
+        admin(&kbs, &headers, None)?;
+        let num = |k: &str, d: i64| -> Result<i64, KbsError> {
+            q.get(k).map_or(Ok(d), |v| {
+                v.parse()
+                    .map_err(|_| KbsError::InvalidRequest(format!("{k} is not a number")))
+            })
+        };
+        let events = kbs
+            .store
+            .audit_events(num("after", 0)?, num("limit", 1000)?.clamp(1, 10_000))
+            .await?;
+        Ok(Json(events).into_response())
+    }
+    .await;
+    finish(&kbs, "admin", t, r)
+}
+
+// ------------------------------------------------------------------------ public
+
+async fn jwks(State(kbs): Shared) -> Response {
+    Json(kbs.attester.signer().jwks()).into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn metrics(State(kbs): Shared) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        kbs.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn healthz(State(kbs): Shared) -> Response {
+    match kbs.store.schema_version().await {
+        Ok(v) => Json(json!({"status": "ok", "schema_version": v})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn not_found() -> Response {
+    KbsError::NotFound("no such endpoint".into()).into_response()
+}

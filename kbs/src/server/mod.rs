@@ -1,0 +1,337 @@
+//! The KBS service: configuration → state ([`Kbs`]) → router ([`http`]) → listener (TLS by
+//! default, plain HTTP on loopback with `insecure_dev`), with graceful shutdown.
+
+pub mod attest;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod jwt;
+pub mod metrics;
+pub mod release;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cgx_attestation::appraisal::PolicyEngine;
+use cgx_attestation::collateral::CollateralStore;
+use cgx_attestation::collateral::fetch::{CollateralSource, Endpoints, FetchPolicy};
+use cgx_attestation::results::ResultSigner;
+use cgx_attestation::{SimTrust, Verifier, VerifierConfig};
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+
+pub use config::KbsConfig;
+pub use error::KbsError;
+
+use attest::Attester;
+use metrics::Metrics;
+use release::ReleasePolicies;
+use store::Store;
+
+/// The state every handler shares.
+pub struct Kbs {
+    pub store: Store,
+    pub attester: Attester,
+    pub release: ReleasePolicies,
+    pub metrics: Metrics,
+    admin_keys: Vec<([u8; 32], Vec<String>)>,
+    broker_keys: Vec<[u8; 32]>,
+    nonce_ttl: i64,
+    session_ttl: i64,
+    allow_sample: bool,
+    default_policy: String,
+    default_reference_values: String,
+    /// (policy, reference values) the running engine was built from.
+    engine_source: Mutex<(String, String)>,
+}
+
+impl std::fmt::Debug for Kbs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kbs")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read(path: &std::path::Path) -> Result<String, KbsError> {
+    std::fs::read_to_string(path).map_err(|e| KbsError::Config(format!("{}: {e}", path.display())))
+}
+
+impl Kbs {
+    /// Open storage and build verifier, policies and signer from `config`.
+    pub async fn new(config: &KbsConfig) -> Result<Self, KbsError> {
+        config.check()?;
+        let kek = config.load_kek()?;
+        let store = Store::open(&config.database, &kek).await?;
+        let pins = config
+            .sim_roots
+            .iter()
+            .map(|h| {
+                hex::decode(h)
+                    .ok()
+                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                    .ok_or_else(|| {
+                        KbsError::Config(format!("sim root pin '{h}' is not 32 bytes hex"))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let sim = if pins.is_empty() {
+            SimTrust::Refuse
+        } else {
+            SimTrust::Pinned(pins.clone())
+        };
+        let default_policy = match &config.appraisal.policy {
+            Some(p) => read(p)?,
+            None => cgx_policies::APPRAISAL_POLICY.to_string(),
+        };
+        let default_reference_values = match &config.appraisal.reference_values {
+            Some(p) => read(p)?,
+            None => cgx_policies::DEFAULT_REFERENCE_VALUES.to_string(),
+        };
+        let policy = store
+            .policy(http::SCOPE_ATTESTATION)
+            .await?
+            .unwrap_or_else(|| default_policy.clone());
+        let refs = store
+            .policy(http::SCOPE_REFERENCE_VALUES)
+            .await?
+            .unwrap_or_else(|| default_reference_values.clone());
+        let engine = PolicyEngine::new("kbs.appraisal", &policy, &refs)
+            .map_err(|e| KbsError::Config(format!("appraisal policy: {e}")))?;
+        let signer = match &config.result_key {
+            Some(p) => {
+                let der = std::fs::read(p)
+                    .map_err(|e| KbsError::Config(format!("{}: {e}", p.display())))?;
+                ResultSigner::from_pkcs8(&der)
+            }
+            None => ResultSigner::generate(),
+        }
+        .map_err(|e| KbsError::Config(format!("result key: {e}")))?;
+        let source = match &config.collateral.store {
+            Some(dir) => {
+                let s = CollateralStore::open(dir)
+                    .map_err(|e| KbsError::Config(format!("collateral store: {e}")))?;
+                Some(if config.collateral.online {
+                    CollateralSource::new(s, Endpoints::default(), FetchPolicy::default())
+                } else {
+                    CollateralSource::offline(s)
+                })
+            }
+            None => None,
+        };
+        let attester = Attester::new(
+            Verifier::new(VerifierConfig { sim }),
+            engine,
+            signer,
+            source,
+            config.allow_sample,
+        );
+        let admin_keys = config
+            .admin_keys
+            .iter()
+            .map(|k| {
+                jwt::ed25519_key(&k.public_key)
+                    .map(|key| (key, k.repositories.clone()))
+                    .map_err(|e| KbsError::Config(format!("admin key: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let broker_keys = config
+            .broker_keys
+            .iter()
+            .map(|k| jwt::ed25519_key(k).map_err(|e| KbsError::Config(format!("broker key: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Kbs {
+            store,
+            attester,
+            release: ReleasePolicies::new(!pins.is_empty())?,
+            metrics: Metrics::default(),
+            admin_keys,
+            broker_keys,
+            nonce_ttl: config.nonce_ttl_secs,
+            session_ttl: config.session_ttl_secs,
+            allow_sample: config.allow_sample,
+            default_policy,
+            default_reference_values,
+            engine_source: Mutex::new((policy, refs)),
+        })
+    }
+
+    /// The appraisal policy in force (stored by an admin, else the configured default).
+    pub async fn appraisal_policy(&self) -> Result<String, KbsError> {
+        Ok(self
+            .store
+            .policy(http::SCOPE_ATTESTATION)
+            .await?
+            .unwrap_or_else(|| self.default_policy.clone()))
+    }
+
+    /// The reference values in force.
+    pub async fn reference_values(&self) -> Result<String, KbsError> {
+        Ok(self
+            .store
+            .policy(http::SCOPE_REFERENCE_VALUES)
+            .await?
+            .unwrap_or_else(|| self.default_reference_values.clone()))
+    }
+
+    /// Pick up an appraisal policy or reference values another replica stored.
+    pub async fn refresh_engine(&self) -> Result<(), KbsError> {
+        let policy = self.appraisal_policy().await?;
+        let refs = self.reference_values().await?;
+        let changed = self
+            .engine_source
+            .lock()
+            .map(|s| s.0 != policy || s.1 != refs)
+            .unwrap_or(false);
+        if changed {
+            let engine = PolicyEngine::new("kbs.appraisal", &policy, &refs)
+                .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
+            self.attester.set_engine(engine);
+            if let Ok(mut s) = self.engine_source.lock() {
+                *s = (policy, refs);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// TLS server configuration from PEM files (rustls on aws-lc-rs).
+fn tls_config(c: &config::TlsConfig) -> Result<rustls::ServerConfig, KbsError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(&c.cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| KbsError::Config(format!("{}: {e}", c.cert.display())))?;
+    let key = PrivateKeyDer::from_pem_file(&c.key)
+        .map_err(|e| KbsError::Config(format!("{}: {e}", c.key.display())))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| KbsError::Config(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| KbsError::Config(format!("TLS certificate/key: {e}")))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// A running KBS (tests and `cgx bench kbs` start one on port 0).
+#[derive(Debug)]
+pub struct Running {
+    pub addr: SocketAddr,
+    pub kbs: Arc<Kbs>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stop accepting, let open requests finish (up to 10 s), close the database.
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = self.task.await;
+        self.kbs.store.close().await;
+    }
+}
+
+/// Bind `config.listen` and serve until [`Running::shutdown`].
+pub async fn start(config: &KbsConfig) -> Result<Running, KbsError> {
+    let kbs = Arc::new(Kbs::new(config).await?);
+    let tls = config.tls.as_ref().map(tls_config).transpose()?;
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| KbsError::Config(format!("listen {}: {e}", config.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| KbsError::Internal(e.to_string()))?;
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(accept_loop(listener, tls, kbs.clone(), stopped));
+    tracing::info!(%addr, tls = config.tls.is_some(), "KBS listening");
+    Ok(Running {
+        addr,
+        kbs,
+        stop: Some(stop),
+        task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<rustls::ServerConfig>,
+    kbs: Arc<Kbs>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let router = http::router(kbs.clone());
+    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
+    let graceful = GracefulShutdown::new();
+    let mut ticker = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            conn = listener.accept() => {
+                let Ok((stream, _)) = conn else { continue };
+                let _ = stream.set_nodelay(true);
+                let svc = TowerToHyperService::new(router.clone());
+                let watcher = graceful.watcher();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let builder = hyper::server::conn::http1::Builder::new();
+                    match acceptor {
+                        Some(a) => {
+                            let Ok(s) = a.accept(stream).await else { return };
+                            let _ = watcher.watch(builder.serve_connection(TokioIo::new(s), svc)).await;
+                        }
+                        None => {
+                            let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), svc)).await;
+                        }
+                    }
+                });
+            }
+            _ = ticker.tick() => {
+                // Housekeeping: drop expired sessions; pick up another replica's policy change.
+                let k = kbs.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = k.store.sweep_sessions(store::now()).await {
+                        tracing::warn!(error = %e, "session sweep");
+                    }
+                    if let Err(e) = k.refresh_engine().await {
+                        tracing::warn!(error = %e, "appraisal policy refresh");
+                    }
+                });
+            }
+            _ = &mut stopped => break,
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(Duration::from_secs(10)) => {
+            tracing::warn!("connections still open after 10 s; closing");
+        }
+    }
+}
+
+/// `cgx kbs serve`: run until SIGINT or SIGTERM.
+pub async fn serve(config: &KbsConfig) -> Result<(), KbsError> {
+    let running = start(config).await?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| KbsError::Internal(e.to_string()))?;
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}

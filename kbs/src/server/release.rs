@@ -1,0 +1,203 @@
+//! The release decision after an affirming appraisal: every release policy that applies to the
+//! resource (global, its repository's, its own) must allow, and a job resource needs a lease.
+//!
+//! Policies are Rego with Trustee's entry point `data.policy.allow`, compiled once per distinct
+//! text to a regorus RVM program. Scopes as stored: `resource:*`, `resource:<repo>`,
+//! `resource:<repo>/<type>/<tag>`.
+//!
+//! A lease is an EdDSA JWT from a configured broker key: `{"lease", "resources": [paths],
+//! "node_key": <RFC 7638 thumbprint of the TEE key>, "exp", "iat"}`. It must name this resource
+//! and the very TEE key the session attested.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kbs_types::TeePubKey;
+use serde_json::Value;
+
+use super::error::KbsError;
+use super::jwt;
+
+pub const ENTRY_POINT: &str = "data.policy.allow";
+
+/// One compiled release policy.
+pub struct ReleaseProgram {
+    compiled: regorus::CompiledPolicy,
+    program: Arc<regorus::rvm::Program>,
+    data: regorus::Value,
+    vms: Mutex<Vec<regorus::rvm::RegoVM>>,
+}
+
+impl std::fmt::Debug for ReleaseProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseProgram").finish_non_exhaustive()
+    }
+}
+
+impl ReleaseProgram {
+    pub fn compile(rego: &str, data: &Value) -> Result<Self, KbsError> {
+        let bad = |e: &dyn std::fmt::Display| KbsError::PolicyInvalid(e.to_string());
+        let mut engine = regorus::Engine::new();
+        engine
+            .add_policy("release.rego".into(), rego.to_string())
+            .map_err(|e| bad(&e))?;
+        engine
+            .add_data(regorus::Value::from(data.clone()))
+            .map_err(|e| bad(&e))?;
+        let compiled = engine
+            .compile_with_entrypoint(&regorus::Rc::from(ENTRY_POINT))
+            .map_err(|e| bad(&e))?;
+        let program = regorus::languages::rego::compiler::Compiler::compile_from_policy(
+            &compiled,
+            &[ENTRY_POINT],
+        )
+        .map_err(|e| bad(&e))?;
+        Ok(ReleaseProgram {
+            compiled,
+            program,
+            data: regorus::Value::from(data.clone()),
+            vms: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// `true` only when the policy's `allow` is exactly `true`.
+    pub fn allows(&self, input: &regorus::Value) -> Result<bool, KbsError> {
+        let pooled = self.vms.lock().ok().and_then(|mut p| p.pop());
+        let mut vm = match pooled {
+            Some(vm) => vm,
+            None => {
+                let mut vm = regorus::rvm::RegoVM::new_with_policy(self.compiled.clone());
+                vm.load_program(self.program.clone());
+                vm.set_data(self.data.clone())
+                    .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
+                vm
+            }
+        };
+        vm.set_input(input.clone());
+        let out = vm
+            .execute_entry_point_by_name(ENTRY_POINT)
+            .map_err(|e| KbsError::PolicyInvalid(format!("evaluation: {e}")));
+        if let Ok(mut pool) = self.vms.lock()
+            && pool.len() < 64
+        {
+            pool.push(vm);
+        }
+        Ok(out? == regorus::Value::Bool(true))
+    }
+}
+
+/// Compiled release policies by text, and the shipped default for the global scope.
+pub struct ReleasePolicies {
+    default_global: Arc<ReleaseProgram>,
+    data: Value,
+    cache: Mutex<HashMap<String, Arc<ReleaseProgram>>>,
+}
+
+impl std::fmt::Debug for ReleasePolicies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleasePolicies").finish_non_exhaustive()
+    }
+}
+
+/// The three scopes that apply to a resource, most general first.
+pub fn scopes(path: &str, repository: &str) -> [String; 3] {
+    [
+        "resource:*".to_string(),
+        format!("resource:{repository}"),
+        format!("resource:{path}"),
+    ]
+}
+
+impl ReleasePolicies {
+    /// `allow_sim`: the KBS trusts simulator roots (exposed to policies as `data.allow_sim`).
+    pub fn new(allow_sim: bool) -> Result<Self, KbsError> {
+        let data = serde_json::json!({"allow_sim": allow_sim});
+        Ok(ReleasePolicies {
+            default_global: Arc::new(ReleaseProgram::compile(
+                cgx_policies::RELEASE_POLICY,
+                &data,
+            )?),
+            data,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Compile (or find) the program for `rego`. Also how the admin API validates a policy
+    /// before storing it.
+    pub fn program(&self, rego: &str) -> Result<Arc<ReleaseProgram>, KbsError> {
+        if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(rego).cloned()) {
+            return Ok(p);
+        }
+        let p = Arc::new(ReleaseProgram::compile(rego, &self.data)?);
+        if let Ok(mut c) = self.cache.lock() {
+            if c.len() > 1024 {
+                c.clear();
+            }
+            c.insert(rego.to_string(), p.clone());
+        }
+        Ok(p)
+    }
+
+    /// Every applicable policy must allow. `stored`: (scope, text) rows for the three scopes;
+    /// the global scope falls back to the shipped default.
+    pub fn check(
+        &self,
+        path: &str,
+        stored: &[(String, String)],
+        input: &Value,
+    ) -> Result<(), KbsError> {
+        let input = regorus::Value::from(input.clone());
+        let has_global = stored.iter().any(|(s, _)| s == "resource:*");
+        if !has_global && !self.default_global.allows(&input)? {
+            return Err(KbsError::PolicyDeny(format!(
+                "{path}: the default release policy (every part affirming, no simulated evidence)"
+            )));
+        }
+        let mut ordered: Vec<&(String, String)> = stored.iter().collect();
+        ordered.sort_by_key(|(s, _)| s.len());
+        for (scope, text) in ordered {
+            if !self.program(text)?.allows(&input)? {
+                return Err(KbsError::PolicyDeny(format!("{path}: policy {scope}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Verify a lease token for `path` and the session's TEE key at `now`; returns its claims.
+pub fn check_lease(
+    token: &str,
+    broker_keys: &[[u8; 32]],
+    path: &str,
+    tee: &TeePubKey,
+    now: i64,
+) -> Result<Value, KbsError> {
+    if broker_keys.is_empty() {
+        return Err(KbsError::LeaseInvalid(
+            "no broker keys are configured, so no lease can be honoured".into(),
+        ));
+    }
+    let (_, claims) = jwt::verify_eddsa(token, broker_keys, now)
+        .map_err(|e| KbsError::LeaseInvalid(e.to_string()))?;
+    let lease = claims
+        .get("lease")
+        .and_then(Value::as_str)
+        .ok_or_else(|| KbsError::LeaseInvalid("no lease id".into()))?;
+    let names_path = claims
+        .get("resources")
+        .and_then(Value::as_array)
+        .is_some_and(|r| r.iter().any(|p| p.as_str() == Some(path)));
+    if !names_path {
+        return Err(KbsError::LeaseInvalid(format!(
+            "lease {lease} does not cover {path}"
+        )));
+    }
+    let node_key = claims.get("node_key").and_then(Value::as_str).unwrap_or("");
+    let attested = crate::jwe::thumbprint(tee);
+    if node_key != attested {
+        return Err(KbsError::LeaseInvalid(format!(
+            "lease {lease} is for node key {node_key}, this session attested {attested}"
+        )));
+    }
+    Ok(claims)
+}

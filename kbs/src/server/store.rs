@@ -1,0 +1,485 @@
+//! Storage: sessions, sealed resources, policies and the audit trail, in SQLite (embedded
+//! default) or PostgreSQL (several replicas), through sqlx's `Any` driver with one SQL dialect
+//! (`$n` placeholders work on both).
+//!
+//! Sessions live here, not in memory, so any replica serves any step of a handshake; a nonce is
+//! consumed by one conditional UPDATE, so it is single-use across replicas too. Resources are
+//! sealed with AES-256-GCM under the key-encryption key (never stored), the resource path as
+//! AAD so a sealed value cannot be moved to another path.
+
+use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+use sqlx::any::AnyPoolOptions;
+use sqlx::{AnyPool, Row};
+
+use super::error::KbsError;
+
+/// Migrations, versioned; each runs once, in order, in a transaction.
+const MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    // SQLite
+    "CREATE TABLE IF NOT EXISTS sessions (
+        id TEXT PRIMARY KEY, nonce TEXT NOT NULL, tee TEXT NOT NULL, state TEXT NOT NULL,
+        created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, tee_pubkey TEXT, token TEXT);
+     CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at);
+     CREATE TABLE IF NOT EXISTS resources (
+        path TEXT PRIMARY KEY, repository TEXT NOT NULL, sealed BLOB NOT NULL,
+        requires_lease BIGINT NOT NULL, updated_at BIGINT NOT NULL);
+     CREATE TABLE IF NOT EXISTS policies (
+        scope TEXT PRIMARY KEY, body TEXT NOT NULL, updated_at BIGINT NOT NULL);
+     CREATE TABLE IF NOT EXISTS audit (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, at BIGINT NOT NULL, actor TEXT NOT NULL,
+        action TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL);",
+    // PostgreSQL
+    "CREATE TABLE IF NOT EXISTS sessions (
+        id TEXT PRIMARY KEY, nonce TEXT NOT NULL, tee TEXT NOT NULL, state TEXT NOT NULL,
+        created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, tee_pubkey TEXT, token TEXT);
+     CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at);
+     CREATE TABLE IF NOT EXISTS resources (
+        path TEXT PRIMARY KEY, repository TEXT NOT NULL, sealed BYTEA NOT NULL,
+        requires_lease BIGINT NOT NULL, updated_at BIGINT NOT NULL);
+     CREATE TABLE IF NOT EXISTS policies (
+        scope TEXT PRIMARY KEY, body TEXT NOT NULL, updated_at BIGINT NOT NULL);
+     CREATE TABLE IF NOT EXISTS audit (
+        seq BIGSERIAL PRIMARY KEY, at BIGINT NOT NULL, actor TEXT NOT NULL,
+        action TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL);",
+)];
+
+/// A session row.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: String,
+    pub nonce: String,
+    pub tee: String,
+    pub state: String,
+    pub expires_at: i64,
+    pub tee_pubkey: Option<String>,
+    pub token: Option<String>,
+}
+
+/// Session states.
+pub const CHALLENGED: &str = "challenged";
+pub const CONSUMED: &str = "consumed";
+pub const ATTESTED: &str = "attested";
+
+/// A stored resource, unsealed.
+#[derive(Debug)]
+pub struct Resource {
+    pub value: Vec<u8>,
+    pub requires_lease: bool,
+}
+
+/// An audit event (becomes a transparency-log leaf later).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuditEvent {
+    pub seq: i64,
+    pub at: i64,
+    pub actor: String,
+    pub action: String,
+    pub subject: String,
+    pub detail: serde_json::Value,
+}
+
+pub struct Store {
+    pool: AnyPool,
+    kek: LessSafeKey,
+    postgres: bool,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("postgres", &self.postgres)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Connect and migrate. `url`: `sqlite://PATH` (created if missing) or `postgres://…`.
+    pub async fn open(url: &str, kek: &[u8; 32]) -> Result<Self, KbsError> {
+        sqlx::any::install_default_drivers();
+        let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+        let sqlite = url.starts_with("sqlite:");
+        if !postgres && !sqlite {
+            return Err(KbsError::Config(format!(
+                "database must be sqlite://… or postgres://…, not '{}'",
+                url.split(':').next().unwrap_or("")
+            )));
+        }
+        let url = if sqlite && !url.contains('?') && !url.contains(":memory:") {
+            format!("{url}?mode=rwc")
+        } else {
+            url.to_string()
+        };
+        let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 4 } else { 16 });
+        if sqlite {
+            opts = opts.after_connect(|conn, _| {
+                Box::pin(async move {
+                    use sqlx::Executor;
+                    conn.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;")
+                        .await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = opts.connect(&url).await?;
+        let kek = LessSafeKey::new(
+            UnboundKey::new(&AES_256_GCM, kek).map_err(|_| KbsError::Config("kek".into()))?,
+        );
+        let store = Store {
+            pool,
+            kek,
+            postgres,
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<(), KbsError> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .execute(&self.pool)
+        .await?;
+        for (version, sqlite, pg) in MIGRATIONS {
+            let mut tx = self.pool.begin().await?;
+            let done = sqlx::query("SELECT version FROM schema_migrations WHERE version = $1")
+                .bind(*version)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if done.is_some() {
+                continue;
+            }
+            let sql = if self.postgres { pg } else { sqlite };
+            for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                sqlx::query(stmt).execute(&mut *tx).await?;
+            }
+            sqlx::query(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING",
+            )
+            .bind(*version)
+            .bind(now())
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// The highest applied migration.
+    pub async fn schema_version(&self) -> Result<i64, KbsError> {
+        let row = sqlx::query("SELECT MAX(version) AS v FROM schema_migrations")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>("v").unwrap_or(0))
+    }
+
+    // ---------------------------------------------------------------- sessions
+
+    pub async fn create_session(
+        &self,
+        id: &str,
+        nonce: &str,
+        tee: &str,
+        expires_at: i64,
+    ) -> Result<(), KbsError> {
+        sqlx::query(
+            "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(id)
+        .bind(nonce)
+        .bind(tee)
+        .bind(CHALLENGED)
+        .bind(now())
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn session(&self, id: &str) -> Result<Option<Session>, KbsError> {
+        let row = sqlx::query(
+            "SELECT id, nonce, tee, state, expires_at, tee_pubkey, token FROM sessions WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(Session {
+                id: r.try_get("id")?,
+                nonce: r.try_get("nonce")?,
+                tee: r.try_get("tee")?,
+                state: r.try_get("state")?,
+                expires_at: r.try_get("expires_at")?,
+                tee_pubkey: r.try_get("tee_pubkey")?,
+                token: r.try_get("token")?,
+            })
+        })
+        .transpose()
+        .map_err(|e: sqlx::Error| KbsError::Storage(e.to_string()))
+    }
+
+    /// Consume the session's challenge nonce: true for exactly one caller, and only while it
+    /// is unexpired.
+    pub async fn consume_nonce(&self, id: &str, now: i64) -> Result<bool, KbsError> {
+        let r = sqlx::query(
+            "UPDATE sessions SET state = $1 WHERE id = $2 AND state = $3 AND expires_at > $4",
+        )
+        .bind(CONSUMED)
+        .bind(id)
+        .bind(CHALLENGED)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    pub async fn mark_attested(
+        &self,
+        id: &str,
+        tee_pubkey: &str,
+        token: &str,
+        expires_at: i64,
+    ) -> Result<(), KbsError> {
+        sqlx::query(
+            "UPDATE sessions SET state = $1, tee_pubkey = $2, token = $3, expires_at = $4 WHERE id = $5 AND state = $6",
+        )
+        .bind(ATTESTED)
+        .bind(tee_pubkey)
+        .bind(token)
+        .bind(expires_at)
+        .bind(id)
+        .bind(CONSUMED)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Delete sessions that expired before `now`; returns how many.
+    pub async fn sweep_sessions(&self, now: i64) -> Result<u64, KbsError> {
+        Ok(sqlx::query("DELETE FROM sessions WHERE expires_at <= $1")
+            .bind(now)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    // ---------------------------------------------------------------- resources
+
+    fn seal(&self, path: &str, value: &[u8]) -> Result<Vec<u8>, KbsError> {
+        let mut nonce = [0u8; 12];
+        aws_lc_rs::rand::fill(&mut nonce).map_err(|_| KbsError::Internal("random".into()))?;
+        let mut buf = value.to_vec();
+        self.kek
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad(path).as_slice()),
+                &mut buf,
+            )
+            .map_err(|_| KbsError::Internal("sealing".into()))?;
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&buf);
+        Ok(out)
+    }
+
+    fn unseal(&self, path: &str, sealed: &[u8]) -> Result<Vec<u8>, KbsError> {
+        if sealed.len() < 12 + 16 {
+            return Err(KbsError::Storage(format!(
+                "sealed value of {path} is truncated"
+            )));
+        }
+        let mut nonce = [0u8; 12];
+        nonce.copy_from_slice(&sealed[..12]);
+        let mut buf = sealed[12..].to_vec();
+        let n = self
+            .kek
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad(path).as_slice()),
+                &mut buf,
+            )
+            .map_err(|_| {
+                KbsError::Storage(format!(
+                    "sealed value of {path} does not open under this key-encryption key"
+                ))
+            })?
+            .len();
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    pub async fn put_resource(
+        &self,
+        path: &str,
+        repository: &str,
+        value: &[u8],
+        requires_lease: bool,
+    ) -> Result<(), KbsError> {
+        let sealed = self.seal(path, value)?;
+        sqlx::query(
+            "INSERT INTO resources (path, repository, sealed, requires_lease, updated_at) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (path) DO UPDATE SET sealed = excluded.sealed, requires_lease = excluded.requires_lease, updated_at = excluded.updated_at",
+        )
+        .bind(path)
+        .bind(repository)
+        .bind(sealed)
+        .bind(i64::from(requires_lease))
+        .bind(now())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn resource(&self, path: &str) -> Result<Option<Resource>, KbsError> {
+        let row = sqlx::query("SELECT sealed, requires_lease FROM resources WHERE path = $1")
+            .bind(path)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            None => Ok(None),
+            Some(r) => {
+                let sealed: Vec<u8> = r.try_get("sealed")?;
+                Ok(Some(Resource {
+                    value: self.unseal(path, &sealed)?,
+                    requires_lease: r.try_get::<i64, _>("requires_lease")? != 0,
+                }))
+            }
+        }
+    }
+
+    /// Whether `path` needs a lease (None: no such resource). Cheaper than [`Self::resource`].
+    pub async fn requires_lease(&self, path: &str) -> Result<Option<bool>, KbsError> {
+        let row = sqlx::query("SELECT requires_lease FROM resources WHERE path = $1")
+            .bind(path)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(r.try_get::<i64, _>("requires_lease")? != 0),
+            None => None,
+        })
+    }
+
+    pub async fn delete_resource(&self, path: &str) -> Result<bool, KbsError> {
+        Ok(sqlx::query("DELETE FROM resources WHERE path = $1")
+            .bind(path)
+            .execute(&self.pool)
+            .await?
+            .rows_affected()
+            == 1)
+    }
+
+    // ---------------------------------------------------------------- policies
+
+    pub async fn put_policy(&self, scope: &str, body: &str) -> Result<(), KbsError> {
+        sqlx::query(
+            "INSERT INTO policies (scope, body, updated_at) VALUES ($1, $2, $3)
+             ON CONFLICT (scope) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
+        )
+        .bind(scope)
+        .bind(body)
+        .bind(now())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn policy(&self, scope: &str) -> Result<Option<String>, KbsError> {
+        let row = sqlx::query("SELECT body FROM policies WHERE scope = $1")
+            .bind(scope)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(r.try_get("body")?),
+            None => None,
+        })
+    }
+
+    /// The policies among `scopes` that exist, as (scope, body).
+    pub async fn policies(&self, scopes: &[&str; 3]) -> Result<Vec<(String, String)>, KbsError> {
+        let rows = sqlx::query("SELECT scope, body FROM policies WHERE scope IN ($1, $2, $3)")
+            .bind(scopes[0])
+            .bind(scopes[1])
+            .bind(scopes[2])
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get("scope")?, r.try_get("body")?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    // ---------------------------------------------------------------- audit
+
+    pub async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        subject: &str,
+        detail: &serde_json::Value,
+    ) -> Result<(), KbsError> {
+        let at = now();
+        tracing::info!(target: "cgx_kbs::audit", %actor, %action, %subject, %detail, at, "audit");
+        sqlx::query(
+            "INSERT INTO audit (at, actor, action, subject, detail) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(at)
+        .bind(actor)
+        .bind(action)
+        .bind(subject)
+        .bind(detail.to_string())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Audit events after `after_seq`, oldest first.
+    pub async fn audit_events(
+        &self,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<AuditEvent>, KbsError> {
+        let rows = sqlx::query(
+            "SELECT seq, at, actor, action, subject, detail FROM audit WHERE seq > $1 ORDER BY seq LIMIT $2",
+        )
+        .bind(after_seq)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                let detail: String = r.try_get("detail")?;
+                Ok(AuditEvent {
+                    seq: r.try_get("seq")?,
+                    at: r.try_get("at")?,
+                    actor: r.try_get("actor")?,
+                    action: r.try_get("action")?,
+                    subject: r.try_get("subject")?,
+                    detail: serde_json::from_str(&detail)
+                        .unwrap_or(serde_json::Value::String(detail)),
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    pub async fn ping(&self) -> Result<(), KbsError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+fn aad(path: &str) -> Vec<u8> {
+    let mut a = b"cgx-kbs/resource/v1\0".to_vec();
+    a.extend_from_slice(path.as_bytes());
+    a
+}
+
+/// Unix seconds now (the I/O edge: the store and handlers read the clock; logic takes `now`).
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}

@@ -1,0 +1,111 @@
+//! Simulated evidence sources for the KBS client: an SNP guest (and optionally GPUs) whose
+//! reports the cgx simulator signs, in the shapes CoCo's attesters send. For tests, `cgx bench
+//! kbs` and `cgx-guest-agent` outside a confidential VM; a KBS accepts them only when it trusts
+//! the simulator's roots.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use cgx_attestation::bundle::Bundle;
+use cgx_attestation::sim::{SimAmd, SimGpu, SnpReportOptions};
+use kbs_types::{Tee, TeePubKey};
+use serde_json::{Value, json};
+
+use crate::client::{ClientError, EvidenceSource};
+
+/// DER blocks of a PEM text, in order.
+fn pem_blocks(pem: &str) -> Vec<Vec<u8>> {
+    pem.split("-----BEGIN CERTIFICATE-----")
+        .skip(1)
+        .filter_map(|b| {
+            let body: String = b
+                .split("-----END CERTIFICATE-----")
+                .next()?
+                .split_whitespace()
+                .collect();
+            STANDARD.decode(body).ok()
+        })
+        .collect()
+}
+
+/// A simulated SNP guest with `gpus` simulated H100s.
+#[derive(Debug)]
+pub struct SimNode {
+    pub amd: SimAmd,
+    pub gpus: Vec<SimGpu>,
+    /// Launch measurement the simulated guest reports.
+    pub measurement: [u8; 48],
+}
+
+impl SimNode {
+    /// The pins a KBS must trust for this node's evidence.
+    pub fn root_pins(&self) -> Vec<[u8; 32]> {
+        let mut p = vec![self.amd.root_pin()];
+        p.extend(self.gpus.iter().map(SimGpu::root_pin));
+        p
+    }
+}
+
+impl EvidenceSource for SimNode {
+    fn tee(&self) -> Tee {
+        Tee::Snp
+    }
+
+    fn additional_evidence(&self, nonce: &str, key: &TeePubKey) -> Result<String, ClientError> {
+        if self.gpus.is_empty() {
+            return Ok(String::new());
+        }
+        let gpu_nonce = crate::binding::nvidia_nonce(nonce, key);
+        let list = self
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let Bundle::Nvidia {
+                    report, cert_chain, ..
+                } = g
+                    .bundle(gpu_nonce, 8)
+                    .map_err(|e| ClientError::Evidence(e.to_string()))?
+                else {
+                    return Err(ClientError::Evidence("sim GPU bundle".into()));
+                };
+                Ok(json!({
+                    "arch": "HOPPER",
+                    "uuid": format!("GPU-sim-{i}"),
+                    "evidence": hex::encode(report),
+                    "certificate": STANDARD.encode(cert_chain),
+                }))
+            })
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        Ok(json!({"nvidia": {"device_evidence_list": list}}).to_string())
+    }
+
+    fn primary_evidence(&self, report_data: &[u8; 64]) -> Result<Value, ClientError> {
+        let b = self
+            .amd
+            .bundle(&SnpReportOptions {
+                report_data: *report_data,
+                measurement: self.measurement,
+                ..Default::default()
+            })
+            .map_err(|e| ClientError::Evidence(e.to_string()))?;
+        let Bundle::Snp {
+            report,
+            signing_cert,
+            cert_chain,
+            ..
+        } = b
+        else {
+            return Err(ClientError::Evidence("sim SNP bundle".into()));
+        };
+        let chain = pem_blocks(&String::from_utf8_lossy(&cert_chain));
+        let mut entries = vec![json!({"cert_type": "VCEK", "data": STANDARD.encode(signing_cert)})];
+        if let [ask, ark] = chain.as_slice() {
+            entries.push(json!({"cert_type": "ASK", "data": STANDARD.encode(ask)}));
+            entries.push(json!({"cert_type": "ARK", "data": STANDARD.encode(ark)}));
+        }
+        Ok(json!({
+            "attestation_report": STANDARD.encode(report),
+            "cert_chain": entries,
+        }))
+    }
+}

@@ -1,0 +1,502 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! End to end against a KBS on loopback with simulated evidence: the handshake and release, and
+//! each way release must fail, failing with its own error.
+
+mod common;
+
+use base64::Engine;
+use cgx_kbs::client::{EvidenceSource, KbsClient};
+use cgx_kbs::jwe::thumbprint;
+use common::*;
+use serde_json::json;
+
+fn client(base: &str) -> KbsClient {
+    KbsClient::with_new_key(base, None).unwrap()
+}
+
+#[test]
+fn handshake_and_release_with_gpus_and_every_refusal() {
+    let n = node(2);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    put_resource(
+        &base,
+        &s.admin,
+        "tenant-a/key/model",
+        b"the model key",
+        false,
+    );
+
+    // Full flow: auth -> attest (SNP + 2 GPUs) -> resource, decrypted with the TEE key.
+    let mut c = client(&base);
+    let token = c.attest(&n).unwrap();
+    let ear = cgx_attestation::results::verify(
+        &token,
+        &json_of(&call("GET", &format!("{base}/kbs/v0/jwks"), None, None).1)["keys"][0],
+        now(),
+    )
+    .unwrap();
+    assert_eq!(ear.submods.len(), 3, "cpu0, gpu0, gpu1");
+    assert_eq!(
+        c.resource("tenant-a/key/model", None).unwrap(),
+        b"the model key"
+    );
+
+    // A bearer EAR works without the cookie.
+    let (st, body) = call(
+        "GET",
+        &format!("{base}/kbs/v0/resource/tenant-a/key/model"),
+        Some(&token),
+        None,
+    );
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
+    let jwe: cgx_kbs::kbs_types::Response = serde_json::from_slice(&body).unwrap();
+    assert_eq!(c.tee_key().decrypt(&jwe).unwrap(), b"the model key");
+
+    // Tampered JWE: refused by the client.
+    let mut jwe = c.resource_jwe("tenant-a/key/model", None).unwrap();
+    jwe.ciphertext[0] ^= 1;
+    assert!(c.tee_key().decrypt(&jwe).is_err());
+
+    // Replayed nonce: the same attestation message twice in one session.
+    let mut r = client(&base);
+    let nonce = r.auth(n.tee()).unwrap();
+    let att = r.attestation(&n, &nonce).unwrap();
+    r.send_attestation(&att).unwrap();
+    let e = r.send_attestation(&att).unwrap_err();
+    assert_eq!(
+        (e.status(), e.kind()),
+        (Some(401), Some("UnAuthenticated")),
+        "{e}"
+    );
+
+    // Evidence of another session (its nonce) in a new session: refused.
+    let mut other = client(&base);
+    other.auth(n.tee()).unwrap();
+    let e = other.send_attestation(&att).unwrap_err();
+    assert_eq!(e.kind(), Some("AttestationFailed"), "{e}");
+
+    // report_data that does not bind the key: evidence made for key A sent with key B.
+    let mut a = client(&base);
+    let nonce = a.auth(n.tee()).unwrap();
+    let mut att = a.attestation(&n, &nonce).unwrap();
+    att.runtime_data.tee_pubkey = client(&base).tee_key().public().unwrap();
+    let e = a.send_attestation(&att).unwrap_err();
+    assert_eq!(e.kind(), Some("AttestationFailed"), "{e}");
+    assert!(e.to_string().contains("report_data"), "{e}");
+
+    // A GPU report swapped for one bound to another nonce: refused (the CPU binds the string).
+    let mut g = client(&base);
+    let nonce = g.auth(n.tee()).unwrap();
+    let mut att = g.attestation(&n, &nonce).unwrap();
+    let key = g.tee_key().public().unwrap();
+    let stale = n.additional_evidence("another nonce", &key).unwrap();
+    att.tee_evidence.additional_evidence = stale;
+    let e = g.send_attestation(&att).unwrap_err();
+    assert_eq!(e.kind(), Some("AttestationFailed"), "{e}");
+
+    // Policy deny: the tenant forbids release of this resource.
+    let (st, b) = set_policy(
+        &base,
+        &s.tenant_admin,
+        "tenant-a/key/model",
+        "package policy\nimport rego.v1\ndefault allow := false\n",
+    );
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    let e = c.resource("tenant-a/key/model", None).unwrap_err();
+    assert_eq!(
+        (e.status(), e.kind()),
+        (Some(401), Some("PolicyDeny")),
+        "{e}"
+    );
+    // ...and allows it again by query: the input carries the query.
+    set_policy(
+        &base,
+        &s.tenant_admin,
+        "tenant-a/key/model",
+        "package policy\nimport rego.v1\nallow if input.query.purpose == \"inference\"\n",
+    );
+    assert!(c.resource("tenant-a/key/model", None).is_err());
+    let (st, b) = call(
+        "GET",
+        &format!("{base}/kbs/v0/resource/tenant-a/key/model?purpose=inference"),
+        c.token(),
+        None,
+    );
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+
+    // Wrong tenant: tenant-a's admin cannot write tenant-b, nor set global policy.
+    let (st, b) = call(
+        "POST",
+        &format!("{base}/kbs/v0/resource/tenant-b/key/x"),
+        Some(&admin_token(&s.tenant_admin)),
+        Some(b"x"),
+    );
+    assert_eq!(st, 401);
+    assert!(
+        json_of(&b)["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/AdminAuthFailed")
+    );
+    let (st, _) = set_policy(
+        &base,
+        &s.tenant_admin,
+        "",
+        "package policy\nallow := true\n",
+    );
+    assert_eq!(st, 401);
+    // A policy that does not compile is refused before it is stored.
+    let (st, b) = set_policy(&base, &s.admin, "tenant-a", "package policy\nallow if {");
+    assert_eq!(st, 400, "{}", String::from_utf8_lossy(&b));
+
+    // Unknown resource: 404 for an attested session; bad paths 404; unauthenticated 401 for
+    // existing and missing alike (no leak).
+    let e = c.resource("tenant-a/key/nothing", None).unwrap_err();
+    assert_eq!(
+        (e.status(), e.kind()),
+        (Some(404), Some("ResourceNotFound"))
+    );
+    let (st, _) = call(
+        "GET",
+        &format!("{base}/kbs/v0/resource/a/..%2F/b"),
+        None,
+        None,
+    );
+    assert_eq!(st, 404);
+    let (st1, b1) = call(
+        "GET",
+        &format!("{base}/kbs/v0/resource/tenant-a/key/model"),
+        None,
+        None,
+    );
+    let (st2, b2) = call(
+        "GET",
+        &format!("{base}/kbs/v0/resource/tenant-a/key/nothing"),
+        None,
+        None,
+    );
+    assert_eq!((st1, st2), (401, 401));
+    assert_eq!(b1, b2);
+
+    // The audit trail has the admin changes and the releases.
+    let (st, b) = call(
+        "GET",
+        &format!("{base}/kbs/v0/audit"),
+        Some(&admin_token(&s.admin)),
+        None,
+    );
+    assert_eq!(st, 200);
+    let actions: Vec<String> = json_of(&b)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap().to_string())
+        .collect();
+    assert!(actions.contains(&"resource.put".to_string()));
+    assert!(actions.contains(&"policy.put".to_string()));
+    assert!(actions.iter().filter(|a| *a == "release").count() >= 2);
+
+    // Service endpoints.
+    let (st, b) = call("GET", &format!("{base}/metrics"), None, None);
+    assert_eq!(st, 200);
+    assert!(
+        String::from_utf8_lossy(&b)
+            .contains("cgx_kbs_events_total{event=\"release\",outcome=\"released\"}")
+    );
+    let (st, b) = call("GET", &format!("{base}/kbs/v0/openapi.json"), None, None);
+    assert_eq!(st, 200);
+    assert_eq!(json_of(&b)["openapi"], "3.1.0");
+    assert_eq!(call("GET", &format!("{base}/healthz"), None, None).0, 200);
+    assert_eq!(call("GET", &format!("{base}/nope"), None, None).0, 404);
+    srv.stop();
+}
+
+#[test]
+fn leases_bind_job_resources_to_the_attested_node() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    put_resource(
+        &base,
+        &s.admin,
+        "tenant-a/weights/llama",
+        b"weights identity",
+        true,
+    );
+    put_resource(
+        &base,
+        &s.admin,
+        "tenant-a/weights/other-job",
+        b"other",
+        true,
+    );
+    let mut c = client(&base);
+    c.attest(&n).unwrap();
+    let me = thumbprint(&c.tee_key().public().unwrap());
+    let path = "tenant-a/weights/llama";
+
+    let e = c.resource(path, None).unwrap_err();
+    assert_eq!(e.kind(), Some("LeaseInvalid"), "no lease: {e}");
+    let good = lease(&s.broker, "lease-1", &[path], &me, now() + 600);
+    assert_eq!(c.resource(path, Some(&good)).unwrap(), b"weights identity");
+
+    let other_node = thumbprint(&client(&base).tee_key().public().unwrap());
+    for (what, token) in [
+        (
+            "another node",
+            lease(&s.broker, "lease-1", &[path], &other_node, now() + 600),
+        ),
+        (
+            "another job",
+            lease(
+                &s.broker,
+                "lease-2",
+                &["tenant-a/weights/other-job"],
+                &me,
+                now() + 600,
+            ),
+        ),
+        (
+            "expired",
+            lease(&s.broker, "lease-1", &[path], &me, now() - 5),
+        ),
+        (
+            "not a broker",
+            lease(&s.admin, "lease-1", &[path], &me, now() + 600),
+        ),
+    ] {
+        let e = c.resource(path, Some(&token)).unwrap_err();
+        assert_eq!(
+            (e.status(), e.kind()),
+            (Some(401), Some("LeaseInvalid")),
+            "{what}: {e}"
+        );
+    }
+    // The lease's claims reach the release policy.
+    set_policy(
+        &base,
+        &s.admin,
+        "tenant-a",
+        "package policy\nimport rego.v1\nallow if input.lease.lease == \"lease-9\"\n",
+    );
+    let e = c.resource(path, Some(&good)).unwrap_err();
+    assert_eq!(e.kind(), Some("PolicyDeny"), "{e}");
+    let nine = lease(&s.broker, "lease-9", &[path], &me, now() + 600);
+    assert_eq!(c.resource(path, Some(&nine)).unwrap(), b"weights identity");
+    srv.stop();
+}
+
+#[test]
+fn sessions_expire_and_sample_evidence_is_refused() {
+    let n = node(0);
+    let mut s = setup(&[&n], None);
+    s.config.session_ttl_secs = 1;
+    s.config.nonce_ttl_secs = 1;
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    put_resource(&base, &s.admin, "tenant-a/key/k", b"k", false);
+    // Expired session.
+    let mut c = client(&base);
+    c.attest(&n).unwrap();
+    assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"k");
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let e = c.resource("tenant-a/key/k", None).unwrap_err();
+    assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
+    // Expired challenge.
+    let mut late = client(&base);
+    let nonce = late.auth(n.tee()).unwrap();
+    let att = late.attestation(&n, &nonce).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let e = late.send_attestation(&att).unwrap_err();
+    assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
+    // Protocol errors.
+    let (st, b) = call(
+        "POST",
+        &format!("{base}/kbs/v0/auth"),
+        None,
+        Some(br#"{"version":"0.1.0","tee":"snp","extra-params":""}"#),
+    );
+    assert_eq!(st, 400);
+    assert!(
+        json_of(&b)["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/ProtocolVersionMismatch")
+    );
+    // Sample evidence: not accepted unless a dev flag enables it.
+    let (st, b) = call(
+        "POST",
+        &format!("{base}/kbs/v0/auth"),
+        None,
+        Some(br#"{"version":"0.4.0","tee":"sample","extra-params":""}"#),
+    );
+    assert_eq!(st, 400, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(
+        call("POST", &format!("{base}/kbs/v0/auth"), None, Some(b"{")).0,
+        400
+    );
+    srv.stop();
+
+    // With the dev flag, sample evidence is appraised: the default policy refuses it.
+    let mut s2 = setup(&[&n], None);
+    s2.config.allow_sample = true;
+    s2.config.appraisal.reference_values = None;
+    let srv = Server::start(&s2.config);
+    put_resource(&srv.base, &s2.admin, "tenant-a/key/k", b"k", false);
+    struct Sample;
+    impl cgx_kbs::client::EvidenceSource for Sample {
+        fn tee(&self) -> cgx_kbs::kbs_types::Tee {
+            cgx_kbs::kbs_types::Tee::Sample
+        }
+        fn additional_evidence(
+            &self,
+            _: &str,
+            _: &cgx_kbs::kbs_types::TeePubKey,
+        ) -> Result<String, cgx_kbs::client::ClientError> {
+            Ok(String::new())
+        }
+        fn primary_evidence(
+            &self,
+            rd: &[u8; 64],
+        ) -> Result<serde_json::Value, cgx_kbs::client::ClientError> {
+            Ok(
+                json!({"svn": "1", "report_data": base64::engine::general_purpose::STANDARD.encode(rd)}),
+            )
+        }
+    }
+    let mut c = client(&srv.base);
+    c.attest(&Sample).unwrap();
+    let e = c.resource("tenant-a/key/k", None).unwrap_err();
+    assert_eq!(e.kind(), Some("PolicyDeny"), "{e}");
+    assert!(e.to_string().contains("contraindicated"), "{e}");
+    srv.stop();
+}
+
+#[test]
+fn coco_shaped_snp_report_json_is_accepted() {
+    // CoCo's snp attester sends sev's AttestationReport as JSON, not bytes.
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    put_resource(&srv.base, &s.admin, "tenant-a/key/k", b"k", false);
+    let mut c = client(&srv.base);
+    let nonce = c.auth(n.tee()).unwrap();
+    let mut att = c.attestation(&n, &nonce).unwrap();
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(
+            att.tee_evidence.primary_evidence["attestation_report"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+    use sev::parser::ByteParser;
+    let report = sev::firmware::guest::AttestationReport::from_bytes(&raw).unwrap();
+    att.tee_evidence.primary_evidence["attestation_report"] =
+        serde_json::to_value(&report).unwrap();
+    c.send_attestation(&att).unwrap();
+    assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"k");
+    srv.stop();
+}
+
+#[test]
+fn restart_keeps_resources_and_two_replicas_share_sessions() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    put_resource(
+        &srv.base,
+        &s.admin,
+        "tenant-a/key/persist",
+        b"survives",
+        false,
+    );
+    srv.stop();
+    // Restart on the same database: the sealed resource is still there.
+    let a = Server::start(&s.config);
+    let b = Server::start(&s.config);
+    let mut c = client(&a.base);
+    c.attest(&n).unwrap();
+    assert_eq!(
+        c.resource("tenant-a/key/persist", None).unwrap(),
+        b"survives"
+    );
+    replicas_serve_one_session(&a.base, &b.base, &n);
+    a.stop();
+    b.stop();
+}
+
+/// auth on A, attest on B, resource on A: sessions live in the shared database.
+fn replicas_serve_one_session(a: &str, b: &str, n: &cgx_kbs::sim::SimNode) {
+    let mut on_a = client(a);
+    let nonce = on_a.auth(n.tee()).unwrap();
+    let att = on_a.attestation(n, &nonce).unwrap();
+    // The same client (key and session cookie) pointed at B.
+    let mut on_b = on_a.rebase(b);
+    on_b.send_attestation(&att).unwrap();
+    let on_a = on_b.rebase(a);
+    assert_eq!(
+        on_a.resource("tenant-a/key/persist", None).unwrap(),
+        b"survives"
+    );
+    // And the nonce consumed on B cannot be replayed on A.
+    let mut again = on_a.rebase(a);
+    let e = again.send_attestation(&att).unwrap_err();
+    assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
+}
+
+#[test]
+fn two_kbs_on_one_postgresql() {
+    let Ok(url) = std::env::var("CGX_TEST_DATABASE_URL") else {
+        skip(
+            "two_kbs_on_one_postgresql",
+            "CGX_TEST_DATABASE_URL is not set (CI sets it to a local PostgreSQL)",
+        );
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must provide PostgreSQL"
+        );
+        return;
+    };
+    let n = node(1);
+    let s = setup(&[&n], Some(url));
+    let a = Server::start(&s.config);
+    let b = Server::start(&s.config);
+    put_resource(
+        &a.base,
+        &s.admin,
+        "tenant-a/key/persist",
+        b"survives",
+        false,
+    );
+    replicas_serve_one_session(&a.base, &b.base, &n);
+    a.stop();
+    b.stop();
+    // Restart: still there.
+    let a = Server::start(&s.config);
+    let mut c = client(&a.base);
+    c.attest(&n).unwrap();
+    assert_eq!(
+        c.resource("tenant-a/key/persist", None).unwrap(),
+        b"survives"
+    );
+    a.stop();
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    let n = node(0);
+    let mut s = setup(&[&n], None);
+    s.config.listen = "0.0.0.0:0".into();
+    let e = cgx_kbs::server::config::KbsConfig::check(&s.config).unwrap_err();
+    assert!(e.to_string().contains("loopback"), "{e}");
+    s.config.listen = "127.0.0.1:0".into();
+    s.config.insecure_dev = false;
+    assert!(s.config.check().is_err());
+    s.config.insecure_dev = true;
+    s.config.database = "mysql://x".into();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    assert!(rt.block_on(cgx_kbs::server::Kbs::new(&s.config)).is_err());
+}
