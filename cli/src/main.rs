@@ -5,6 +5,7 @@
 
 mod bench;
 mod commands;
+mod kbs;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -90,6 +91,16 @@ enum Command {
         #[command(subcommand)]
         what: BenchWhat,
     },
+    /// The key broker service.
+    Kbs {
+        #[command(subcommand)]
+        command: KbsCommand,
+    },
+    /// Model weights: identities in the KBS, age encryption.
+    Weights {
+        #[command(subcommand)]
+        command: WeightsCommand,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -174,6 +185,61 @@ pub struct SourceArgs {
 }
 
 #[derive(Subcommand, Debug)]
+enum KbsCommand {
+    /// Run the key broker (CoCo KBS protocol) until SIGINT/SIGTERM.
+    Serve {
+        /// Configuration (JSON; see kbs/src/server/config.rs).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print an admin bearer token signed with an Ed25519 PKCS#8 key (DER or PEM).
+    Token {
+        #[arg(long)]
+        admin_key: PathBuf,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 300)]
+        ttl: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum WeightsCommand {
+    /// Create an X25519 identity as the KBS resource PATH and print its age recipient.
+    Keygen {
+        /// KBS base URL.
+        #[arg(long)]
+        kbs: String,
+        /// Resource path REPO/TYPE/TAG.
+        #[arg(long)]
+        path: String,
+        /// Admin Ed25519 key (PKCS#8, DER or PEM) for the repository.
+        #[arg(long)]
+        admin_key: PathBuf,
+        /// CA certificate(s) of the KBS (PEM); default: WebPKI roots.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Release the identity only with a lease token (job weights).
+        #[arg(long)]
+        lease_required: bool,
+    },
+    /// Encrypt a file to an age recipient (age v1; `age -d` opens it), in parallel.
+    Encrypt {
+        #[arg(long, short = 'r')]
+        recipient: String,
+        #[arg(long = "in")]
+        input: PathBuf,
+        #[arg(long = "out")]
+        output: PathBuf,
+        /// Threads (0: one per core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum CollateralCommand {
     /// Fetch what a bundle's evidence needs (SNP: VCEK, cert chain, CRL; TDX: TCB info, QE
     /// identity, CRLs) or NVIDIA RIMs by id, into the store.
@@ -221,6 +287,22 @@ enum RimCommand {
 
 #[derive(Subcommand, Debug)]
 enum BenchWhat {
+    /// Full KBS flows per second (auth → attest → resource) with N concurrent clients, p50/p99;
+    /// then weights decryption GB/s against raw ChaCha20-Poly1305 by thread count.
+    Kbs {
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Simulated GPUs per node (their evidence goes through attestation too).
+        #[arg(long, default_value_t = 0)]
+        gpus: usize,
+        /// Size of the weights file decrypted (MiB).
+        #[arg(long, default_value_t = 256)]
+        weights_mib: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Full appraisals per second (verify + policy + sign) against verification alone.
     Appraise {
         #[arg(long)]
@@ -332,7 +414,34 @@ fn main() -> ExitCode {
                 json,
             } => commands::rim_verify(&files, at.as_deref(), ignore_signer_expiry, json),
         },
+        Command::Kbs { command } => match command {
+            KbsCommand::Serve { config } => kbs::serve(&config),
+            KbsCommand::Token { admin_key, ttl } => kbs::token(&admin_key, ttl),
+        },
+        Command::Weights { command } => match command {
+            WeightsCommand::Keygen {
+                kbs: url,
+                path,
+                admin_key,
+                ca,
+                lease_required,
+            } => kbs::keygen(&url, &path, &admin_key, ca.as_deref(), lease_required),
+            WeightsCommand::Encrypt {
+                recipient,
+                input,
+                output,
+                threads,
+                quiet,
+            } => kbs::encrypt(&recipient, &input, &output, threads, quiet),
+        },
         Command::Bench { what } => match what {
+            BenchWhat::Kbs {
+                clients,
+                seconds,
+                gpus,
+                weights_mib,
+                json,
+            } => kbs::bench(clients, seconds, gpus, weights_mib, json),
             BenchWhat::Appraise {
                 json,
                 seconds,

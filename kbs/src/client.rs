@@ -143,6 +143,23 @@ impl KbsClient {
         })
     }
 
+    /// A client on an existing agent (its connection pool and TLS configuration are reused;
+    /// many sessions from one process, e.g. a benchmark or a node agent with several VMs).
+    pub fn with_agent(base: &str, agent: ureq::Agent, key: TeeKey) -> Self {
+        KbsClient {
+            base: base.trim_end_matches('/').to_string(),
+            agent,
+            key,
+            cookie: None,
+            token: None,
+        }
+    }
+
+    /// The agent, to build further clients on.
+    pub fn agent(&self) -> &ureq::Agent {
+        &self.agent
+    }
+
     /// A client with a fresh EC P-256 TEE key.
     pub fn with_new_key(base: &str, ca_pem: Option<&[u8]>) -> Result<Self> {
         Self::new(base, ca_pem, TeeKey::generate_ec(Curve::P256)?)

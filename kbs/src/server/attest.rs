@@ -47,6 +47,7 @@ pub struct Attester {
     engine: RwLock<Arc<PolicyEngine>>,
     signer: ResultSigner,
     source: Option<CollateralSource>,
+    online: bool,
     allow_sample: bool,
 }
 
@@ -110,6 +111,7 @@ impl Attester {
         engine: PolicyEngine,
         signer: ResultSigner,
         source: Option<CollateralSource>,
+        online: bool,
         allow_sample: bool,
     ) -> Self {
         Attester {
@@ -117,8 +119,14 @@ impl Attester {
             engine: RwLock::new(Arc::new(engine)),
             signer,
             source,
+            online,
             allow_sample,
         }
+    }
+
+    /// Whether attestation may wait on the network (an online collateral source).
+    pub fn may_block(&self) -> bool {
+        self.online
     }
 
     pub fn signer(&self) -> &ResultSigner {

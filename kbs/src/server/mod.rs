@@ -47,7 +47,14 @@ pub struct Kbs {
     default_reference_values: String,
     /// (policy, reference values) the running engine was built from.
     engine_source: Mutex<(String, String)>,
+    /// Release policy rows by resource path, with the time they were read: a change made on
+    /// this replica clears it at once, one made on another replica is seen within
+    /// [`POLICY_CACHE_SECS`].
+    policy_cache: Mutex<std::collections::HashMap<String, (std::time::Instant, Arc<Vec<(String, String)>>)>>,
 }
+
+/// How long a replica may use release policies it read from the database.
+pub const POLICY_CACHE_SECS: u64 = 1;
 
 impl std::fmt::Debug for Kbs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -128,6 +135,7 @@ impl Kbs {
             engine,
             signer,
             source,
+            config.collateral.store.is_some() && config.collateral.online,
             config.allow_sample,
         );
         let admin_keys = config
@@ -157,7 +165,37 @@ impl Kbs {
             default_policy,
             default_reference_values,
             engine_source: Mutex::new((policy, refs)),
+            policy_cache: Mutex::new(std::collections::HashMap::new()),
         })
+    }
+
+    /// The stored release policies that apply to `path` (global, repository, resource).
+    pub async fn release_policies(
+        &self,
+        path: &str,
+        repository: &str,
+    ) -> Result<Arc<Vec<(String, String)>>, KbsError> {
+        if let Some((at, rows)) = self.policy_cache.lock().ok().and_then(|c| c.get(path).cloned())
+            && at.elapsed() < Duration::from_secs(POLICY_CACHE_SECS)
+        {
+            return Ok(rows);
+        }
+        let [g, r, s] = release::scopes(path, repository);
+        let rows = Arc::new(self.store.policies(&[&g, &r, &s]).await?);
+        if let Ok(mut c) = self.policy_cache.lock() {
+            if c.len() > 10_000 {
+                c.clear();
+            }
+            c.insert(path.to_string(), (std::time::Instant::now(), rows.clone()));
+        }
+        Ok(rows)
+    }
+
+    /// Drop cached release policies (after this replica changed one).
+    pub fn forget_release_policies(&self) {
+        if let Ok(mut c) = self.policy_cache.lock() {
+            c.clear();
+        }
     }
 
     /// The appraisal policy in force (stored by an admin, else the configured default).

@@ -110,7 +110,7 @@ impl Store {
         } else {
             url.to_string()
         };
-        let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 4 } else { 16 });
+        let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 16 } else { 16 });
         if sqlite {
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {
@@ -218,19 +218,27 @@ impl Store {
         .map_err(|e: sqlx::Error| KbsError::Storage(e.to_string()))
     }
 
-    /// Consume the session's challenge nonce: true for exactly one caller, and only while it
-    /// is unexpired.
-    pub async fn consume_nonce(&self, id: &str, now: i64) -> Result<bool, KbsError> {
-        let r = sqlx::query(
-            "UPDATE sessions SET state = $1 WHERE id = $2 AND state = $3 AND expires_at > $4",
+    /// Consume the session's challenge: `(nonce, tee)` for exactly one caller, and only while
+    /// the challenge is unexpired; `None` for an unknown, expired or already answered session.
+    /// One statement, so two replicas cannot both consume it.
+    pub async fn consume_challenge(
+        &self,
+        id: &str,
+        now: i64,
+    ) -> Result<Option<(String, String)>, KbsError> {
+        let row = sqlx::query(
+            "UPDATE sessions SET state = $1 WHERE id = $2 AND state = $3 AND expires_at > $4 RETURNING nonce, tee",
         )
         .bind(CONSUMED)
         .bind(id)
         .bind(CHALLENGED)
         .bind(now)
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        Ok(r.rows_affected() == 1)
+        Ok(match row {
+            Some(r) => Some((r.try_get("nonce")?, r.try_get("tee")?)),
+            None => None,
+        })
     }
 
     pub async fn mark_attested(
