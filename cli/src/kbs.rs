@@ -84,9 +84,7 @@ fn agent(ca: Option<&Path>) -> Result<ureq::Agent, String> {
     let tls = ureq::tls::TlsConfig::builder()
         .provider(ureq::tls::TlsProvider::Rustls)
         .root_certs(roots)
-        .unversioned_rustls_crypto_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
+        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
         .build();
     Ok(ureq::Agent::new_with_config(
         ureq::Agent::config_builder()
@@ -114,7 +112,11 @@ pub fn keygen(
     let url = format!(
         "{}/kbs/v0/resource/{path}{}",
         kbs.trim_end_matches('/'),
-        if lease_required { "?lease=required" } else { "" }
+        if lease_required {
+            "?lease=required"
+        } else {
+            ""
+        }
     );
     let secret = id.to_secret_string();
     let mut resp = agent(ca)?
@@ -157,7 +159,11 @@ impl Progress {
             return;
         }
         self.last = Instant::now();
-        let frac = if self.total == 0 { 1.0 } else { done as f64 / self.total as f64 };
+        let frac = if self.total == 0 {
+            1.0
+        } else {
+            done as f64 / self.total as f64
+        };
         let width = 30;
         let filled = ((frac * width as f64) as usize).min(width);
         let rate = done as f64 / self.started.elapsed().as_secs_f64().max(1e-6) / 1e9;
@@ -175,7 +181,13 @@ impl Progress {
 }
 
 /// `cgx weights encrypt`: age-encrypt a file to a recipient, in parallel.
-pub fn encrypt(recipient: &str, input: &Path, output: &Path, threads: usize, quiet: bool) -> CliResult {
+pub fn encrypt(
+    recipient: &str,
+    input: &Path,
+    output: &Path,
+    threads: usize,
+    quiet: bool,
+) -> CliResult {
     let r = Recipient::parse(recipient).map_err(|e| e.to_string())?;
     let mut inp = std::fs::File::open(input).map_err(|e| format!("{}: {e}", input.display()))?;
     let len = inp
@@ -186,9 +198,10 @@ pub fn encrypt(recipient: &str, input: &Path, output: &Path, threads: usize, qui
     let out = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
     let mut out = std::io::BufWriter::with_capacity(4 << 20, out);
     let mut bar = Progress::new(len, quiet);
-    let result = cgx_kbs::age::encrypt(&r, &mut inp, len, &mut out, threads, &mut |d| bar.update(d))
-        .map_err(|e| e.to_string())
-        .and_then(|()| out.flush().map_err(|e| e.to_string()));
+    let result =
+        cgx_kbs::age::encrypt(&r, &mut inp, len, &mut out, threads, &mut |d| bar.update(d))
+            .map_err(|e| e.to_string())
+            .and_then(|()| out.flush().map_err(|e| e.to_string()));
     drop(out);
     match result {
         Ok(()) => {
@@ -215,7 +228,13 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 /// `cgx bench kbs`: `clients` concurrent clients doing full flows (auth → attest → resource →
 /// decrypt) against a local KBS with simulated SNP evidence, for `secs`; then weights
 /// decryption throughput against raw ChaCha20-Poly1305, per core count.
-pub fn bench(clients: usize, secs: f64, gpus: usize, weights_mib: usize, json_out: bool) -> CliResult {
+pub fn bench(
+    clients: usize,
+    secs: f64,
+    gpus: usize,
+    weights_mib: usize,
+    json_out: bool,
+) -> CliResult {
     if clients == 0 || !(0.5..=600.0).contains(&secs) {
         return Err("--clients must be positive and --seconds within 0.5..600".into());
     }
@@ -232,14 +251,13 @@ pub fn bench(clients: usize, secs: f64, gpus: usize, weights_mib: usize, json_ou
         .to_string(),
     )
     .map_err(|e| e.to_string())?;
-    let admin = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(
-        &aws_lc_rs::rand::SystemRandom::new(),
-    )
-    .map_err(|_| "key generation")?;
+    let admin =
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map_err(|_| "key generation")?;
     let admin_pub = {
         use aws_lc_rs::signature::KeyPair;
-        let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(admin.as_ref())
-            .map_err(|_| "key")?;
+        let kp =
+            aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(admin.as_ref()).map_err(|_| "key")?;
         use base64::Engine;
         base64::engine::general_purpose::STANDARD.encode(kp.public_key().as_ref())
     };
@@ -297,8 +315,12 @@ pub fn bench(clients: usize, secs: f64, gpus: usize, weights_mib: usize, json_ou
             .map_err(|e| e.to_string())?;
         let mut c = KbsClient::with_agent(&base, agent.clone(), key);
         c.attest(node).map_err(|e| e.to_string())?;
-        let v = c.resource("bench/key/model", None).map_err(|e| e.to_string())?;
-        (v == [7u8; 32]).then_some(()).ok_or_else(|| "wrong resource".to_string())
+        let v = c
+            .resource("bench/key/model", None)
+            .map_err(|e| e.to_string())?;
+        (v == [7u8; 32])
+            .then_some(())
+            .ok_or_else(|| "wrong resource".to_string())
     };
     flow(&node, &agent(None)?)?; // warm: caches, VM pool
     let stop = Arc::new(AtomicBool::new(false));
@@ -395,7 +417,9 @@ pub fn bench(clients: usize, secs: f64, gpus: usize, weights_mib: usize, json_ou
             errors,
             out["kbs"]["vs_trustee_220"]
         );
-        println!("weights: age decryption of {weights_mib} MiB vs raw ChaCha20-Poly1305 (same chunks)");
+        println!(
+            "weights: age decryption of {weights_mib} MiB vs raw ChaCha20-Poly1305 (same chunks)"
+        );
         if let Some(rows) = out["weights"]["by_threads"].as_array() {
             for r in rows {
                 println!(
@@ -419,8 +443,14 @@ fn sim_node(gpus: usize) -> Result<cgx_kbs::sim::SimNode, String> {
     let mut chip = [0u8; 64];
     cgx_attestation::sim::fill_random(&mut chip).map_err(|e| e.to_string())?;
     Ok(cgx_kbs::sim::SimNode {
-        amd: SimAmd::generate(Product::Genoa, SigningKey::Vcek, default_tcb(Product::Genoa), chip, t)
-            .map_err(|e| e.to_string())?,
+        amd: SimAmd::generate(
+            Product::Genoa,
+            SigningKey::Vcek,
+            default_tcb(Product::Genoa),
+            chip,
+            t,
+        )
+        .map_err(|e| e.to_string())?,
         gpus: (0..gpus)
             .map(|_| SimGpu::generate(t).map_err(|e| e.to_string()))
             .collect::<Result<_, _>>()?,
@@ -454,12 +484,21 @@ fn weights_bench(mib: usize) -> Result<Value, String> {
         for _ in 0..3 {
             let mut sink = std::io::sink();
             let t = Instant::now();
-            cgx_kbs::age::decrypt(&id, &mut &file[..], file.len() as u64, &mut sink, threads, &mut |_| {})
-                .map_err(|e| e.to_string())?;
+            cgx_kbs::age::decrypt(
+                &id,
+                &mut &file[..],
+                file.len() as u64,
+                &mut sink,
+                threads,
+                &mut |_| {},
+            )
+            .map_err(|e| e.to_string())?;
             best_dec = best_dec.min(t.elapsed().as_secs_f64());
             // Raw: open the same ciphertext chunks with a bare ChaCha20-Poly1305 key (the tags
             // fail, which costs the same work), split over the same threads.
-            let key = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &[1u8; 32]).map_err(|_| "key")?);
+            let key = LessSafeKey::new(
+                UnboundKey::new(&CHACHA20_POLY1305, &[1u8; 32]).map_err(|_| "key")?,
+            );
             let mut bufs: Vec<Vec<u8>> = file.chunks(64 * 1024 + 16).map(<[u8]>::to_vec).collect();
             let t = Instant::now();
             let per = bufs.len().div_ceil(threads);
@@ -468,7 +507,11 @@ fn weights_bench(mib: usize) -> Result<Value, String> {
                     let key = &key;
                     s.spawn(move || {
                         for b in group {
-                            let _ = key.open_in_place(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), b);
+                            let _ = key.open_in_place(
+                                Nonce::assume_unique_for_key([0; 12]),
+                                Aad::empty(),
+                                b,
+                            );
                         }
                     });
                 }

@@ -1,1 +1,198 @@
-fn main() {}
+//! `cgx-guest-agent`: runs inside the confidential VM.
+//!
+//! ```text
+//! cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST
+//!                               [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N]
+//!                               [--sim [--gpus N]]
+//! ```
+//! Attests to the KBS (configfs-tsm on SNP/TDX; `--sim` for simulated evidence), fetches the
+//! weights identity released to this TEE, and decrypts the age file streaming, in parallel
+//! chunks, straight into DEST (created 0600, never overwritten; removed on any failure, so no
+//! partial plaintext is left). Plaintext is written nowhere else.
+//!
+//! Exit codes: 0 done, 1 refused or failed, 2 usage.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use cgx_kbs::age::Identity;
+use cgx_kbs::client::{ConfigfsTsm, EvidenceSource, KbsClient};
+use cgx_kbs::jwe::{Curve, TeeKey};
+
+const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
+
+#[derive(Debug, Default)]
+struct Args {
+    kbs: String,
+    resource: String,
+    input: PathBuf,
+    output: PathBuf,
+    lease: Option<String>,
+    /// The node key (EC P-256, PKCS#8) a lease names; a fresh key when absent.
+    tee_key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+    threads: usize,
+    sim: bool,
+    gpus: usize,
+}
+
+fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    match it.next().as_deref() {
+        Some("fetch-weights") => {}
+        Some("--help" | "-h") | None => return Err(USAGE.into()),
+        Some(other) => return Err(format!("unknown command '{other}'\n{USAGE}")),
+    }
+    let mut a = Args::default();
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--kbs" => a.kbs = val()?,
+            "--resource" => a.resource = val()?,
+            "--in" => a.input = val()?.into(),
+            "--out" => a.output = val()?.into(),
+            "--lease" => a.lease = Some(val()?),
+            "--tee-key" => a.tee_key = Some(val()?.into()),
+            "--ca" => a.ca = Some(val()?.into()),
+            "--threads" => a.threads = val()?.parse().map_err(|_| "--threads: a number")?,
+            "--gpus" => a.gpus = val()?.parse().map_err(|_| "--gpus: a number")?,
+            "--sim" => a.sim = true,
+            other => return Err(format!("unknown flag '{other}'\n{USAGE}")),
+        }
+    }
+    if a.kbs.is_empty()
+        || a.resource.is_empty()
+        || a.input.as_os_str().is_empty()
+        || a.output.as_os_str().is_empty()
+    {
+        return Err(USAGE.into());
+    }
+    if a.resource.split('/').count() != 3 {
+        return Err("--resource must be REPO/TYPE/TAG".into());
+    }
+    Ok(a)
+}
+
+#[cfg(feature = "sim")]
+fn sim_source(gpus: usize) -> Result<Box<dyn EvidenceSource>, String> {
+    use cgx_attestation_sim::*;
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let mut chip = [0u8; 64];
+    fill_random(&mut chip).map_err(|e| e.to_string())?;
+    Ok(Box::new(cgx_kbs::sim::SimNode {
+        amd: SimAmd::generate(
+            Product::Genoa,
+            SigningKey::Vcek,
+            default_tcb(Product::Genoa),
+            chip,
+            t,
+        )
+        .map_err(|e| e.to_string())?,
+        gpus: (0..gpus)
+            .map(|_| SimGpu::generate(t).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?,
+        measurement: [0u8; 48],
+    }))
+}
+
+#[cfg(feature = "sim")]
+mod cgx_attestation_sim {
+    pub use cgx_kbs::sim::attestation::sim::{SimAmd, SimGpu, default_tcb, fill_random};
+    pub use cgx_kbs::sim::attestation::snp::{Product, SigningKey};
+}
+
+#[cfg(not(feature = "sim"))]
+fn sim_source(_: usize) -> Result<Box<dyn EvidenceSource>, String> {
+    Err("this build has no simulator (built without the sim feature)".into())
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    let source: Box<dyn EvidenceSource> = if a.sim {
+        sim_source(a.gpus)?
+    } else {
+        let tsm = ConfigfsTsm::default();
+        if !tsm.root.is_dir() {
+            return Err(format!(
+                "{} does not exist: not a confidential VM with configfs-tsm (use --sim outside one)",
+                tsm.root.display()
+            ));
+        }
+        Box::new(tsm)
+    };
+    let ca = match &a.ca {
+        Some(p) => Some(std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
+    };
+    let key = match &a.tee_key {
+        Some(p) => {
+            let der = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            TeeKey::ec_from_der(Curve::P256, &der).map_err(|e| e.to_string())?
+        }
+        None => TeeKey::generate_ec(Curve::P256).map_err(|e| e.to_string())?,
+    };
+    let mut client = KbsClient::new(&a.kbs, ca.as_deref(), key).map_err(|e| e.to_string())?;
+    client.attest(source.as_ref()).map_err(|e| e.to_string())?;
+    let secret = client
+        .resource(&a.resource, a.lease.as_deref())
+        .map_err(|e| e.to_string())?;
+    let identity = Identity::parse(&String::from_utf8_lossy(&secret)).map_err(|e| e.to_string())?;
+    drop(secret);
+    let mut input =
+        std::fs::File::open(&a.input).map_err(|e| format!("{}: {e}", a.input.display()))?;
+    let len = input
+        .metadata()
+        .map_err(|e| format!("{}: {e}", a.input.display()))?
+        .len();
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let out = opts
+        .open(&a.output)
+        .map_err(|e| format!("{}: {e}", a.output.display()))?;
+    let mut out = std::io::BufWriter::with_capacity(4 << 20, out);
+    let t = Instant::now();
+    let result =
+        cgx_kbs::age::decrypt(&identity, &mut input, len, &mut out, a.threads, &mut |_| {})
+            .map_err(|e| e.to_string())
+            .and_then(|n| out.flush().map(|()| n).map_err(|e| e.to_string()));
+    drop(out);
+    match result {
+        Ok(n) => {
+            let s = t.elapsed().as_secs_f64();
+            eprintln!(
+                "decrypted {n} bytes into {} in {s:.2} s ({:.2} GB/s)",
+                a.output.display(),
+                n as f64 / s.max(1e-9) / 1e9
+            );
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&a.output);
+            Err(e)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "cgx-guest-agent: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -280,7 +280,7 @@ fn wrap_lines(b64: &str) -> String {
         out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
         out.push('\n');
     }
-    if bytes.len() % 64 == 0 {
+    if bytes.len().is_multiple_of(64) {
         out.push('\n'); // the last body line is always shorter than 64 columns
     }
     out
@@ -303,13 +303,16 @@ fn threads_or_cores(threads: usize) -> usize {
     }
 }
 
+/// What is done to one chunk: (buffer, chunk index, is it the last chunk).
+type ChunkOp<'a> = dyn Fn(&mut Vec<u8>, u64, bool) -> Result<()> + Sync + 'a;
+
 /// Process `batch` (consecutive chunks starting at `first`) in parallel, in place.
 fn par_chunks(
     bufs: &mut [Vec<u8>],
     first: u64,
     total: u64,
     threads: usize,
-    f: &(dyn Fn(&mut Vec<u8>, u64, bool) -> Result<()> + Sync),
+    f: &ChunkOp,
 ) -> Result<()> {
     let per = bufs.len().div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {

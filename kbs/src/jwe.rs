@@ -301,6 +301,27 @@ impl TeeKey {
         ))
     }
 
+    /// An EC key from PKCS#8 or RFC 5915 DER: a node key the broker already knows (a lease
+    /// names it), kept by the guest across sessions.
+    pub fn ec_from_der(curve: Curve, der: &[u8]) -> Result<Self> {
+        Ok(TeeKey::Ec(
+            curve,
+            PrivateKey::from_private_key_der(curve.alg(), der)
+                .map_err(|_| JweError::InvalidKey(format!("not a {} private key", curve.name())))?,
+        ))
+    }
+
+    /// PKCS#8 DER of an EC key (to persist a node key). Secret: never log it.
+    pub fn ec_pkcs8(&self) -> Result<Vec<u8>> {
+        use aws_lc_rs::encoding::{AsDer, Pkcs8V1Der};
+        match self {
+            TeeKey::Ec(_, k) => AsDer::<Pkcs8V1Der<'static>>::as_der(k)
+                .map(|d| d.as_ref().to_vec())
+                .map_err(|_| JweError::Crypto("key encoding")),
+            TeeKey::Rsa(_) => Err(JweError::UnsupportedKey("RSA keys are not exported".into())),
+        }
+    }
+
     pub fn generate_rsa() -> Result<Self> {
         Ok(TeeKey::Rsa(
             PrivateDecryptingKey::generate(KeySize::Rsa2048)

@@ -12,6 +12,9 @@ use serde_json::{Value, json};
 
 use crate::client::{ClientError, EvidenceSource};
 
+/// The simulator's crate, for callers that only depend on this one.
+pub use cgx_attestation as attestation;
+
 /// DER blocks of a PEM text, in order.
 fn pem_blocks(pem: &str) -> Vec<Vec<u8>> {
     pem.split("-----BEGIN CERTIFICATE-----")

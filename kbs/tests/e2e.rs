@@ -394,8 +394,7 @@ fn coco_shaped_snp_report_json_is_accepted() {
         .unwrap();
     use sev::parser::ByteParser;
     let report = sev::firmware::guest::AttestationReport::from_bytes(&raw).unwrap();
-    att.tee_evidence.primary_evidence["attestation_report"] =
-        serde_json::to_value(&report).unwrap();
+    att.tee_evidence.primary_evidence["attestation_report"] = serde_json::to_value(report).unwrap();
     c.send_attestation(&att).unwrap();
     assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"k");
     srv.stop();

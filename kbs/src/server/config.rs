@@ -89,7 +89,8 @@ pub struct KbsConfig {
     /// from one replica do not verify on another).
     #[serde(default)]
     pub result_key: Option<PathBuf>,
-    /// SPKI SHA-256 pins (hex) of simulator roots to trust (development and tests only).
+    /// SPKI SHA-256 pins (hex) of simulator roots to trust, or `*` for any simulator root
+    /// (development and tests only).
     #[serde(default)]
     pub sim_roots: Vec<String>,
     /// Accept CoCo's unsigned `sample` evidence into appraisal (the default policy still refuses

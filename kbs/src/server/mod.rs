@@ -50,8 +50,11 @@ pub struct Kbs {
     /// Release policy rows by resource path, with the time they were read: a change made on
     /// this replica clears it at once, one made on another replica is seen within
     /// [`POLICY_CACHE_SECS`].
-    policy_cache: Mutex<std::collections::HashMap<String, (std::time::Instant, Arc<Vec<(String, String)>>)>>,
+    policy_cache: Mutex<std::collections::HashMap<String, CachedPolicies>>,
 }
+
+/// Release policy rows (scope, text) read at an instant.
+type CachedPolicies = (std::time::Instant, Arc<Vec<(String, String)>>);
 
 /// How long a replica may use release policies it read from the database.
 pub const POLICY_CACHE_SECS: u64 = 1;
@@ -74,9 +77,11 @@ impl Kbs {
         config.check()?;
         let kek = config.load_kek()?;
         let store = Store::open(&config.database, &kek).await?;
+        let trust_any_sim = config.sim_roots.iter().any(|r| r == "*");
         let pins = config
             .sim_roots
             .iter()
+            .filter(|r| *r != "*")
             .map(|h| {
                 hex::decode(h)
                     .ok()
@@ -86,7 +91,10 @@ impl Kbs {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let sim = if pins.is_empty() {
+        let sim = if trust_any_sim {
+            tracing::warn!("trusting every simulator root (sim_roots: \"*\"): development only");
+            SimTrust::Any
+        } else if pins.is_empty() {
             SimTrust::Refuse
         } else {
             SimTrust::Pinned(pins.clone())
@@ -155,7 +163,7 @@ impl Kbs {
         Ok(Kbs {
             store,
             attester,
-            release: ReleasePolicies::new(!pins.is_empty())?,
+            release: ReleasePolicies::new(trust_any_sim || !pins.is_empty())?,
             metrics: Metrics::default(),
             admin_keys,
             broker_keys,
@@ -175,7 +183,11 @@ impl Kbs {
         path: &str,
         repository: &str,
     ) -> Result<Arc<Vec<(String, String)>>, KbsError> {
-        if let Some((at, rows)) = self.policy_cache.lock().ok().and_then(|c| c.get(path).cloned())
+        if let Some((at, rows)) = self
+            .policy_cache
+            .lock()
+            .ok()
+            .and_then(|c| c.get(path).cloned())
             && at.elapsed() < Duration::from_secs(POLICY_CACHE_SECS)
         {
             return Ok(rows);

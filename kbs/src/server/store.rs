@@ -110,7 +110,7 @@ impl Store {
         } else {
             url.to_string()
         };
-        let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 16 } else { 16 });
+        let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 8 } else { 16 });
         if sqlite {
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {
