@@ -61,6 +61,28 @@ fn pem_or_der(bytes: &[u8], label: &str) -> Vec<u8> {
     }
 }
 
+/// `cgx kbs dev-cert`: a self-signed certificate for a development KBS.
+pub fn dev_cert(out: &Path, names: &[String]) -> CliResult {
+    let names: Vec<&str> = if names.is_empty() {
+        vec!["localhost", "127.0.0.1"]
+    } else {
+        names.iter().map(String::as_str).collect()
+    };
+    let (cert, key) = cgx_kbs::server::tls::self_signed(&names).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    std::fs::write(out.join("dev.crt"), cert).map_err(|e| e.to_string())?;
+    let key_path = out.join("dev.key");
+    std::fs::write(&key_path, key).map_err(|e| e.to_string())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| e.to_string())?;
+    }
+    println!("{}", out.join("dev.crt").display());
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `cgx kbs token --admin-key K`: print an admin token.
 pub fn token(admin_key: &Path, ttl: i64) -> CliResult {
     println!("{}", admin_token(admin_key, ttl)?);

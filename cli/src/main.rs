@@ -192,6 +192,14 @@ enum KbsCommand {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Write a self-signed TLS certificate and key (dev.crt, dev.key) for a development KBS.
+    DevCert {
+        #[arg(long)]
+        out: PathBuf,
+        /// DNS names or IP addresses (default: localhost, 127.0.0.1).
+        #[arg(long = "name")]
+        names: Vec<String>,
+    },
     /// Print an admin bearer token signed with an Ed25519 PKCS#8 key (DER or PEM).
     Token {
         #[arg(long)]
@@ -417,6 +425,7 @@ fn main() -> ExitCode {
         Command::Kbs { command } => match command {
             KbsCommand::Serve { config } => kbs::serve(&config),
             KbsCommand::Token { admin_key, ttl } => kbs::token(&admin_key, ttl),
+            KbsCommand::DevCert { out, names } => kbs::dev_cert(&out, &names),
         },
         Command::Weights { command } => match command {
             WeightsCommand::Keygen {

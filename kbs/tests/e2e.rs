@@ -499,3 +499,54 @@ fn bad_configs_are_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     assert!(rt.block_on(cgx_kbs::server::Kbs::new(&s.config)).is_err());
 }
+
+#[test]
+fn tls_by_default() {
+    let n = node(0);
+    let mut s = setup(&[&n], None);
+    let (cert, key) = cgx_kbs::server::tls::self_signed(&["localhost", "127.0.0.1"]).unwrap();
+    std::fs::write(s.dir.join("tls.crt"), &cert).unwrap();
+    std::fs::write(s.dir.join("tls.key"), &key).unwrap();
+    s.config.insecure_dev = false;
+    s.config.tls = Some(cgx_kbs::server::config::TlsConfig {
+        cert: s.dir.join("tls.crt"),
+        key: s.dir.join("tls.key"),
+    });
+    let srv = Server::start(&s.config);
+    let base = srv.base.replace("http://", "https://");
+    put_resource_tls(&base, &cert, &s.admin);
+    let mut c = KbsClient::with_new_key(&base, Some(cert.as_bytes())).unwrap();
+    c.attest(&n).unwrap();
+    assert_eq!(c.resource("tenant-a/key/tls", None).unwrap(), b"over tls");
+    // A client that does not trust the certificate cannot talk to it.
+    let mut stranger = KbsClient::with_new_key(&base, None).unwrap();
+    let e = stranger.attest(&n).unwrap_err();
+    assert!(matches!(e, cgx_kbs::client::ClientError::Transport { .. }), "{e}");
+    // Plain HTTP to the TLS port fails too.
+    let mut plain = KbsClient::with_new_key(&srv.base, None).unwrap();
+    assert!(plain.attest(&n).is_err());
+    srv.stop();
+}
+
+fn put_resource_tls(base: &str, ca: &str, admin: &Ed) {
+    let certs: Vec<_> = ureq::tls::parse_pem(ca.as_bytes())
+        .filter_map(|i| match i {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let tls = ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(certs)))
+        .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .build();
+    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().tls_config(tls).build());
+    let r = agent
+        .post(&format!("{base}/kbs/v0/resource/tenant-a/key/tls"))
+        .header("authorization", &format!("Bearer {}", admin_token(admin)))
+        .send(&b"over tls"[..])
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

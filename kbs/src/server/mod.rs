@@ -9,6 +9,7 @@ pub mod jwt;
 pub mod metrics;
 pub mod release;
 pub mod store;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
