@@ -25,8 +25,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 pub fn serve(config: &Path) -> CliResult {
     let cfg = KbsConfig::from_file(config).map_err(|e| e.to_string())?;
     runtime()?
-        .block_on(cgx_kbs::server::serve(&cfg))
+        .block_on(cgx_kbs::server::serve(&cfg, |addr| {
+            println!(
+                "cgx kbs listening on {}://{addr}",
+                if cfg.tls.is_some() { "https" } else { "http" }
+            );
+            let _ = std::io::stdout().flush();
+        }))
         .map_err(|e| e.to_string())?;
+    eprintln!("cgx kbs: stopped");
     Ok(ExitCode::SUCCESS)
 }
 

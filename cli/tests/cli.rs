@@ -383,3 +383,128 @@ fn collateral_store_feeds_verification_of_a_bare_report() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `cgx kbs serve` as a process: it prints where it listens, answers /healthz and /metrics,
+/// and exits 0 on SIGTERM; `cgx weights encrypt` and `cgx kbs dev-cert` work from the shell.
+#[test]
+fn kbs_serve_health_metrics_and_graceful_stop() {
+    use std::io::BufRead;
+    let dir = tmp("kbs-serve");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kek.hex"), "22".repeat(32)).unwrap();
+    let config = serde_json::json!({
+        "listen": "127.0.0.1:0",
+        "insecure_dev": true,
+        "database": format!("sqlite://{}", dir.join("kbs.db").display()),
+        "kek": {"file": dir.join("kek.hex")},
+    });
+    std::fs::write(dir.join("kbs.json"), config.to_string()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cgx"))
+        .args(["kbs", "serve", "--config"])
+        .arg(dir.join("kbs.json"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(base.starts_with("http://127.0.0.1:"), "{line}");
+    let get = |p: &str| {
+        let mut r = ureq::get(&format!("{base}{p}")).call().unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    };
+    let (s, body) = get("/healthz");
+    assert_eq!(s, 200);
+    assert!(body.contains("\"schema_version\":1"), "{body}");
+    let (s, body) = get("/metrics");
+    assert_eq!(s, 200);
+    assert!(
+        body.contains("cgx_kbs_requests_total{endpoint=\"healthz\"") || body.contains("# TYPE"),
+        "{body}"
+    );
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 15, "did not stop on SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A config that cannot be served safely is refused with a clear message.
+    std::fs::write(
+        dir.join("bad.json"),
+        serde_json::json!({"listen": "0.0.0.0:0", "insecure_dev": true,
+            "database": "sqlite://x.db", "kek": {"env": "NOPE"}})
+        .to_string(),
+    )
+    .unwrap();
+    let (code, _, err) = cgx(&[
+        "kbs",
+        "serve",
+        "--config",
+        dir.join("bad.json").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("loopback"), "{err}");
+
+    // Weights: encrypt, and a bad recipient is a usage error.
+    std::fs::write(dir.join("w.bin"), vec![9u8; 200_000]).unwrap();
+    let id = cgx_kbs::age::Identity::generate().unwrap();
+    let r = id.recipient().unwrap().to_string();
+    let (code, _, err) = cgx(&[
+        "weights",
+        "encrypt",
+        "-r",
+        &r,
+        "--in",
+        dir.join("w.bin").to_str().unwrap(),
+        "--out",
+        dir.join("w.age").to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let file = std::fs::read(dir.join("w.age")).unwrap();
+    let mut back = Vec::new();
+    cgx_kbs::age::decrypt(
+        &id,
+        &mut &file[..],
+        file.len() as u64,
+        &mut back,
+        1,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(back, vec![9u8; 200_000]);
+    let (code, _, err) = cgx(&[
+        "weights",
+        "encrypt",
+        "-r",
+        "age1nope",
+        "--in",
+        dir.join("w.bin").to_str().unwrap(),
+        "--out",
+        dir.join("x.age").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("recipient"), "{err}");
+    let (code, out, _) = cgx(&[
+        "kbs",
+        "dev-cert",
+        "--out",
+        dir.join("tls").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        std::fs::read_to_string(out.trim())
+            .unwrap()
+            .contains("BEGIN CERTIFICATE")
+    );
+}

@@ -521,7 +521,10 @@ fn tls_by_default() {
     // A client that does not trust the certificate cannot talk to it.
     let mut stranger = KbsClient::with_new_key(&base, None).unwrap();
     let e = stranger.attest(&n).unwrap_err();
-    assert!(matches!(e, cgx_kbs::client::ClientError::Transport { .. }), "{e}");
+    assert!(
+        matches!(e, cgx_kbs::client::ClientError::Transport { .. }),
+        "{e}"
+    );
     // Plain HTTP to the TLS port fails too.
     let mut plain = KbsClient::with_new_key(&srv.base, None).unwrap();
     assert!(plain.attest(&n).is_err());

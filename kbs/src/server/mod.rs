@@ -367,21 +367,28 @@ async fn accept_loop(
     }
 }
 
-/// `cgx kbs serve`: run until SIGINT or SIGTERM.
-pub async fn serve(config: &KbsConfig) -> Result<(), KbsError> {
-    let running = start(config).await?;
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Wait for SIGINT or SIGTERM.
+pub async fn shutdown_signal() -> Result<(), KbsError> {
     #[cfg(unix)]
     {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| KbsError::Internal(e.to_string()))?;
         tokio::select! {
-            _ = ctrl_c => {}
+            _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    let _ = tokio::signal::ctrl_c().await;
+    Ok(())
+}
+
+/// `cgx kbs serve`: run until SIGINT or SIGTERM, then shut down gracefully. `on_listen` is told
+/// the bound address.
+pub async fn serve(config: &KbsConfig, on_listen: impl FnOnce(SocketAddr)) -> Result<(), KbsError> {
+    let running = start(config).await?;
+    on_listen(running.addr);
+    shutdown_signal().await?;
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())

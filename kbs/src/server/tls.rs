@@ -101,7 +101,10 @@ pub fn self_signed(names: &[&str]) -> Result<(String, String), KbsError> {
             // extKeyUsage 2.5.29.37: serverAuth 1.3.6.1.5.5.7.3.1
             seq(&[
                 oid(&[0x55, 0x1D, 0x25]),
-                tlv(0x04, &seq(&[oid(&[0x2B, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x01])])),
+                tlv(
+                    0x04,
+                    &seq(&[oid(&[0x2B, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x01])]),
+                ),
             ]),
         ]),
     );
@@ -123,5 +126,8 @@ pub fn self_signed(names: &[&str]) -> Result<(String, String), KbsError> {
     let mut bits = vec![0u8];
     bits.extend_from_slice(sig.as_ref());
     let cert = seq(&[tbs, sig_alg, tlv(0x03, &bits)]);
-    Ok((pem("CERTIFICATE", &cert), pem("PRIVATE KEY", pkcs8.as_ref())))
+    Ok((
+        pem("CERTIFICATE", &cert),
+        pem("PRIVATE KEY", pkcs8.as_ref()),
+    ))
 }
