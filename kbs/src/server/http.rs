@@ -27,7 +27,7 @@ use super::Kbs;
 use super::attest::CPU_SUBMOD;
 use super::error::KbsError;
 use super::release::check_lease;
-use super::store::{ATTESTED, now};
+use super::store::{ATTESTED, FAILED, now};
 
 pub const PROTOCOL_VERSION: &str = "0.4.0";
 pub const SESSION_COOKIE: &str = "kbs-session-id";
@@ -90,12 +90,6 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<
     serde_json::from_slice(body).map_err(|e| KbsError::InvalidRequest(format!("{what}: {e}")))
 }
 
-fn random_hex(n: usize) -> Result<String, KbsError> {
-    let mut b = vec![0u8; n];
-    aws_lc_rs::rand::fill(&mut b).map_err(|_| KbsError::Internal("random".into()))?;
-    Ok(hex::encode(b))
-}
-
 fn cookie(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
@@ -148,14 +142,11 @@ async fn auth(State(kbs): Shared, body: Bytes) -> Response {
             Tee::Sample if kbs.allow_sample => {}
             other => return Err(KbsError::UnsupportedTee(other.to_string())),
         }
-        let id = random_hex(16)?;
-        let mut n = [0u8; 32];
-        aws_lc_rs::rand::fill(&mut n).map_err(|_| KbsError::Internal("random".into()))?;
-        let nonce = STANDARD.encode(n);
-        let expires = now() + kbs.nonce_ttl;
-        kbs.store
-            .create_session(&id, &nonce, req.tee.as_ref(), expires)
-            .await?;
+        let ch = kbs
+            .session_keys
+            .issue(req.tee.as_ref(), now() + kbs.nonce_ttl)
+            .ok_or_else(|| KbsError::Internal("random".into()))?;
+        let (id, nonce) = (ch.id, ch.nonce);
         let mut resp = Json(Challenge {
             nonce,
             extra_params: json!({}),
@@ -195,18 +186,24 @@ async fn attest_inner(
 ) -> Result<Response, KbsError> {
     let id = cookie(headers)
         .ok_or_else(|| KbsError::UnAuthenticated("no kbs-session-id cookie".into()))?;
-    let att: Attestation = json_body(body, "attestation")?;
-    // Single use: whatever happens next, this challenge cannot be answered again.
-    let (nonce, tee) = kbs.store.consume_challenge(&id, now()).await?.ok_or_else(|| {
+    let ch = kbs
+        .session_keys
+        .open(&id, now())
+        .map_err(|e| KbsError::UnAuthenticated(e.into()))?;
+    let replayed = || {
         KbsError::UnAuthenticated(
-            "unknown session, or its challenge expired or was already answered; start again with /auth"
-                .into(),
+            "this challenge was already answered; start again with /auth".into(),
         )
-    })?;
-    let tee: Tee = tee
+    };
+    // Replays are caught by the one INSERT below (any replica); checking first would cost every
+    // honest attestation a read.
+    let att: Attestation = json_body(body, "attestation")?;
+    let tee: Tee = ch
+        .tee
         .parse()
-        .map_err(|_| KbsError::Internal("stored TEE".into()))?;
-    let attested = if kbs.attester.may_block() {
+        .map_err(|_| KbsError::Internal("session TEE".into()))?;
+    let nonce = ch.nonce.clone();
+    let outcome = if kbs.attester.may_block() {
         // Collateral may come from a vendor over the network: off the async workers.
         let k = kbs.clone();
         let att2 = att.clone();
@@ -215,17 +212,41 @@ async fn attest_inner(
                 .attest(tee, &att2, &nonce, time::OffsetDateTime::now_utc())
         })
         .await
-        .map_err(|e| KbsError::Internal(e.to_string()))??
+        .map_err(|e| KbsError::Internal(e.to_string()))?
     } else {
         // Pure computation (a few hundred microseconds): a thread hand-off would cost more.
         kbs.attester
-            .attest(tee, &att, &nonce, time::OffsetDateTime::now_utc())?
+            .attest(tee, &att, &nonce, time::OffsetDateTime::now_utc())
+    };
+    let attested = match outcome {
+        Ok(a) => a,
+        Err(e) => {
+            // A failed answer uses up the challenge too.
+            kbs.store
+                .record_session(&id, &ch.nonce, &ch.tee, FAILED, ch.expires_at, None, None)
+                .await?;
+            return Err(e);
+        }
     };
     let key_json = serde_json::to_string(&att.runtime_data.tee_pubkey)
         .map_err(|e| KbsError::Internal(e.to_string()))?;
-    kbs.store
-        .mark_attested(&id, &key_json, &attested.token, now() + kbs.session_ttl)
-        .await?;
+    let expires_at = now() + kbs.session_ttl;
+    if !kbs
+        .store
+        .record_session(
+            &id,
+            &ch.nonce,
+            &ch.tee,
+            ATTESTED,
+            expires_at,
+            Some(&key_json),
+            Some(&attested.token),
+        )
+        .await?
+    {
+        return Err(replayed());
+    }
+    kbs.remember_session(&id, att.runtime_data.tee_pubkey.clone(), &attested.token, expires_at);
     tracing::info!(session = %id, status = attested.status.as_str(), "attested");
     Ok(Json(json!({"token": attested.token})).into_response())
 }
@@ -235,17 +256,13 @@ async fn attest_inner(
 async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<(TeePubKey, Value), KbsError> {
     if let Some(id) = cookie(headers) {
         let s = kbs
-            .store
             .session(&id)
             .await?
-            .filter(|s| s.state == ATTESTED && s.expires_at > now())
+            .filter(|s| s.attested && s.expires_at > now())
             .ok_or_else(|| {
                 KbsError::UnAuthenticated("no attested, unexpired session for this cookie".into())
             })?;
-        let key: TeePubKey = serde_json::from_str(s.tee_pubkey.as_deref().unwrap_or(""))
-            .map_err(|_| KbsError::Internal("stored TEE key".into()))?;
-        let claims = token_claims(s.token.as_deref().unwrap_or(""))?;
-        return Ok((key, claims));
+        return Ok((s.tee_pubkey.clone(), s.claims.clone()));
     }
     if let Some(token) = bearer(headers) {
         cgx_attestation::results::verify(token, &kbs.attester.signer().jwk(), now())
@@ -263,7 +280,7 @@ async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<(TeePubKey, Value),
     ))
 }
 
-fn token_claims(token: &str) -> Result<Value, KbsError> {
+pub(super) fn token_claims(token: &str) -> Result<Value, KbsError> {
     token
         .split('.')
         .nth(1)

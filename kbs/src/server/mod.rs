@@ -8,6 +8,7 @@ pub mod http;
 pub mod jwt;
 pub mod metrics;
 pub mod release;
+pub mod session;
 pub mod store;
 pub mod tls;
 
@@ -52,6 +53,19 @@ pub struct Kbs {
     /// this replica clears it at once, one made on another replica is seen within
     /// [`POLICY_CACHE_SECS`].
     policy_cache: Mutex<std::collections::HashMap<String, CachedPolicies>>,
+    pub session_keys: session::SessionKeys,
+    /// Sessions attested on this replica (others are read from the database).
+    sessions: Mutex<std::collections::HashMap<String, Arc<LiveSession>>>,
+}
+
+/// A recorded session as the resource endpoint needs it.
+#[derive(Debug)]
+pub struct LiveSession {
+    pub attested: bool,
+    pub expires_at: i64,
+    pub tee_pubkey: kbs_types::TeePubKey,
+    /// The EAR's claims (what release policies see).
+    pub claims: serde_json::Value,
 }
 
 /// Release policy rows (scope, text) read at an instant.
@@ -175,7 +189,69 @@ impl Kbs {
             default_reference_values,
             engine_source: Mutex::new((policy, refs)),
             policy_cache: Mutex::new(std::collections::HashMap::new()),
+            session_keys: session::SessionKeys::derive(&kek),
+            sessions: Mutex::new(std::collections::HashMap::new()),
         })
+    }
+
+    /// Keep a session this replica attested, so its resource requests skip the database.
+    pub fn remember_session(
+        &self,
+        id: &str,
+        tee_pubkey: kbs_types::TeePubKey,
+        token: &str,
+        expires_at: i64,
+    ) {
+        let Ok(claims) = http::token_claims(token) else {
+            return;
+        };
+        if let Ok(mut m) = self.sessions.lock() {
+            if m.len() >= 100_000 {
+                let t = store::now();
+                m.retain(|_, s| s.expires_at > t);
+                if m.len() >= 100_000 {
+                    m.clear();
+                }
+            }
+            m.insert(
+                id.to_string(),
+                Arc::new(LiveSession {
+                    attested: true,
+                    expires_at,
+                    tee_pubkey,
+                    claims,
+                }),
+            );
+        }
+    }
+
+    /// A recorded session: this replica's memory, else the database.
+    pub async fn session(&self, id: &str) -> Result<Option<Arc<LiveSession>>, KbsError> {
+        if let Some(s) = self.sessions.lock().ok().and_then(|m| m.get(id).cloned()) {
+            return Ok(Some(s));
+        }
+        let Some(row) = self.store.session(id).await? else {
+            return Ok(None);
+        };
+        let attested = row.state == store::ATTESTED;
+        let tee_pubkey = match (&row.tee_pubkey, attested) {
+            (Some(k), true) => serde_json::from_str(k)
+                .map_err(|_| KbsError::Internal("stored TEE key".into()))?,
+            _ => kbs_types::TeePubKey::AKP {
+                alg: String::new(),
+                public_key: String::new(),
+            },
+        };
+        let claims = match (&row.token, attested) {
+            (Some(t), true) => http::token_claims(t)?,
+            _ => serde_json::Value::Null,
+        };
+        Ok(Some(Arc::new(LiveSession {
+            attested,
+            expires_at: row.expires_at,
+            tee_pubkey,
+            claims,
+        })))
     }
 
     /// The stored release policies that apply to `path` (global, repository, resource).

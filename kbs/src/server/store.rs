@@ -2,8 +2,9 @@
 //! default) or PostgreSQL (several replicas), through sqlx's `Any` driver with one SQL dialect
 //! (`$n` placeholders work on both).
 //!
-//! Sessions live here, not in memory, so any replica serves any step of a handshake; a nonce is
-//! consumed by one conditional UPDATE, so it is single-use across replicas too. Resources are
+//! Sessions live here, not in memory, so any replica serves any step of a handshake; a challenge
+//! is answered by one INSERT keyed by the session id, so it is single-use across replicas too
+//! ([`super::session`]). Resources are
 //! sealed with AES-256-GCM under the key-encryption key (never stored), the resource path as
 //! AAD so a sealed value cannot be moved to another path.
 
@@ -56,10 +57,9 @@ pub struct Session {
     pub token: Option<String>,
 }
 
-/// Session states.
-pub const CHALLENGED: &str = "challenged";
-pub const CONSUMED: &str = "consumed";
+/// Session states (a session row exists once its challenge was answered).
 pub const ATTESTED: &str = "attested";
+pub const FAILED: &str = "failed";
 
 /// A stored resource, unsealed.
 #[derive(Debug)]
@@ -175,25 +175,34 @@ impl Store {
 
     // ---------------------------------------------------------------- sessions
 
-    pub async fn create_session(
+    /// Record the answer to a challenge: `true` for the first answer, `false` when the
+    /// session already exists (a replayed challenge), on any replica.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn record_session(
         &self,
         id: &str,
         nonce: &str,
         tee: &str,
+        state: &str,
         expires_at: i64,
-    ) -> Result<(), KbsError> {
-        sqlx::query(
-            "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        tee_pubkey: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<bool, KbsError> {
+        let r = sqlx::query(
+            "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at, tee_pubkey, token)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
         )
         .bind(id)
         .bind(nonce)
         .bind(tee)
-        .bind(CHALLENGED)
+        .bind(state)
         .bind(now())
         .bind(expires_at)
+        .bind(tee_pubkey)
+        .bind(token)
         .execute(&self.pool)
         .await?;
-        Ok(())
+        Ok(r.rows_affected() == 1)
     }
 
     pub async fn session(&self, id: &str) -> Result<Option<Session>, KbsError> {
@@ -216,50 +225,6 @@ impl Store {
         })
         .transpose()
         .map_err(|e: sqlx::Error| KbsError::Storage(e.to_string()))
-    }
-
-    /// Consume the session's challenge: `(nonce, tee)` for exactly one caller, and only while
-    /// the challenge is unexpired; `None` for an unknown, expired or already answered session.
-    /// One statement, so two replicas cannot both consume it.
-    pub async fn consume_challenge(
-        &self,
-        id: &str,
-        now: i64,
-    ) -> Result<Option<(String, String)>, KbsError> {
-        let row = sqlx::query(
-            "UPDATE sessions SET state = $1 WHERE id = $2 AND state = $3 AND expires_at > $4 RETURNING nonce, tee",
-        )
-        .bind(CONSUMED)
-        .bind(id)
-        .bind(CHALLENGED)
-        .bind(now)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(match row {
-            Some(r) => Some((r.try_get("nonce")?, r.try_get("tee")?)),
-            None => None,
-        })
-    }
-
-    pub async fn mark_attested(
-        &self,
-        id: &str,
-        tee_pubkey: &str,
-        token: &str,
-        expires_at: i64,
-    ) -> Result<(), KbsError> {
-        sqlx::query(
-            "UPDATE sessions SET state = $1, tee_pubkey = $2, token = $3, expires_at = $4 WHERE id = $5 AND state = $6",
-        )
-        .bind(ATTESTED)
-        .bind(tee_pubkey)
-        .bind(token)
-        .bind(expires_at)
-        .bind(id)
-        .bind(CONSUMED)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
     }
 
     /// Delete sessions that expired before `now`; returns how many.

@@ -1,0 +1,120 @@
+//! Session ids that carry their own challenge.
+//!
+//! `auth` writes nothing: the session id is `<random>.<tee>.<expiry>.<mac>`, MAC'd with a key
+//! every replica derives from the shared key-encryption key, and the challenge nonce is a MAC
+//! of the id. `attest` checks the MAC and the expiry, then records the session with one
+//! INSERT keyed by the id: a second answer to the same challenge finds the row and is refused,
+//! on any replica. Failed attestations are recorded too, so a challenge is answered once.
+
+use aws_lc_rs::hmac;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+
+/// Session-id MAC and nonce derivation keys.
+pub struct SessionKeys {
+    mac: hmac::Key,
+}
+
+impl std::fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKeys(…)")
+    }
+}
+
+/// A challenge whose id verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    pub id: String,
+    pub tee: String,
+    pub expires_at: i64,
+    pub nonce: String,
+}
+
+impl SessionKeys {
+    /// Keys derived from the key-encryption key (HKDF-SHA256), so replicas agree without
+    /// storing another secret.
+    pub fn derive(kek: &[u8; 32]) -> Self {
+        struct Len;
+        impl aws_lc_rs::hkdf::KeyType for Len {
+            fn len(&self) -> usize {
+                32
+            }
+        }
+        let mut k = [0u8; 32];
+        let prk = aws_lc_rs::hkdf::Salt::new(aws_lc_rs::hkdf::HKDF_SHA256, b"cgx-kbs").extract(kek);
+        if let Ok(okm) = prk.expand(&[b"session-mac/v1"], Len) {
+            let _ = okm.fill(&mut k);
+        }
+        SessionKeys {
+            mac: hmac::Key::new(hmac::HMAC_SHA256, &k),
+        }
+    }
+
+    fn tag(&self, what: &[u8], body: &str) -> Vec<u8> {
+        let mut ctx = hmac::Context::with_key(&self.mac);
+        ctx.update(what);
+        ctx.update(body.as_bytes());
+        ctx.sign().as_ref().to_vec()
+    }
+
+    /// A new challenge for `tee`, valid until `expires_at`.
+    pub fn issue(&self, tee: &str, expires_at: i64) -> Option<Challenge> {
+        let mut r = [0u8; 16];
+        aws_lc_rs::rand::fill(&mut r).ok()?;
+        let body = format!("{}.{tee}.{expires_at}", hex::encode(r));
+        let id = format!("{body}.{}", hex::encode(&self.tag(b"id\0", &body)[..16]));
+        let nonce = STANDARD.encode(self.tag(b"nonce\0", &id));
+        Some(Challenge {
+            id,
+            tee: tee.to_string(),
+            expires_at,
+            nonce,
+        })
+    }
+
+    /// The challenge behind `id`, if the id is ours and unexpired at `now`.
+    pub fn open(&self, id: &str, now: i64) -> Result<Challenge, &'static str> {
+        let (body, mac) = id.rsplit_once('.').ok_or("malformed session id")?;
+        let mac = hex::decode(mac).map_err(|_| "malformed session id")?;
+        let expect = self.tag(b"id\0", body);
+        if mac.len() != 16 || !aws_lc_rs::constant_time::verify_slices_are_equal(&mac, &expect[..16]).is_ok() {
+            return Err("session id was not issued by this KBS");
+        }
+        let mut parts = body.split('.');
+        let (Some(_), Some(tee), Some(exp), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err("malformed session id");
+        };
+        let expires_at: i64 = exp.parse().map_err(|_| "malformed session id")?;
+        if now >= expires_at {
+            return Err("the challenge has expired; start again with /auth");
+        }
+        Ok(Challenge {
+            id: id.to_string(),
+            tee: tee.to_string(),
+            expires_at,
+            nonce: STANDARD.encode(self.tag(b"nonce\0", id)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn issue_open_expire_forge() {
+        let k = SessionKeys::derive(&[1; 32]);
+        let c = k.issue("snp", 100).unwrap();
+        assert_eq!(k.open(&c.id, 50).unwrap(), c);
+        assert!(k.open(&c.id, 100).is_err());
+        let other = SessionKeys::derive(&[2; 32]);
+        assert!(other.open(&c.id, 50).is_err());
+        // Extending the expiry breaks the MAC.
+        let forged = c.id.replace(".100.", ".999.");
+        assert!(k.open(&forged, 50).is_err());
+        assert!(k.open("x", 50).is_err());
+        assert_ne!(k.issue("snp", 100).unwrap().nonce, c.nonce);
+    }
+}
