@@ -260,10 +260,14 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 pub fn bench(
     clients: usize,
     secs: f64,
+    rate: Option<f64>,
     gpus: usize,
     weights_mib: usize,
     json_out: bool,
 ) -> CliResult {
+    if rate.is_some_and(|r| !(1.0..=1e6).contains(&r)) {
+        return Err("--rate must be between 1 and 1e6 flows/s".into());
+    }
     if clients == 0 || !(0.5..=600.0).contains(&secs) {
         return Err("--clients must be positive and --seconds within 0.5..600".into());
     }
@@ -352,33 +356,134 @@ pub fn bench(
             .ok_or_else(|| "wrong resource".to_string())
     };
     flow(&node, &agent(None)?)?; // warm: caches, VM pool
-    let stop = Arc::new(AtomicBool::new(false));
-    let measuring = Arc::new(AtomicBool::new(false));
-    let errors = Arc::new(AtomicU64::new(0));
-    let first_error = Arc::new(Mutex::new(None::<String>));
-    let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
-    let warmup = Duration::from_secs_f64((secs / 5.0).min(2.0));
-    std::thread::scope(|s| {
-        for _ in 0..clients {
-            let (node, stop, measuring, errors, first_error, lat) = (
-                node.clone(),
-                stop.clone(),
-                measuring.clone(),
-                errors.clone(),
-                first_error.clone(),
-                lat.clone(),
+    let closed = load(clients, secs, None, &|a| flow(&node, a));
+    let paced = rate.map(|r| load(clients, secs, Some(r), &|a| flow(&node, a)));
+    rt.block_on(running.shutdown());
+    let _ = std::fs::remove_dir_all(&dir);
+    let trustee = 220.0;
+    let closed = closed?;
+    let kbs = json!({
+        "clients": clients,
+        "gpus_per_node": gpus,
+        "closed_loop": closed.json(),
+        "paced": match paced { Some(p) => p?.json(), None => Value::Null },
+        "vs_trustee_220": (closed.flows_per_s() / trustee * 100.0).round() / 100.0,
+    });
+    let errors = closed.errors;
+    let weights = weights_bench(weights_mib)?;
+    let out = json!({"kbs": kbs, "weights": weights});
+    if json_out {
+        crate::commands::print_json(&out)?;
+    } else {
+        println!(
+            "kbs: {} clients, {} GPU(s) per node, full flows (auth → attest → resource → decrypt) with simulated SNP evidence, client and server on this machine",
+            clients, gpus
+        );
+        let c = &out["kbs"]["closed_loop"];
+        println!(
+            "  closed loop: {} flows/s  p50 {} ms  p99 {} ms  errors {}  ({}× Trustee's ~220 flows/s)",
+            c["flows_per_s"], c["p50_ms"], c["p99_ms"], c["errors"], out["kbs"]["vs_trustee_220"]
+        );
+        let p = &out["kbs"]["paced"];
+        if !p.is_null() {
+            println!(
+                "  paced at {} flows/s offered: {} flows/s  p50 {} ms  p99 {} ms  errors {}  (latency from each flow's scheduled start)",
+                p["offered_per_s"], p["flows_per_s"], p["p50_ms"], p["p99_ms"], p["errors"]
             );
-            let flow = &flow;
+        }
+        println!(
+            "weights: age decryption of {weights_mib} MiB vs raw ChaCha20-Poly1305 (same chunks)"
+        );
+        if let Some(rows) = out["weights"]["by_threads"].as_array() {
+            for r in rows {
+                println!(
+                    "  {} thread(s): decrypt {} GB/s  raw {} GB/s  ratio {}  scaling {}×",
+                    r["threads"], r["decrypt_gb_s"], r["raw_gb_s"], r["ratio"], r["scaling"]
+                );
+            }
+        }
+    }
+    Ok(if errors == 0 && !closed.lat.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// What one load run measured.
+struct Load {
+    offered: Option<f64>,
+    window: f64,
+    lat: Vec<f64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Load {
+    fn flows_per_s(&self) -> f64 {
+        self.lat.len() as f64 / self.window.max(1e-9)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "offered_per_s": self.offered,
+            "seconds": (self.window * 100.0).round() / 100.0,
+            "flows": self.lat.len(),
+            "flows_per_s": self.flows_per_s().round(),
+            "p50_ms": (pct(&self.lat, 0.50) * 1e4).round() / 10.0,
+            "p99_ms": (pct(&self.lat, 0.99) * 1e4).round() / 10.0,
+            "errors": self.errors,
+            "first_error": self.first_error,
+        })
+    }
+}
+
+/// `clients` threads running `flow` for `secs` after a warm-up. Closed loop (`rate` None):
+/// each starts its next flow when the last ends. Paced: flows are scheduled at `rate` per second
+/// in total, spread over the clients, and latency counts from the scheduled start (so a KBS
+/// that falls behind shows it, rather than slowing the clients down).
+fn load(
+    clients: usize,
+    secs: f64,
+    rate: Option<f64>,
+    flow: &(dyn Fn(&ureq::Agent) -> Result<(), String> + Sync),
+) -> Result<Load, String> {
+    let stop = AtomicBool::new(false);
+    let measuring = AtomicBool::new(false);
+    let errors = AtomicU64::new(0);
+    let first_error = Mutex::new(None::<String>);
+    let lat = Mutex::new(Vec::<f64>::new());
+    let warmup = Duration::from_secs_f64((secs / 5.0).min(2.0));
+    let t0 = Instant::now();
+    let mut window = 0.0;
+    std::thread::scope(|s| {
+        for i in 0..clients {
+            let (stop, measuring, errors, first_error, lat) =
+                (&stop, &measuring, &errors, &first_error, &lat);
             let client_agent = agent(None);
             s.spawn(move || {
                 let Ok(client_agent) = client_agent else {
                     return;
                 };
                 let mut mine = Vec::new();
+                let mut k = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    let r = flow(&node, &client_agent);
-                    let took = t.elapsed().as_secs_f64();
+                    let start = match rate {
+                        Some(r) => {
+                            let at = t0
+                                + Duration::from_secs_f64(
+                                    (k as f64 * clients as f64 + i as f64) / r,
+                                );
+                            k += 1;
+                            if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                                std::thread::sleep(wait);
+                            }
+                            at
+                        }
+                        None => Instant::now(),
+                    };
+                    let r = flow(&client_agent);
+                    let took = start.elapsed().as_secs_f64();
                     if !measuring.load(Ordering::Relaxed) {
                         continue;
                     }
@@ -402,66 +507,17 @@ pub fn bench(
         let t = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(secs));
         measuring.store(false, Ordering::Relaxed);
+        window = t.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);
-        if let Ok(mut l) = lat.lock() {
-            l.push(-t.elapsed().as_secs_f64()); // window length, marked negative
-        }
     });
-    rt.block_on(running.shutdown());
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut l = lat.lock().map_err(|_| "lock")?.clone();
-    let window = -l.iter().copied().filter(|x| *x < 0.0).sum::<f64>();
-    l.retain(|x| *x >= 0.0);
-    l.sort_by(f64::total_cmp);
-    let flows = l.len() as f64;
-    let errors = errors.load(Ordering::Relaxed);
-    let trustee = 220.0;
-    let flows_s = flows / window.max(1e-9);
-    let kbs = json!({
-        "clients": clients,
-        "gpus_per_node": gpus,
-        "seconds": (window * 100.0).round() / 100.0,
-        "flows": flows as u64,
-        "errors": errors,
-        "first_error": first_error.lock().ok().and_then(|f| f.clone()),
-        "flows_per_s": flows_s.round(),
-        "p50_ms": (pct(&l, 0.50) * 1e4).round() / 10.0,
-        "p99_ms": (pct(&l, 0.99) * 1e4).round() / 10.0,
-        "vs_trustee_220": (flows_s / trustee * 100.0).round() / 100.0,
-    });
-    let weights = weights_bench(weights_mib)?;
-    let out = json!({"kbs": kbs, "weights": weights});
-    if json_out {
-        crate::commands::print_json(&out)?;
-    } else {
-        println!(
-            "kbs: {} clients, {} GPU(s) per node, full flows (auth → attest → resource → decrypt) with simulated SNP evidence, client and server on this machine",
-            clients, gpus
-        );
-        println!(
-            "  {} flows/s  p50 {} ms  p99 {} ms  errors {}  ({}× Trustee's ~220 flows/s)",
-            out["kbs"]["flows_per_s"],
-            out["kbs"]["p50_ms"],
-            out["kbs"]["p99_ms"],
-            errors,
-            out["kbs"]["vs_trustee_220"]
-        );
-        println!(
-            "weights: age decryption of {weights_mib} MiB vs raw ChaCha20-Poly1305 (same chunks)"
-        );
-        if let Some(rows) = out["weights"]["by_threads"].as_array() {
-            for r in rows {
-                println!(
-                    "  {} thread(s): decrypt {} GB/s  raw {} GB/s  ratio {}  scaling {}×",
-                    r["threads"], r["decrypt_gb_s"], r["raw_gb_s"], r["ratio"], r["scaling"]
-                );
-            }
-        }
-    }
-    Ok(if errors == 0 && flows > 0.0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+    let mut lat = lat.into_inner().map_err(|_| "lock")?;
+    lat.sort_by(f64::total_cmp);
+    Ok(Load {
+        offered: rate,
+        window,
+        lat,
+        errors: errors.into_inner(),
+        first_error: first_error.into_inner().map_err(|_| "lock")?,
     })
 }
 

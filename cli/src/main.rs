@@ -302,6 +302,9 @@ enum BenchWhat {
         clients: usize,
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// Also run paced at this many flows/s offered (latency under a fixed load); 0: skip.
+        #[arg(long, default_value_t = 1100.0)]
+        rate: f64,
         /// Simulated GPUs per node (their evidence goes through attestation too).
         #[arg(long, default_value_t = 0)]
         gpus: usize,
@@ -447,10 +450,18 @@ fn main() -> ExitCode {
             BenchWhat::Kbs {
                 clients,
                 seconds,
+                rate,
                 gpus,
                 weights_mib,
                 json,
-            } => kbs::bench(clients, seconds, gpus, weights_mib, json),
+            } => kbs::bench(
+                clients,
+                seconds,
+                (rate > 0.0).then_some(rate),
+                gpus,
+                weights_mib,
+                json,
+            ),
             BenchWhat::Appraise {
                 json,
                 seconds,

@@ -246,7 +246,12 @@ async fn attest_inner(
     {
         return Err(replayed());
     }
-    kbs.remember_session(&id, att.runtime_data.tee_pubkey.clone(), &attested.token, expires_at);
+    kbs.remember_session(
+        &id,
+        att.runtime_data.tee_pubkey.clone(),
+        &attested.token,
+        expires_at,
+    );
     tracing::info!(session = %id, status = attested.status.as_str(), "attested");
     Ok(Json(json!({"token": attested.token})).into_response())
 }

@@ -235,8 +235,9 @@ impl Kbs {
         };
         let attested = row.state == store::ATTESTED;
         let tee_pubkey = match (&row.tee_pubkey, attested) {
-            (Some(k), true) => serde_json::from_str(k)
-                .map_err(|_| KbsError::Internal("stored TEE key".into()))?,
+            (Some(k), true) => {
+                serde_json::from_str(k).map_err(|_| KbsError::Internal("stored TEE key".into()))?
+            }
             _ => kbs_types::TeePubKey::AKP {
                 alg: String::new(),
                 public_key: String::new(),

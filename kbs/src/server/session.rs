@@ -77,11 +77,14 @@ impl SessionKeys {
         let (body, mac) = id.rsplit_once('.').ok_or("malformed session id")?;
         let mac = hex::decode(mac).map_err(|_| "malformed session id")?;
         let expect = self.tag(b"id\0", body);
-        if mac.len() != 16 || !aws_lc_rs::constant_time::verify_slices_are_equal(&mac, &expect[..16]).is_ok() {
+        if mac.len() != 16
+            || aws_lc_rs::constant_time::verify_slices_are_equal(&mac, &expect[..16]).is_err()
+        {
             return Err("session id was not issued by this KBS");
         }
         let mut parts = body.split('.');
-        let (Some(_), Some(tee), Some(exp), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        let (Some(_), Some(tee), Some(exp), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err("malformed session id");
         };
