@@ -424,8 +424,12 @@ async fn accept_loop(
                 // Housekeeping: drop expired sessions; pick up another replica's policy change.
                 let k = kbs.clone();
                 tokio::spawn(async move {
+                    // Busy databases are normal under load; the next tick retries.
                     if let Err(e) = k.store.sweep_sessions(store::now()).await {
-                        tracing::warn!(error = %e, "session sweep");
+                        tracing::debug!(error = %e, "session sweep deferred");
+                    }
+                    if let Err(e) = k.store.checkpoint().await {
+                        tracing::debug!(error = %e, "WAL checkpoint deferred");
                     }
                     if let Err(e) = k.refresh_engine().await {
                         tracing::warn!(error = %e, "appraisal policy refresh");

@@ -115,7 +115,7 @@ impl Store {
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {
                     use sqlx::Executor;
-                    conn.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;")
+                    conn.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000;")
                         .await?;
                     Ok(())
                 })
@@ -225,6 +225,17 @@ impl Store {
         })
         .transpose()
         .map_err(|e: sqlx::Error| KbsError::Storage(e.to_string()))
+    }
+
+    /// Fold the SQLite write-ahead log back into the database without blocking writers
+    /// (housekeeping does this every few seconds, so commits never pay for a checkpoint).
+    pub async fn checkpoint(&self) -> Result<(), KbsError> {
+        if !self.postgres {
+            sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Delete sessions that expired before `now`; returns how many.
