@@ -303,36 +303,110 @@ fn threads_or_cores(threads: usize) -> usize {
     }
 }
 
-/// What is done to one chunk: (buffer, chunk index, is it the last chunk).
-type ChunkOp<'a> = dyn Fn(&mut Vec<u8>, u64, bool) -> Result<()> + Sync + 'a;
+/// What is done to one chunk in place: (slot, input length, chunk index, is it the last chunk)
+/// → output length. The slot has room for the output (a tag more than the input, at most).
+type ChunkOp<'a> = dyn Fn(&mut [u8], usize, u64, bool) -> Result<usize> + Sync + 'a;
 
-/// Process `batch` (consecutive chunks starting at `first`) in parallel, in place.
-fn par_chunks(
-    bufs: &mut [Vec<u8>],
+/// One batch of consecutive chunks in one buffer of fixed-size slots.
+struct Batch {
+    buf: Vec<u8>,
     first: u64,
+    /// (input length, output length) per chunk.
+    lens: Vec<(usize, usize)>,
+}
+
+/// Stream `total` chunks from `input` through `op` to `out`: batches of `threads × 16` chunks
+/// are transformed in parallel while the calling thread writes the previous batch and reads the
+/// next one, so I/O overlaps the crypto. Output is written strictly in chunk order. Returns the
+/// bytes written.
+#[allow(clippy::too_many_arguments)]
+fn pipeline(
+    input: &mut dyn Read,
+    out: &mut dyn Write,
     total: u64,
+    in_len: &dyn Fn(u64) -> usize,
+    slot: usize,
     threads: usize,
-    f: &ChunkOp,
-) -> Result<()> {
-    let per = bufs.len().div_ceil(threads.max(1)).max(1);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = bufs
-            .chunks_mut(per)
-            .enumerate()
-            .map(|(t, group)| {
-                s.spawn(move || {
-                    for (j, buf) in group.iter_mut().enumerate() {
-                        let index = first + (t * per + j) as u64;
-                        f(buf, index, index + 1 == total)?;
-                    }
-                    Ok::<(), AgeError>(())
+    op: &ChunkOp<'_>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<u64> {
+    let per_batch = (threads * 16) as u64;
+    let mut spare: Vec<Vec<u8>> = Vec::new();
+    let mut read_batch = |first: u64, spare: &mut Vec<Vec<u8>>| -> Result<Option<Batch>> {
+        if first >= total {
+            return Ok(None);
+        }
+        let n = per_batch.min(total - first) as usize;
+        let mut buf = spare.pop().unwrap_or_default();
+        buf.resize(n * slot, 0);
+        let mut lens = Vec::with_capacity(n);
+        for (i, s) in buf.chunks_mut(slot).enumerate() {
+            let len = in_len(first + i as u64);
+            input
+                .read_exact(&mut s[..len])
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => AgeError::Length,
+                    _ => AgeError::Io(e),
+                })?;
+            lens.push((len, 0));
+        }
+        Ok(Some(Batch { buf, first, lens }))
+    };
+    let mut written = 0u64;
+    let mut write_batch = |b: &Batch, written: &mut u64| -> Result<()> {
+        for (s, (_, out_len)) in b.buf.chunks(slot).zip(&b.lens) {
+            out.write_all(&s[..*out_len])?;
+            *written += *out_len as u64;
+        }
+        Ok(())
+    };
+    let mut cur = read_batch(0, &mut spare)?;
+    let mut ready: Option<Batch> = None;
+    while let Some(mut batch) = cur.take() {
+        let next_first = batch.first + batch.lens.len() as u64;
+        let per_thread = batch.lens.len().div_ceil(threads.max(1)).max(1);
+        let (results, io) = std::thread::scope(|s| {
+            let first = batch.first;
+            let handles: Vec<_> = batch
+                .buf
+                .chunks_mut(per_thread * slot)
+                .zip(batch.lens.chunks_mut(per_thread))
+                .enumerate()
+                .map(|(t, (group, lens))| {
+                    s.spawn(move || {
+                        for (j, (slot_buf, (len, out_len))) in
+                            group.chunks_mut(slot).zip(lens.iter_mut()).enumerate()
+                        {
+                            let index = first + (t * per_thread + j) as u64;
+                            *out_len = op(slot_buf, *len, index, index + 1 == total)?;
+                        }
+                        Ok::<(), AgeError>(())
+                    })
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().unwrap_or(Err(AgeError::Crypto("worker panicked"))))
-    })
+                .collect();
+            // Meanwhile: write what is done, read what comes next.
+            let io = (|| {
+                if let Some(r) = ready.take() {
+                    write_batch(&r, &mut written)?;
+                    spare.push(r.buf);
+                }
+                read_batch(next_first, &mut spare)
+            })();
+            let results: Result<()> = handles
+                .into_iter()
+                .try_for_each(|h| h.join().unwrap_or(Err(AgeError::Crypto("worker panicked"))));
+            (results, io)
+        });
+        results?;
+        cur = io?;
+        ready = Some(batch);
+        progress(written);
+    }
+    if let Some(r) = ready.take() {
+        write_batch(&r, &mut written)?;
+    }
+    progress(written);
+    Ok(written)
 }
 
 // ------------------------------------------------------------------ encrypt
@@ -381,36 +455,31 @@ pub fn encrypt(
     out.write_all(&nonce)?;
     let key = chacha(&hkdf32(&file_key, &nonce, b"payload")?)?;
     let total = chunk_count(len);
-    let threads = threads_or_cores(threads);
-    let batch = (threads * 16) as u64;
-    let mut done_chunks = 0u64;
-    let mut done_bytes = 0u64;
-    while done_chunks < total {
-        let n = batch.min(total - done_chunks);
-        let mut bufs = Vec::with_capacity(n as usize);
-        for i in 0..n {
-            let idx = done_chunks + i;
-            let size = if idx + 1 == total {
-                (len - idx * CHUNK as u64) as usize
-            } else {
-                CHUNK
-            };
-            let mut b = vec![0u8; size];
-            input.read_exact(&mut b)?;
-            b.reserve(TAG);
-            bufs.push(b);
-        }
-        par_chunks(&mut bufs, done_chunks, total, threads, &|b, index, last| {
-            key.seal_in_place_append_tag(stream_nonce(index, last), Aad::empty(), b)
-                .map_err(|_| AgeError::Crypto("seal"))
-        })?;
-        for b in &bufs {
-            out.write_all(b)?;
-            done_bytes += (b.len() - TAG) as u64;
-        }
-        done_chunks += n;
-        progress(done_bytes);
-    }
+    let last_len = (len - (total - 1) * CHUNK as u64) as usize;
+    let in_len = |i: u64| if i + 1 == total { last_len } else { CHUNK };
+    pipeline(
+        input,
+        out,
+        total,
+        &in_len,
+        CT_CHUNK,
+        threads_or_cores(threads),
+        &|slot, len, index, last| {
+            let tag = key
+                .seal_in_place_separate_tag(
+                    stream_nonce(index, last),
+                    Aad::empty(),
+                    &mut slot[..len],
+                )
+                .map_err(|_| AgeError::Crypto("seal"))?;
+            slot[len..len + TAG].copy_from_slice(tag.as_ref());
+            Ok(len + TAG)
+        },
+        &mut |w| {
+            // Report plaintext bytes: each full chunk grew by a tag.
+            progress(w - w.div_ceil(CT_CHUNK as u64) * TAG as u64)
+        },
+    )?;
     out.flush()?;
     Ok(())
 }
@@ -581,37 +650,28 @@ pub fn decrypt(
         return Err(AgeError::Length);
     }
     let key = chacha(&hkdf32(&file_key, &nonce, b"payload")?)?;
-    let threads = threads_or_cores(threads);
-    let batch = (threads * 16) as u64;
-    let (mut done, mut written) = (0u64, 0u64);
-    while done < total {
-        let n = batch.min(total - done);
-        let mut bufs = Vec::with_capacity(n as usize);
-        for i in 0..n {
-            let size = if done + i + 1 == total {
-                last_len as usize
-            } else {
-                CT_CHUNK
-            };
-            let mut b = vec![0u8; size];
-            input.read_exact(&mut b).map_err(|_| AgeError::Length)?;
-            bufs.push(b);
+    let in_len = |i: u64| {
+        if i + 1 == total {
+            last_len as usize
+        } else {
+            CT_CHUNK
         }
-        par_chunks(&mut bufs, done, total, threads, &|b, index, last| {
-            let n = key
-                .open_in_place(stream_nonce(index, last), Aad::empty(), b)
+    };
+    let written = pipeline(
+        input,
+        out,
+        total,
+        &in_len,
+        CT_CHUNK,
+        threads_or_cores(threads),
+        &|slot, len, index, last| {
+            Ok(key
+                .open_in_place(stream_nonce(index, last), Aad::empty(), &mut slot[..len])
                 .map_err(|_| AgeError::Chunk(index))?
-                .len();
-            b.truncate(n);
-            Ok(())
-        })?;
-        for b in &bufs {
-            out.write_all(b)?;
-            written += b.len() as u64;
-        }
-        done += n;
-        progress(written);
-    }
+                .len())
+        },
+        progress,
+    )?;
     let mut probe = [0u8; 1];
     if input.read(&mut probe)? != 0 {
         return Err(AgeError::Length);
