@@ -22,8 +22,17 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 /// `cgx kbs serve --config F`.
-pub fn serve(config: &Path) -> CliResult {
-    let cfg = KbsConfig::from_file(config).map_err(|e| e.to_string())?;
+pub fn serve(config: &Path, insecure_dev: bool) -> CliResult {
+    let cfg = KbsConfig::from_file_with(config, |c| {
+        if insecure_dev {
+            c.insecure_dev = true;
+            c.tls = None;
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if insecure_dev {
+        eprintln!("cgx kbs: plain HTTP (--insecure-dev): development on loopback only");
+    }
     runtime()?
         .block_on(cgx_kbs::server::serve(&cfg, |addr| {
             println!(

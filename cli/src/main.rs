@@ -191,6 +191,9 @@ enum KbsCommand {
         /// Configuration (JSON; see kbs/src/server/config.rs).
         #[arg(long)]
         config: PathBuf,
+        /// Plain HTTP instead of the configured TLS (refused unless listening on loopback).
+        #[arg(long)]
+        insecure_dev: bool,
     },
     /// Write a self-signed TLS certificate and key (dev.crt, dev.key) for a development KBS.
     DevCert {
@@ -426,7 +429,10 @@ fn main() -> ExitCode {
             } => commands::rim_verify(&files, at.as_deref(), ignore_signer_expiry, json),
         },
         Command::Kbs { command } => match command {
-            KbsCommand::Serve { config } => kbs::serve(&config),
+            KbsCommand::Serve {
+                config,
+                insecure_dev,
+            } => kbs::serve(&config, insecure_dev),
             KbsCommand::Token { admin_key, ttl } => kbs::token(&admin_key, ttl),
             KbsCommand::DevCert { out, names } => kbs::dev_cert(&out, &names),
         },

@@ -392,15 +392,16 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
     let dir = tmp("kbs-serve");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("kek.hex"), "22".repeat(32)).unwrap();
+    // TLS configured, overridden by --insecure-dev on loopback.
     let config = serde_json::json!({
         "listen": "127.0.0.1:0",
-        "insecure_dev": true,
+        "tls": {"cert": dir.join("none.crt"), "key": dir.join("none.key")},
         "database": format!("sqlite://{}", dir.join("kbs.db").display()),
         "kek": {"file": dir.join("kek.hex")},
     });
     std::fs::write(dir.join("kbs.json"), config.to_string()).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_cgx"))
-        .args(["kbs", "serve", "--config"])
+        .args(["kbs", "serve", "--insecure-dev", "--config"])
         .arg(dir.join("kbs.json"))
         .stdout(std::process::Stdio::piped())
         .spawn()

@@ -40,6 +40,37 @@ pub struct SimNode {
 }
 
 impl SimNode {
+    /// The same node launched with `host_data` (the init-data digest a VMM puts there).
+    pub fn with_host_data(&self, host_data: [u8; 32]) -> SimLaunch<'_> {
+        SimLaunch {
+            node: self,
+            host_data,
+        }
+    }
+}
+
+/// A [`SimNode`] launched with HOST_DATA.
+#[derive(Debug)]
+pub struct SimLaunch<'a> {
+    node: &'a SimNode,
+    host_data: [u8; 32],
+}
+
+impl EvidenceSource for SimLaunch<'_> {
+    fn tee(&self) -> Tee {
+        Tee::Snp
+    }
+
+    fn additional_evidence(&self, nonce: &str, key: &TeePubKey) -> Result<String, ClientError> {
+        self.node.additional_evidence(nonce, key)
+    }
+
+    fn primary_evidence(&self, report_data: &[u8; 64]) -> Result<Value, ClientError> {
+        self.node.snp_evidence(report_data, self.host_data)
+    }
+}
+
+impl SimNode {
     /// The pins a KBS must trust for this node's evidence.
     pub fn root_pins(&self) -> Vec<[u8; 32]> {
         let mut p = vec![self.amd.root_pin()];
@@ -83,11 +114,22 @@ impl EvidenceSource for SimNode {
     }
 
     fn primary_evidence(&self, report_data: &[u8; 64]) -> Result<Value, ClientError> {
+        self.snp_evidence(report_data, [0; 32])
+    }
+}
+
+impl SimNode {
+    fn snp_evidence(
+        &self,
+        report_data: &[u8; 64],
+        host_data: [u8; 32],
+    ) -> Result<Value, ClientError> {
         let b = self
             .amd
             .bundle(&SnpReportOptions {
                 report_data: *report_data,
                 measurement: self.measurement,
+                host_data,
                 ..Default::default()
             })
             .map_err(|e| ClientError::Evidence(e.to_string()))?;

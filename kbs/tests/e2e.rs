@@ -553,3 +553,48 @@ fn put_resource_tls(base: &str, ca: &str, admin: &Ed) {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+#[test]
+fn init_data_must_match_host_data() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    put_resource(&srv.base, &s.admin, "tenant-a/key/k", b"k", false);
+    let body = "version = \"0.1.0\"\nalgorithm = \"sha384\"\n[data]\n\"policy.rego\" = \"allow\"\n";
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, body.as_bytes());
+    let mut host_data = [0u8; 32];
+    host_data.copy_from_slice(&digest.as_ref()[..32]);
+    let launched = n.with_host_data(host_data);
+    let init = cgx_kbs::kbs_types::InitData {
+        format: "toml".into(),
+        body: body.into(),
+    };
+    // Matching init-data: released.
+    let mut c = client(&srv.base);
+    let nonce = c.auth(launched.tee()).unwrap();
+    let mut att = c.attestation(&launched, &nonce).unwrap();
+    att.init_data = Some(init.clone());
+    c.send_attestation(&att).unwrap();
+    assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"k");
+    // Other init-data than the VM was launched with: refused.
+    let mut c = client(&srv.base);
+    let nonce = c.auth(launched.tee()).unwrap();
+    let mut att = c.attestation(&launched, &nonce).unwrap();
+    att.init_data = Some(cgx_kbs::kbs_types::InitData {
+        format: "toml".into(),
+        body: body.replace("allow", "deny"),
+    });
+    let e = c.send_attestation(&att).unwrap_err();
+    assert_eq!(e.kind(), Some("AttestationFailed"), "{e}");
+    assert!(e.to_string().contains("init-data"), "{e}");
+    // And init-data with a VM launched without it.
+    let mut c = client(&srv.base);
+    let nonce = c.auth(n.tee()).unwrap();
+    let mut att = c.attestation(&n, &nonce).unwrap();
+    att.init_data = Some(init);
+    assert_eq!(
+        c.send_attestation(&att).unwrap_err().kind(),
+        Some("AttestationFailed")
+    );
+    srv.stop();
+}

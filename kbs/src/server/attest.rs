@@ -185,6 +185,9 @@ impl Attester {
                 "report_data does not bind this session's nonce, TEE key and additional evidence",
             ));
         }
+        if let Some(init) = &att.init_data {
+            check_init_data(&init.body, &cpu)?;
+        }
         parts.push((CPU_SUBMOD.into(), cpu));
         if !additional.trim().is_empty() {
             let gpu_nonce = crate::binding::nvidia_nonce(nonce, key);
@@ -430,6 +433,44 @@ impl Attester {
         }
         Ok(out)
     }
+}
+
+/// CoCo init-data: its digest (the algorithm its TOML names: sha256, sha384 or sha512; sha256
+/// when unnamed) must be what the TEE measured at launch — SNP HOST_DATA (32 bytes), TDX
+/// MRCONFIGID (48 bytes) — truncated or zero-padded to that field, as Trustee compares it.
+pub fn check_init_data(body: &str, cpu: &Value) -> Result<(), KbsError> {
+    let algorithm = body
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == "algorithm")
+        .map(|(_, v)| v.trim().trim_matches(['"', '\'']).to_ascii_lowercase())
+        .unwrap_or_else(|| "sha256".into());
+    let alg = match algorithm.as_str() {
+        "sha256" => &aws_lc_rs::digest::SHA256,
+        "sha384" => &aws_lc_rs::digest::SHA384,
+        "sha512" => &aws_lc_rs::digest::SHA512,
+        other => return Err(failed(format!("init-data digest algorithm {other}"))),
+    };
+    let digest = aws_lc_rs::digest::digest(alg, body.as_bytes());
+    let (field, size) = match cpu.get("kind").and_then(Value::as_str) {
+        Some("snp") => ("host_data", 32),
+        Some("tdx") => ("mr_config_id", 48),
+        other => {
+            return Err(failed(format!(
+                "init-data cannot be bound to {} evidence",
+                other.unwrap_or("this")
+            )));
+        }
+    };
+    let mut expected = digest.as_ref().to_vec();
+    expected.resize(size, 0);
+    let measured = cpu.get(field).and_then(Value::as_str).unwrap_or_default();
+    if measured != hex::encode(&expected) {
+        return Err(failed(format!(
+            "init-data ({algorithm}) does not match the launch-time {field}"
+        )));
+    }
+    Ok(())
 }
 
 /// CoCo's unsigned sample evidence as claims: marked `sim` (nothing vouches for it).

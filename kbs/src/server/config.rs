@@ -117,10 +117,19 @@ fn default_session_ttl() -> i64 {
 
 impl KbsConfig {
     pub fn from_file(path: &std::path::Path) -> Result<Self, KbsError> {
+        Self::from_file_with(path, |_| {})
+    }
+
+    /// Read, let the caller override (command-line flags), then check.
+    pub fn from_file_with(
+        path: &std::path::Path,
+        adjust: impl FnOnce(&mut KbsConfig),
+    ) -> Result<Self, KbsError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| KbsError::Config(format!("{}: {e}", path.display())))?;
-        let c: KbsConfig = serde_json::from_str(&text)
+        let mut c: KbsConfig = serde_json::from_str(&text)
             .map_err(|e| KbsError::Config(format!("{}: {e}", path.display())))?;
+        adjust(&mut c);
         c.check()?;
         Ok(c)
     }
