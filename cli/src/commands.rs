@@ -407,6 +407,13 @@ pub fn up() -> CliResult {
         }
     }
     println!("ok: both verified through the same code path real evidence takes");
+    let node = cgx_kbs::sim::SimNode {
+        amd: snp,
+        gpus: vec![gpu],
+        measurement: [0x2A; 48],
+    };
+    crate::kbs::up_release(&node)?;
+    println!("ok: key released only into the attested VM, only with its lease");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -280,76 +280,10 @@ pub fn bench(
     if clients == 0 || !(0.5..=600.0).contains(&secs) {
         return Err("--clients must be positive and --seconds within 0.5..600".into());
     }
-    let dir = std::env::temp_dir().join(format!("cgx-bench-kbs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let node = sim_node(gpus)?;
-    let measurement = hex::encode(node.measurement);
-    std::fs::write(dir.join("kek.hex"), hex::encode([0x42u8; 32])).map_err(|e| e.to_string())?;
-    std::fs::write(
-        dir.join("refs.json"),
-        json!({"allow_sim": "affirming", "snp": {"measurements": [measurement]},
-               "nvidia": {"require_ocsp": false}})
-        .to_string(),
-    )
-    .map_err(|e| e.to_string())?;
-    let admin =
-        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
-            .map_err(|_| "key generation")?;
-    let admin_pub = {
-        use aws_lc_rs::signature::KeyPair;
-        let kp =
-            aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(admin.as_ref()).map_err(|_| "key")?;
-        use base64::Engine;
-        base64::engine::general_purpose::STANDARD.encode(kp.public_key().as_ref())
-    };
-    let config = KbsConfig {
-        listen: "127.0.0.1:0".into(),
-        tls: None,
-        insecure_dev: true,
-        database: format!("sqlite://{}", dir.join("kbs.db").display()),
-        kek: KekSource::File(dir.join("kek.hex")),
-        admin_keys: vec![cgx_kbs::server::config::AdminKey {
-            public_key: admin_pub,
-            repositories: vec!["*".into()],
-        }],
-        broker_keys: vec![],
-        result_key: None,
-        sim_roots: node.root_pins().iter().map(hex::encode).collect(),
-        allow_sample: false,
-        nonce_ttl_secs: 60,
-        session_ttl_secs: 300,
-        collateral: Default::default(),
-        appraisal: AppraisalConfig {
-            policy: None,
-            reference_values: Some(dir.join("refs.json")),
-        },
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let running = rt
-        .block_on(cgx_kbs::server::start(&config))
-        .map_err(|e| e.to_string())?;
-    let base = format!("http://{}", running.addr);
-    let token = cgx_kbs::server::jwt::sign_eddsa(
-        admin.as_ref(),
-        &json!({"iat": now(), "exp": now() + 600}),
-    )?;
-    let mut resp = agent(None)?
-        .post(&format!("{base}/kbs/v0/resource/bench/key/model"))
-        .header("authorization", &format!("Bearer {token}"))
-        .send(&[7u8; 32][..])
-        .map_err(|e| e.to_string())?;
-    if resp.status().as_u16() != 200 {
-        return Err(format!(
-            "upload: {}",
-            resp.body_mut().read_to_string().unwrap_or_default()
-        ));
-    }
-    let node = Arc::new(node);
+    let local = LocalKbs::start(&node, "bench")?;
+    let base = local.base.clone();
+    local.put("bench/key/model", &[7u8; 32], false)?;
     // Each simulated client reuses one HTTP agent (its keep-alive connections) across flows;
     // every flow still makes a new TEE key, session, evidence and JWE.
     let flow = |node: &cgx_kbs::sim::SimNode, agent: &ureq::Agent| -> Result<(), String> {
@@ -367,8 +301,7 @@ pub fn bench(
     flow(&node, &agent(None)?)?; // warm: caches, VM pool
     let closed = load(clients, secs, None, &|a| flow(&node, a));
     let paced = rate.map(|r| load(clients, secs, Some(r), &|a| flow(&node, a)));
-    rt.block_on(running.shutdown());
-    let _ = std::fs::remove_dir_all(&dir);
+    local.stop();
     let trustee = 220.0;
     let closed = closed?;
     let kbs = json!({
@@ -417,6 +350,183 @@ pub fn bench(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// A KBS on loopback (plain HTTP, SQLite in a temporary folder) trusting `node`'s simulator
+/// roots and launch measurement, with an admin key and a broker key.
+struct LocalKbs {
+    dir: std::path::PathBuf,
+    rt: tokio::runtime::Runtime,
+    running: cgx_kbs::server::Running,
+    base: String,
+    admin: Vec<u8>,
+    broker: Vec<u8>,
+}
+
+fn ed25519() -> Result<(Vec<u8>, String), String> {
+    use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+    use base64::Engine;
+    let doc = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+        .map_err(|_| "key generation")?;
+    let kp = Ed25519KeyPair::from_pkcs8(doc.as_ref()).map_err(|_| "key")?;
+    Ok((
+        doc.as_ref().to_vec(),
+        base64::engine::general_purpose::STANDARD.encode(kp.public_key().as_ref()),
+    ))
+}
+
+impl LocalKbs {
+    fn start(node: &cgx_kbs::sim::SimNode, name: &str) -> Result<Self, String> {
+        let dir = std::env::temp_dir().join(format!("cgx-{name}-kbs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let mut kek = [0u8; 32];
+        cgx_attestation::sim::fill_random(&mut kek).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("kek.hex"), hex::encode(kek)).map_err(|e| e.to_string())?;
+        std::fs::write(
+            dir.join("refs.json"),
+            json!({"allow_sim": "affirming", "snp": {"measurements": [hex::encode(node.measurement)]},
+                   "nvidia": {"require_ocsp": false}})
+            .to_string(),
+        )
+        .map_err(|e| e.to_string())?;
+        let (admin, admin_pub) = ed25519()?;
+        let (broker, broker_pub) = ed25519()?;
+        let config = KbsConfig {
+            listen: "127.0.0.1:0".into(),
+            tls: None,
+            insecure_dev: true,
+            database: format!("sqlite://{}", dir.join("kbs.db").display()),
+            kek: KekSource::File(dir.join("kek.hex")),
+            admin_keys: vec![cgx_kbs::server::config::AdminKey {
+                public_key: admin_pub,
+                repositories: vec!["*".into()],
+            }],
+            broker_keys: vec![broker_pub],
+            result_key: None,
+            sim_roots: node.root_pins().iter().map(hex::encode).collect(),
+            allow_sample: false,
+            nonce_ttl_secs: 60,
+            session_ttl_secs: 300,
+            collateral: Default::default(),
+            appraisal: AppraisalConfig {
+                policy: None,
+                reference_values: Some(dir.join("refs.json")),
+            },
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let running = rt
+            .block_on(cgx_kbs::server::start(&config))
+            .map_err(|e| e.to_string())?;
+        let base = format!("http://{}", running.addr);
+        Ok(LocalKbs {
+            dir,
+            rt,
+            running,
+            base,
+            admin,
+            broker,
+        })
+    }
+
+    /// Store `value` at `path` through the admin API.
+    fn put(&self, path: &str, value: &[u8], lease_required: bool) -> Result<(), String> {
+        let token = cgx_kbs::server::jwt::sign_eddsa(
+            &self.admin,
+            &json!({"iat": now(), "exp": now() + 600}),
+        )?;
+        let q = if lease_required {
+            "?lease=required"
+        } else {
+            ""
+        };
+        let mut resp = agent(None)?
+            .post(&format!("{}/kbs/v0/resource/{path}{q}", self.base))
+            .header("authorization", &format!("Bearer {token}"))
+            .send(value)
+            .map_err(|e| e.to_string())?;
+        if resp.status().as_u16() != 200 {
+            return Err(format!(
+                "upload: {}",
+                resp.body_mut().read_to_string().unwrap_or_default()
+            ));
+        }
+        Ok(())
+    }
+
+    fn stop(self) {
+        self.rt.block_on(self.running.shutdown());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `cgx up`, KBS part: a job's weights key released into the simulated VM only with a lease
+/// for its key, and the weights decrypted with it.
+pub fn up_release(node: &cgx_kbs::sim::SimNode) -> Result<(), String> {
+    let local = LocalKbs::start(node, "up")?;
+    let result = (|| {
+        let id = Identity::generate().map_err(|e| e.to_string())?;
+        let path = "acme/weights/llama";
+        local.put(path, id.to_secret_string().as_bytes(), true)?;
+        let weights: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let mut file = Vec::new();
+        cgx_kbs::age::encrypt(
+            &id.recipient().map_err(|e| e.to_string())?,
+            &mut &weights[..],
+            weights.len() as u64,
+            &mut file,
+            0,
+            &mut |_| {},
+        )
+        .map_err(|e| e.to_string())?;
+        println!(
+            "[kbs] {} up; weights identity stored at {path} (job resource: lease required); 4 MiB of weights age-encrypted to it",
+            local.base
+        );
+        let mut c = KbsClient::with_new_key(&local.base, None).map_err(|e| e.to_string())?;
+        c.attest(node).map_err(|e| e.to_string())?;
+        println!(
+            "[kbs] attested: SNP report + {} GPU report(s) bound to the KBS nonce and TEE key; EAR issued",
+            node.gpus.len()
+        );
+        match c.resource(path, None) {
+            Err(e) => println!("[kbs] without a lease: refused as it must be: {e}"),
+            Ok(_) => return Err("released without a lease".into()),
+        }
+        let tee = c.tee_key().public().map_err(|e| e.to_string())?;
+        let lease = cgx_kbs::server::jwt::sign_eddsa(
+            &local.broker,
+            &json!({"lease": "lease-1", "resources": [path],
+                    "node_key": cgx_kbs::jwe::thumbprint(&tee),
+                    "iat": now(), "exp": now() + 600}),
+        )?;
+        let secret = c.resource(path, Some(&lease)).map_err(|e| e.to_string())?;
+        let identity =
+            Identity::parse(&String::from_utf8_lossy(&secret)).map_err(|e| e.to_string())?;
+        let mut plain = Vec::new();
+        cgx_kbs::age::decrypt(
+            &identity,
+            &mut &file[..],
+            file.len() as u64,
+            &mut plain,
+            0,
+            &mut |_| {},
+        )
+        .map_err(|e| e.to_string())?;
+        if plain != weights {
+            return Err("decrypted weights differ".into());
+        }
+        println!(
+            "[kbs] with the broker's lease for this node's key: identity released as a JWE to the TEE key; weights decrypted and equal"
+        );
+        Ok(())
+    })();
+    local.stop();
+    result
 }
 
 /// What one load run measured.
