@@ -641,25 +641,7 @@ fn load(
 }
 
 fn sim_node(gpus: usize) -> Result<cgx_kbs::sim::SimNode, String> {
-    use cgx_attestation::sim::{SimAmd, SimGpu, default_tcb};
-    use cgx_attestation::snp::{Product, SigningKey};
-    let t = now();
-    let mut chip = [0u8; 64];
-    cgx_attestation::sim::fill_random(&mut chip).map_err(|e| e.to_string())?;
-    Ok(cgx_kbs::sim::SimNode {
-        amd: SimAmd::generate(
-            Product::Genoa,
-            SigningKey::Vcek,
-            default_tcb(Product::Genoa),
-            chip,
-            t,
-        )
-        .map_err(|e| e.to_string())?,
-        gpus: (0..gpus)
-            .map(|_| SimGpu::generate(t).map_err(|e| e.to_string()))
-            .collect::<Result<_, _>>()?,
-        measurement: [0x3C; 48],
-    })
+    cgx_kbs::sim::SimNode::generate(gpus, [0x3C; 48], now()).map_err(|e| e.to_string())
 }
 
 /// Decrypt throughput of an in-memory age file at 1..=cores threads, each against raw

@@ -76,32 +76,12 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
 
 #[cfg(feature = "sim")]
 fn sim_source(gpus: usize) -> Result<Box<dyn EvidenceSource>, String> {
-    use cgx_attestation_sim::*;
-    let t = std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let mut chip = [0u8; 64];
-    fill_random(&mut chip).map_err(|e| e.to_string())?;
-    Ok(Box::new(cgx_kbs::sim::SimNode {
-        amd: SimAmd::generate(
-            Product::Genoa,
-            SigningKey::Vcek,
-            default_tcb(Product::Genoa),
-            chip,
-            t,
-        )
-        .map_err(|e| e.to_string())?,
-        gpus: (0..gpus)
-            .map(|_| SimGpu::generate(t).map_err(|e| e.to_string()))
-            .collect::<Result<_, _>>()?,
-        measurement: [0u8; 48],
-    }))
-}
-
-#[cfg(feature = "sim")]
-mod cgx_attestation_sim {
-    pub use cgx_kbs::sim::attestation::sim::{SimAmd, SimGpu, default_tcb, fill_random};
-    pub use cgx_kbs::sim::attestation::snp::{Product, SigningKey};
+    Ok(Box::new(
+        cgx_kbs::sim::SimNode::generate(gpus, [0u8; 48], now).map_err(|e| e.to_string())?,
+    ))
 }
 
 #[cfg(not(feature = "sim"))]

@@ -139,43 +139,19 @@ fn concat_kdf(z: &[u8], alg: &str) -> [u8; 32] {
 
 /// RSA SubjectPublicKeyInfo DER from big-endian modulus and exponent.
 fn rsa_spki(n: &[u8], e: &[u8]) -> Vec<u8> {
-    fn tlv(tag: u8, v: &[u8]) -> Vec<u8> {
-        let mut out = vec![tag];
-        let len = v.len();
-        if len < 0x80 {
-            out.push(len as u8);
-        } else {
-            let b = len.to_be_bytes();
-            let skip = b.iter().take_while(|&&x| x == 0).count();
-            out.push(0x80 | (b.len() - skip) as u8);
-            out.extend_from_slice(&b[skip..]);
-        }
-        out.extend_from_slice(v);
-        out
-    }
-    fn uint(v: &[u8]) -> Vec<u8> {
-        let skip = v.iter().take_while(|&&b| b == 0).count();
-        let mut m = v[skip..].to_vec();
-        if m.first().is_none_or(|b| b & 0x80 != 0) {
-            m.insert(0, 0);
-        }
-        tlv(0x02, &m)
-    }
-    let rsa_key = tlv(0x30, &[uint(n), uint(e)].concat());
+    use crate::der::{seq, tlv, uint};
+    let rsa_key = seq(&[uint(n), uint(e)]);
     let mut bits = vec![0u8];
     bits.extend_from_slice(&rsa_key);
-    let alg = tlv(
-        0x30,
-        &[
-            tlv(
-                0x06,
-                &[0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x01],
-            ),
-            vec![0x05, 0x00],
-        ]
-        .concat(),
-    );
-    tlv(0x30, &[alg, tlv(0x03, &bits)].concat())
+    // rsaEncryption 1.2.840.113549.1.1.1, NULL parameters
+    let alg = seq(&[
+        tlv(
+            0x06,
+            &[0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x01, 0x01],
+        ),
+        vec![0x05, 0x00],
+    ]);
+    seq(&[alg, tlv(0x03, &bits)])
 }
 
 fn seal(cek: &[u8; 32], protected: &ProtectedHeader, plaintext: &[u8]) -> Result<Response> {
@@ -443,39 +419,23 @@ impl TeeKey {
 
 /// (n, e) from an RSA SubjectPublicKeyInfo DER.
 fn rsa_components(spki: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-    fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-        let (&tag, rest) = input.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        let (len, rest) = if first & 0x80 == 0 {
-            (usize::from(first), rest)
-        } else {
-            let n = usize::from(first & 0x7F);
-            if n == 0 || n > 4 || rest.len() < n {
-                return None;
-            }
-            let len = rest[..n]
-                .iter()
-                .fold(0usize, |a, &b| (a << 8) | usize::from(b));
-            (len, &rest[n..])
-        };
-        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-    }
-    let (0x30, spki, _) = tlv(spki)? else {
+    use crate::der::read;
+    let (0x30, spki, _) = read(spki)? else {
         return None;
     };
-    let (0x30, _, rest) = tlv(spki)? else {
+    let (0x30, _, rest) = read(spki)? else {
         return None;
     };
-    let (0x03, bits, _) = tlv(rest)? else {
+    let (0x03, bits, _) = read(rest)? else {
         return None;
     };
-    let (0x30, key, _) = tlv(bits.get(1..)?)? else {
+    let (0x30, key, _) = read(bits.get(1..)?)? else {
         return None;
     };
-    let (0x02, n, rest) = tlv(key)? else {
+    let (0x02, n, rest) = read(key)? else {
         return None;
     };
-    let (0x02, e, _) = tlv(rest)? else {
+    let (0x02, e, _) = read(rest)? else {
         return None;
     };
     let strip = |v: &[u8]| v[v.iter().take_while(|&&b| b == 0).count()..].to_vec();

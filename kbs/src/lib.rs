@@ -9,6 +9,7 @@
 
 pub mod age;
 pub mod binding;
+pub mod der;
 pub mod jcs;
 pub mod jwe;
 

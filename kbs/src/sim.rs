@@ -12,24 +12,6 @@ use serde_json::{Value, json};
 
 use crate::client::{ClientError, EvidenceSource};
 
-/// The simulator's crate, for callers that only depend on this one.
-pub use cgx_attestation as attestation;
-
-/// DER blocks of a PEM text, in order.
-fn pem_blocks(pem: &str) -> Vec<Vec<u8>> {
-    pem.split("-----BEGIN CERTIFICATE-----")
-        .skip(1)
-        .filter_map(|b| {
-            let body: String = b
-                .split("-----END CERTIFICATE-----")
-                .next()?
-                .split_whitespace()
-                .collect();
-            STANDARD.decode(body).ok()
-        })
-        .collect()
-}
-
 /// A simulated SNP guest with `gpus` simulated H100s.
 #[derive(Debug)]
 pub struct SimNode {
@@ -71,6 +53,30 @@ impl EvidenceSource for SimLaunch<'_> {
 }
 
 impl SimNode {
+    /// A new simulated Genoa guest (VCEK-signed, random chip id) with `gpus` H100s, reporting
+    /// `measurement` as its launch digest; certificates valid from the day before `now`.
+    pub fn generate(gpus: usize, measurement: [u8; 48], now: i64) -> Result<Self, ClientError> {
+        use cgx_attestation::sim::default_tcb;
+        use cgx_attestation::snp::{Product, SigningKey};
+        let e = |e: cgx_attestation::Error| ClientError::Evidence(e.to_string());
+        let mut chip = [0u8; 64];
+        cgx_attestation::sim::fill_random(&mut chip).map_err(e)?;
+        Ok(SimNode {
+            amd: SimAmd::generate(
+                Product::Genoa,
+                SigningKey::Vcek,
+                default_tcb(Product::Genoa),
+                chip,
+                now,
+            )
+            .map_err(e)?,
+            gpus: (0..gpus)
+                .map(|_| SimGpu::generate(now).map_err(e))
+                .collect::<Result<_, _>>()?,
+            measurement,
+        })
+    }
+
     /// The pins a KBS must trust for this node's evidence.
     pub fn root_pins(&self) -> Vec<[u8; 32]> {
         let mut p = vec![self.amd.root_pin()];
@@ -142,7 +148,7 @@ impl SimNode {
         else {
             return Err(ClientError::Evidence("sim SNP bundle".into()));
         };
-        let chain = pem_blocks(&String::from_utf8_lossy(&cert_chain));
+        let chain = crate::der::pem_blocks(&String::from_utf8_lossy(&cert_chain), "CERTIFICATE");
         let mut entries = vec![json!({"cert_type": "VCEK", "data": STANDARD.encode(signing_cert)})];
         if let [ask, ark] = chain.as_slice() {
             entries.push(json!({"cert_type": "ASK", "data": STANDARD.encode(ask)}));

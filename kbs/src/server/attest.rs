@@ -64,14 +64,7 @@ fn failed(what: impl std::fmt::Display) -> KbsError {
 }
 
 fn pem(der: &[u8]) -> String {
-    let b64 = STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
+    crate::der::pem("CERTIFICATE", der)
 }
 
 /// Bytes given as a JSON array of numbers, base64 or hex.

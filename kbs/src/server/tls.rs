@@ -4,28 +4,10 @@
 
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair};
-use base64::Engine;
 
 use super::error::KbsError;
 
-fn tlv(tag: u8, v: &[u8]) -> Vec<u8> {
-    let mut out = vec![tag];
-    let len = v.len();
-    if len < 0x80 {
-        out.push(len as u8);
-    } else {
-        let b = len.to_be_bytes();
-        let skip = b.iter().take_while(|&&x| x == 0).count();
-        out.push(0x80 | (b.len() - skip) as u8);
-        out.extend_from_slice(&b[skip..]);
-    }
-    out.extend_from_slice(v);
-    out
-}
-
-fn seq(parts: &[Vec<u8>]) -> Vec<u8> {
-    tlv(0x30, &parts.concat())
-}
+use crate::der::{pem, seq, tlv};
 
 fn oid(arcs: &[u8]) -> Vec<u8> {
     tlv(0x06, arcs)
@@ -43,17 +25,6 @@ fn utc_time(t: time::OffsetDateTime) -> Vec<u8> {
         t.second()
     );
     tlv(0x17, s.as_bytes())
-}
-
-fn pem(label: &str, der: &[u8]) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
 }
 
 /// (certificate PEM, PKCS#8 key PEM) for `names` (DNS names or IP addresses), valid for a year.

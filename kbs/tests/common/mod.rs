@@ -8,8 +8,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use cgx_attestation::sim::{SimAmd, SimGpu, default_tcb};
-use cgx_attestation::snp::{Product, SigningKey};
 use cgx_kbs::server::config::{AdminKey, AppraisalConfig, KbsConfig, KekSource};
 use cgx_kbs::server::{Running, start};
 use cgx_kbs::sim::SimNode;
@@ -34,21 +32,7 @@ pub fn tmp(name: &str) -> PathBuf {
 }
 
 pub fn node(gpus: usize) -> SimNode {
-    let t = now();
-    let mut chip = [0u8; 64];
-    cgx_attestation::sim::fill_random(&mut chip).unwrap();
-    SimNode {
-        amd: SimAmd::generate(
-            Product::Genoa,
-            SigningKey::Vcek,
-            default_tcb(Product::Genoa),
-            chip,
-            t,
-        )
-        .unwrap(),
-        gpus: (0..gpus).map(|_| SimGpu::generate(t).unwrap()).collect(),
-        measurement: MEASUREMENT,
-    }
+    SimNode::generate(gpus, MEASUREMENT, now()).unwrap()
 }
 
 pub struct Ed {
