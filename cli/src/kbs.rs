@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cgx_kbs::age::{Identity, Recipient};
@@ -106,30 +106,11 @@ pub fn token(admin_key: &Path, ttl: i64) -> CliResult {
 }
 
 fn agent(ca: Option<&Path>) -> Result<ureq::Agent, String> {
-    let roots = match ca {
-        Some(p) => {
-            let pem = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let certs: Vec<_> = ureq::tls::parse_pem(&pem)
-                .filter_map(|i| match i {
-                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                    _ => None,
-                })
-                .collect();
-            ureq::tls::RootCerts::Specific(Arc::new(certs))
-        }
-        None => ureq::tls::RootCerts::WebPki,
+    let pem = match ca {
+        Some(p) => Some(std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
     };
-    let tls = ureq::tls::TlsConfig::builder()
-        .provider(ureq::tls::TlsProvider::Rustls)
-        .root_certs(roots)
-        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-        .build();
-    Ok(ureq::Agent::new_with_config(
-        ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .tls_config(tls)
-            .build(),
-    ))
+    cgx_kbs::client::agent(pem.as_deref()).map_err(|e| e.to_string())
 }
 
 /// `cgx weights keygen`: make an X25519 identity, store it in the KBS as the resource `path`,

@@ -63,6 +63,41 @@ pub trait EvidenceSource: Send + Sync {
     fn primary_evidence(&self, report_data: &[u8; 64]) -> Result<Value>;
 }
 
+/// An HTTP agent for a KBS: rustls on aws-lc-rs, trusting `ca_pem`'s certificates (or the
+/// WebPKI roots), error statuses returned as responses (their CoCo bodies are read).
+pub fn agent(ca_pem: Option<&[u8]>) -> Result<ureq::Agent> {
+    let roots = match ca_pem {
+        Some(pem) => {
+            let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(pem)
+                .filter_map(|i| match i {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                return Err(ClientError::Transport {
+                    step: "setup",
+                    detail: "no certificate in the CA file".into(),
+                });
+            }
+            ureq::tls::RootCerts::Specific(Arc::new(certs))
+        }
+        None => ureq::tls::RootCerts::WebPki,
+    };
+    let tls = ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(roots)
+        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .build();
+    Ok(ureq::Agent::new_with_config(
+        ureq::Agent::config_builder()
+            .timeout_global(Some(std::time::Duration::from_secs(30)))
+            .http_status_as_error(false)
+            .tls_config(tls)
+            .build(),
+    ))
+}
+
 /// An RCAR client for one KBS.
 pub struct KbsClient {
     base: String,
@@ -102,38 +137,7 @@ impl KbsClient {
     /// A client for `base` (`https://…` or `http://…`). `ca_pem`: the KBS's CA certificate(s);
     /// `None` uses the WebPKI roots.
     pub fn new(base: &str, ca_pem: Option<&[u8]>, key: TeeKey) -> Result<Self> {
-        let roots = match ca_pem {
-            Some(pem) => {
-                let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(pem)
-                    .filter_map(|i| match i {
-                        Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                        _ => None,
-                    })
-                    .collect();
-                if certs.is_empty() {
-                    return Err(ClientError::Transport {
-                        step: "setup",
-                        detail: "no certificate in the CA file".into(),
-                    });
-                }
-                ureq::tls::RootCerts::Specific(Arc::new(certs))
-            }
-            None => ureq::tls::RootCerts::WebPki,
-        };
-        let tls = ureq::tls::TlsConfig::builder()
-            .provider(ureq::tls::TlsProvider::Rustls)
-            .root_certs(roots)
-            .unversioned_rustls_crypto_provider(Arc::new(
-                rustls::crypto::aws_lc_rs::default_provider(),
-            ))
-            .build();
-        let agent = ureq::Agent::new_with_config(
-            ureq::Agent::config_builder()
-                .timeout_global(Some(std::time::Duration::from_secs(30)))
-                .http_status_as_error(false)
-                .tls_config(tls)
-                .build(),
-        );
+        let agent = agent(ca_pem)?;
         Ok(KbsClient {
             base: base.trim_end_matches('/').to_string(),
             agent,
@@ -153,11 +157,6 @@ impl KbsClient {
             cookie: None,
             token: None,
         }
-    }
-
-    /// The agent, to build further clients on.
-    pub fn agent(&self) -> &ureq::Agent {
-        &self.agent
     }
 
     /// A client with a fresh EC P-256 TEE key.

@@ -332,14 +332,6 @@ impl CollateralSource {
     fn url(&self, key: &CollateralKey) -> (Vendor, String, Option<(&'static str, Vec<u8>)>) {
         let e = &self.endpoints;
         let path = key.path();
-        if let CollateralKey::NvidiaOcsp { cert_id } = key {
-            let body = crate::nvidia::ocsp::request(std::slice::from_ref(cert_id), None);
-            return (
-                Vendor::Nvidia,
-                e.nvidia_ocsp.clone(),
-                Some(("application/ocsp-request", body)),
-            );
-        }
         let (vendor, url) = match key {
             CollateralKey::AmdVcek { .. }
             | CollateralKey::AmdCertChain { .. }
@@ -366,9 +358,15 @@ impl CollateralSource {
                 Vendor::Nvidia,
                 format!("{}/v1/rim/{id}", e.nvidia_rim.trim_end_matches('/')),
             ),
-            CollateralKey::NvidiaOcsp { .. } | CollateralKey::Other(_) => {
-                (Vendor::Intel, path.clone())
+            CollateralKey::NvidiaOcsp { cert_id } => {
+                let body = crate::nvidia::ocsp::request(std::slice::from_ref(cert_id), None);
+                return (
+                    Vendor::Nvidia,
+                    e.nvidia_ocsp.clone(),
+                    Some(("application/ocsp-request", body)),
+                );
             }
+            CollateralKey::Other(_) => (Vendor::Intel, path.clone()),
         };
         (vendor, url, None)
     }

@@ -261,9 +261,9 @@ async fn attest_inner(
 async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<(TeePubKey, Value), KbsError> {
     if let Some(id) = cookie(headers) {
         let s = kbs
-            .session(&id)
+            .attested_session(&id)
             .await?
-            .filter(|s| s.attested && s.expires_at > now())
+            .filter(|s| s.expires_at > now())
             .ok_or_else(|| {
                 KbsError::UnAuthenticated("no attested, unexpired session for this cookie".into())
             })?;

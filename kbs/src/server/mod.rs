@@ -58,10 +58,9 @@ pub struct Kbs {
     sessions: Mutex<std::collections::HashMap<String, Arc<LiveSession>>>,
 }
 
-/// A recorded session as the resource endpoint needs it.
+/// An attested session as the resource endpoint needs it.
 #[derive(Debug)]
 pub struct LiveSession {
-    pub attested: bool,
     pub expires_at: i64,
     pub tee_pubkey: kbs_types::TeePubKey,
     /// The EAR's claims (what release policies see).
@@ -216,7 +215,6 @@ impl Kbs {
             m.insert(
                 id.to_string(),
                 Arc::new(LiveSession {
-                    attested: true,
                     expires_at,
                     tee_pubkey,
                     claims,
@@ -225,33 +223,25 @@ impl Kbs {
         }
     }
 
-    /// A recorded session: this replica's memory, else the database.
-    pub async fn session(&self, id: &str) -> Result<Option<Arc<LiveSession>>, KbsError> {
+    /// An attested session: this replica's memory, else the database. `None` for unknown
+    /// sessions and for challenges whose answer failed.
+    pub async fn attested_session(&self, id: &str) -> Result<Option<Arc<LiveSession>>, KbsError> {
         if let Some(s) = self.sessions.lock().ok().and_then(|m| m.get(id).cloned()) {
             return Ok(Some(s));
         }
         let Some(row) = self.store.session(id).await? else {
             return Ok(None);
         };
-        let attested = row.state == store::ATTESTED;
-        let tee_pubkey = match (&row.tee_pubkey, attested) {
-            (Some(k), true) => {
-                serde_json::from_str(k).map_err(|_| KbsError::Internal("stored TEE key".into()))?
-            }
-            _ => kbs_types::TeePubKey::AKP {
-                alg: String::new(),
-                public_key: String::new(),
-            },
-        };
-        let claims = match (&row.token, attested) {
-            (Some(t), true) => http::token_claims(t)?,
-            _ => serde_json::Value::Null,
+        let (store::ATTESTED, Some(key), Some(token)) =
+            (row.state.as_str(), &row.tee_pubkey, &row.token)
+        else {
+            return Ok(None);
         };
         Ok(Some(Arc::new(LiveSession {
-            attested,
             expires_at: row.expires_at,
-            tee_pubkey,
-            claims,
+            tee_pubkey: serde_json::from_str(key)
+                .map_err(|_| KbsError::Internal("stored TEE key".into()))?,
+            claims: http::token_claims(token)?,
         })))
     }
 

@@ -48,9 +48,6 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[(
 /// A session row.
 #[derive(Debug, Clone)]
 pub struct Session {
-    pub id: String,
-    pub nonce: String,
-    pub tee: String,
     pub state: String,
     pub expires_at: i64,
     pub tee_pubkey: Option<String>,
@@ -206,17 +203,13 @@ impl Store {
     }
 
     pub async fn session(&self, id: &str) -> Result<Option<Session>, KbsError> {
-        let row = sqlx::query(
-            "SELECT id, nonce, tee, state, expires_at, tee_pubkey, token FROM sessions WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row =
+            sqlx::query("SELECT state, expires_at, tee_pubkey, token FROM sessions WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
         row.map(|r| {
             Ok(Session {
-                id: r.try_get("id")?,
-                nonce: r.try_get("nonce")?,
-                tee: r.try_get("tee")?,
                 state: r.try_get("state")?,
                 expires_at: r.try_get("expires_at")?,
                 tee_pubkey: r.try_get("tee_pubkey")?,
@@ -328,18 +321,6 @@ impl Store {
                 }))
             }
         }
-    }
-
-    /// Whether `path` needs a lease (None: no such resource). Cheaper than [`Self::resource`].
-    pub async fn requires_lease(&self, path: &str) -> Result<Option<bool>, KbsError> {
-        let row = sqlx::query("SELECT requires_lease FROM resources WHERE path = $1")
-            .bind(path)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(match row {
-            Some(r) => Some(r.try_get::<i64, _>("requires_lease")? != 0),
-            None => None,
-        })
     }
 
     pub async fn delete_resource(&self, path: &str) -> Result<bool, KbsError> {
