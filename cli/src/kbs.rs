@@ -261,27 +261,12 @@ pub fn bench(
     if clients == 0 || !(0.5..=600.0).contains(&secs) {
         return Err("--clients must be positive and --seconds within 0.5..600".into());
     }
-    let node = sim_node(gpus)?;
+    let node = std::sync::Arc::new(sim_node(gpus)?);
     let local = LocalKbs::start(&node, "bench")?;
-    let base = local.base.clone();
-    local.put("bench/key/model", &[7u8; 32], false)?;
-    // Each simulated client reuses one HTTP agent (its keep-alive connections) across flows;
-    // every flow still makes a new TEE key, session, evidence and JWE.
-    let flow = |node: &cgx_kbs::sim::SimNode, agent: &ureq::Agent| -> Result<(), String> {
-        let key = cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256)
-            .map_err(|e| e.to_string())?;
-        let mut c = KbsClient::with_agent(&base, agent.clone(), key);
-        c.attest(node).map_err(|e| e.to_string())?;
-        let v = c
-            .resource("bench/key/model", None)
-            .map_err(|e| e.to_string())?;
-        (v == [7u8; 32])
-            .then_some(())
-            .ok_or_else(|| "wrong resource".to_string())
-    };
-    flow(&node, &agent(None)?)?; // warm: caches, VM pool
-    let closed = load(clients, secs, None, &|a| flow(&node, a));
-    let paced = rate.map(|r| load(clients, secs, Some(r), &|a| flow(&node, a)));
+    local.put(BENCH_RESOURCE, &BENCH_VALUE, false)?;
+    let addr = local.running.addr;
+    let closed = load(addr, &node, clients, secs, None);
+    let paced = rate.map(|r| load(addr, &node, clients, secs, Some(r)));
     local.stop();
     let trustee = 220.0;
     let closed = closed?;
@@ -299,7 +284,7 @@ pub fn bench(
         crate::commands::print_json(&out)?;
     } else {
         println!(
-            "kbs: {} clients, {} GPU(s) per node, full flows (auth → attest → resource → decrypt) with simulated SNP evidence, client and server on this machine",
+            "kbs: {} clients (each its own keep-alive connection), {} GPU(s) per node, full flows (auth → attest → resource → decrypt) with simulated SNP evidence, clients and KBS on this machine",
             clients, gpus
         );
         let c = &out["kbs"]["closed_loop"];
@@ -307,11 +292,19 @@ pub fn bench(
             "  closed loop: {} flows/s  p50 {} ms  p99 {} ms  errors {}  ({}× Trustee's ~220 flows/s)",
             c["flows_per_s"], c["p50_ms"], c["p99_ms"], c["errors"], out["kbs"]["vs_trustee_220"]
         );
+        println!(
+            "    CPU per flow: KBS {} ms, clients {} ms (KBS alone on every core: {} flows/s)",
+            c["kbs_cpu_ms_per_flow"], c["client_cpu_ms_per_flow"], c["kbs_capacity_per_s"]
+        );
         let p = &out["kbs"]["paced"];
         if !p.is_null() {
             println!(
                 "  paced at {} flows/s offered: {} flows/s  p50 {} ms  p99 {} ms  errors {}  (latency from each flow's scheduled start)",
                 p["offered_per_s"], p["flows_per_s"], p["p50_ms"], p["p99_ms"], p["errors"]
+            );
+            println!(
+                "    CPU per flow: KBS {} ms, clients {} ms",
+                p["kbs_cpu_ms_per_flow"], p["client_cpu_ms_per_flow"]
             );
         }
         println!(
@@ -397,6 +390,7 @@ impl LocalKbs {
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .thread_name(SERVER_THREAD)
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
@@ -510,6 +504,41 @@ pub fn up_release(node: &cgx_kbs::sim::SimNode) -> Result<(), String> {
     result
 }
 
+/// Thread names that tell the KBS's CPU time from the simulated clients' in [`cpu_by_role`].
+const SERVER_THREAD: &str = "kbs-server";
+const CLIENT_THREAD: &str = "bench-client";
+
+/// CPU seconds this process's threads have run so far, by role: (KBS, clients), from
+/// `/proc/self/task/*/schedstat` (nanoseconds on CPU; robust to a noisy machine's steal time,
+/// which wall-clock throughput is not). The KBS's threads: its runtime's workers and the
+/// SQLite driver's worker threads. `None` where `/proc` does not say.
+fn cpu_by_role() -> Option<(f64, f64)> {
+    let mut server = 0u64;
+    let mut client = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(task.path().join("comm")),
+            std::fs::read_to_string(task.path().join("schedstat")),
+        ) else {
+            continue; // the thread exited meanwhile
+        };
+        let Some(ns) = stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let comm = comm.trim();
+        if comm.starts_with(CLIENT_THREAD) {
+            client += ns;
+        } else if comm.starts_with(SERVER_THREAD) || comm.starts_with("sqlx-sqlite") {
+            server += ns;
+        }
+    }
+    Some((server as f64 / 1e9, client as f64 / 1e9))
+}
+
 /// What one load run measured.
 struct Load {
     offered: Option<f64>,
@@ -517,6 +546,8 @@ struct Load {
     lat: Vec<f64>,
     errors: u64,
     first_error: Option<String>,
+    /// CPU seconds (KBS, clients) spent during the window.
+    cpu: Option<(f64, f64)>,
 }
 
 impl Load {
@@ -525,7 +556,18 @@ impl Load {
     }
 
     fn json(&self) -> Value {
+        let n = self.lat.len().max(1) as f64;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let (server_ms, client_ms) = match self.cpu {
+            Some((s, c)) => (Some(s / n * 1e3), Some(c / n * 1e3)),
+            None => (None, None),
+        };
+        let round = |v: Option<f64>, k: f64| v.map(|v| (v * k).round() / k);
         json!({
+            // CPU per completed flow, by side; the KBS's capacity if it had every core.
+            "kbs_cpu_ms_per_flow": round(server_ms, 1000.0),
+            "client_cpu_ms_per_flow": round(client_ms, 1000.0),
+            "kbs_capacity_per_s": round(server_ms.map(|ms| cores * 1e3 / ms), 1.0),
             "offered_per_s": self.offered,
             "seconds": (self.window * 100.0).round() / 100.0,
             "flows": self.lat.len(),
@@ -538,33 +580,152 @@ impl Load {
     }
 }
 
-/// `clients` threads running `flow` for `secs` after a warm-up. Closed loop (`rate` None):
-/// each starts its next flow when the last ends. Paced: flows are scheduled at `rate` per second
-/// in total, spread over the clients, and latency counts from the scheduled start (so a KBS
-/// that falls behind shows it, rather than slowing the clients down).
+const BENCH_RESOURCE: &str = "bench/key/model";
+const BENCH_VALUE: [u8; 32] = [7u8; 32];
+
+/// One simulated guest's keep-alive HTTP/1.1 connection to the KBS (hyper, on the load
+/// generator's runtime; reopened if the KBS closes it).
+struct Conn {
+    addr: std::net::SocketAddr,
+    send: Option<hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>>,
+}
+
+impl Conn {
+    /// One request; answers (status, body, set-cookie).
+    async fn request(
+        &mut self,
+        method: hyper::Method,
+        path: &str,
+        cookie: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<(u16, Vec<u8>, Option<String>), String> {
+        use http_body_util::BodyExt;
+        if self.send.as_ref().is_none_or(|s| s.is_closed()) {
+            let tcp = tokio::net::TcpStream::connect(self.addr)
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+            let (send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| format!("handshake: {e}"))?;
+            tokio::spawn(conn);
+            self.send = Some(send);
+        }
+        let send = self.send.as_mut().ok_or("no connection")?;
+        send.ready().await.map_err(|e| e.to_string())?;
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, self.addr.to_string());
+        if !body.is_empty() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(c) = cookie {
+            req = req.header(hyper::header::COOKIE, c);
+        }
+        let req = req
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let set_cookie = resp
+            .headers()
+            .get(hyper::header::SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body.to_vec(), set_cookie))
+    }
+}
+
+/// One full flow as a guest does it, through the client library's protocol steps
+/// ([`cgx_kbs::client::rcar`]): a new TEE key, `auth`, evidence bound to the nonce and key,
+/// `attest`, `resource`, and the JWE decrypted with the TEE key.
+async fn flow(conn: &mut Conn, node: &cgx_kbs::sim::SimNode) -> Result<(), String> {
+    use cgx_kbs::client::{EvidenceSource, rcar};
+    let e = |e: cgx_kbs::client::ClientError| e.to_string();
+    let key =
+        cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256).map_err(|e| e.to_string())?;
+    let (status, body, set_cookie) = conn
+        .request(
+            hyper::Method::POST,
+            rcar::AUTH_PATH,
+            None,
+            rcar::auth_body(node.tee()).map_err(e)?,
+        )
+        .await?;
+    let nonce = rcar::challenge(status, &body).map_err(e)?;
+    let cookie =
+        rcar::session_cookie(set_cookie.as_deref()).ok_or("the challenge set no cookie")?;
+    let att = rcar::attestation(&key, node, &nonce).map_err(e)?;
+    let att = serde_json::to_vec(&att).map_err(|e| e.to_string())?;
+    let (status, body, _) = conn
+        .request(hyper::Method::POST, rcar::ATTEST_PATH, Some(&cookie), att)
+        .await?;
+    rcar::token(status, &body).map_err(e)?;
+    let (status, body, _) = conn
+        .request(
+            hyper::Method::GET,
+            &rcar::resource_path(BENCH_RESOURCE, None),
+            Some(&cookie),
+            Vec::new(),
+        )
+        .await?;
+    let value = key
+        .decrypt(&rcar::jwe(status, &body).map_err(e)?)
+        .map_err(|e| e.to_string())?;
+    (value == BENCH_VALUE)
+        .then_some(())
+        .ok_or_else(|| "wrong resource".to_string())
+}
+
+/// `clients` simulated guests, each on its own connection, doing full flows for `secs` after a
+/// warm-up, as tasks on a load-generator runtime with one thread per core (so the machine runs
+/// a few busy threads, not one per client). Closed loop (`rate` None): each starts its next
+/// flow when the last ends. Paced: flows are scheduled at `rate` per second in total, spread
+/// over the clients, and latency counts from the scheduled start (so a KBS that falls behind
+/// shows it, rather than slowing the clients down).
 fn load(
+    addr: std::net::SocketAddr,
+    node: &std::sync::Arc<cgx_kbs::sim::SimNode>,
     clients: usize,
     secs: f64,
     rate: Option<f64>,
-    flow: &(dyn Fn(&ureq::Agent) -> Result<(), String> + Sync),
 ) -> Result<Load, String> {
-    let stop = AtomicBool::new(false);
-    let measuring = AtomicBool::new(false);
-    let errors = AtomicU64::new(0);
-    let first_error = Mutex::new(None::<String>);
-    let lat = Mutex::new(Vec::<f64>::new());
-    let warmup = Duration::from_secs_f64((secs / 5.0).min(2.0));
-    let t0 = Instant::now();
-    let mut window = 0.0;
-    std::thread::scope(|s| {
+    use std::sync::Arc;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores)
+        .thread_name(CLIENT_THREAD)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let stop = Arc::new(AtomicBool::new(false));
+        let measuring = Arc::new(AtomicBool::new(false));
+        let errors = Arc::new(AtomicU64::new(0));
+        let first_error = Arc::new(Mutex::new(None::<String>));
+        // Warm caches (policy memo, VM pools) with one flow before anything is timed.
+        flow(&mut Conn { addr, send: None }, node).await?;
+        let warmup = Duration::from_secs_f64((secs / 5.0).min(2.0));
+        let t0 = Instant::now();
+        let mut tasks = Vec::with_capacity(clients);
         for i in 0..clients {
-            let (stop, measuring, errors, first_error, lat) =
-                (&stop, &measuring, &errors, &first_error, &lat);
-            let client_agent = agent(None);
-            s.spawn(move || {
-                let Ok(client_agent) = client_agent else {
-                    return;
-                };
+            let (stop, measuring, errors, first_error, node) = (
+                stop.clone(),
+                measuring.clone(),
+                errors.clone(),
+                first_error.clone(),
+                node.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut conn = Conn { addr, send: None };
                 let mut mine = Vec::new();
                 let mut k = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -575,14 +736,12 @@ fn load(
                                     (k as f64 * clients as f64 + i as f64) / r,
                                 );
                             k += 1;
-                            if let Some(wait) = at.checked_duration_since(Instant::now()) {
-                                std::thread::sleep(wait);
-                            }
+                            tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
                             at
                         }
                         None => Instant::now(),
                     };
-                    let r = flow(&client_agent);
+                    let r = flow(&mut conn, &node).await;
                     let took = start.elapsed().as_secs_f64();
                     if !measuring.load(Ordering::Relaxed) {
                         continue;
@@ -597,27 +756,37 @@ fn load(
                         }
                     }
                 }
-                if let Ok(mut l) = lat.lock() {
-                    l.extend(mine);
-                }
-            });
+                mine
+            }));
         }
-        std::thread::sleep(warmup);
+        tokio::time::sleep(warmup).await;
         measuring.store(true, Ordering::Relaxed);
         let t = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(secs));
+        let before = cpu_by_role();
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
         measuring.store(false, Ordering::Relaxed);
-        window = t.elapsed().as_secs_f64();
+        let window = t.elapsed().as_secs_f64();
+        let cpu = before
+            .zip(cpu_by_role())
+            .map(|(b, a)| (a.0 - b.0, a.1 - b.1));
         stop.store(true, Ordering::Relaxed);
-    });
-    let mut lat = lat.into_inner().map_err(|_| "lock")?;
-    lat.sort_by(f64::total_cmp);
-    Ok(Load {
-        offered: rate,
-        window,
-        lat,
-        errors: errors.into_inner(),
-        first_error: first_error.into_inner().map_err(|_| "lock")?,
+        let mut lat = Vec::new();
+        for t in tasks {
+            match t.await {
+                Ok(mine) => lat.extend(mine),
+                Err(e) => return Err(format!("client task: {e}")),
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        let first_error = first_error.lock().map_err(|_| "lock")?.take();
+        Ok(Load {
+            offered: rate,
+            window,
+            lat,
+            errors: errors.load(Ordering::Relaxed),
+            first_error,
+            cpu,
+        })
     })
 }
 

@@ -7,6 +7,9 @@ mod bench;
 mod commands;
 mod kbs;
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -228,6 +228,50 @@ fn bench_verify_reports_ratios_in_the_documented_shape() {
 }
 
 #[test]
+fn bench_kbs_runs_full_flows_and_reports_latency_and_cpu() {
+    let (code, out, err) = cgx(&[
+        "bench",
+        "kbs",
+        "--clients",
+        "4",
+        "--seconds",
+        "0.5",
+        "--rate",
+        "40",
+        "--weights-mib",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    for run in ["closed_loop", "paced"] {
+        let r = &v["kbs"][run];
+        assert_eq!(r["errors"], 0, "{run}: {r}");
+        assert!(r["flows"].as_u64().is_some_and(|n| n > 0), "{run}: {r}");
+        for key in [
+            "p50_ms",
+            "p99_ms",
+            "kbs_cpu_ms_per_flow",
+            "client_cpu_ms_per_flow",
+        ] {
+            assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{run}.{key}: {r}");
+        }
+        assert!(r["p50_ms"].as_f64() <= r["p99_ms"].as_f64(), "{r}");
+    }
+    // Paced: about the offered 40 flows/s over 0.5 s, not as many as the KBS could do.
+    let paced = v["kbs"]["paced"]["flows"].as_u64().unwrap_or(0);
+    assert!((10..=30).contains(&paced), "{paced} paced flows");
+    assert!(
+        v["weights"]["by_threads"][0]["ratio"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0)
+    );
+    let (code, _, err) = cgx(&["bench", "kbs", "--clients", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--clients"), "{err}");
+}
+
+#[test]
 fn appraise_exit_codes_follow_the_tier() {
     let dir = tmp("appraise");
     let d = dir.to_str().unwrap();

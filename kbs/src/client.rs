@@ -116,6 +116,96 @@ impl std::fmt::Debug for KbsClient {
     }
 }
 
+/// The protocol's steps without I/O: what to send and what an answer means. [`KbsClient`]
+/// carries them over ureq; a load generator or another transport can carry them as well.
+pub mod rcar {
+    use super::*;
+
+    pub const AUTH_PATH: &str = "/kbs/v0/auth";
+    pub const ATTEST_PATH: &str = "/kbs/v0/attest";
+
+    /// `GET` path of a resource (`repo/type/tag`), with an optional lease token.
+    pub fn resource_path(path: &str, lease: Option<&str>) -> String {
+        match lease {
+            Some(l) => format!("/kbs/v0/resource/{path}?lease={l}"),
+            None => format!("/kbs/v0/resource/{path}"),
+        }
+    }
+
+    /// The `auth` request body.
+    pub fn auth_body(tee: Tee) -> Result<Vec<u8>> {
+        let req = Request {
+            version: "0.4.0".into(),
+            tee,
+            extra_params: Value::String(String::new()),
+        };
+        serde_json::to_vec(&req).map_err(|e| ClientError::Response(e.to_string()))
+    }
+
+    /// The session cookie (`name=value`) from a `set-cookie` header.
+    pub fn session_cookie(set_cookie: Option<&str>) -> Option<String> {
+        set_cookie
+            .and_then(|v| v.split(';').next())
+            .map(|v| v.trim().to_string())
+    }
+
+    /// The challenge nonce from the answer to `auth`.
+    pub fn challenge(status: u16, body: &[u8]) -> Result<String> {
+        if status != 200 {
+            return Err(refused("auth", status, body));
+        }
+        let v: Value =
+            serde_json::from_slice(body).map_err(|e| ClientError::Response(e.to_string()))?;
+        v["nonce"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ClientError::Response("challenge without nonce".into()))
+    }
+
+    /// The attestation message for `nonce`: evidence bound to it and to `key`.
+    pub fn attestation(
+        key: &TeeKey,
+        source: &dyn EvidenceSource,
+        nonce: &str,
+    ) -> Result<Attestation> {
+        let key = key.public()?;
+        let additional = source.additional_evidence(nonce, &key)?;
+        let rd = crate::binding::cpu_report_data(nonce, &key, &additional);
+        Ok(Attestation {
+            init_data: None,
+            runtime_data: RuntimeData {
+                nonce: nonce.to_string(),
+                tee_pubkey: key,
+            },
+            tee_evidence: CompositeEvidence {
+                primary_evidence: source.primary_evidence(&rd)?,
+                additional_evidence: additional,
+            },
+        })
+    }
+
+    /// The EAR from the answer to `attest`.
+    pub fn token(status: u16, body: &[u8]) -> Result<String> {
+        if status != 200 {
+            return Err(refused("attest", status, body));
+        }
+        let v: Value =
+            serde_json::from_slice(body).map_err(|e| ClientError::Response(e.to_string()))?;
+        v["token"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ClientError::Response("attest answer without token".into()))
+    }
+
+    /// The JWE from the answer to a resource request.
+    pub fn jwe(status: u16, body: &[u8]) -> Result<Response> {
+        if status != 200 {
+            return Err(refused("resource", status, body));
+        }
+        serde_json::from_slice(body).map_err(|e| ClientError::Response(format!("JWE: {e}")))
+    }
+}
+
 fn refused(step: &'static str, status: u16, body: &[u8]) -> ClientError {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     ClientError::Refused {
@@ -185,7 +275,7 @@ impl KbsClient {
         &self,
         step: &'static str,
         path: &str,
-        body: &Value,
+        body: &[u8],
     ) -> Result<(u16, Vec<u8>, Option<String>)> {
         let mut req = self
             .agent
@@ -194,18 +284,15 @@ impl KbsClient {
         if let Some(c) = &self.cookie {
             req = req.header("cookie", c);
         }
-        let mut resp =
-            req.send(body.to_string().as_bytes())
-                .map_err(|e| ClientError::Transport {
-                    step,
-                    detail: e.to_string(),
-                })?;
-        let cookie = resp
-            .headers()
-            .get("set-cookie")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .map(str::to_string);
+        let mut resp = req.send(body).map_err(|e| ClientError::Transport {
+            step,
+            detail: e.to_string(),
+        })?;
+        let cookie = rcar::session_cookie(
+            resp.headers()
+                .get("set-cookie")
+                .and_then(|v| v.to_str().ok()),
+        );
         let status = resp.status().as_u16();
         let body = resp
             .body_mut()
@@ -221,57 +308,24 @@ impl KbsClient {
 
     /// `auth`: a new session; returns the challenge nonce.
     pub fn auth(&mut self, tee: Tee) -> Result<String> {
-        let req = Request {
-            version: "0.4.0".into(),
-            tee,
-            extra_params: Value::String(String::new()),
-        };
-        let body = serde_json::to_value(&req).map_err(|e| ClientError::Response(e.to_string()))?;
+        let body = rcar::auth_body(tee)?;
         self.cookie = None;
-        let (status, body, cookie) = self.post("auth", "/kbs/v0/auth", &body)?;
-        if status != 200 {
-            return Err(refused("auth", status, &body));
-        }
+        let (status, body, cookie) = self.post("auth", rcar::AUTH_PATH, &body)?;
+        let nonce = rcar::challenge(status, &body)?;
         self.cookie = cookie;
-        let v: Value =
-            serde_json::from_slice(&body).map_err(|e| ClientError::Response(e.to_string()))?;
-        v["nonce"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| ClientError::Response("challenge without nonce".into()))
+        Ok(nonce)
     }
 
     /// The attestation message for `nonce`: evidence bound to it and to this client's key.
     pub fn attestation(&self, source: &dyn EvidenceSource, nonce: &str) -> Result<Attestation> {
-        let key = self.key.public()?;
-        let additional = source.additional_evidence(nonce, &key)?;
-        let rd = crate::binding::cpu_report_data(nonce, &key, &additional);
-        Ok(Attestation {
-            init_data: None,
-            runtime_data: RuntimeData {
-                nonce: nonce.to_string(),
-                tee_pubkey: key,
-            },
-            tee_evidence: CompositeEvidence {
-                primary_evidence: source.primary_evidence(&rd)?,
-                additional_evidence: additional,
-            },
-        })
+        rcar::attestation(&self.key, source, nonce)
     }
 
     /// Send an attestation message (tests send tampered ones through here).
     pub fn send_attestation(&mut self, att: &Attestation) -> Result<String> {
-        let body = serde_json::to_value(att).map_err(|e| ClientError::Response(e.to_string()))?;
-        let (status, body, _) = self.post("attest", "/kbs/v0/attest", &body)?;
-        if status != 200 {
-            return Err(refused("attest", status, &body));
-        }
-        let v: Value =
-            serde_json::from_slice(&body).map_err(|e| ClientError::Response(e.to_string()))?;
-        let token = v["token"]
-            .as_str()
-            .ok_or_else(|| ClientError::Response("attest answer without token".into()))?
-            .to_string();
+        let body = serde_json::to_vec(att).map_err(|e| ClientError::Response(e.to_string()))?;
+        let (status, body, _) = self.post("attest", rcar::ATTEST_PATH, &body)?;
+        let token = rcar::token(status, &body)?;
         self.token = Some(token.clone());
         Ok(token)
     }
@@ -285,11 +339,7 @@ impl KbsClient {
 
     /// The raw JWE for `path` (`repo/type/tag`), with an optional lease token.
     pub fn resource_jwe(&self, path: &str, lease: Option<&str>) -> Result<Response> {
-        let mut url = format!("{}/kbs/v0/resource/{path}", self.base);
-        if let Some(l) = lease {
-            url.push_str("?lease=");
-            url.push_str(l);
-        }
+        let url = format!("{}{}", self.base, rcar::resource_path(path, lease));
         let mut req = self.agent.get(&url);
         if let Some(c) = &self.cookie {
             req = req.header("cookie", c);
@@ -308,10 +358,7 @@ impl KbsClient {
                 step: "resource",
                 detail: e.to_string(),
             })?;
-        if status != 200 {
-            return Err(refused("resource", status, &body));
-        }
-        serde_json::from_slice(&body).map_err(|e| ClientError::Response(format!("JWE: {e}")))
+        rcar::jwe(status, &body)
     }
 
     /// Fetch and decrypt `path`.

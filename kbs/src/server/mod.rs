@@ -4,6 +4,7 @@
 pub mod attest;
 pub mod config;
 pub mod error;
+pub mod group_commit;
 pub mod http;
 pub mod jwt;
 pub mod metrics;
@@ -389,6 +390,11 @@ async fn accept_loop(
     let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
     let graceful = GracefulShutdown::new();
     let mut ticker = tokio::time::interval(Duration::from_secs(2));
+    // SQLite: fold the write-ahead log back often, so each checkpoint (and its fsync) is small;
+    // one every few seconds under load stalls concurrent commits for tens of milliseconds.
+    let mut checkpoints = tokio::time::interval(CHECKPOINT_EVERY);
+    checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let checkpointing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
         tokio::select! {
             conn = listener.accept() => {
@@ -410,6 +416,19 @@ async fn accept_loop(
                     }
                 });
             }
+            _ = checkpoints.tick(), if kbs.store.is_sqlite() => {
+                // One at a time: a slow disk must not pile them up.
+                if !checkpointing.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    let (k, flag) = (kbs.clone(), checkpointing.clone());
+                    tokio::spawn(async move {
+                        // Busy databases are normal under load; the next tick retries.
+                        if let Err(e) = k.store.checkpoint().await {
+                            tracing::debug!(error = %e, "WAL checkpoint deferred");
+                        }
+                        flag.store(false, std::sync::atomic::Ordering::Release);
+                    });
+                }
+            }
             _ = ticker.tick() => {
                 // Housekeeping: drop expired sessions; pick up another replica's policy change.
                 let k = kbs.clone();
@@ -417,9 +436,6 @@ async fn accept_loop(
                     // Busy databases are normal under load; the next tick retries.
                     if let Err(e) = k.store.sweep_sessions(store::now()).await {
                         tracing::debug!(error = %e, "session sweep deferred");
-                    }
-                    if let Err(e) = k.store.checkpoint().await {
-                        tracing::debug!(error = %e, "WAL checkpoint deferred");
                     }
                     if let Err(e) = k.refresh_engine().await {
                         tracing::warn!(error = %e, "appraisal policy refresh");
@@ -437,6 +453,9 @@ async fn accept_loop(
         }
     }
 }
+
+/// How often the SQLite write-ahead log is checkpointed (see [`accept_loop`]).
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
 /// Wait for SIGINT or SIGTERM.
 pub async fn shutdown_signal() -> Result<(), KbsError> {

@@ -7,12 +7,26 @@
 //! ([`super::session`]). Resources are
 //! sealed with AES-256-GCM under the key-encryption key (never stored), the resource path as
 //! AAD so a sealed value cannot be moved to another path.
+//!
+//! The two writes on every flow — the session row at attestation, the audit row at release —
+//! go through [`GroupCommit`]: each caller waits for its own commit, the database sees one
+//! statement per batch. Sealed resources are read through a cache of [`RESOURCE_CACHE`]: a
+//! change made on this replica clears it at once, one made on another replica is seen within
+//! that time (as release policies are).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 
 use super::error::KbsError;
+use super::group_commit::{GroupCommit, placeholders};
+
+/// How long a sealed resource read from the database is served from memory.
+pub const RESOURCE_CACHE: Duration = Duration::from_secs(1);
 
 /// Migrations, versioned; each runs once, in order, in a transaction.
 const MIGRATIONS: &[(i64, &str, &str)] = &[(
@@ -76,10 +90,44 @@ pub struct AuditEvent {
     pub detail: serde_json::Value,
 }
 
+/// A session row to insert (the answer to a challenge).
+#[derive(Debug, Clone)]
+struct NewSession {
+    id: String,
+    nonce: String,
+    tee: String,
+    state: &'static str,
+    created_at: i64,
+    expires_at: i64,
+    tee_pubkey: Option<String>,
+    token: Option<String>,
+}
+
+/// An audit row to insert.
+#[derive(Debug, Clone)]
+struct NewAudit {
+    at: i64,
+    actor: String,
+    action: String,
+    subject: String,
+    detail: String,
+}
+
+/// A sealed resource row as read, with when it was read.
+#[derive(Debug, Clone)]
+struct CachedResource {
+    read_at: Instant,
+    sealed: Arc<Vec<u8>>,
+    requires_lease: bool,
+}
+
 pub struct Store {
     pool: AnyPool,
     kek: LessSafeKey,
     postgres: bool,
+    sessions: GroupCommit<NewSession, bool>,
+    audits: GroupCommit<NewAudit, ()>,
+    resources: Mutex<HashMap<String, CachedResource>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -123,6 +171,15 @@ impl Store {
             UnboundKey::new(&AES_256_GCM, kek).map_err(|_| KbsError::Config("kek".into()))?,
         );
         let store = Store {
+            sessions: GroupCommit::spawn(Box::new({
+                let pool = pool.clone();
+                move |rows| Box::pin(insert_sessions(pool.clone(), rows))
+            })),
+            audits: GroupCommit::spawn(Box::new({
+                let pool = pool.clone();
+                move |rows| Box::pin(insert_audits(pool.clone(), rows))
+            })),
+            resources: Mutex::new(HashMap::new()),
             pool,
             kek,
             postgres,
@@ -185,21 +242,23 @@ impl Store {
         tee_pubkey: Option<&str>,
         token: Option<&str>,
     ) -> Result<bool, KbsError> {
-        let r = sqlx::query(
-            "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at, tee_pubkey, token)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(id)
-        .bind(nonce)
-        .bind(tee)
-        .bind(state)
-        .bind(now())
-        .bind(expires_at)
-        .bind(tee_pubkey)
-        .bind(token)
-        .execute(&self.pool)
-        .await?;
-        Ok(r.rows_affected() == 1)
+        let state = match state {
+            ATTESTED => ATTESTED,
+            FAILED => FAILED,
+            other => return Err(KbsError::Internal(format!("session state {other}"))),
+        };
+        self.sessions
+            .write(NewSession {
+                id: id.to_string(),
+                nonce: nonce.to_string(),
+                tee: tee.to_string(),
+                state,
+                created_at: now(),
+                expires_at,
+                tee_pubkey: tee_pubkey.map(str::to_string),
+                token: token.map(str::to_string),
+            })
+            .await
     }
 
     pub async fn session(&self, id: &str) -> Result<Option<Session>, KbsError> {
@@ -220,8 +279,12 @@ impl Store {
         .map_err(|e: sqlx::Error| KbsError::Storage(e.to_string()))
     }
 
+    pub fn is_sqlite(&self) -> bool {
+        !self.postgres
+    }
+
     /// Fold the SQLite write-ahead log back into the database without blocking writers
-    /// (housekeeping does this every few seconds, so commits never pay for a checkpoint).
+    /// (the accept loop does this twice a second, so commits never pay for a checkpoint).
     pub async fn checkpoint(&self) -> Result<(), KbsError> {
         if !self.postgres {
             sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
@@ -303,33 +366,69 @@ impl Store {
         .bind(now())
         .execute(&self.pool)
         .await?;
+        self.forget_resource(path);
         Ok(())
     }
 
+    /// The resource at `path`, unsealed (only sealed bytes are cached).
     pub async fn resource(&self, path: &str) -> Result<Option<Resource>, KbsError> {
-        let row = sqlx::query("SELECT sealed, requires_lease FROM resources WHERE path = $1")
-            .bind(path)
-            .fetch_optional(&self.pool)
-            .await?;
-        match row {
-            None => Ok(None),
-            Some(r) => {
-                let sealed: Vec<u8> = r.try_get("sealed")?;
-                Ok(Some(Resource {
-                    value: self.unseal(path, &sealed)?,
+        let cached = self
+            .resources
+            .lock()
+            .map_err(|_| KbsError::Internal("resource cache lock".into()))?
+            .get(path)
+            .filter(|c| c.read_at.elapsed() < RESOURCE_CACHE)
+            .cloned();
+        let c = match cached {
+            Some(c) => c,
+            None => {
+                let read_at = Instant::now();
+                let row =
+                    sqlx::query("SELECT sealed, requires_lease FROM resources WHERE path = $1")
+                        .bind(path)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                let Some(r) = row else {
+                    self.forget_resource(path);
+                    return Ok(None);
+                };
+                let c = CachedResource {
+                    read_at,
+                    sealed: Arc::new(r.try_get("sealed")?),
                     requires_lease: r.try_get::<i64, _>("requires_lease")? != 0,
-                }))
+                };
+                if let Ok(mut m) = self.resources.lock() {
+                    // Only paths that exist are cached, so the map is bounded by the table;
+                    // expired entries go when it grows.
+                    if m.len() >= 4096 {
+                        m.retain(|_, v| v.read_at.elapsed() < RESOURCE_CACHE);
+                    }
+                    m.insert(path.to_string(), c.clone());
+                }
+                c
             }
+        };
+        Ok(Some(Resource {
+            value: self.unseal(path, &c.sealed)?,
+            requires_lease: c.requires_lease,
+        }))
+    }
+
+    fn forget_resource(&self, path: &str) {
+        if let Ok(mut m) = self.resources.lock() {
+            m.remove(path);
         }
     }
 
     pub async fn delete_resource(&self, path: &str) -> Result<bool, KbsError> {
-        Ok(sqlx::query("DELETE FROM resources WHERE path = $1")
+        let deleted = sqlx::query("DELETE FROM resources WHERE path = $1")
             .bind(path)
             .execute(&self.pool)
             .await?
             .rows_affected()
-            == 1)
+            == 1;
+        self.forget_resource(path);
+        Ok(deleted)
     }
 
     // ---------------------------------------------------------------- policies
@@ -383,17 +482,15 @@ impl Store {
     ) -> Result<(), KbsError> {
         let at = now();
         tracing::info!(target: "cgx_kbs::audit", %actor, %action, %subject, %detail, at, "audit");
-        sqlx::query(
-            "INSERT INTO audit (at, actor, action, subject, detail) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(at)
-        .bind(actor)
-        .bind(action)
-        .bind(subject)
-        .bind(detail.to_string())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        self.audits
+            .write(NewAudit {
+                at,
+                actor: actor.to_string(),
+                action: action.to_string(),
+                subject: subject.to_string(),
+                detail: detail.to_string(),
+            })
+            .await
     }
 
     /// Audit events after `after_seq`, oldest first.
@@ -434,6 +531,61 @@ impl Store {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// One statement for a batch of session rows: `true` for each row inserted, `false` for a
+/// replayed challenge (its id already stored, or earlier in this batch).
+async fn insert_sessions(pool: AnyPool, rows: Vec<NewSession>) -> Result<Vec<bool>, KbsError> {
+    let mut seen = HashSet::new();
+    let fresh: Vec<&NewSession> = rows.iter().filter(|r| seen.insert(&r.id)).collect();
+    let sql = format!(
+        "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at, tee_pubkey, token)
+         VALUES {} ON CONFLICT (id) DO NOTHING RETURNING id",
+        placeholders(fresh.len(), 8)
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for r in &fresh {
+        q = q
+            .bind(r.id.clone())
+            .bind(r.nonce.clone())
+            .bind(r.tee.clone())
+            .bind(r.state)
+            .bind(r.created_at)
+            .bind(r.expires_at)
+            .bind(r.tee_pubkey.clone())
+            .bind(r.token.clone());
+    }
+    let inserted = q
+        .fetch_all(&pool)
+        .await?
+        .iter()
+        .map(|row| row.try_get::<String, _>("id"))
+        .collect::<Result<HashSet<String>, _>>()?;
+    // Each inserted id answers `true` once: to the first row that carried it.
+    let mut claimed = HashSet::new();
+    Ok(rows
+        .iter()
+        .map(|r| inserted.contains(&r.id) && claimed.insert(&r.id))
+        .collect())
+}
+
+/// One statement for a batch of audit rows (their `seq` follows the batch's order).
+async fn insert_audits(pool: AnyPool, rows: Vec<NewAudit>) -> Result<Vec<()>, KbsError> {
+    let sql = format!(
+        "INSERT INTO audit (at, actor, action, subject, detail) VALUES {}",
+        placeholders(rows.len(), 5)
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for r in &rows {
+        q = q
+            .bind(r.at)
+            .bind(r.actor.clone())
+            .bind(r.action.clone())
+            .bind(r.subject.clone())
+            .bind(r.detail.clone());
+    }
+    q.execute(&pool).await?;
+    Ok(vec![(); rows.len()])
 }
 
 fn aad(path: &str) -> Vec<u8> {
