@@ -157,6 +157,9 @@ impl Store {
         };
         let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 8 } else { 16 });
         if sqlite {
+            // An embedded database does not drop connections: pinging each one before use would
+            // cost every statement a second round trip to its worker thread.
+            opts = opts.test_before_acquire(false);
             opts = opts.after_connect(|conn, _| {
                 Box::pin(async move {
                     use sqlx::Executor;
