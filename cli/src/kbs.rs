@@ -268,6 +268,9 @@ pub fn bench(
     let closed = load(addr, &node, clients, secs, None);
     let paced = rate.map(|r| load(addr, &node, clients, secs, Some(r)));
     local.stop();
+    let floor = crypto_floor_ms(gpus)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let bound = cores * 1e3 / floor;
     let trustee = 220.0;
     let closed = closed?;
     let kbs = json!({
@@ -276,6 +279,9 @@ pub fn bench(
         "closed_loop": closed.json(),
         "paced": match paced { Some(p) => p?.json(), None => Value::Null },
         "vs_trustee_220": (closed.flows_per_s() / trustee * 100.0).round() / 100.0,
+        "crypto_floor_ms_per_flow": (floor * 1000.0).round() / 1000.0,
+        "crypto_bound_per_s": bound.round(),
+        "vs_crypto_bound": (closed.flows_per_s() / bound * 100.0).round() / 100.0,
     });
     let errors = closed.errors;
     let weights = weights_bench(weights_mib)?;
@@ -295,6 +301,12 @@ pub fn bench(
         println!(
             "    CPU per flow: KBS {} ms, clients {} ms (KBS alone on every core: {} flows/s)",
             c["kbs_cpu_ms_per_flow"], c["client_cpu_ms_per_flow"], c["kbs_capacity_per_s"]
+        );
+        println!(
+            "    bound: the flow's public-key operations alone take {} ms, so at most {} flows/s on these cores; ratio {}",
+            out["kbs"]["crypto_floor_ms_per_flow"],
+            out["kbs"]["crypto_bound_per_s"],
+            out["kbs"]["vs_crypto_bound"]
         );
         let p = &out["kbs"]["paced"];
         if !p.is_null() {
@@ -788,6 +800,68 @@ fn load(
             cpu,
         })
     })
+}
+
+/// The public-key operations one flow cannot do without, timed one at a time on one thread in
+/// this run (aws-lc, the fastest backend here), in milliseconds: the simulated AMD-SP's P-384
+/// report signature, its P-384 verification, two P-256 key generations (the guest's TEE key,
+/// the JWE's ephemeral key), two P-256 agreements (KBS encrypts, guest decrypts) and the
+/// EAR's ES256 signature. Per GPU: one more P-384 signature and verification. No HTTP, JSON,
+/// policy or storage: `cores / floor` bounds flows/s on this machine.
+fn crypto_floor_ms(gpus: usize) -> Result<f64, String> {
+    use aws_lc_rs::agreement::{ECDH_P256, PrivateKey, UnparsedPublicKey, agree};
+    use aws_lc_rs::rand::SystemRandom;
+    use aws_lc_rs::signature::{
+        ECDSA_P256_SHA256_FIXED_SIGNING, ECDSA_P384_SHA384_FIXED, ECDSA_P384_SHA384_FIXED_SIGNING,
+        EcdsaKeyPair, KeyPair, UnparsedPublicKey as Vk,
+    };
+    let rng = SystemRandom::new();
+    let err = |_| "crypto".to_string();
+    // Median of 5 rounds of 40 operations each.
+    let time = |f: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
+        let mut rounds = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            for _ in 0..40 {
+                f()?;
+            }
+            rounds.push(t.elapsed().as_secs_f64() * 1e3 / 40.0);
+        }
+        rounds.sort_by(f64::total_cmp);
+        Ok(rounds[2])
+    };
+    let vcek = EcdsaKeyPair::generate(&ECDSA_P384_SHA384_FIXED_SIGNING).map_err(err)?;
+    let report = [0x5Au8; 0x2A0]; // the signed part of an SNP report
+    let sig = vcek.sign(&rng, &report).map_err(err)?;
+    let vk = Vk::new(
+        &ECDSA_P384_SHA384_FIXED,
+        vcek.public_key().as_ref().to_vec(),
+    );
+    let ear = EcdsaKeyPair::generate(&ECDSA_P256_SHA256_FIXED_SIGNING).map_err(err)?;
+    let peer = PrivateKey::generate(&ECDH_P256).map_err(err)?;
+    let peer_pub = peer.compute_public_key().map_err(err)?.as_ref().to_vec();
+    let p384_sign = time(&mut || vcek.sign(&rng, &report).map(|_| ()).map_err(err))?;
+    let p384_verify = time(&mut || vk.verify(&report, sig.as_ref()).map_err(err))?;
+    let p256_keygen = time(&mut || {
+        let k = PrivateKey::generate(&ECDH_P256).map_err(err)?;
+        k.compute_public_key().map(|_| ()).map_err(err)
+    })?;
+    let mine = PrivateKey::generate(&ECDH_P256).map_err(err)?;
+    let p256_agree = time(&mut || {
+        agree(
+            &mine,
+            UnparsedPublicKey::new(&ECDH_P256, &peer_pub),
+            "agreement".to_string(),
+            |_| Ok(()),
+        )
+    })?;
+    let es256 = time(&mut || ear.sign(&rng, b"ear").map(|_| ()).map_err(err))?;
+    Ok(
+        (1 + gpus) as f64 * (p384_sign + p384_verify)
+            + 2.0 * p256_keygen
+            + 2.0 * p256_agree
+            + es256,
+    )
 }
 
 fn sim_node(gpus: usize) -> Result<cgx_kbs::sim::SimNode, String> {

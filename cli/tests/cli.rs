@@ -258,6 +258,17 @@ fn bench_kbs_runs_full_flows_and_reports_latency_and_cpu() {
         }
         assert!(r["p50_ms"].as_f64() <= r["p99_ms"].as_f64(), "{r}");
     }
+    // The bound: the public-key operations of one flow, timed in the same run.
+    for key in [
+        "crypto_floor_ms_per_flow",
+        "crypto_bound_per_s",
+        "vs_crypto_bound",
+    ] {
+        assert!(
+            v["kbs"][key].as_f64().is_some_and(|x| x > 0.0),
+            "{key}: {v}"
+        );
+    }
     // Paced: about the offered 40 flows/s over 0.5 s, not as many as the KBS could do.
     let paced = v["kbs"]["paced"]["flows"].as_u64().unwrap_or(0);
     assert!((10..=30).contains(&paced), "{paced} paced flows");
