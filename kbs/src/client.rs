@@ -149,17 +149,28 @@ pub mod rcar {
             .map(|v| v.trim().to_string())
     }
 
-    /// The challenge nonce from the answer to `auth`.
-    pub fn challenge(status: u16, body: &[u8]) -> Result<String> {
+    /// The string `field` of a JSON answer to `step`, or the refusal it carries.
+    fn answer_field(
+        step: &'static str,
+        status: u16,
+        body: &[u8],
+        field: &str,
+        missing: &str,
+    ) -> Result<String> {
         if status != 200 {
-            return Err(refused("auth", status, body));
+            return Err(refused(step, status, body));
         }
         let v: Value =
             serde_json::from_slice(body).map_err(|e| ClientError::Response(e.to_string()))?;
-        v["nonce"]
+        v[field]
             .as_str()
             .map(str::to_string)
-            .ok_or_else(|| ClientError::Response("challenge without nonce".into()))
+            .ok_or_else(|| ClientError::Response(missing.into()))
+    }
+
+    /// The challenge nonce from the answer to `auth`.
+    pub fn challenge(status: u16, body: &[u8]) -> Result<String> {
+        answer_field("auth", status, body, "nonce", "challenge without nonce")
     }
 
     /// The attestation message for `nonce`: evidence bound to it and to `key`.
@@ -186,15 +197,13 @@ pub mod rcar {
 
     /// The EAR from the answer to `attest`.
     pub fn token(status: u16, body: &[u8]) -> Result<String> {
-        if status != 200 {
-            return Err(refused("attest", status, body));
-        }
-        let v: Value =
-            serde_json::from_slice(body).map_err(|e| ClientError::Response(e.to_string()))?;
-        v["token"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| ClientError::Response("attest answer without token".into()))
+        answer_field(
+            "attest",
+            status,
+            body,
+            "token",
+            "attest answer without token",
+        )
     }
 
     /// The JWE from the answer to a resource request.
@@ -227,14 +236,7 @@ impl KbsClient {
     /// A client for `base` (`https://…` or `http://…`). `ca_pem`: the KBS's CA certificate(s);
     /// `None` uses the WebPKI roots.
     pub fn new(base: &str, ca_pem: Option<&[u8]>, key: TeeKey) -> Result<Self> {
-        let agent = agent(ca_pem)?;
-        Ok(KbsClient {
-            base: base.trim_end_matches('/').to_string(),
-            agent,
-            key,
-            cookie: None,
-            token: None,
-        })
+        Ok(Self::with_agent(base, agent(ca_pem)?, key))
     }
 
     /// A client on an existing agent (its connection pool and TLS configuration are reused;

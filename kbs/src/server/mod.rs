@@ -391,10 +391,22 @@ async fn accept_loop(
     let graceful = GracefulShutdown::new();
     let mut ticker = tokio::time::interval(Duration::from_secs(2));
     // SQLite: fold the write-ahead log back often, so each checkpoint (and its fsync) is small;
-    // one every few seconds under load stalls concurrent commits for tens of milliseconds.
-    let mut checkpoints = tokio::time::interval(CHECKPOINT_EVERY);
-    checkpoints.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let checkpointing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // one every few seconds under load stalls concurrent commits for tens of milliseconds. One
+    // task, one checkpoint at a time: a slow disk must not pile them up.
+    let checkpointer = kbs.store.is_sqlite().then(|| {
+        let k = kbs.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                // Busy databases are normal under load; the next tick retries.
+                if let Err(e) = k.store.checkpoint().await {
+                    tracing::debug!(error = %e, "WAL checkpoint deferred");
+                }
+            }
+        })
+    });
     loop {
         tokio::select! {
             conn = listener.accept() => {
@@ -416,19 +428,6 @@ async fn accept_loop(
                     }
                 });
             }
-            _ = checkpoints.tick(), if kbs.store.is_sqlite() => {
-                // One at a time: a slow disk must not pile them up.
-                if !checkpointing.swap(true, std::sync::atomic::Ordering::AcqRel) {
-                    let (k, flag) = (kbs.clone(), checkpointing.clone());
-                    tokio::spawn(async move {
-                        // Busy databases are normal under load; the next tick retries.
-                        if let Err(e) = k.store.checkpoint().await {
-                            tracing::debug!(error = %e, "WAL checkpoint deferred");
-                        }
-                        flag.store(false, std::sync::atomic::Ordering::Release);
-                    });
-                }
-            }
             _ = ticker.tick() => {
                 // Housekeeping: drop expired sessions; pick up another replica's policy change.
                 let k = kbs.clone();
@@ -446,6 +445,9 @@ async fn accept_loop(
         }
     }
     drop(listener);
+    if let Some(c) = checkpointer {
+        c.abort();
+    }
     tokio::select! {
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(Duration::from_secs(10)) => {

@@ -559,6 +559,23 @@ impl WriterConn {
             conn: Arc::new(tokio::sync::Mutex::new(None)),
         }
     }
+
+    /// Run `q` on the kept connection (taking one from the pool first if there is none).
+    async fn fetch_all(
+        &self,
+        q: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> Result<Vec<sqlx::any::AnyRow>, KbsError> {
+        let mut slot = self.conn.lock().await;
+        let conn = match &mut *slot {
+            Some(c) => c,
+            empty => empty.insert(self.pool.acquire().await?),
+        };
+        let answered = q.fetch_all(&mut **conn).await;
+        if answered.is_err() {
+            *slot = None;
+        }
+        Ok(answered?)
+    }
 }
 
 /// One statement for a batch of session rows: `true` for each row inserted, `false` for a
@@ -583,18 +600,9 @@ async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<boo
             .bind(r.tee_pubkey.clone())
             .bind(r.token.clone());
     }
-    let mut slot = w.conn.lock().await;
-    if slot.is_none() {
-        *slot = Some(w.pool.acquire().await?);
-    }
-    let conn = slot
-        .as_mut()
-        .ok_or_else(|| KbsError::Internal("writer connection".into()))?;
-    let answered = q.fetch_all(&mut **conn).await;
-    if answered.is_err() {
-        *slot = None;
-    }
-    let inserted = answered?
+    let inserted = w
+        .fetch_all(q)
+        .await?
         .iter()
         .map(|row| row.try_get::<String, _>("id"))
         .collect::<Result<HashSet<String>, _>>()?;
@@ -621,17 +629,7 @@ async fn insert_audits(w: WriterConn, rows: Vec<NewAudit>) -> Result<Vec<()>, Kb
             .bind(r.subject.clone())
             .bind(r.detail.clone());
     }
-    let mut slot = w.conn.lock().await;
-    if slot.is_none() {
-        *slot = Some(w.pool.acquire().await?);
-    }
-    let conn = slot
-        .as_mut()
-        .ok_or_else(|| KbsError::Internal("writer connection".into()))?;
-    if let Err(e) = q.execute(&mut **conn).await {
-        *slot = None;
-        return Err(e.into());
-    }
+    w.fetch_all(q).await?;
     Ok(vec![(); rows.len()])
 }
 
