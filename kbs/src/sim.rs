@@ -130,30 +130,26 @@ impl SimNode {
         report_data: &[u8; 64],
         host_data: [u8; 32],
     ) -> Result<Value, ClientError> {
-        let b = self
-            .amd
-            .bundle(&SnpReportOptions {
-                report_data: *report_data,
-                measurement: self.measurement,
-                host_data,
-                ..Default::default()
-            })
+        let mut report = self.amd.report_body(&SnpReportOptions {
+            report_data: *report_data,
+            measurement: self.measurement,
+            host_data,
+            ..Default::default()
+        });
+        self.amd
+            .sign_report(&mut report)
             .map_err(|e| ClientError::Evidence(e.to_string()))?;
-        let Bundle::Snp {
-            report,
-            signing_cert,
-            cert_chain,
-            ..
-        } = b
-        else {
-            return Err(ClientError::Evidence("sim SNP bundle".into()));
+        // The chain as CoCo's attester sends it: VCEK (or VLEK), ASK, ARK, each DER in base64.
+        let leaf = match self.amd.signing_key {
+            cgx_attestation::snp::SigningKey::Vcek => "VCEK",
+            cgx_attestation::snp::SigningKey::Vlek => "VLEK",
         };
-        let chain = crate::der::pem_blocks(&String::from_utf8_lossy(&cert_chain), "CERTIFICATE");
-        let mut entries = vec![json!({"cert_type": "VCEK", "data": STANDARD.encode(signing_cert)})];
-        if let [ask, ark] = chain.as_slice() {
-            entries.push(json!({"cert_type": "ASK", "data": STANDARD.encode(ask)}));
-            entries.push(json!({"cert_type": "ARK", "data": STANDARD.encode(ark)}));
-        }
+        let entries = [
+            (leaf, &self.amd.leaf_der),
+            ("ASK", &self.amd.ask_der),
+            ("ARK", &self.amd.ark_der),
+        ]
+        .map(|(kind, der)| json!({"cert_type": kind, "data": STANDARD.encode(der)}));
         Ok(json!({
             "attestation_report": STANDARD.encode(report),
             "cert_chain": entries,

@@ -171,3 +171,47 @@ async fn another_replicas_change_is_seen_within_the_cache_lifetime() {
         );
     }
 }
+
+/// A database written by the first schema (audit numbered by AUTOINCREMENT) is migrated in
+/// place: its audit events keep their numbers and new ones follow them.
+#[tokio::test]
+async fn a_version_1_database_keeps_its_audit_trail_through_migration_2() {
+    use sqlx::Executor;
+    let dir = TempDir::new();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("kbs.db").display());
+    sqlx::any::install_default_drivers();
+    let old = sqlx::AnyPool::connect(&url).await.unwrap();
+    // The version-1 tables this test needs, as version 1 created them.
+    for stmt in [
+        "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        "INSERT INTO schema_migrations (version, applied_at) VALUES (1, 0)",
+        "CREATE TABLE sessions (id TEXT PRIMARY KEY, nonce TEXT NOT NULL, tee TEXT NOT NULL, state TEXT NOT NULL, created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, tee_pubkey TEXT, token TEXT)",
+        "CREATE INDEX sessions_expiry ON sessions (expires_at)",
+        "CREATE TABLE resources (path TEXT PRIMARY KEY, repository TEXT NOT NULL, sealed BLOB NOT NULL, requires_lease BIGINT NOT NULL, updated_at BIGINT NOT NULL)",
+        "CREATE TABLE policies (scope TEXT PRIMARY KEY, body TEXT NOT NULL, updated_at BIGINT NOT NULL)",
+        "CREATE TABLE audit (seq INTEGER PRIMARY KEY AUTOINCREMENT, at BIGINT NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL)",
+        "INSERT INTO audit (at, actor, action, subject, detail) VALUES (1, 'admin:0', 'put_resource', 'a/b/c', '{}'), (2, 'tee', 'release', 'a/b/c', '{\"lease\":null}'), (3, 'tee', 'release', 'a/b/c', '{}')",
+        // A gap, as AUTOINCREMENT leaves after a failed insert: numbers are kept, not redone.
+        "DELETE FROM audit WHERE seq = 2",
+    ] {
+        old.execute(stmt).await.unwrap();
+    }
+    old.close().await;
+
+    let store = Store::open(&url, &[9u8; 32]).await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), 2);
+    let kept = store.audit_events(0, 100).await.unwrap();
+    assert_eq!(kept.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 3]);
+    assert_eq!(kept[1].action, "release");
+    store
+        .audit("tee", "release", "a/b/c", &serde_json::json!({}))
+        .await
+        .unwrap();
+    let after = store.audit_events(3, 100).await.unwrap();
+    assert_eq!(after.iter().map(|e| e.seq).collect::<Vec<_>>(), [4]);
+    store.close().await;
+    // Opening again runs nothing twice.
+    let again = Store::open(&url, &[9u8; 32]).await.unwrap();
+    assert_eq!(again.audit_events(0, 100).await.unwrap().len(), 3);
+    again.close().await;
+}

@@ -1,10 +1,14 @@
 //! Session ids that carry their own challenge.
 //!
-//! `auth` writes nothing: the session id is `<random>.<tee>.<expiry>.<mac>`, MAC'd with a key
+//! `auth` writes nothing: the session id is `<expiry>.<random>.<tee>.<mac>`, MAC'd with a key
 //! every replica derives from the shared key-encryption key, and the challenge nonce is a MAC
 //! of the id. `attest` checks the MAC and the expiry, then records the session with one
 //! INSERT keyed by the id: a second answer to the same challenge finds the row and is refused,
 //! on any replica. Failed attestations are recorded too, so a challenge is answered once.
+//!
+//! The expiry comes first, zero-padded, so ids sort by issue time: the session rows' primary
+//! key then grows at its right edge like a log, and a commit rewrites one index page rather
+//! than a random page per row (a third of the database's writes per flow, before).
 
 use aws_lc_rs::hmac;
 use base64::Engine;
@@ -61,7 +65,7 @@ impl SessionKeys {
     pub fn issue(&self, tee: &str, expires_at: i64) -> Option<Challenge> {
         let mut r = [0u8; 16];
         aws_lc_rs::rand::fill(&mut r).ok()?;
-        let body = format!("{}.{tee}.{expires_at}", hex::encode(r));
+        let body = format!("{expires_at:012}.{}.{tee}", hex::encode(r));
         let id = format!("{body}.{}", hex::encode(&self.tag(b"id\0", &body)[..16]));
         let nonce = STANDARD.encode(self.tag(b"nonce\0", &id));
         Some(Challenge {
@@ -83,7 +87,7 @@ impl SessionKeys {
             return Err("session id was not issued by this KBS");
         }
         let mut parts = body.split('.');
-        let (Some(_), Some(tee), Some(exp), None) =
+        let (Some(exp), Some(_), Some(tee), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err("malformed session id");
@@ -115,7 +119,8 @@ mod tests {
         let other = SessionKeys::derive(&[2; 32]);
         assert!(other.open(&c.id, 50).is_err());
         // Extending the expiry breaks the MAC.
-        let forged = c.id.replace(".100.", ".999.");
+        assert!(c.id.starts_with("000000000100."));
+        let forged = c.id.replacen("000000000100.", "000000000999.", 1);
         assert!(k.open(&forged, 50).is_err());
         assert!(k.open("x", 50).is_err());
         assert_ne!(k.issue("snp", 100).unwrap().nonce, c.nonce);
