@@ -343,7 +343,7 @@ async fn release(
     input["query"] = json!(query);
     input["lease"] = lease.clone().unwrap_or(Value::Null);
     let stored = kbs.release_policies(&path, repo).await?;
-    kbs.release.check(&path, &stored, &input)?;
+    kbs.release.check(&path, &stored, input)?;
     let resource = kbs
         .store
         .resource(&path)

@@ -144,9 +144,9 @@ impl ReleasePolicies {
         &self,
         path: &str,
         stored: &[(String, String)],
-        input: &Value,
+        input: Value,
     ) -> Result<(), KbsError> {
-        let input = regorus::Value::from(input.clone());
+        let input = regorus::Value::from(input);
         let has_global = stored.iter().any(|(s, _)| s == "resource:*");
         if !has_global && !self.default_global.allows(&input)? {
             return Err(KbsError::PolicyDeny(format!(
