@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cgx_kbs::age::{Identity, Recipient};
@@ -236,6 +236,14 @@ pub fn encrypt(
 
 // ---------------------------------------------------------------------------- bench
 
+/// What the machine did to the run: hypervisor steal and stalls (see [`stall_probe`]).
+fn host_line(run: &Value) -> String {
+    format!(
+        "    host: steal {}% of CPU time, {} wake-ups late by > 10 ms (longest {} ms)",
+        run["host_steal_pct"], run["stalls_over_10ms"], run["longest_stall_ms"]
+    )
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -302,6 +310,7 @@ pub fn bench(
             "    CPU per flow: KBS {} ms, clients {} ms (KBS alone on every core: {} flows/s)",
             c["kbs_cpu_ms_per_flow"], c["client_cpu_ms_per_flow"], c["kbs_capacity_per_s"]
         );
+        println!("{}", host_line(c));
         println!(
             "    bound: the flow's public-key operations alone take {} ms, so at most {} flows/s on these cores; ratio {}",
             out["kbs"]["crypto_floor_ms_per_flow"],
@@ -318,6 +327,7 @@ pub fn bench(
                 "    CPU per flow: KBS {} ms, clients {} ms",
                 p["kbs_cpu_ms_per_flow"], p["client_cpu_ms_per_flow"]
             );
+            println!("{}", host_line(p));
         }
         println!(
             "weights: age decryption of {weights_mib} MiB vs raw ChaCha20-Poly1305 (same chunks)"
@@ -551,6 +561,45 @@ fn cpu_by_role() -> Option<(f64, f64)> {
     Some((server as f64 / 1e9, client as f64 / 1e9))
 }
 
+/// (steal, total) jiffies of the whole machine so far, from `/proc/stat`: time the hypervisor
+/// ran something else while this VM's CPUs wanted to run. `None` where `/proc` does not say.
+fn host_steal() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = cpu
+        .split_whitespace()
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is already
+    // counted in user, so the total is the first eight.
+    Some((*v.get(7)?, v.iter().take(8).sum()))
+}
+
+/// Wake-ups of a thread that sleeps 5 ms at a time, late by more than [`STALL`], while `on`
+/// holds: how often the machine kept a runnable thread off every CPU that long. On a VM that is
+/// mostly the host's doing (an idle 2-core VM here shows a few a minute, up to ~60 ms); a
+/// late wake-up is also late for every flow waiting on that CPU, so p99 cannot be read without
+/// it. Answers (count, longest in ms). Cost: 200 wake-ups a second.
+fn stall_probe(on: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, f64)> {
+    std::thread::spawn(move || {
+        let (mut count, mut longest) = (0u64, 0.0f64);
+        let tick = Duration::from_millis(5);
+        while on.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            std::thread::sleep(tick);
+            let late = t.elapsed().saturating_sub(tick);
+            if late > STALL {
+                count += 1;
+            }
+            longest = longest.max(late.as_secs_f64() * 1e3);
+        }
+        (count, longest)
+    })
+}
+
+/// A wake-up later than this counts as a stall.
+const STALL: Duration = Duration::from_millis(10);
+
 /// What one load run measured.
 struct Load {
     offered: Option<f64>,
@@ -560,6 +609,10 @@ struct Load {
     first_error: Option<String>,
     /// CPU seconds (KBS, clients) spent during the window.
     cpu: Option<(f64, f64)>,
+    /// Share of the machine's CPU time the hypervisor took during the window.
+    steal: Option<f64>,
+    /// Wake-ups late by more than [`STALL`] during the window, and the longest (ms).
+    stalls: (u64, f64),
 }
 
 impl Load {
@@ -588,6 +641,10 @@ impl Load {
             "p99_ms": (pct(&self.lat, 0.99) * 1e4).round() / 10.0,
             "errors": self.errors,
             "first_error": self.first_error,
+            // The machine under the measurement (see [`stall_probe`]).
+            "host_steal_pct": self.steal.map(|f| (f * 1000.0).round() / 10.0),
+            "stalls_over_10ms": self.stalls.0,
+            "longest_stall_ms": (self.stalls.1 * 10.0).round() / 10.0,
         })
     }
 }
@@ -794,7 +851,6 @@ fn load(
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    use std::sync::Arc;
     rt.block_on(async {
         let stop = Arc::new(AtomicBool::new(false));
         let measuring = Arc::new(AtomicBool::new(false));
@@ -852,12 +908,22 @@ fn load(
         measuring.store(true, Ordering::Relaxed);
         let t = Instant::now();
         let before = cpu_by_role();
+        let steal_before = host_steal();
+        let probing = Arc::new(AtomicBool::new(true));
+        let probe = stall_probe(probing.clone());
         tokio::time::sleep(Duration::from_secs_f64(secs)).await;
         measuring.store(false, Ordering::Relaxed);
         let window = t.elapsed().as_secs_f64();
+        probing.store(false, Ordering::Relaxed);
         let cpu = before
             .zip(cpu_by_role())
             .map(|(b, a)| (a.0 - b.0, a.1 - b.1));
+        let steal = steal_before
+            .zip(host_steal())
+            .and_then(|((s0, t0), (s1, t1))| {
+                (t1 > t0).then(|| s1.saturating_sub(s0) as f64 / (t1 - t0) as f64)
+            });
+        let stalls = probe.join().map_err(|_| "stall probe")?;
         stop.store(true, Ordering::Relaxed);
         let mut lat = Vec::new();
         for t in tasks {
@@ -875,6 +941,8 @@ fn load(
             errors: errors.load(Ordering::Relaxed),
             first_error,
             cpu,
+            steal,
+            stalls,
         })
     })
 }

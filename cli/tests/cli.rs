@@ -257,6 +257,16 @@ fn bench_kbs_runs_full_flows_and_reports_latency_and_cpu() {
             assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{run}.{key}: {r}");
         }
         assert!(r["p50_ms"].as_f64() <= r["p99_ms"].as_f64(), "{r}");
+        // What the machine did meanwhile: steal is a share, the probe woke ~200 times a second.
+        let steal = r["host_steal_pct"]
+            .as_f64()
+            .expect("steal read from /proc/stat");
+        assert!((0.0..=100.0).contains(&steal), "{run}: {r}");
+        assert!(r["stalls_over_10ms"].as_u64().is_some(), "{run}: {r}");
+        assert!(
+            r["longest_stall_ms"].as_f64().is_some_and(|x| x >= 0.0),
+            "{run}: {r}"
+        );
     }
     // The bound: the public-key operations of one flow, timed in the same run.
     for key in [
