@@ -215,3 +215,37 @@ async fn a_version_1_database_keeps_its_audit_trail_through_migration_2() {
     assert_eq!(again.audit_events(0, 100).await.unwrap().len(), 3);
     again.close().await;
 }
+
+/// Replicas started together on one new database: each opens, the schema is migrated once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_together_migrate_once() {
+    let dir = TempDir::new();
+    let url = format!("sqlite://{}", dir.path().join("kbs.db").display());
+    let opening: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { Store::open(&url, &[9u8; 32]).await })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for o in opening {
+        stores.push(o.await.unwrap().expect("every replica opens"));
+    }
+    for s in &stores {
+        assert_eq!(s.schema_version().await.unwrap(), 2);
+    }
+    if let Ok(pg) = std::env::var("CGX_TEST_DATABASE_URL")
+        && !pg.is_empty()
+    {
+        let opening: Vec<_> = (0..3)
+            .map(|_| {
+                let pg = pg.clone();
+                tokio::spawn(async move { Store::open(&pg, &[9u8; 32]).await })
+            })
+            .collect();
+        for o in opening {
+            let s = o.await.unwrap().expect("every PostgreSQL replica opens");
+            assert_eq!(s.schema_version().await.unwrap(), 2);
+        }
+    }
+}

@@ -28,6 +28,9 @@ use super::group_commit::{GroupCommit, placeholders};
 /// How long a sealed resource read from the database is served from memory.
 pub const RESOURCE_CACHE: Duration = Duration::from_secs(1);
 
+/// The PostgreSQL advisory lock replicas take to migrate ("cgxkbs").
+const MIGRATION_LOCK: i64 = 0x6367_786b_6273;
+
 /// Migrations, versioned; each runs once, in order, in a transaction.
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -222,14 +225,33 @@ impl Store {
         Ok(store)
     }
 
+    /// A transaction that holds the database's migration lock: replicas that start together
+    /// migrate one at a time, and the later ones find the work done. SQLite: `BEGIN IMMEDIATE`
+    /// takes the write lock before anything is read (a deferred transaction that read first
+    /// could not write after another's commit); PostgreSQL: a transaction-scoped advisory lock.
+    async fn migration_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, KbsError> {
+        if self.postgres {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(MIGRATION_LOCK)
+                .execute(&mut *tx)
+                .await?;
+            Ok(tx)
+        } else {
+            Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        }
+    }
+
     async fn migrate(&self) -> Result<(), KbsError> {
+        let mut tx = self.migration_tx().await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
         )
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         for (version, sqlite, pg) in MIGRATIONS {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.migration_tx().await?;
             let done = sqlx::query("SELECT version FROM schema_migrations WHERE version = $1")
                 .bind(*version)
                 .fetch_optional(&mut *tx)
