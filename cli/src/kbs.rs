@@ -580,21 +580,25 @@ fn host_steal() -> Option<(u64, u64)> {
 /// mostly the host's doing (an idle 2-core VM here shows a few a minute, up to ~60 ms); a
 /// late wake-up is also late for every flow waiting on that CPU, so p99 cannot be read without
 /// it. Answers (count, longest in ms). Cost: 200 wake-ups a second.
-fn stall_probe(on: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, f64)> {
-    std::thread::spawn(move || {
-        let (mut count, mut longest) = (0u64, 0.0f64);
-        let tick = Duration::from_millis(5);
-        while on.load(Ordering::Relaxed) {
-            let t = Instant::now();
-            std::thread::sleep(tick);
-            let late = t.elapsed().saturating_sub(tick);
-            if late > STALL {
-                count += 1;
+fn stall_probe(on: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<(u64, f64)>> {
+    // Named, so its few microseconds are not counted as a client's (a thread inherits its
+    // creator's name).
+    std::thread::Builder::new()
+        .name("stall-probe".into())
+        .spawn(move || {
+            let (mut count, mut longest) = (0u64, 0.0f64);
+            let tick = Duration::from_millis(5);
+            while on.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                std::thread::sleep(tick);
+                let late = t.elapsed().saturating_sub(tick);
+                if late > STALL {
+                    count += 1;
+                }
+                longest = longest.max(late.as_secs_f64() * 1e3);
             }
-            longest = longest.max(late.as_secs_f64() * 1e3);
-        }
-        (count, longest)
-    })
+            (count, longest)
+        })
 }
 
 /// A wake-up later than this counts as a stall.
@@ -833,8 +837,8 @@ async fn flow(conn: &mut Conn, node: &cgx_kbs::sim::SimNode) -> Result<(), Strin
 /// `clients` simulated guests, each on its own connection, doing full flows for `secs` after a
 /// warm-up, as tasks on a load-generator runtime with a thread for every two cores (the clients
 /// stand for other machines: on the KBS's own cores they should take as few threads and
-/// wake-ups as they can; one thread instead of two cut their CPU per flow by ~13%). Closed loop (`rate` None): each starts its next
-/// flow when the last ends. Paced: flows are scheduled at `rate` per second in total, spread
+/// wake-ups as they can; one thread instead of two cut their CPU per flow by ~13%). Closed
+/// loop (`rate` None): each starts its next flow when the last ends. Paced: flows are scheduled at `rate` per second in total, spread
 /// over the clients, and latency counts from the scheduled start (so a KBS that falls behind
 /// shows it, rather than slowing the clients down).
 fn load(
@@ -910,7 +914,7 @@ fn load(
         let before = cpu_by_role();
         let steal_before = host_steal();
         let probing = Arc::new(AtomicBool::new(true));
-        let probe = stall_probe(probing.clone());
+        let probe = stall_probe(probing.clone()).map_err(|e| e.to_string())?;
         tokio::time::sleep(Duration::from_secs_f64(secs)).await;
         measuring.store(false, Ordering::Relaxed);
         let window = t.elapsed().as_secs_f64();
@@ -923,7 +927,6 @@ fn load(
             .and_then(|((s0, t0), (s1, t1))| {
                 (t1 > t0).then(|| s1.saturating_sub(s0) as f64 / (t1 - t0) as f64)
             });
-        let stalls = probe.join().map_err(|_| "stall probe")?;
         stop.store(true, Ordering::Relaxed);
         let mut lat = Vec::new();
         for t in tasks {
@@ -933,6 +936,8 @@ fn load(
             }
         }
         lat.sort_by(f64::total_cmp);
+        // Stopped with the window; it wakes within 5 ms.
+        let stalls = probe.join().map_err(|_| "stall probe")?;
         let first_error = first_error.lock().map_err(|_| "lock")?.take();
         Ok(Load {
             offered: rate,
