@@ -293,8 +293,11 @@ fn leases_bind_job_resources_to_the_attested_node() {
 fn sessions_expire_and_sample_evidence_is_refused() {
     let n = node(0);
     let mut s = setup(&[&n], None);
-    s.config.session_ttl_secs = 1;
-    s.config.nonce_ttl_secs = 1;
+    // Expiries are whole seconds: a TTL of 2 leaves at least one full second for the steps
+    // that must succeed (a TTL of 1 could lapse between attest and resource when a second
+    // ticked over in between), and 3.1 s of sleep is past any of them.
+    s.config.session_ttl_secs = 2;
+    s.config.nonce_ttl_secs = 2;
     let srv = Server::start(&s.config);
     let base = srv.base.clone();
     put_resource(&base, &s.admin, "tenant-a/key/k", b"k", false);
@@ -302,14 +305,14 @@ fn sessions_expire_and_sample_evidence_is_refused() {
     let mut c = client(&base);
     c.attest(&n).unwrap();
     assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"k");
-    std::thread::sleep(std::time::Duration::from_millis(2100));
+    std::thread::sleep(std::time::Duration::from_millis(3100));
     let e = c.resource("tenant-a/key/k", None).unwrap_err();
     assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
     // Expired challenge.
     let mut late = client(&base);
     let nonce = late.auth(n.tee()).unwrap();
     let att = late.attestation(&n, &nonce).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(2100));
+    std::thread::sleep(std::time::Duration::from_millis(3100));
     let e = late.send_attestation(&att).unwrap_err();
     assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
     // Protocol errors.
