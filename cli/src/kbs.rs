@@ -701,7 +701,7 @@ impl Conn {
         cookie: Option<&str>,
         body: &[u8],
     ) -> Result<Answer, String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let mut req = Vec::with_capacity(256 + body.len());
         write!(req, "{method} {path} HTTP/1.1\r\nhost: {}\r\n", self.addr)
             .map_err(|e| e.to_string())?;
@@ -734,62 +734,82 @@ impl Conn {
             .map_err(|e| format!("send: {e}"))?;
         self.buf.clear();
         // Read until the head parses, then until the body is complete.
-        let (status, head_len, body_len, set_cookie, close) = loop {
-            if stream
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|e| format!("receive: {e}"))?
-                == 0
-            {
-                return Err("the KBS closed the connection".into());
-            }
-            let mut headers = [httparse::EMPTY_HEADER; 24];
-            let mut resp = httparse::Response::new(&mut headers);
-            match resp.parse(&self.buf).map_err(|e| format!("answer: {e}"))? {
-                httparse::Status::Partial => continue,
-                httparse::Status::Complete(head_len) => {
-                    let mut body_len = None;
-                    let (mut set_cookie, mut close) = (None, false);
-                    for h in resp.headers.iter() {
-                        let v = std::str::from_utf8(h.value).unwrap_or("");
-                        if h.name.eq_ignore_ascii_case("content-length") {
-                            body_len = v.trim().parse::<usize>().ok();
-                        } else if h.name.eq_ignore_ascii_case("set-cookie") {
-                            set_cookie = Some(v.to_string());
-                        } else if h.name.eq_ignore_ascii_case("connection") {
-                            close = v.eq_ignore_ascii_case("close");
-                        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                            return Err(format!("answer: transfer-encoding {v} is not read here"));
-                        }
-                    }
-                    let body_len = body_len.ok_or("answer without content-length")?;
-                    break (
-                        resp.code.unwrap_or(0),
-                        head_len,
-                        body_len,
-                        set_cookie,
-                        close,
-                    );
-                }
+        let head = loop {
+            read_more(stream, &mut self.buf, "the KBS closed the connection").await?;
+            if let Some(head) = parse_head(&self.buf)? {
+                break head;
             }
         };
+        let (head_len, body_len) = (head.len, head.body_len);
         while self.buf.len() < head_len + body_len {
-            if stream
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|e| format!("receive: {e}"))?
-                == 0
-            {
-                return Err("the KBS closed the connection mid-answer".into());
-            }
+            read_more(
+                stream,
+                &mut self.buf,
+                "the KBS closed the connection mid-answer",
+            )
+            .await?;
         }
         if self.buf.len() > head_len + body_len {
             return Err("bytes after the answer (nothing was pipelined)".into());
         }
-        if close {
+        if head.close {
             self.stream = None;
         }
-        Ok((status, self.buf[head_len..].to_vec(), set_cookie))
+        Ok((head.status, self.buf[head_len..].to_vec(), head.set_cookie))
+    }
+}
+
+/// What the bench reads of an answer's head.
+struct Head {
+    status: u16,
+    /// Bytes of the head, body excluded.
+    len: usize,
+    body_len: usize,
+    set_cookie: Option<String>,
+    close: bool,
+}
+
+/// The head of the answer in `buf`, or `None` while it is incomplete.
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 24];
+    let mut resp = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(len) = resp.parse(buf).map_err(|e| format!("answer: {e}"))?
+    else {
+        return Ok(None);
+    };
+    let (mut body_len, mut set_cookie, mut close) = (None, None, false);
+    for h in resp.headers.iter() {
+        let v = std::str::from_utf8(h.value).unwrap_or("");
+        if h.name.eq_ignore_ascii_case("content-length") {
+            body_len = v.trim().parse::<usize>().ok();
+        } else if h.name.eq_ignore_ascii_case("set-cookie") {
+            set_cookie = Some(v.to_string());
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            close = v.eq_ignore_ascii_case("close");
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(format!("answer: transfer-encoding {v} is not read here"));
+        }
+    }
+    Ok(Some(Head {
+        status: resp.code.unwrap_or(0),
+        len,
+        body_len: body_len.ok_or("answer without content-length")?,
+        set_cookie,
+        close,
+    }))
+}
+
+/// Append what the connection has to `buf`; `closed` is the error when it has ended.
+async fn read_more(
+    stream: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+    closed: &str,
+) -> Result<(), String> {
+    use tokio::io::AsyncReadExt;
+    match stream.read_buf(buf).await {
+        Ok(0) => Err(closed.to_string()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("receive: {e}")),
     }
 }
 
