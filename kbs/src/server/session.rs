@@ -7,8 +7,8 @@
 //! on any replica. Failed attestations are recorded too, so a challenge is answered once.
 //!
 //! The expiry comes first, zero-padded, so ids sort by issue time: the session rows' primary
-//! key then grows at its right edge like a log, and a commit rewrites one index page rather
-//! than a random page per row (a third of the database's writes per flow, before).
+//! key then grows at its right edge like a log: a checkpoint copies a few index pages back
+//! rather than one random page per session (7.3 → 2.4 KB per flow in a model of the pattern).
 
 use aws_lc_rs::hmac;
 use base64::Engine;
