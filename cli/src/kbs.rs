@@ -814,13 +814,15 @@ async fn read_more(
 }
 
 /// One full flow as a guest does it, through the client library's protocol steps
-/// ([`cgx_kbs::client::rcar`]): a new TEE key, `auth`, evidence bound to the nonce and key,
-/// `attest`, `resource`, and the JWE decrypted with the TEE key.
-async fn flow(conn: &mut Conn, node: &cgx_kbs::sim::SimNode) -> Result<(), String> {
+/// ([`cgx_kbs::client::rcar`]) with the guest's TEE key `key`: `auth`, evidence bound to the
+/// nonce and key, `attest`, `resource`, and the JWE decrypted with the TEE key.
+async fn flow(
+    conn: &mut Conn,
+    node: &cgx_kbs::sim::SimNode,
+    key: &cgx_kbs::jwe::TeeKey,
+) -> Result<(), String> {
     use cgx_kbs::client::{EvidenceSource, rcar};
     let e = |e: cgx_kbs::client::ClientError| e.to_string();
-    let key =
-        cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256).map_err(|e| e.to_string())?;
     let (status, body, set_cookie) = conn
         .request(
             "POST",
@@ -832,7 +834,7 @@ async fn flow(conn: &mut Conn, node: &cgx_kbs::sim::SimNode) -> Result<(), Strin
     let nonce = rcar::challenge(status, &body).map_err(e)?;
     let cookie =
         rcar::session_cookie(set_cookie.as_deref()).ok_or("the challenge set no cookie")?;
-    let att = rcar::attestation(&key, node, &nonce).map_err(e)?;
+    let att = rcar::attestation(key, node, &nonce).map_err(e)?;
     let att = serde_json::to_vec(&att).map_err(|e| e.to_string())?;
     let (status, body, _) = conn
         .request("POST", rcar::ATTEST_PATH, Some(&cookie), &att)
@@ -854,6 +856,12 @@ async fn flow(conn: &mut Conn, node: &cgx_kbs::sim::SimNode) -> Result<(), Strin
         .ok_or_else(|| "wrong resource".to_string())
 }
 
+/// A guest's TEE key pair. Like CoCo's KBS client (its builder makes one key and every later
+/// attestation reuses it), each simulated guest makes one and keeps it for all its sessions.
+fn tee_key() -> Result<cgx_kbs::jwe::TeeKey, String> {
+    cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256).map_err(|e| e.to_string())
+}
+
 /// `clients` simulated guests, each on its own connection, doing full flows for `secs` after a
 /// warm-up, as tasks on a load-generator runtime with a thread for every two cores (the clients
 /// stand for other machines: on the KBS's own cores they should take as few threads and
@@ -868,20 +876,47 @@ fn load(
     secs: f64,
     rate: Option<f64>,
 ) -> Result<Load, String> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads((cores / 2).max(1))
-        .thread_name(CLIENT_THREAD)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let workers = (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1);
+    let node = node.clone();
+    // With one thread to spare, a current-thread runtime on a thread of our own: no worker
+    // handoffs or cross-thread wake-ups among the clients.
+    std::thread::Builder::new()
+        .name(CLIENT_THREAD.into())
+        .spawn(move || {
+            let rt = if workers == 1 {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+            } else {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(workers)
+                    .thread_name(CLIENT_THREAD)
+                    .enable_all()
+                    .build()
+            }
+            .map_err(|e| e.to_string())?;
+            load_on(&rt, addr, &node, clients, secs, rate)
+        })
+        .map_err(|e| e.to_string())?
+        .join()
+        .map_err(|_| "the load generator's thread panicked".to_string())?
+}
+
+fn load_on(
+    rt: &tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    node: &std::sync::Arc<cgx_kbs::sim::SimNode>,
+    clients: usize,
+    secs: f64,
+    rate: Option<f64>,
+) -> Result<Load, String> {
     rt.block_on(async {
         let stop = Arc::new(AtomicBool::new(false));
         let measuring = Arc::new(AtomicBool::new(false));
         let errors = Arc::new(AtomicU64::new(0));
         let first_error = Arc::new(Mutex::new(None::<String>));
         // Warm caches (policy memo, VM pools) with one flow before anything is timed.
-        flow(&mut Conn::new(addr), node).await?;
+        flow(&mut Conn::new(addr), node, &tee_key()?).await?;
         let warmup = Duration::from_secs_f64((secs / 5.0).min(2.0));
         let t0 = Instant::now();
         let mut tasks = Vec::with_capacity(clients);
@@ -895,6 +930,7 @@ fn load(
             );
             tasks.push(tokio::spawn(async move {
                 let mut conn = Conn::new(addr);
+                let key = tee_key()?;
                 let mut mine = Vec::new();
                 let mut k = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -910,7 +946,7 @@ fn load(
                         }
                         None => Instant::now(),
                     };
-                    let r = flow(&mut conn, &node).await;
+                    let r = flow(&mut conn, &node, &key).await;
                     let took = start.elapsed().as_secs_f64();
                     if !measuring.load(Ordering::Relaxed) {
                         continue;
@@ -925,7 +961,7 @@ fn load(
                         }
                     }
                 }
-                mine
+                Ok::<_, String>(mine)
             }));
         }
         tokio::time::sleep(warmup).await;
@@ -951,7 +987,7 @@ fn load(
         let mut lat = Vec::new();
         for t in tasks {
             match t.await {
-                Ok(mine) => lat.extend(mine),
+                Ok(mine) => lat.extend(mine?),
                 Err(e) => return Err(format!("client task: {e}")),
             }
         }
@@ -974,9 +1010,9 @@ fn load(
 
 /// The public-key operations one flow cannot do without, timed one at a time on one thread in
 /// this run (aws-lc, the fastest backend here), in milliseconds: the simulated AMD-SP's P-384
-/// report signature, its P-384 verification, two P-256 key generations (the guest's TEE key,
-/// the JWE's ephemeral key), two P-256 agreements (KBS encrypts, guest decrypts) and the
-/// EAR's ES256 signature. Per GPU: one more P-384 signature and verification. No HTTP, JSON,
+/// report signature, its P-384 verification, the JWE's ephemeral P-256 key generation (a
+/// guest keeps its TEE key across sessions, as CoCo's client does), two P-256 agreements (KBS
+/// encrypts, guest decrypts) and the EAR's ES256 signature. Per GPU: one more P-384 signature and verification. No HTTP, JSON,
 /// policy or storage: `cores / floor` bounds flows/s on this machine.
 fn crypto_floor_ms(gpus: usize) -> Result<f64, String> {
     use aws_lc_rs::agreement::{ECDH_P256, PrivateKey, UnparsedPublicKey, agree};
@@ -1026,12 +1062,7 @@ fn crypto_floor_ms(gpus: usize) -> Result<f64, String> {
         )
     })?;
     let es256 = time(&mut || ear.sign(&rng, b"ear").map(|_| ()).map_err(err))?;
-    Ok(
-        (1 + gpus) as f64 * (p384_sign + p384_verify)
-            + 2.0 * p256_keygen
-            + 2.0 * p256_agree
-            + es256,
-    )
+    Ok((1 + gpus) as f64 * (p384_sign + p384_verify) + p256_keygen + 2.0 * p256_agree + es256)
 }
 
 fn sim_node(gpus: usize) -> Result<cgx_kbs::sim::SimNode, String> {
