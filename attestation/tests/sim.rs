@@ -664,3 +664,43 @@ fn skip(msg: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
+
+#[test]
+fn reports_signed_with_presigned_nonces_verify_and_tampering_is_still_refused() {
+    // Its own chain: the shared one's pool would change what the other tests sign with.
+    let amd = SimAmd::generate(
+        Product::Genoa,
+        SigningKey::Vcek,
+        default_tcb(Product::Genoa),
+        chip(),
+        now().unix_timestamp(),
+    )
+    .unwrap();
+    let v = Verifier::new(VerifierConfig {
+        sim: SimTrust::Pinned(vec![amd.root_pin()]),
+    });
+    amd.presign(3, 2).unwrap();
+    assert_eq!(amd.presigned_ready(), 3);
+    let mut sigs = std::collections::HashSet::new();
+    // Three from the pool, then one the ordinary way once it is empty.
+    for i in 0..4u8 {
+        let b = amd
+            .bundle(&SnpReportOptions {
+                report_data: [i; 64],
+                ..Default::default()
+            })
+            .unwrap();
+        let claims = verify(&v, &b).unwrap();
+        let KindClaims::Snp(snp) = &claims.detail else {
+            panic!()
+        };
+        assert_eq!(snp.report_data, hex::encode([i; 64]));
+        let Bundle::Snp { report, .. } = &b else {
+            panic!()
+        };
+        assert!(sigs.insert(report[offsets::SIGNATURE_R..offsets::SIGNATURE_R + 48].to_vec()));
+        let forged = with_report(&b, |r| r[offsets::REPORT_DATA] ^= 1);
+        assert_eq!(verify(&v, &forged).unwrap_err().code(), "signature_invalid");
+    }
+    assert_eq!(amd.presigned_ready(), 0);
+}

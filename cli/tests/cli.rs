@@ -267,6 +267,8 @@ fn bench_kbs_runs_full_flows_and_reports_latency_and_cpu() {
             r["longest_stall_ms"].as_f64().is_some_and(|x| x >= 0.0),
             "{run}: {r}"
         );
+        // Every report in the window was signed with a nonce made before the run.
+        assert_eq!(r["amd_sp_presigned"], true, "{run}: {r}");
     }
     // The bound: the public-key operations of one flow, timed in the same run.
     for key in [

@@ -8,6 +8,9 @@
 //! [`SIM_ROOT_CN_PREFIX`](crate::trust::SIM_ROOT_CN_PREFIX), are trusted only through
 //! [`SimTrust`](crate::SimTrust), and yield claims with `sim: true`.
 
+mod presign;
+
+use aws_lc_rs::encoding::{AsBigEndian, EcPrivateKeyBin};
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::rsa::{KeyPair as RsaKeyPair, KeySize};
 use aws_lc_rs::signature::{self as sig, EcdsaKeyPair, KeyPair};
@@ -166,6 +169,8 @@ pub struct SimAmd {
     /// TCB and chip the leaf is certified for.
     pub tcb: TcbVersion,
     pub chip_id: [u8; 64],
+    /// Nonces precomputed for the leaf's report signatures ([`SimAmd::presign`]).
+    presigned: presign::Presigned,
 }
 
 /// What to put in a simulated SNP report.
@@ -206,7 +211,17 @@ impl SimAmd {
         let ask = RsaKeyPair::generate(KeySize::Rsa2048).map_err(|_| keygen_err("ASK"))?;
         let leaf = EcdsaKeyPair::generate(&sig::ECDSA_P384_SHA384_FIXED_SIGNING)
             .map_err(|_| keygen_err("VCEK"))?;
+        let d: EcPrivateKeyBin<'static> = leaf
+            .private_key()
+            .as_be_bytes()
+            .map_err(|_| keygen_err("VCEK"))?;
+        let presigned = presign::Presigned::new(
+            d.as_ref()
+                .try_into()
+                .map_err(|_| keygen_err("VCEK scalar"))?,
+        );
         let mut sim = SimAmd {
+            presigned,
             product,
             signing_key,
             ark,
@@ -383,22 +398,48 @@ impl SimAmd {
         r
     }
 
-    /// Sign bytes 0x000..0x2A0 of `report` in place with the VCEK/VLEK.
+    /// Precompute `count` report-signature nonces on `threads` threads; later reports are signed
+    /// with them, one each, until they run out. Signing is then a multiplication and an
+    /// addition mod n: the benchmark's simulated AMD-SPs, which stand for other machines'
+    /// hardware, stay off the cores of the KBS it measures (see `presign.rs`).
+    pub fn presign(&self, count: usize, threads: usize) -> Result<()> {
+        self.presigned
+            .fill(count, threads)
+            .map_err(|e| Error::invalid("sim", format!("presigning: {e}")))
+    }
+
+    /// Precomputed nonces not used yet.
+    pub fn presigned_ready(&self) -> usize {
+        self.presigned.ready()
+    }
+
+    /// Sign bytes 0x000..0x2A0 of `report` in place with the VCEK/VLEK (with a precomputed
+    /// nonce while there are any).
     pub fn sign_report(&self, report: &mut [u8]) -> Result<()> {
         if report.len() != crate::snp::report::REPORT_LEN {
             return Err(Error::invalid("sim", "report must be 1184 bytes"));
         }
-        let s = self
-            .leaf
-            .sign(&SystemRandom::new(), &report[..SIGNED_LEN])
-            .map_err(|_| sign_err("report"))?;
-        let s = s.as_ref();
-        if s.len() != 96 {
-            return Err(sign_err("report"));
-        }
+        let (r, s) = match self.presigned.sign(&report[..SIGNED_LEN]) {
+            Some(rs) => rs,
+            None => {
+                let sig = self
+                    .leaf
+                    .sign(&SystemRandom::new(), &report[..SIGNED_LEN])
+                    .map_err(|_| sign_err("report"))?;
+                let sig = sig.as_ref();
+                match (sig.get(..48), sig.get(48..)) {
+                    (Some(r), Some(s)) if sig.len() == 96 => (
+                        r.try_into().map_err(|_| sign_err("report"))?,
+                        s.try_into().map_err(|_| sign_err("report"))?,
+                    ),
+                    _ => return Err(sign_err("report")),
+                }
+            }
+        };
+        // The report stores r and s little-endian, each in a 72-byte field.
         for i in 0..48 {
-            report[offsets::SIGNATURE_R + i] = s[47 - i];
-            report[offsets::SIGNATURE_S + i] = s[95 - i];
+            report[offsets::SIGNATURE_R + i] = r[47 - i];
+            report[offsets::SIGNATURE_S + i] = s[47 - i];
         }
         Ok(())
     }
