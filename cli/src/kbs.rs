@@ -895,8 +895,9 @@ fn load(
     // `SimAmd::presign`): the AMD-SP is another machine's hardware, not a load on these cores.
     // A closed loop gets enough for 1 500 flows/s per core, above what the KBS reaches here;
     // if the pool still runs dry, signing goes on the ordinary way and the run says so.
+    // At most 500 000 (~75 MB): a long run past that signs the rest in its window, and says so.
     let per_s = rate.unwrap_or(1500.0 * cores as f64);
-    let nonces = ((secs + warmup(secs) + 1.0) * per_s * 1.1) as usize + clients;
+    let nonces = (((secs + warmup(secs) + 1.0) * per_s * 1.1) as usize + clients).min(500_000);
     node.amd
         .presign(nonces.saturating_sub(node.amd.presigned_ready()), cores)
         .map_err(|e| e.to_string())?;
