@@ -419,27 +419,20 @@ impl SimAmd {
         if report.len() != crate::snp::report::REPORT_LEN {
             return Err(Error::invalid("sim", "report must be 1184 bytes"));
         }
-        let (r, s) = match self.presigned.sign(&report[..SIGNED_LEN]) {
+        let rs: [u8; 96] = match self.presigned.sign(&report[..SIGNED_LEN]) {
             Some(rs) => rs,
-            None => {
-                let sig = self
-                    .leaf
-                    .sign(&SystemRandom::new(), &report[..SIGNED_LEN])
-                    .map_err(|_| sign_err("report"))?;
-                let sig = sig.as_ref();
-                match (sig.get(..48), sig.get(48..)) {
-                    (Some(r), Some(s)) if sig.len() == 96 => (
-                        r.try_into().map_err(|_| sign_err("report"))?,
-                        s.try_into().map_err(|_| sign_err("report"))?,
-                    ),
-                    _ => return Err(sign_err("report")),
-                }
-            }
+            None => self
+                .leaf
+                .sign(&SystemRandom::new(), &report[..SIGNED_LEN])
+                .map_err(|_| sign_err("report"))?
+                .as_ref()
+                .try_into()
+                .map_err(|_| sign_err("report"))?,
         };
         // The report stores r and s little-endian, each in a 72-byte field.
         for i in 0..48 {
-            report[offsets::SIGNATURE_R + i] = r[47 - i];
-            report[offsets::SIGNATURE_S + i] = s[47 - i];
+            report[offsets::SIGNATURE_R + i] = rs[47 - i];
+            report[offsets::SIGNATURE_S + i] = rs[95 - i];
         }
         Ok(())
     }

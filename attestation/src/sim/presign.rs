@@ -248,10 +248,11 @@ impl Presigned {
         }
     }
 
-    /// Sign `msg` (ECDSA P-384 with SHA-384) with a presigned nonce: `(r, s)` big-endian, or
+    /// Sign `msg` (ECDSA P-384 with SHA-384) with a presigned nonce: `r ‖ s` big-endian (as
+    /// aws-lc's fixed-length signatures are), or
     /// `None` when the pool is empty (or `s` came out 0, with probability ~2⁻³⁸⁴) and the
     /// caller signs the ordinary way. Each nonce is used once.
-    pub(crate) fn sign(&self, msg: &[u8]) -> Option<([u8; 48], [u8; 48])> {
+    pub(crate) fn sign(&self, msg: &[u8]) -> Option<[u8; 96]> {
         let p = self.pool.lock().ok()?.pop()?;
         let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, msg);
         let z: &[u8; 48] = digest.as_ref().try_into().ok()?;
@@ -260,7 +261,13 @@ impl Presigned {
             &mont_mul(&p.k_inv, &f.to_mont(&from_be(z))),
             &p.k_inv_r_d,
         ));
-        (s != [0; 6]).then(|| (p.r, to_be(&s)))
+        if s == [0; 6] {
+            return None;
+        }
+        let mut rs = [0u8; 96];
+        rs[..48].copy_from_slice(&p.r);
+        rs[48..].copy_from_slice(&to_be(&s));
+        Some(rs)
     }
 }
 
@@ -300,12 +307,11 @@ mod tests {
         let mut rs = std::collections::HashSet::new();
         for i in 0..20u8 {
             let msg = [i; 100];
-            let (r, s) = pool.sign(&msg).unwrap();
-            let sig = [r.as_slice(), s.as_slice()].concat();
+            let sig = pool.sign(&msg).unwrap();
             vk.verify(&msg, &sig).unwrap();
             // The signature is over this message only.
             assert!(vk.verify(&[i ^ 1; 100], &sig).is_err());
-            assert!(rs.insert(r), "a nonce was used twice");
+            assert!(rs.insert(sig[..48].to_vec()), "a nonce was used twice");
         }
         assert_eq!(pool.ready(), 0);
         assert!(pool.sign(b"more").is_none());
