@@ -16,147 +16,7 @@ use std::sync::Mutex;
 use aws_lc_rs::agreement::{ECDH_P384, PrivateKey};
 use aws_lc_rs::encoding::{AsBigEndian, EcPrivateKeyBin};
 
-/// One limb-array residue mod n, little-endian 64-bit limbs.
-type Limbs = [u64; 6];
-
-/// The P-384 group order n (SEC 2, §2.5.1), little-endian limbs.
-const N: Limbs = [
-    0xECEC_196A_CCC5_2973,
-    0x581A_0DB2_48B0_A77A,
-    0xC763_4D81_F437_2DDF,
-    0xFFFF_FFFF_FFFF_FFFF,
-    0xFFFF_FFFF_FFFF_FFFF,
-    0xFFFF_FFFF_FFFF_FFFF,
-];
-
-/// −n⁻¹ mod 2⁶⁴ (Montgomery reduction constant), by Newton iteration on the low limb.
-const N_INV: u64 = {
-    let mut inv: u64 = 1;
-    let mut i = 0;
-    while i < 6 {
-        inv = inv.wrapping_mul(2u64.wrapping_sub(N[0].wrapping_mul(inv)));
-        i += 1;
-    }
-    inv.wrapping_neg()
-};
-
-/// `a − n` if `a ≥ n` (with `carry` as a 385th bit), else `a`.
-fn reduce_once(a: Limbs, carry: u64) -> Limbs {
-    let mut d = [0u64; 6];
-    let mut borrow = 0u64;
-    for i in 0..6 {
-        let (x, b1) = a[i].overflowing_sub(N[i]);
-        let (x, b2) = x.overflowing_sub(borrow);
-        d[i] = x;
-        borrow = (b1 | b2) as u64;
-    }
-    if carry == 1 || borrow == 0 { d } else { a }
-}
-
-fn add_mod(a: &Limbs, b: &Limbs) -> Limbs {
-    let mut s = [0u64; 6];
-    let mut carry = 0u64;
-    for i in 0..6 {
-        let (x, c1) = a[i].overflowing_add(b[i]);
-        let (x, c2) = x.overflowing_add(carry);
-        s[i] = x;
-        carry = (c1 | c2) as u64;
-    }
-    reduce_once(s, carry)
-}
-
-/// Montgomery product `a·b·2⁻³⁸⁴ mod n` (CIOS), for `a, b < n`.
-fn mont_mul(a: &Limbs, b: &Limbs) -> Limbs {
-    let mut t = [0u64; 8];
-    for &bi in b {
-        let mut c = 0u128;
-        for j in 0..6 {
-            let s = t[j] as u128 + (a[j] as u128) * (bi as u128) + c;
-            t[j] = s as u64;
-            c = s >> 64;
-        }
-        let s = t[6] as u128 + c;
-        t[6] = s as u64;
-        t[7] = (s >> 64) as u64;
-        let m = t[0].wrapping_mul(N_INV);
-        let s = t[0] as u128 + (m as u128) * (N[0] as u128);
-        let mut c = s >> 64;
-        for j in 1..6 {
-            let s = t[j] as u128 + (m as u128) * (N[j] as u128) + c;
-            t[j - 1] = s as u64;
-            c = s >> 64;
-        }
-        let s = t[6] as u128 + c;
-        t[5] = s as u64;
-        t[6] = t[7] + (s >> 64) as u64;
-        t[7] = 0;
-    }
-    reduce_once([t[0], t[1], t[2], t[3], t[4], t[5]], t[6])
-}
-
-/// A residue out of Montgomery form.
-fn demont(a: &Limbs) -> Limbs {
-    mont_mul(a, &[1, 0, 0, 0, 0, 0])
-}
-
-/// 2⁷⁶⁸ mod n, which takes a residue into Montgomery form.
-fn r_squared() -> Limbs {
-    let mut x: Limbs = [1, 0, 0, 0, 0, 0];
-    for _ in 0..768 {
-        x = add_mod(&x, &x);
-    }
-    x
-}
-
-/// A 48-byte big-endian integer, reduced mod n (one subtraction suffices: n > 2³⁸³).
-fn from_be(bytes: &[u8; 48]) -> Limbs {
-    let mut l = [0u64; 6];
-    for (i, limb) in l.iter_mut().enumerate() {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&bytes[48 - 8 * (i + 1)..48 - 8 * i]);
-        *limb = u64::from_be_bytes(w);
-    }
-    reduce_once(l, 0)
-}
-
-fn to_be(l: &Limbs) -> [u8; 48] {
-    let mut out = [0u8; 48];
-    for (i, limb) in l.iter().enumerate() {
-        out[48 - 8 * (i + 1)..48 - 8 * i].copy_from_slice(&limb.to_be_bytes());
-    }
-    out
-}
-
-/// Arithmetic mod n in Montgomery form.
-struct Field {
-    r2: Limbs,
-}
-
-impl Field {
-    fn new() -> Self {
-        Field { r2: r_squared() }
-    }
-
-    fn to_mont(&self, a: &Limbs) -> Limbs {
-        mont_mul(a, &self.r2)
-    }
-
-    /// `a⁻¹` for `a ≠ 0` in Montgomery form: `a^(n−2)` (Fermat; n is prime).
-    fn invert(&self, a: &Limbs) -> Limbs {
-        let mut e = N;
-        e[0] -= 2; // n is odd and its low limb is far above 2: no borrow
-        let mut acc = self.to_mont(&[1, 0, 0, 0, 0, 0]);
-        for limb in e.iter().rev() {
-            for bit in (0..64).rev() {
-                acc = mont_mul(&acc, &acc);
-                if (limb >> bit) & 1 == 1 {
-                    acc = mont_mul(&acc, a);
-                }
-            }
-        }
-        acc
-    }
-}
+use crate::crypto::p384::{Limbs, ORDER, from_be, to_be};
 
 /// One nonce's precomputation: `r`, and in Montgomery form `k⁻¹` and `k⁻¹·r·d`.
 struct Presig {
@@ -167,7 +27,6 @@ struct Presig {
 
 /// A pool of presigned nonces for one P-384 signing key.
 pub(crate) struct Presigned {
-    field: Field,
     /// The signing key `d`, in Montgomery form.
     d: Limbs,
     pool: Mutex<Vec<Presig>>,
@@ -184,10 +43,8 @@ impl std::fmt::Debug for Presigned {
 impl Presigned {
     /// An empty pool for the P-384 private scalar `d` (48 bytes, big-endian).
     pub(crate) fn new(d: &[u8; 48]) -> Self {
-        let field = Field::new();
-        let d = field.to_mont(&from_be(d));
+        let d = ORDER.to_mont(&ORDER.reduce(&from_be(d)));
         Presigned {
-            field,
             d,
             pool: Mutex::new(Vec::new()),
         }
@@ -233,17 +90,18 @@ impl Presigned {
             ) else {
                 return Err("unexpected P-384 encoding");
             };
-            let r = from_be(x);
+            let r = ORDER.reduce(&from_be(x));
             if r == [0; 6] {
                 continue; // probability ~2⁻³⁸⁴; as ECDSA says, take another k
             }
-            let f = &self.field;
-            let k_inv = f.invert(&f.to_mont(&from_be(k)));
-            let r_d = mont_mul(&f.to_mont(&r), &self.d);
+            let n = &ORDER;
+            // Fermat, not the binary inversion, whose running time follows its input's bits.
+            let k_inv = n.invert(&n.to_mont(&n.reduce(&from_be(k))));
+            let r_d = n.mul(&n.to_mont(&r), &self.d);
             return Ok(Presig {
                 r: to_be(&r),
                 k_inv,
-                k_inv_r_d: mont_mul(&k_inv, &r_d),
+                k_inv_r_d: n.mul(&k_inv, &r_d),
             });
         }
     }
@@ -256,9 +114,9 @@ impl Presigned {
         let p = self.pool.lock().ok()?.pop()?;
         let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, msg);
         let z: &[u8; 48] = digest.as_ref().try_into().ok()?;
-        let f = &self.field;
-        let s = demont(&add_mod(
-            &mont_mul(&p.k_inv, &f.to_mont(&from_be(z))),
+        let n = &ORDER;
+        let s = n.demont(&n.add(
+            &n.mul(&p.k_inv, &n.to_mont(&n.reduce(&from_be(z)))),
             &p.k_inv_r_d,
         ));
         if s == [0; 6] {
@@ -279,22 +137,6 @@ mod tests {
         ECDSA_P384_SHA384_FIXED, ECDSA_P384_SHA384_FIXED_SIGNING, EcdsaKeyPair, KeyPair,
         UnparsedPublicKey,
     };
-
-    #[test]
-    fn montgomery_constants() {
-        assert_eq!(N[0].wrapping_mul(N_INV), u64::MAX); // n·(−n⁻¹) ≡ −1
-        let f = Field::new();
-        let seven = f.to_mont(&[7, 0, 0, 0, 0, 0]);
-        assert_eq!(demont(&seven), [7, 0, 0, 0, 0, 0]);
-        let inv = f.invert(&seven);
-        assert_eq!(demont(&mont_mul(&inv, &seven)), [1, 0, 0, 0, 0, 0]);
-        // n − 1 ≡ −1: (−1)² = 1.
-        let mut m1 = N;
-        m1[0] -= 1;
-        let m1 = f.to_mont(&m1);
-        assert_eq!(demont(&mont_mul(&m1, &m1)), [1, 0, 0, 0, 0, 0]);
-        assert_eq!(from_be(&to_be(&N)), [0; 6]);
-    }
 
     #[test]
     fn presigned_signatures_verify_and_use_each_nonce_once() {

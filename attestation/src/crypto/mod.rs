@@ -8,6 +8,8 @@
 
 use std::fmt;
 
+pub(crate) mod p384;
+
 /// Signature algorithms the verifiers need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -78,6 +80,16 @@ fn aws_alg(alg: SigAlg) -> &'static dyn aws_lc_rs::signature::VerificationAlgori
     }
 }
 
+impl PreparedKey for p384::TabledKey {
+    fn verify(&self, msg: &[u8], sig: &[u8]) -> Result<(), Rejected> {
+        if p384::TabledKey::verify(self, msg, sig) {
+            Ok(())
+        } else {
+            Err(Rejected)
+        }
+    }
+}
+
 #[derive(Debug)]
 struct AwsPrepared(aws_lc_rs::signature::ParsedPublicKey);
 
@@ -101,9 +113,16 @@ impl CryptoProvider for AwsLc {
     }
 
     fn prepare(&self, alg: SigAlg, public_key: &[u8]) -> Result<Box<dyn PreparedKey>, Rejected> {
-        aws_lc_rs::signature::ParsedPublicKey::new(aws_alg(alg), public_key)
-            .map(|k| Box::new(AwsPrepared(k)) as Box<dyn PreparedKey>)
-            .map_err(|_| Rejected)
+        // aws-lc parses and validates every key; a P-384 key for fixed signatures (VCEK, GPU
+        // device key) then gets tables, unless their memory budget is spent.
+        let parsed = aws_lc_rs::signature::ParsedPublicKey::new(aws_alg(alg), public_key)
+            .map_err(|_| Rejected)?;
+        if alg == SigAlg::EcdsaP384Sha384Fixed
+            && let Some(key) = p384::TabledKey::new(public_key)
+        {
+            return Ok(Box::new(key));
+        }
+        Ok(Box::new(AwsPrepared(parsed)))
     }
 
     fn digest(&self, alg: DigestAlg, data: &[&[u8]]) -> Vec<u8> {
