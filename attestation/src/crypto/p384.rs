@@ -645,12 +645,18 @@ static BASE: LazyLock<Option<Table>> =
 #[derive(Debug)]
 pub(crate) struct TabledKey {
     table: Table,
+    /// The budget's meter this key's tables are counted in (given back on drop).
+    meter: &'static AtomicUsize,
 }
 
 impl TabledKey {
     /// Tables for an uncompressed SEC1 point (`04 ‖ x ‖ y`); `None` when the point is not on
     /// the curve or the table budget is spent (the caller verifies the generic way).
     pub(crate) fn new(sec1: &[u8]) -> Option<TabledKey> {
+        Self::metered(sec1, &TABLE_BYTES, TABLE_BUDGET)
+    }
+
+    fn metered(sec1: &[u8], meter: &'static AtomicUsize, budget: usize) -> Option<TabledKey> {
         let (0x04, Some(x), Some(y)) = (
             *sec1.first()?,
             sec1.get(1..49).and_then(|x| <&[u8; 48]>::try_from(x).ok()),
@@ -661,15 +667,15 @@ impl TabledKey {
         let q = Affine::from_be(x, y)?;
         BASE.as_ref()?;
         let size = Table::bytes(KEY_WINDOW);
-        TABLE_BYTES
+        meter
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                (used + size <= TABLE_BUDGET).then_some(used + size)
+                (used + size <= budget).then_some(used + size)
             })
             .ok()?;
         match Table::build(&q, KEY_WINDOW) {
-            Some(table) => Some(TabledKey { table }),
+            Some(table) => Some(TabledKey { table, meter }),
             None => {
-                TABLE_BYTES.fetch_sub(size, Ordering::AcqRel);
+                meter.fetch_sub(size, Ordering::AcqRel);
                 None
             }
         }
@@ -723,7 +729,8 @@ impl TabledKey {
 
 impl Drop for TabledKey {
     fn drop(&mut self) {
-        TABLE_BYTES.fetch_sub(Table::bytes(self.table.w), Ordering::AcqRel);
+        self.meter
+            .fetch_sub(Table::bytes(self.table.w), Ordering::AcqRel);
     }
 }
 
@@ -877,6 +884,32 @@ mod tests {
         assert!(TabledKey::new(&tag).is_none());
         assert!(TabledKey::new(&pk[..49]).is_none());
         assert!(TabledKey::new(&[]).is_none());
+    }
+
+    #[test]
+    fn tables_stay_within_their_budget() {
+        static METER: AtomicUsize = AtomicUsize::new(0);
+        let kp = EcdsaKeyPair::generate(&ECDSA_P384_SHA384_FIXED_SIGNING).unwrap();
+        let pk = kp.public_key().as_ref();
+        let one = Table::bytes(KEY_WINDOW);
+        let a = TabledKey::metered(pk, &METER, 2 * one).unwrap();
+        let b = TabledKey::metered(pk, &METER, 2 * one).unwrap();
+        assert_eq!(METER.load(Ordering::Acquire), 2 * one);
+        assert!(TabledKey::metered(pk, &METER, 2 * one).is_none());
+        drop(a);
+        let c = TabledKey::metered(pk, &METER, 2 * one).unwrap();
+        drop((b, c));
+        assert_eq!(METER.load(Ordering::Acquire), 0);
+        // The provider prepares the same key (tables, within the process budget).
+        use crate::crypto::{CryptoProvider, DEFAULT_PROVIDER, SigAlg};
+        let prepared = DEFAULT_PROVIDER
+            .prepare(SigAlg::EcdsaP384Sha384Fixed, pk)
+            .unwrap();
+        let sig = kp
+            .sign(&aws_lc_rs::rand::SystemRandom::new(), b"m")
+            .unwrap();
+        assert!(prepared.verify(b"m", sig.as_ref()).is_ok());
+        assert!(prepared.verify(b"n", sig.as_ref()).is_err());
     }
 
     /// x(R) ≥ n: the signature's r is x(R) − n, and only the `r + n` comparison accepts it.
