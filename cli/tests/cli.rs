@@ -269,6 +269,8 @@ fn bench_kbs_runs_full_flows_and_reports_latency_and_cpu() {
         );
         // Every report in the window was signed with a nonce made before the run.
         assert_eq!(r["amd_sp_presigned"], true, "{run}: {r}");
+        // Every counted flow's JWE was opened and checked, after the window.
+        assert_eq!(r["jwes_opened_after_window"], r["flows"], "{run}: {r}");
     }
     // The bound: the public-key operations of one flow, timed in the same run.
     for key in [
