@@ -304,7 +304,7 @@ pub fn bench(
         crate::commands::print_json(&out)?;
     } else {
         println!(
-            "kbs: {} clients (each its own keep-alive connection), {} GPU(s) per node, full flows (auth → attest → resource → decrypt) with simulated SNP evidence (AMD-SP nonces precomputed before each run), clients and KBS on this machine",
+            "kbs: {} clients (each its own keep-alive connection), {} GPU(s) per node, full flows (auth → attest → resource) with simulated SNP evidence (AMD-SP nonces precomputed before each run; every released JWE decrypted and checked after the window), clients and KBS on this machine",
             clients, gpus
         );
         let c = &out["kbs"]["closed_loop"];
