@@ -450,10 +450,11 @@ impl Jacobian {
         let x = F.sub(&F.sqr(&alpha), &beta8);
         let yz = F.add(&self.y, &self.z);
         let z = F.sub(&F.sub(&F.sqr(&yz), &gamma), &delta);
-        let g2 = F.sqr(&gamma);
-        let g4 = F.add(&g2, &g2);
-        let g8 = F.add(&g4, &g4);
-        let y = F.sub(&F.mul(&alpha, &F.sub(&beta4, &x)), &F.add(&g8, &g8));
+        let gamma_sq = F.sqr(&gamma);
+        let gamma_sq2 = F.add(&gamma_sq, &gamma_sq);
+        let gamma_sq4 = F.add(&gamma_sq2, &gamma_sq2);
+        let gamma_sq8 = F.add(&gamma_sq4, &gamma_sq4);
+        let y = F.sub(&F.mul(&alpha, &F.sub(&beta4, &x)), &gamma_sq8);
         // A point of order 2 would give z = 0 (infinity); P-384 has none (prime order).
         Jacobian { x, y, z }
     }
