@@ -4,7 +4,9 @@
 //! RIM XML-DSig) goes through [`CryptoProvider`], so a FIPS or hardware backend is a swap of one
 //! value, as rustls does with its `CryptoProvider`. The default is [`AwsLc`]: on this class of
 //! machine aws-lc-rs verifies P-384 about 3.8× faster than ring (see `../shared/CRATES.md`).
-//! TDX quotes are verified by dcap-qvl, which brings its own (ring) backend.
+//! Its *prepared* P-384 keys (the cached VCEK and GPU device keys, each used for thousands of
+//! signatures) verify with per-key precomputed tables instead (`crypto/p384.rs`, ~2.5× aws-lc);
+//! aws-lc still parses and validates them. TDX quotes are verified by dcap-qvl, which brings its own (ring) backend.
 
 use std::fmt;
 

@@ -5,7 +5,7 @@
 //! extension shapes AMD uses; NVIDIA evidence is a GET_MEASUREMENTS request ‖ MEASUREMENTS
 //! response signed by a generated device chain with the TCG DICE FWID extension. Both go through
 //! the same verification code as real evidence. Sim roots carry the subject prefix
-//! [`SIM_ROOT_CN_PREFIX`](crate::trust::SIM_ROOT_CN_PREFIX), are trusted only through
+//! [`crate::trust::SIM_ROOT_CN_PREFIX`], are trusted only through
 //! [`SimTrust`](crate::SimTrust), and yield claims with `sim: true`.
 
 mod presign;

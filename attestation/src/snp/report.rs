@@ -4,7 +4,7 @@
 //! Table 23 "ATTESTATION_REPORT Structure" (rev. 1.55+: version 3 adds CPUID fields; rev. 1.57:
 //! version 5 adds the mitigation vectors). Offsets in the doc comments are in bytes from the start
 //! of the 1184-byte (0x4A0) report. Parsing only decodes and checks the format; signature and
-//! certificate checks live in [`super::verify`].
+//! certificate checks live in [`super::SnpVerifier::verify`].
 
 use crate::error::{Error, Result};
 
