@@ -77,21 +77,20 @@ fn raw_ecdsa(p384: bool) -> Result<Vec<(&'static str, Op<'static>)>, String> {
     let parsed = a::ParsedPublicKey::new(aws_alg, &public).map_err(|_| "parse")?;
     let (m1, s1) = (msg.clone(), signature.clone());
     let (m2, s2, p2) = (msg.clone(), signature.clone(), public.clone());
-    let mut backends: Vec<(&'static str, Op<'static>)> = Vec::new();
-    if p384 {
-        // The workspace's own prepared P-384 key (precomputed tables), as the SNP and NVIDIA
-        // verifiers hold their cached VCEK and device keys.
+    // For P-384, the workspace's own prepared key (precomputed tables), as the SNP and NVIDIA
+    // verifiers hold their cached VCEK and device keys.
+    let tabled = if p384 {
         use cgx_attestation::crypto::{CryptoProvider, DEFAULT_PROVIDER, SigAlg};
-        let prepared = DEFAULT_PROVIDER
-            .prepare(SigAlg::EcdsaP384Sha384Fixed, &public)
-            .map_err(|_| "prepare")?;
-        let (m0, s0) = (msg.clone(), signature.clone());
-        backends.push((
-            "cgx prepared key (tables)",
-            Box::new(move || prepared.verify(&m0, &s0).is_ok()),
-        ));
-    }
-    backends.extend::<Vec<(&'static str, Op<'static>)>>(vec![
+        Some(
+            DEFAULT_PROVIDER
+                .prepare(SigAlg::EcdsaP384Sha384Fixed, &public)
+                .map_err(|_| "prepare")?,
+        )
+    } else {
+        None
+    };
+    let (msg0, sig0) = (msg.clone(), signature.clone());
+    let mut backends: Vec<(&'static str, Op<'static>)> = vec![
         (
             "aws-lc-rs (parsed key)",
             Box::new(move || parsed.verify_sig(&m1, &s1).is_ok()),
@@ -112,7 +111,16 @@ fn raw_ecdsa(p384: bool) -> Result<Vec<(&'static str, Op<'static>)>, String> {
                     .is_ok()
             }),
         ),
-    ]);
+    ];
+    if let Some(prepared) = tabled {
+        backends.insert(
+            0,
+            (
+                "cgx prepared key (tables)",
+                Box::new(move || prepared.verify(&msg0, &sig0).is_ok()),
+            ),
+        );
+    }
     Ok(backends)
 }
 

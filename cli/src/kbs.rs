@@ -873,6 +873,14 @@ fn opened(key: &cgx_kbs::jwe::TeeKey, jwe: &cgx_kbs::kbs_types::Response) -> Res
         .ok_or_else(|| "wrong resource".to_string())
 }
 
+/// Count a failed flow, keeping the first error's text.
+fn failed(errors: &AtomicU64, first_error: &Mutex<Option<String>>, e: String) {
+    errors.fetch_add(1, Ordering::Relaxed);
+    if let Ok(mut f) = first_error.lock() {
+        f.get_or_insert(e);
+    }
+}
+
 /// Released JWEs held for checking after a load's window, across all guests (~0.3 KB each).
 const DEFERRED: usize = 400_000;
 
@@ -1004,12 +1012,7 @@ fn load_on(
                     };
                     match r {
                         Ok(()) => mine.push(took),
-                        Err(e) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            if let Ok(mut f) = first_error.lock() {
-                                f.get_or_insert(e);
-                            }
-                        }
+                        Err(e) => failed(&errors, &first_error, e),
                     }
                 }
                 Ok::<_, String>((mine, key, sealed))
@@ -1049,12 +1052,7 @@ fn load_on(
                     for (took, jwe) in &sealed {
                         match opened(&key, jwe) {
                             Ok(()) => lat.push(*took),
-                            Err(e) => {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                                if let Ok(mut f) = first_error.lock() {
-                                    f.get_or_insert(e);
-                                }
-                            }
+                            Err(e) => failed(&errors, &first_error, e),
                         }
                     }
                 }

@@ -159,16 +159,7 @@ impl Modulus {
 
     /// `a − m` if `a ≥ m` (with `carry` as a 385th bit), else `a`.
     const fn reduce_once(&self, a: Limbs, carry: u64) -> Limbs {
-        let mut d = [0u64; 6];
-        let mut borrow = 0u64;
-        let mut i = 0;
-        while i < 6 {
-            let (x, b1) = a[i].overflowing_sub(self.m[i]);
-            let (x, b2) = x.overflowing_sub(borrow);
-            d[i] = x;
-            borrow = (b1 | b2) as u64;
-            i += 1;
-        }
+        let (d, borrow) = sub_borrow(&a, &self.m);
         if carry == 1 || borrow == 0 { d } else { a }
     }
 
@@ -179,40 +170,16 @@ impl Modulus {
 
     /// `a + b mod m`, for `a, b < m`.
     pub(crate) const fn add(&self, a: &Limbs, b: &Limbs) -> Limbs {
-        let mut s = [0u64; 6];
-        let mut carry = 0u64;
-        let mut i = 0;
-        while i < 6 {
-            let (x, c1) = a[i].overflowing_add(b[i]);
-            let (x, c2) = x.overflowing_add(carry);
-            s[i] = x;
-            carry = (c1 | c2) as u64;
-            i += 1;
-        }
+        let (s, carry) = add_carry(a, b);
         self.reduce_once(s, carry)
     }
 
     /// `a − b mod m`, for `a, b < m`.
     pub(crate) fn sub(&self, a: &Limbs, b: &Limbs) -> Limbs {
-        let mut d = [0u64; 6];
-        let mut borrow = 0u64;
-        for i in 0..6 {
-            let (x, b1) = a[i].overflowing_sub(b[i]);
-            let (x, b2) = x.overflowing_sub(borrow);
-            d[i] = x;
-            borrow = (b1 | b2) as u64;
+        match sub_borrow(a, b) {
+            (d, 0) => d,
+            (d, _) => add_carry(&d, &self.m).0, // the carry out cancels the borrow
         }
-        if borrow == 0 {
-            return d;
-        }
-        let mut carry = 0u64;
-        for i in 0..6 {
-            let (x, c1) = d[i].overflowing_add(self.m[i]);
-            let (x, c2) = x.overflowing_add(carry);
-            d[i] = x;
-            carry = (c1 | c2) as u64;
-        }
-        d
     }
 
     pub(crate) fn neg(&self, a: &Limbs) -> Limbs {
@@ -297,10 +264,10 @@ impl Modulus {
                 self.halve(&mut x2);
             }
             if less(&u, &v) {
-                v = raw_sub(&v, &u);
+                v = sub_borrow(&v, &u).0;
                 x2 = self.sub(&x2, &x1);
             } else {
-                u = raw_sub(&u, &v);
+                u = sub_borrow(&u, &v).0;
                 x1 = self.sub(&x1, &x2);
             }
         }
@@ -313,13 +280,8 @@ impl Modulus {
             shr1(x, 0);
             return;
         }
-        let mut carry = 0u64;
-        for i in 0..6 {
-            let (v, c1) = x[i].overflowing_add(self.m[i]);
-            let (v, c2) = v.overflowing_add(carry);
-            x[i] = v;
-            carry = (c1 | c2) as u64;
-        }
+        let (sum, carry) = add_carry(x, &self.m);
+        *x = sum;
         shr1(x, carry);
     }
 
@@ -353,17 +315,34 @@ fn shr1(a: &mut Limbs, top: u64) {
     a[5] = (a[5] >> 1) | (top << 63);
 }
 
-/// `a − b` for `a ≥ b`.
-fn raw_sub(a: &Limbs, b: &Limbs) -> Limbs {
+/// `a + b` and the carry out of bit 383.
+const fn add_carry(a: &Limbs, b: &Limbs) -> (Limbs, u64) {
+    let mut s = [0u64; 6];
+    let mut carry = 0u64;
+    let mut i = 0;
+    while i < 6 {
+        let (x, c1) = a[i].overflowing_add(b[i]);
+        let (x, c2) = x.overflowing_add(carry);
+        s[i] = x;
+        carry = (c1 | c2) as u64;
+        i += 1;
+    }
+    (s, carry)
+}
+
+/// `a − b` (mod 2³⁸⁴) and the borrow out of bit 383.
+const fn sub_borrow(a: &Limbs, b: &Limbs) -> (Limbs, u64) {
     let mut d = [0u64; 6];
     let mut borrow = 0u64;
-    for i in 0..6 {
+    let mut i = 0;
+    while i < 6 {
         let (x, b1) = a[i].overflowing_sub(b[i]);
         let (x, b2) = x.overflowing_sub(borrow);
         d[i] = x;
         borrow = (b1 | b2) as u64;
+        i += 1;
     }
-    d
+    (d, borrow)
 }
 
 // ------------------------------------------------------------------------------------ points
@@ -716,14 +695,7 @@ impl TabledKey {
         if F.mul(&F.to_mont(&r), &z2) == sum.x {
             return true;
         }
-        let mut rn = [0u64; 6];
-        let mut carry = 0u64;
-        for i in 0..6 {
-            let (v, c1) = r[i].overflowing_add(n.m[i]);
-            let (v, c2) = v.overflowing_add(carry);
-            rn[i] = v;
-            carry = (c1 | c2) as u64;
-        }
+        let (rn, carry) = add_carry(&r, &n.m);
         carry == 0 && less(&rn, &F.m) && F.mul(&F.to_mont(&rn), &z2) == sum.x
     }
 }
