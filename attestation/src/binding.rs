@@ -99,6 +99,19 @@ impl VerifiedComposite {
     pub fn node_pubkey(&self) -> &[u8] {
         &self.node_pubkey
     }
+
+    /// The pieces as named EAR parts: [`CPU_PART`](crate::results::CPU_PART), then `gpu0`, `gpu1`, …
+    pub fn into_parts(self) -> Vec<(String, VerifiedClaims)> {
+        let mut parts = Vec::with_capacity(1 + self.gpus.len());
+        parts.push((crate::results::CPU_PART.to_string(), self.cpu));
+        parts.extend(
+            self.gpus
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| (crate::results::gpu_part(i), c)),
+        );
+        parts
+    }
 }
 
 /// Verify every piece, then the binding between them. Any mismatch is
@@ -142,6 +155,7 @@ pub fn verify_composite(
     let actual = match &cpu.claims().detail {
         KindClaims::Snp(s) => s.report_data.clone(),
         KindClaims::Tdx(t) => t.report_data.clone(),
+        KindClaims::Sample(s) => s.report_data.clone(),
         KindClaims::Nvidia(_) => String::new(),
     };
     if actual != hex::encode(expected) {

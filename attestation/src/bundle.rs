@@ -212,6 +212,10 @@ impl Bundle {
                 quote: read(&dir.join("quote.bin"))?,
                 collateral: read(&dir.join("collateral.json"))?,
             }),
+            EvidenceKind::Sample => Err(Error::Bundle {
+                path: dir.display().to_string(),
+                detail: "sample evidence has no bundle form".into(),
+            }),
             EvidenceKind::Nvidia => {
                 let report = if let Some(p) = first_existing(dir, &["attestation_report.bin"]) {
                     read(&p)?

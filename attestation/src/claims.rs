@@ -29,6 +29,8 @@ pub enum EvidenceKind {
     Snp,
     Tdx,
     Nvidia,
+    /// CoCo's unsigned sample evidence ([`crate::sample`]): always `sim`.
+    Sample,
 }
 
 impl EvidenceKind {
@@ -37,6 +39,7 @@ impl EvidenceKind {
             EvidenceKind::Snp => "snp",
             EvidenceKind::Tdx => "tdx",
             EvidenceKind::Nvidia => "nvidia",
+            EvidenceKind::Sample => "sample",
         }
     }
 }
@@ -59,6 +62,16 @@ pub enum KindClaims {
     Snp(SnpClaims),
     Tdx(TdxClaims),
     Nvidia(NvidiaClaims),
+    Sample(SampleClaims),
+}
+
+/// CoCo sample claims: nothing in them is vouched for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleClaims {
+    /// The attester's `svn`, as it came.
+    pub svn: serde_json::Value,
+    /// Report data, zero-padded to 64 bytes.
+    pub report_data: String,
 }
 
 /// SEV-SNP claims (names follow the report fields of SNP ABI Table 23).

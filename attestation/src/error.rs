@@ -118,9 +118,6 @@ pub enum Error {
     /// A RIM is malformed, unsigned, or signed by an untrusted chain.
     #[error("RIM {rim}: {detail}")]
     Rim { rim: String, detail: String },
-    /// The policy or its reference values could not be compiled or evaluated.
-    #[error("policy: {detail}")]
-    Policy { detail: String },
     /// An attestation result could not be signed or verified.
     #[error("attestation result: {detail}")]
     Result { detail: String },
@@ -155,7 +152,6 @@ impl Error {
             Error::Collateral { .. } => "collateral_invalid",
             Error::Rim { .. } => "rim_invalid",
             Error::Bundle { .. } => "bundle_unreadable",
-            Error::Policy { .. } => "policy_error",
             Error::Result { .. } => "result_error",
         }
     }

@@ -30,7 +30,6 @@
 //! # Ok::<(), cgx_attestation::Error>(())
 //! ```
 
-pub mod appraisal;
 pub mod binding;
 pub mod bundle;
 mod cache;
@@ -41,6 +40,7 @@ mod der;
 pub mod error;
 pub mod nvidia;
 pub mod results;
+pub mod sample;
 pub mod sim;
 pub mod snp;
 pub mod tdx;
@@ -60,6 +60,7 @@ pub enum Evidence<'a> {
     Snp(snp::SnpEvidence<'a>),
     Tdx(tdx::TdxEvidence<'a>),
     Nvidia(nvidia::NvidiaEvidence<'a>),
+    Sample(sample::SampleEvidence<'a>),
 }
 
 impl Evidence<'_> {
@@ -68,6 +69,7 @@ impl Evidence<'_> {
             Evidence::Snp(_) => EvidenceKind::Snp,
             Evidence::Tdx(_) => EvidenceKind::Tdx,
             Evidence::Nvidia(_) => EvidenceKind::Nvidia,
+            Evidence::Sample(_) => EvidenceKind::Sample,
         }
     }
 }
@@ -129,6 +131,7 @@ impl Verifier {
             Evidence::Snp(ev) => self.snp.verify(ev, now)?,
             Evidence::Tdx(ev) => self.tdx.verify(ev, now)?,
             Evidence::Nvidia(ev) => self.nvidia.verify(ev, now)?,
+            Evidence::Sample(ev) => sample::claims(ev)?,
         };
         Ok(VerifiedClaims { claims })
     }

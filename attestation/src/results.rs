@@ -1,15 +1,114 @@
-//! Attestation results: an EAR (draft-ietf-rats-ear, via the `ear` crate) signed with the
-//! verifier's ES256 key, short-lived, carrying per-evidence appraisals (trust vector, policy id,
+//! Attestation results: an EAR (draft-ietf-rats-ear-04, JSON form) signed with the verifier's
+//! ES256 key, short-lived, carrying per-evidence appraisals (trust vector, policy id,
 //! violations), the digest of the claims they were made from, the broker nonce and the node key
 //! the evidence bound. The public key is published as a JWKS.
+//!
+//! The EAR types are cgx's own, field by field as the draft's JSON serialization names them
+//! (`eat_profile`, `ear_status`, `ear_trustworthiness_vector`, …). The `ear` crate wrote exactly
+//! these bytes (`tests/ear_wire.rs` pins them), but it compiled reqwest, native-tls and OpenSSL
+//! into every build for a build script of its CMW dependency.
+
+use std::collections::BTreeMap;
 
 use base64::Engine;
-use ear::{Algorithm, Appraisal, Ear, RawValue, TrustTier, VerifierID};
+use serde::{Deserialize, Serialize};
 
-use crate::appraisal::{Outcome, Tier};
 use crate::claims::Claims;
 use crate::crypto::sha256;
 use crate::error::{Error, Result};
+
+/// Trust-vector claim names (draft-ietf-rats-ar4si §2.3), in EAR order.
+pub const TRUST_CLAIMS: [&str; 8] = [
+    "instance-identity",
+    "configuration",
+    "executables",
+    "file-system",
+    "hardware",
+    "runtime-opaque",
+    "storage-opaque",
+    "sourced-data",
+];
+
+/// AR4SI trustworthiness tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    None,
+    Affirming,
+    Warning,
+    Contraindicated,
+}
+
+impl Tier {
+    /// Tier of one AR4SI claim value (draft-ietf-rats-ar4si §2.3.1, as EAR libraries read it):
+    /// -1..=1 none; 2..=31 and -32..=-2 affirming; 32..=95 and -96..=-33 warning; the rest
+    /// (96..=127, -128..=-97) contraindicated.
+    pub fn of(code: i64) -> Tier {
+        match code {
+            -1..=1 => Tier::None,
+            -32..=31 => Tier::Affirming,
+            -96..=95 => Tier::Warning,
+            _ => Tier::Contraindicated,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::None => "none",
+            Tier::Affirming => "affirming",
+            Tier::Warning => "warning",
+            Tier::Contraindicated => "contraindicated",
+        }
+    }
+}
+
+/// One reason the policy lowered a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violation {
+    pub rule: String,
+    pub claim: String,
+    pub code: i64,
+    pub value: serde_json::Value,
+    pub expected: serde_json::Value,
+}
+
+impl Violation {
+    /// `rule [claim code]: value (expected …)`, strings shown without JSON quotes.
+    pub fn describe(&self) -> String {
+        fn plain(v: &serde_json::Value) -> String {
+            match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }
+        }
+        format!(
+            "{} [{} {}]: {} (expected {})",
+            self.rule,
+            self.claim,
+            self.code,
+            plain(&self.value),
+            plain(&self.expected)
+        )
+    }
+}
+
+/// What the policy decided about one piece of evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Overall tier: the worst tier among the set claims.
+    pub status: Tier,
+    pub trust_vector: BTreeMap<String, i64>,
+    pub violations: Vec<Violation>,
+}
+
+/// The EAR submodule of a composite result's CPU evidence (SNP report or TDX quote), as Trustee
+/// names it, so CoCo release policies (`input.submods.cpu0`) read cgx results unchanged.
+pub const CPU_PART: &str = "cpu0";
+
+/// The EAR submodule of the `index`-th GPU's evidence, in the order the evidence bound them.
+pub fn gpu_part(index: usize) -> String {
+    format!("gpu{index}")
+}
 
 /// Default lifetime of a result: placement and key release must use fresh appraisals.
 pub const DEFAULT_TTL_SECS: i64 = 300;
@@ -163,55 +262,66 @@ impl ResultSigner {
         if submods.is_empty() {
             return Err(err("an EAR needs at least one appraisal"));
         }
-        let mut ear = Ear::new();
-        ear.profile = ear::EAR_PROFILE.to_string();
-        ear.iat = issued_at;
-        ear.exp = Some(issued_at + self.ttl_secs);
-        ear.vid = VerifierID {
-            build: concat!("cgx-attestation ", env!("CARGO_PKG_VERSION")).to_string(),
-            developer: "cgx".to_string(),
+        let nonce = match nonce {
+            // draft-ietf-rats-eat §4.1: a nonce is 8 to 64 bytes.
+            Some(n) if !(8..=64).contains(&n.len()) => {
+                return Err(err(format!("nonce: {} bytes, not 8 to 64", n.len())));
+            }
+            Some(n) => Some(b64url(n)),
+            None => None,
         };
-        if let Some(n) = nonce {
-            ear.nonce = Some(ear::Nonce::try_from(n).map_err(|e| err(format!("nonce: {e}")))?);
-        }
+        let mut out = BTreeMap::new();
         for s in submods {
-            let mut a = Appraisal::new();
+            let mut trust_vector = TrustVector::default();
             for (claim, code) in &s.outcome.trust_vector {
                 let code = i8::try_from(*code).map_err(|_| err(format!("{claim} code {code}")))?;
-                if code != 0 {
-                    a.trust_vector
-                        .mut_by_name(claim)
-                        .map_err(|e| err(format!("{claim}: {e}")))?
-                        .set(code);
-                }
+                trust_vector.set(claim, code)?;
             }
-            a.update_status_from_trust_vector();
-            a.policy_ids = vec![policy_id.to_string()];
-            let mut vc = std::collections::BTreeMap::new();
+            let mut vc = BTreeMap::new();
             vc.insert(
-                "cgx.claims-sha256".to_string(),
-                RawValue::String(hex::encode(s.claims_sha256)),
+                CLAIMS_SHA256.to_string(),
+                serde_json::Value::String(hex::encode(s.claims_sha256)),
             );
-            vc.insert("cgx.kind".to_string(), RawValue::String(s.kind.into()));
-            vc.insert("cgx.sim".to_string(), RawValue::Bool(s.sim));
+            vc.insert(KIND.to_string(), serde_json::Value::String(s.kind.into()));
+            vc.insert(SIM.to_string(), serde_json::Value::Bool(s.sim));
             if let Some(k) = node_key {
-                vc.insert("cgx.node-key".to_string(), RawValue::String(hex::encode(k)));
+                vc.insert(
+                    NODE_KEY.to_string(),
+                    serde_json::Value::String(hex::encode(k)),
+                );
             }
             if !s.outcome.violations.is_empty() {
                 let v = s
                     .outcome
                     .violations
                     .iter()
-                    .map(|v| RawValue::String(v.describe()))
+                    .map(|v| serde_json::Value::String(v.describe()))
                     .collect();
-                vc.insert("cgx.violations".to_string(), RawValue::Array(v));
+                vc.insert(VIOLATIONS.to_string(), serde_json::Value::Array(v));
             }
-            a.verifier_claims = vc;
-            ear.submods.insert(s.name.to_string(), a);
+            out.insert(
+                s.name.to_string(),
+                EarAppraisal {
+                    status: trust_vector.tier(),
+                    trust_vector,
+                    policy_ids: vec![policy_id.to_string()],
+                    verifier_claims: vc,
+                },
+            );
         }
-        ear.status = Some(ear.most_severe_submod_status());
-        ear.validate()
-            .map_err(|e| err(format!("invalid EAR: {e}")))?;
+        let ear = Ear {
+            profile: EAR_PROFILE.to_string(),
+            iat: issued_at,
+            exp: Some(issued_at + self.ttl_secs),
+            verifier_id: VerifierId {
+                developer: "cgx".to_string(),
+                build: concat!("cgx-attestation ", env!("CARGO_PKG_VERSION")).to_string(),
+            },
+            status: out.values().map(|a| a.status).max(),
+            submods: out,
+            nonce,
+        };
+        ear.validate()?;
         Ok(ear)
     }
 
@@ -231,24 +341,278 @@ impl ResultSigner {
     }
 }
 
-/// The tier an EAR status stands for.
-pub fn tier(t: &TrustTier) -> Tier {
-    match t {
-        TrustTier::None => Tier::None,
-        TrustTier::Affirming => Tier::Affirming,
-        TrustTier::Warning => Tier::Warning,
-        TrustTier::Contraindicated => Tier::Contraindicated,
+/// The EAT profile this EAR follows.
+pub const EAR_PROFILE: &str = "tag:ietf.org,2026:rats/ear#04";
+
+/// Verifier claims cgx puts in each appraisal (`ear_verifier_claims`).
+pub const CLAIMS_SHA256: &str = "cgx.claims-sha256";
+pub const KIND: &str = "cgx.kind";
+pub const SIM: &str = "cgx.sim";
+pub const NODE_KEY: &str = "cgx.node-key";
+pub const VIOLATIONS: &str = "cgx.violations";
+
+/// `ear_verifier_id`: who made the result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifierId {
+    pub developer: String,
+    pub build: String,
+}
+
+/// `ear_trustworthiness_vector`: the AR4SI claims that were set (non-zero), written in the
+/// draft's order (instance-identity … sourced-data), as the `ear` crate wrote them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustVector(BTreeMap<String, i8>);
+
+impl TrustVector {
+    /// Set `claim` to `code`; zero means unset. Unknown claims are refused.
+    pub fn set(&mut self, claim: &str, code: i8) -> Result<()> {
+        if !TRUST_CLAIMS.contains(&claim) {
+            return Err(err(format!("unknown trust claim {claim}")));
+        }
+        if code == 0 {
+            self.0.remove(claim);
+        } else {
+            self.0.insert(claim.to_string(), code);
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, claim: &str) -> Option<i8> {
+        self.0.get(claim).copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The worst tier among the set claims.
+    pub fn tier(&self) -> Tier {
+        self.0
+            .values()
+            .map(|&c| Tier::of(i64::from(c)))
+            .max()
+            .unwrap_or(Tier::None)
     }
 }
 
-/// Verify a result against a JWK (JSON) and return the EAR. The JWT library checks `exp`
-/// against the system clock; `now` is additionally checked so callers replaying a fixed time
-/// get a time-explicit answer.
+impl Serialize for TrustVector {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for name in TRUST_CLAIMS {
+            if let Some(code) = self.0.get(name) {
+                map.serialize_entry(name, code)?;
+            }
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for TrustVector {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let raw = BTreeMap::<String, i8>::deserialize(d)?;
+        let mut v = TrustVector::default();
+        for (claim, code) in raw {
+            v.set(&claim, code).map_err(serde::de::Error::custom)?;
+        }
+        Ok(v)
+    }
+}
+
+/// One submodule's appraisal (draft-ietf-rats-ear-04 §3.1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EarAppraisal {
+    #[serde(rename = "ear_status")]
+    pub status: Tier,
+    #[serde(
+        rename = "ear_trustworthiness_vector",
+        default,
+        skip_serializing_if = "TrustVector::is_empty"
+    )]
+    pub trust_vector: TrustVector,
+    #[serde(
+        rename = "ear_appraisal_policy_ids",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub policy_ids: Vec<String>,
+    #[serde(
+        rename = "ear_verifier_claims",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub verifier_claims: BTreeMap<String, serde_json::Value>,
+}
+
+impl EarAppraisal {
+    fn claim_str(&self, name: &str) -> Option<&str> {
+        self.verifier_claims.get(name).and_then(|v| v.as_str())
+    }
+
+    /// Evidence kind the appraised claims came from (`snp`, `tdx`, `nvidia`, `sample`).
+    pub fn kind(&self) -> Option<&str> {
+        self.claim_str(KIND)
+    }
+
+    /// Whether the appraised claims came from simulated evidence (absent: treated as sim).
+    pub fn sim(&self) -> bool {
+        self.verifier_claims
+            .get(SIM)
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true)
+    }
+
+    /// SHA-256 of the appraised claims ([`claims_digest`]), hex.
+    pub fn claims_sha256(&self) -> Option<&str> {
+        self.claim_str(CLAIMS_SHA256)
+    }
+
+    /// The node (TEE) key the evidence bound, as the bytes the verifier recorded.
+    pub fn node_key(&self) -> Option<Vec<u8>> {
+        self.claim_str(NODE_KEY).and_then(|h| hex::decode(h).ok())
+    }
+
+    /// The policy's violations, described.
+    pub fn violations(&self) -> Vec<&str> {
+        self.verifier_claims
+            .get(VIOLATIONS)
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// An EAT Attestation Result (draft-ietf-rats-ear-04 §3), JSON form.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ear {
+    #[serde(rename = "eat_profile")]
+    pub profile: String,
+    pub iat: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exp: Option<i64>,
+    #[serde(rename = "ear_verifier_id")]
+    pub verifier_id: VerifierId,
+    pub submods: BTreeMap<String, EarAppraisal>,
+    /// Overall status: never more trustworthy than the worst submodule.
+    #[serde(
+        rename = "ear_status",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub status: Option<Tier>,
+    /// The broker's nonce, base64url without padding.
+    #[serde(rename = "eat_nonce", default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+}
+
+impl Ear {
+    /// The draft's structural rules: a profile, an issue time, at least one submodule, and an
+    /// overall status no better than the worst submodule's.
+    pub fn validate(&self) -> Result<()> {
+        if self.profile.is_empty() {
+            return Err(err("invalid EAR: empty profile"));
+        }
+        if self.iat == 0 {
+            return Err(err("invalid EAR: iat unset"));
+        }
+        let Some(worst) = self.submods.values().map(|a| a.status).max() else {
+            return Err(err("invalid EAR: empty submods"));
+        };
+        if let Some(status) = self.status
+            && status != Tier::None
+            && status < worst
+        {
+            return Err(err(format!(
+                "invalid EAR: status {} is better than a submodule's {}",
+                status.as_str(),
+                worst.as_str()
+            )));
+        }
+        if self.verifier_id.developer.is_empty() || self.verifier_id.build.is_empty() {
+            return Err(err("invalid EAR: empty verifier id"));
+        }
+        Ok(())
+    }
+
+    /// The overall tier (the worst submodule's when no overall status is given).
+    pub fn tier(&self) -> Tier {
+        self.status.unwrap_or_else(|| {
+            self.submods
+                .values()
+                .map(|a| a.status)
+                .max()
+                .unwrap_or(Tier::None)
+        })
+    }
+}
+
+/// Verify a result against a JWK (JSON) at Unix time `now` and return the EAR: an ES256 compact
+/// JWS whose `kid` (when both name one) is the JWK's, whose signature verifies, whose payload is
+/// a valid EAR, and which is not expired (`exp` is required) or issued more than 60 s ahead.
 pub fn verify(token: &str, jwk: &serde_json::Value, now: i64) -> Result<Ear> {
-    let key = serde_json::to_vec(jwk).map_err(|e| err(e.to_string()))?;
-    let ear = Ear::from_jwt_jwk(token, Algorithm::ES256, &key)
-        .map_err(|e| err(format!("verification: {e}")))?;
-    if ear.exp.is_some_and(|exp| now > exp) || now + 60 < ear.iat {
+    const MAX_TOKEN: usize = 256 * 1024;
+    if token.len() > MAX_TOKEN {
+        return Err(err("verification: token is too long"));
+    }
+    let mut parts = token.split('.');
+    let (Some(h), Some(p), Some(sig), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(err("verification: not a compact JWS"));
+    };
+    let dec = |s: &str, what: &str| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s)
+            .map_err(|_| err(format!("verification: {what} is not base64url")))
+    };
+    let header: serde_json::Value = serde_json::from_slice(&dec(h, "header")?)
+        .map_err(|_| err("verification: header is not JSON"))?;
+    if header.get("alg").and_then(|a| a.as_str()) != Some("ES256") {
+        return Err(err("verification: algorithm is not ES256"));
+    }
+    if let (Some(a), Some(b)) = (header.get("kid"), jwk.get("kid"))
+        && a != b
+    {
+        return Err(err("verification: the token's kid is not this key's"));
+    }
+    let coord = |name: &str| {
+        jwk.get(name)
+            .and_then(|v| v.as_str())
+            .and_then(|v| {
+                base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(v)
+                    .ok()
+            })
+            .filter(|v| v.len() == 32)
+            .ok_or_else(|| {
+                err(format!(
+                    "verification: JWK {name} is not a P-256 coordinate"
+                ))
+            })
+    };
+    if jwk.get("kty").and_then(|v| v.as_str()) != Some("EC")
+        || jwk.get("crv").and_then(|v| v.as_str()) != Some("P-256")
+    {
+        return Err(err("verification: JWK is not an EC P-256 key"));
+    }
+    let mut point = Vec::with_capacity(65);
+    point.push(4);
+    point.extend(coord("x")?);
+    point.extend(coord("y")?);
+    let signed = &token[..h.len() + 1 + p.len()];
+    aws_lc_rs::signature::UnparsedPublicKey::new(
+        &aws_lc_rs::signature::ECDSA_P256_SHA256_FIXED,
+        &point,
+    )
+    .verify(signed.as_bytes(), &dec(sig, "signature")?)
+    .map_err(|_| err("verification: InvalidSignature"))?;
+    let ear: Ear = serde_json::from_slice(&dec(p, "payload")?)
+        .map_err(|e| err(format!("verification: payload is not an EAR: {e}")))?;
+    ear.validate()?;
+    let Some(exp) = ear.exp else {
+        return Err(err("verification: the result has no exp"));
+    };
+    if now > exp || now + 60 < ear.iat {
         return Err(err("result is expired or not yet valid"));
     }
     Ok(ear)

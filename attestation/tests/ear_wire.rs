@@ -4,7 +4,7 @@
 //! is a protocol change, not a refactor.
 
 use base64::Engine;
-use cgx_attestation::appraisal::{Outcome, Tier, Violation};
+use cgx_attestation::results::{Outcome, Tier, Violation};
 use cgx_attestation::results::{ResultSigner, Submod};
 
 fn payload(token: &str) -> String {
@@ -73,9 +73,14 @@ fn ear_payload_is_byte_identical() {
             4_000_000_000,
         )
         .unwrap();
-    let got = payload(&signer.sign(&ear).unwrap());
+    let token = signer.sign(&ear).unwrap();
+    let got = payload(&token);
     println!("{got}");
     assert_eq!(got, include_str!("ear_wire.json").trim_end());
+    // A relying party's parse of those bytes writes them back unchanged.
+    let parsed = cgx_attestation::results::verify(&token, &signer.jwk(), 4_000_000_000).unwrap();
+    assert_eq!(parsed, ear);
+    assert_eq!(serde_json::to_string(&parsed).unwrap(), got);
     let none = signer
         .build(&submods[..1], "p", None, None, 4_000_000_000)
         .unwrap();

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::commands::CliResult;
+use crate::CliResult;
 
 const ROUNDS: usize = 5;
 
@@ -347,7 +347,7 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
 
     let out = Value::Object(out);
     if json_out {
-        crate::commands::print_json(&out)?;
+        crate::print_json(&out)?;
     } else {
         println!("one core; medians of {ROUNDS} interleaved rounds of {secs} s per contestant");
         for kind in ["snp", "tdx", "nvidia"] {
@@ -374,8 +374,8 @@ pub fn verify(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult 
 /// `cgx bench appraise`: full appraisals (verify + policy + sign an EAR) per second against
 /// verification alone, per kind, measured in interleaved rounds.
 pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResult {
-    use cgx_attestation::appraisal::{Appraiser, PolicyEngine};
     use cgx_attestation::results::ResultSigner;
+    use cgx_policies::{Appraiser, PolicyEngine};
     if !(0.05..=60.0).contains(&secs) {
         return Err("--seconds must be between 0.05 and 60".into());
     }
@@ -426,50 +426,47 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
             .into_claims();
         let refs = accepting_reference_values(&claims);
         // One verifier (one chain cache) serves both contestants.
-        let appraiser = Appraiser {
+        let appraiser = Appraiser::new(
             verifier,
-            engine: PolicyEngine::new("cgx.appraisal", cgx_policies::APPRAISAL_POLICY, &refs)
+            PolicyEngine::new("cgx.appraisal", cgx_policies::APPRAISAL_POLICY, &refs)
                 .map_err(|e| e.to_string())?,
-            signer: ResultSigner::generate().map_err(|e| e.to_string())?,
-        };
+            ResultSigner::generate().map_err(|e| e.to_string())?,
+        );
+        let engine = appraiser.engine();
         let status = appraiser
             .appraise(&ev, *at, t, Some(b"bench-nonce-0000"), Some(&[7; 32]))
             .map_err(|e| e.to_string())?
-            .outcome
-            .status;
+            .status();
         let mut full: Op<'_> = Box::new(|| {
             appraiser
                 .appraise(&ev, *at, t, Some(b"bench-nonce-0000"), Some(&[7; 32]))
                 .is_ok()
         });
-        let mut alone: Op<'_> = Box::new(|| appraiser.verifier.verify(&ev, *at).is_ok());
+        let mut alone: Op<'_> = Box::new(|| appraiser.verifier().verify(&ev, *at).is_ok());
         // Where the time goes: policy alone, and building + signing the EAR alone.
-        let outcome = appraiser
-            .engine
-            .evaluate(&claims)
-            .map_err(|e| e.to_string())?;
-        let mut policy: Op<'_> = Box::new(|| appraiser.engine.evaluate(&claims).is_ok());
+        let outcome = engine.evaluate(&claims).map_err(|e| e.to_string())?;
+        let mut policy: Op<'_> = Box::new(|| engine.evaluate(&claims).is_ok());
         // The same without the outcome memo: what a never-seen set of claims costs.
         let claims_json = serde_json::to_value(&claims).map_err(|e| e.to_string())?;
-        let mut policy_cold: Op<'_> =
-            Box::new(|| appraiser.engine.evaluate_json_cold(&claims_json).is_ok());
+        let mut policy_cold: Op<'_> = Box::new(|| engine.evaluate_json_cold(&claims_json).is_ok());
+        let part = cgx_policies::appraisal::part_of(claims.kind);
         let mut sign: Op<'_> = Box::new(|| {
             let sub = cgx_attestation::results::Submod::of(
-                kind,
+                &part,
                 &claims,
                 cgx_attestation::results::claims_digest(&claims).unwrap_or_default(),
                 &outcome,
             );
             appraiser
-                .signer
+                .signer()
                 .build(
                     &[sub],
-                    appraiser.engine.id(),
+                    engine.id(),
                     Some(b"bench-nonce-0000"),
                     Some(&[7; 32]),
                     t,
                 )
-                .and_then(|e| appraiser.signer.sign(&e))
+                .and_then(|e| appraiser.signer().sign(&e))
                 .is_ok()
         });
         let policy_us = 1e6 / one_round(secs, &mut policy);
@@ -492,7 +489,7 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
                 "status": status.as_str(),
                 "policy_us": (policy_us * 10.0).round() / 10.0,
                 "policy_cold_us": (policy_cold_us * 10.0).round() / 10.0,
-                "policy_memo": appraiser.engine.memoizes(),
+                "policy_memo": engine.memoizes(),
                 "result_us": (sign_us * 10.0).round() / 10.0,
                 "evidence": source,
             }),
@@ -500,7 +497,7 @@ pub fn appraise(json_out: bool, secs: f64, vectors: Option<PathBuf>) -> CliResul
     }
     let out = Value::Object(out);
     if json_out {
-        crate::commands::print_json(&out)?;
+        crate::print_json(&out)?;
     } else {
         println!(
             "one core; medians of {ROUNDS} interleaved rounds of {secs} s; appraisal = verify + Rego policy + ES256 EAR"
@@ -538,6 +535,7 @@ fn accepting_reference_values(claims: &cgx_attestation::Claims) -> String {
             "require_ocsp": n.ocsp == cgx_attestation::nvidia::OCSP_GOOD,
             "measurements": n.measurements.iter().map(|(k, v)| (k.clone(), json!([v])))
                 .collect::<serde_json::Map<_, _>>()}}),
+        KindClaims::Sample(_) => json!({}),
     };
     let mut v = v;
     v["allow_sim"] = json!(claims.sim);

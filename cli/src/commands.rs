@@ -85,6 +85,10 @@ fn summary(c: &Claims) -> String {
             t.td_attributes,
             t.rtmr.join("\n               ")
         ),
+        KindClaims::Sample(x) => format!(
+            "CoCo sample evidence (unsigned){sim}{debug}\n  report_data  {}",
+            x.report_data
+        ),
         KindClaims::Nvidia(n) => format!(
             "NVIDIA GPU SPDM {} measurements, {} blocks{sim}\n  nonce        {}\n  vbios        {}\n  driver       {}\n  device       {}",
             n.spdm_version,
@@ -215,7 +219,24 @@ pub fn verify(e: &crate::EvidenceArgs, o: &VerifyOptions<'_>) -> CliResult {
     }
 }
 
-fn refused(json_out: bool, kind: Option<&str>, e: &cgx_attestation::Error) -> CliResult {
+/// An error that carries a stable code (the verifier's, or the policy layer's).
+trait Coded: std::fmt::Display {
+    fn code(&self) -> &'static str;
+}
+
+impl Coded for cgx_attestation::Error {
+    fn code(&self) -> &'static str {
+        cgx_attestation::Error::code(self)
+    }
+}
+
+impl Coded for cgx_policies::Error {
+    fn code(&self) -> &'static str {
+        cgx_policies::Error::code(self)
+    }
+}
+
+fn refused(json_out: bool, kind: Option<&str>, e: &dyn Coded) -> CliResult {
     if json_out {
         let out = json!({
             "valid": false,
@@ -431,8 +452,8 @@ fn read_text(p: &Path) -> Result<String, String> {
 }
 
 pub fn appraise(e: &crate::EvidenceArgs, o: &AppraiseOptions<'_>) -> CliResult {
-    use cgx_attestation::appraisal::{Appraiser, PolicyEngine, Tier};
-    use cgx_attestation::results::ResultSigner;
+    use cgx_attestation::results::{ResultSigner, Tier};
+    use cgx_policies::{Appraiser, PolicyEngine};
     let dir = e.bundle.as_path();
     let now = parse_at(e.at.as_deref())?;
     let nonce = match o.nonce {
@@ -455,8 +476,9 @@ pub fn appraise(e: &crate::EvidenceArgs, o: &AppraiseOptions<'_>) -> CliResult {
         }
         None => ResultSigner::generate().map_err(|e| e.to_string())?,
     };
-    let appraiser = Appraiser {
-        verifier: Verifier::new(VerifierConfig {
+    let policy_id = engine.id().to_string();
+    let appraiser = Appraiser::new(
+        Verifier::new(VerifierConfig {
             sim: if e.trust_sim {
                 SimTrust::Any
             } else {
@@ -465,19 +487,25 @@ pub fn appraise(e: &crate::EvidenceArgs, o: &AppraiseOptions<'_>) -> CliResult {
         }),
         engine,
         signer,
+    );
+    let bundle = match Bundle::load(dir) {
+        Ok(b) => b,
+        Err(err) => return refused(e.json, None, &err),
     };
-    let bundle = Bundle::load(dir);
-    let kind = bundle.as_ref().ok().map(|b| b.kind().as_str());
+    let kind = Some(bundle.kind().as_str());
     let issued_at = OffsetDateTime::now_utc().unix_timestamp();
-    let result = bundle
-        .and_then(|b| appraiser.appraise(&b.evidence(), now, issued_at, nonce.as_deref(), None));
-    let a = match result {
-        Ok(a) => a,
-        Err(err) => return refused(e.json, kind, &err),
+    let appraisal =
+        match appraiser.appraise(&bundle.evidence(), now, issued_at, nonce.as_deref(), None) {
+            Ok(a) => a,
+            Err(err) => return refused(e.json, kind, &err),
+        };
+    let Some(a) = appraisal.first() else {
+        return Err("the appraisal has no part".into());
     };
     // Decode what was signed, through the same verification a relying party does.
-    let ear = cgx_attestation::results::verify(&a.token, &appraiser.signer.jwk(), issued_at)
-        .map_err(|e| e.to_string())?;
+    let ear =
+        cgx_attestation::results::verify(appraisal.token(), &appraiser.signer().jwk(), issued_at)
+            .map_err(|e| e.to_string())?;
     let ear_json = serde_json::to_value(&ear).map_err(|e| e.to_string())?;
     if e.json {
         let out = json!({
@@ -485,8 +513,8 @@ pub fn appraise(e: &crate::EvidenceArgs, o: &AppraiseOptions<'_>) -> CliResult {
             "trust_vector": a.outcome.trust_vector,
             "violations": a.outcome.violations,
             "ear": ear_json,
-            "token": a.token,
-            "jwks": appraiser.signer.jwks(),
+            "token": appraisal.token(),
+            "jwks": appraiser.signer().jwks(),
         });
         print_json(&out)?;
     } else {
@@ -506,11 +534,11 @@ pub fn appraise(e: &crate::EvidenceArgs, o: &AppraiseOptions<'_>) -> CliResult {
         for v in &a.outcome.violations {
             println!("  {}", v.describe());
         }
-        println!("  policy       {}", appraiser.engine.id());
+        println!("  policy       {policy_id}");
         println!(
             "  result       EAR, ES256, kid {}, expires in {} s",
-            appraiser.signer.kid(),
-            appraiser.signer.ttl_secs
+            appraiser.signer().kid(),
+            appraiser.signer().ttl_secs
         );
     }
     Ok(ExitCode::from(match a.outcome.status {
@@ -743,4 +771,45 @@ fn crate_rfc3339(ts: i64) -> String {
         .ok()
         .and_then(|t| t.format(&Rfc3339).ok())
         .unwrap_or_else(|| ts.to_string())
+}
+
+/// `cgx bench ARGS…`: run `cgx-bench ARGS…` — the program beside this one, else on `PATH` — as
+/// git and cargo run their external subcommands, so the benchmarks' peer crates (`sev`,
+/// `dcap-qvl` on ring, ring) stay out of the user's binary while the command, its flags and its
+/// JSON stay as they were.
+pub fn bench(args: &[String]) -> CliResult {
+    let name = format!("cgx-bench{}", std::env::consts::EXE_SUFFIX);
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(&name)))
+        .filter(|p| p.is_file());
+    let program = beside.unwrap_or_else(|| name.clone().into());
+    let mut cmd = std::process::Command::new(&program);
+    cmd.args(args);
+    let missing = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "cgx bench runs the {name} program, which is neither beside cgx nor on PATH: \
+                 build it with `cargo build --release -p cgx-bench`"
+            )
+        } else {
+            format!("{}: {e}", program.display())
+        }
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // Only returns on failure: on success this process becomes cgx-bench.
+        Err(missing(cmd.exec()))
+    }
+    #[cfg(not(unix))]
+    {
+        let status = cmd.status().map_err(missing)?;
+        Ok(ExitCode::from(
+            status
+                .code()
+                .and_then(|c| u8::try_from(c).ok())
+                .unwrap_or(1),
+        ))
+    }
 }

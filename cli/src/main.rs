@@ -3,7 +3,6 @@
 //! This binary only parses arguments, reads and writes files, and prints; verification lives in
 //! `cgx-attestation`.
 
-mod bench;
 mod commands;
 mod kbs;
 
@@ -89,10 +88,12 @@ enum Command {
         #[command(subcommand)]
         command: RimCommand,
     },
-    /// Benchmarks.
+    /// Benchmarks: `verify`, `appraise`, `kbs` (run by the `cgx-bench` program installed beside
+    /// this one, which alone links the peers they are compared with).
+    #[command(disable_help_flag = true)]
     Bench {
-        #[command(subcommand)]
-        what: BenchWhat,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// The key broker service.
     Kbs {
@@ -299,49 +300,6 @@ enum RimCommand {
     },
 }
 
-#[derive(Subcommand, Debug)]
-enum BenchWhat {
-    /// Full KBS flows per second (auth → attest → resource) with N concurrent clients, p50/p99;
-    /// then weights decryption GB/s against raw ChaCha20-Poly1305 by thread count.
-    Kbs {
-        #[arg(long, default_value_t = 64)]
-        clients: usize,
-        #[arg(long, default_value_t = 10.0)]
-        seconds: f64,
-        /// Also run paced at this many flows/s offered (latency under a fixed load); 0: skip.
-        #[arg(long, default_value_t = 1100.0)]
-        rate: f64,
-        /// Simulated GPUs per node (their evidence goes through attestation too).
-        #[arg(long, default_value_t = 0)]
-        gpus: usize,
-        /// Size of the weights file decrypted (MiB).
-        #[arg(long, default_value_t = 256)]
-        weights_mib: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Full appraisals per second (verify + policy + sign) against verification alone.
-    Appraise {
-        #[arg(long)]
-        json: bool,
-        #[arg(long, default_value_t = 1.0)]
-        seconds: f64,
-        #[arg(long)]
-        vectors: Option<PathBuf>,
-    },
-    /// Verifications per second per kind on one core, against the raw signature bound.
-    Verify {
-        #[arg(long)]
-        json: bool,
-        /// Seconds per measurement round (5 rounds; the median is reported).
-        #[arg(long, default_value_t = 1.0)]
-        seconds: f64,
-        /// Vectors folder for real evidence (default: $CGX_VECTORS or ../shared/vectors).
-        #[arg(long)]
-        vectors: Option<PathBuf>,
-    },
-}
-
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum ProductArg {
     Milan,
@@ -455,33 +413,7 @@ fn main() -> ExitCode {
                 quiet,
             } => kbs::encrypt(&recipient, &input, &output, threads, quiet),
         },
-        Command::Bench { what } => match what {
-            BenchWhat::Kbs {
-                clients,
-                seconds,
-                rate,
-                gpus,
-                weights_mib,
-                json,
-            } => kbs::bench(
-                clients,
-                seconds,
-                (rate > 0.0).then_some(rate),
-                gpus,
-                weights_mib,
-                json,
-            ),
-            BenchWhat::Appraise {
-                json,
-                seconds,
-                vectors,
-            } => bench::appraise(json, seconds, vectors),
-            BenchWhat::Verify {
-                json,
-                seconds,
-                vectors,
-            } => bench::verify(json, seconds, vectors),
-        },
+        Command::Bench { args } => commands::bench(&args),
     };
     match result {
         Ok(code) => code,

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cgx_kbs::age::Identity;
+use cgx_age::Identity;
 use cgx_kbs::client::{ConfigfsTsm, EvidenceSource, KbsClient};
 use cgx_kbs::jwe::{Curve, TeeKey};
 
@@ -138,10 +138,9 @@ fn run(a: &Args) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", a.output.display()))?;
     let mut out = std::io::BufWriter::with_capacity(4 << 20, out);
     let t = Instant::now();
-    let result =
-        cgx_kbs::age::decrypt(&identity, &mut input, len, &mut out, a.threads, &mut |_| {})
-            .map_err(|e| e.to_string())
-            .and_then(|n| out.flush().map(|()| n).map_err(|e| e.to_string()));
+    let result = cgx_age::decrypt(&identity, &mut input, len, &mut out, a.threads, &mut |_| {})
+        .map_err(|e| e.to_string())
+        .and_then(|n| out.flush().map(|()| n).map_err(|e| e.to_string()));
     drop(out);
     match result {
         Ok(n) => {

@@ -3,34 +3,10 @@
 //! released only with a lease for this node's key, and age files from our encryptor and from the
 //! stock `age` tool decrypt into DEST and nowhere else.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
-use base64::Engine;
-use cgx_kbs::age::{Identity, Recipient};
-use cgx_kbs::server::config::{AdminKey, AppraisalConfig, KbsConfig, KekSource};
-use serde_json::json;
-
-fn now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
-}
-
-fn tmp() -> PathBuf {
-    let p = std::env::temp_dir().join(format!("cgx-guest-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    p
-}
-
-fn ed() -> (Vec<u8>, String) {
-    let doc = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new()).unwrap();
-    let kp = Ed25519KeyPair::from_pkcs8(doc.as_ref()).unwrap();
-    (
-        doc.as_ref().to_vec(),
-        base64::engine::general_purpose::STANDARD.encode(kp.public_key().as_ref()),
-    )
-}
+use cgx_age::{Identity, Recipient};
 
 fn agent(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_cgx-guest-agent"))
@@ -49,49 +25,17 @@ fn have_age() -> bool {
 
 #[test]
 fn fetch_weights_with_a_lease_and_stock_age_interop() {
-    let dir = tmp();
-    std::fs::write(dir.join("kek.hex"), hex::encode([3u8; 32])).unwrap();
-    std::fs::write(
-        dir.join("refs.json"),
-        json!({"allow_sim": "affirming", "snp": {"measurements": [hex::encode([0u8; 48])]},
-               "nvidia": {"require_ocsp": false}})
-        .to_string(),
-    )
-    .unwrap();
-    let (admin_sk, admin_pk) = ed();
-    let (broker_sk, broker_pk) = ed();
-    let config = KbsConfig {
-        listen: "127.0.0.1:0".into(),
-        tls: None,
-        insecure_dev: true,
-        database: format!("sqlite://{}", dir.join("kbs.db").display()),
-        kek: KekSource::File(dir.join("kek.hex")),
-        admin_keys: vec![AdminKey {
-            public_key: admin_pk,
-            repositories: vec!["*".into()],
-        }],
-        broker_keys: vec![broker_pk],
-        result_key: None,
-        sim_roots: vec!["*".into()],
-        allow_sample: false,
-        nonce_ttl_secs: 60,
-        session_ttl_secs: 300,
-        collateral: Default::default(),
-        appraisal: AppraisalConfig {
-            policy: None,
-            reference_values: Some(dir.join("refs.json")),
-        },
-    };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let running = rt.block_on(cgx_kbs::server::start(&config)).unwrap();
-    let base = format!("http://{}", running.addr);
+    // The development network's KBS, trusting any simulator root: the agent's `--sim` node is
+    // made in its own process (launch measurement all zeros).
+    let setup = cgx_devnet::setup_any_sim([0u8; 48]).unwrap();
+    let dir = setup.dir.clone();
+    let server = cgx_devnet::Server::start(&setup.config).unwrap();
+    let base = server.base.clone();
 
     // The enterprise: an identity as the KBS resource (a job resource: lease required).
     let id = Identity::generate().unwrap();
     let recipient = id.recipient().unwrap();
-    let token =
-        cgx_kbs::server::jwt::sign_eddsa(&admin_sk, &json!({"iat": now(), "exp": now() + 60}))
-            .unwrap();
+    let token = setup.admin.admin_token().unwrap();
     let resp = ureq::post(&format!(
         "{base}/kbs/v0/resource/acme/weights/llama?lease=required"
     ))
@@ -106,7 +50,7 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
         .collect();
     std::fs::write(dir.join("weights.bin"), &plain).unwrap();
     let mut file = Vec::new();
-    cgx_kbs::age::encrypt(
+    cgx_age::encrypt(
         &recipient,
         &mut &plain[..],
         plain.len() as u64,
@@ -139,13 +83,15 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
     let node = cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256).unwrap();
     std::fs::write(dir.join("node.pk8"), node.ec_pkcs8().unwrap()).unwrap();
     let lease_for = |key: &cgx_kbs::jwe::TeeKey| {
-        cgx_kbs::server::jwt::sign_eddsa(
-            &broker_sk,
-            &json!({"lease": "job-7", "resources": ["acme/weights/llama"],
-                    "node_key": cgx_kbs::jwe::thumbprint(&key.public().unwrap()),
-                    "iat": now(), "exp": now() + 600}),
-        )
-        .unwrap()
+        setup
+            .broker
+            .lease(
+                "job-7",
+                &["acme/weights/llama"],
+                &cgx_kbs::jwe::thumbprint(&key.public().unwrap()),
+                cgx_devnet::now() + 600,
+            )
+            .unwrap()
     };
     // A lease for another node is refused.
     let other = cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256).unwrap();
@@ -299,6 +245,6 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
             "CI must have the age tool"
         );
     }
-    rt.block_on(running.shutdown());
-    let _ = std::fs::remove_dir_all(&dir);
+    server.stop();
+    setup.cleanup();
 }

@@ -4,10 +4,9 @@
 //! holds a lease naming its key.
 //!
 //! Without the `server` feature this crate is what the guest needs: the protocol messages
-//! ([`kbs_types`]), the binding CoCo uses ([`binding`]), JWE ([`jwe`]), canonical JSON ([`jcs`])
-//! and the age file format ([`age`]).
+//! ([`kbs_types`]), the binding CoCo uses ([`binding`]), JWE ([`jwe`]) and canonical JSON
+//! ([`jcs`]). The age file format of the weights is its own crate, `cgx-age`.
 
-pub mod age;
 pub mod binding;
 pub mod der;
 pub mod jcs;

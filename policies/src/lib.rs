@@ -1,12 +1,21 @@
-//! cgx's shipped policies: the default appraisal policy (Rego) and reference values, embedded so
-//! every binary carries them, and the runner behind `cgx policy test`.
+//! cgx's policies: the Rego program every policy runs on ([`program`]: compiled once, VMs
+//! pooled), the appraisal package and the appraiser (verify → policy → signed result,
+//! [`appraisal`]), the release package ([`release`]), the shipped policies and reference values
+//! (embedded so every binary carries them), and the runner behind `cgx policy test`.
 //!
-//! The Rego sources live beside this crate (`appraisal.rego`, `reference-values/`,
-//! `tests/*.rego`) so operators can read, copy and override them.
+//! The dependency runs one way: policies read the claims `cgx-attestation` verified and sign
+//! results with its signer; the attestation core knows nothing of Rego.
+//!
+//! The Rego sources live beside this crate (`appraisal.rego`, `release.rego`,
+//! `reference-values/`, `tests/*.rego`) so operators can read, copy and override them.
+
+pub mod appraisal;
+pub mod program;
+pub mod release;
 
 use std::path::Path;
 
-use cgx_attestation::appraisal::PolicyEngine;
+pub use appraisal::{Appraisal, AppraisedPart, Appraiser, PolicyEngine};
 
 /// The default appraisal policy.
 pub const APPRAISAL_POLICY: &str = include_str!("../appraisal.rego");
@@ -19,21 +28,38 @@ pub const DEFAULT_REFERENCE_VALUES: &str = include_str!("../reference-values/def
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The evidence was refused by the verifier, or the result could not be signed.
     #[error(transparent)]
     Attestation(#[from] cgx_attestation::Error),
+    /// The policy or its reference values could not be compiled or evaluated, or the policy's
+    /// result is not of the package's shape.
+    #[error("policy: {detail}")]
+    Policy { detail: String },
     #[error("{path}: {detail}")]
     Io { path: String, detail: String },
     #[error("{file}: {detail}")]
     Rego { file: String, detail: String },
 }
 
+impl Error {
+    /// Stable machine-readable code: the verifier's own for a refused evidence.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Attestation(e) => e.code(),
+            Error::Policy { .. } => "policy_error",
+            Error::Io { .. } => "policy_unreadable",
+            Error::Rego { .. } => "rego_invalid",
+        }
+    }
+}
+
 /// The default policy compiled with `reference_values` (the shipped defaults when `None`).
 pub fn appraisal_engine(reference_values: Option<&str>) -> Result<PolicyEngine, Error> {
-    Ok(PolicyEngine::new(
+    PolicyEngine::new(
         "cgx.appraisal",
         APPRAISAL_POLICY,
         reference_values.unwrap_or(DEFAULT_REFERENCE_VALUES),
-    )?)
+    )
 }
 
 /// Outcome of one Rego test rule.

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use cgx_attestation::appraisal::Tier;
 use cgx_attestation::bundle::Bundle;
+use cgx_attestation::results::Tier;
 use cgx_attestation::{Verifier, VerifierConfig};
 
 #[test]
@@ -76,8 +76,7 @@ fn bad_policy_or_reference_values_are_errors() {
     assert!(e.to_string().contains("reference values"), "{e}");
     let e = cgx_policies::appraisal_engine(Some("[1]")).unwrap_err();
     assert!(e.to_string().contains("object"), "{e}");
-    let e = cgx_attestation::appraisal::PolicyEngine::new("x", "package x\nthis is not rego", "{}")
-        .unwrap_err();
+    let e = cgx_policies::PolicyEngine::new("x", "package x\nthis is not rego", "{}").unwrap_err();
     assert_eq!(e.code(), "policy_error");
 }
 
@@ -129,7 +128,7 @@ fn the_default_policy_reads_named_claims_only() {
     assert!(!reads.iter().any(|r| r == "measurements"));
     // A policy that reads `input` as a whole sees every claim.
     let whole = "package cgx.appraisal\nimport rego.v1\nresult := {\"affirming\": {}, \"violations\": [v | v := {\"rule\": \"all\", \"claim\": \"configuration\", \"code\": 32, \"value\": count(input), \"expected\": 0}]}\n";
-    let e = cgx_attestation::appraisal::PolicyEngine::new("w", whole, "{}").unwrap();
+    let e = cgx_policies::PolicyEngine::new("w", whole, "{}").unwrap();
     assert!(e.reads().is_none());
     let out = e
         .evaluate_json(&serde_json::json!({"a": 1, "b": 2, "c": 3}))
@@ -252,6 +251,6 @@ fn outcomes_are_memoized_only_for_pure_policies() {
     // A policy that names a clock builtin (here only in a comment: the check is conservative)
     // is evaluated every time.
     let clocked = "package cgx.appraisal\nimport rego.v1\n# time.now_ns\nresult := {\"affirming\": {\"hardware\": 2}, \"violations\": []}\n";
-    let e = cgx_attestation::appraisal::PolicyEngine::new("c", clocked, "{}").unwrap();
+    let e = cgx_policies::PolicyEngine::new("c", clocked, "{}").unwrap();
     assert!(!e.memoizes());
 }

@@ -450,6 +450,36 @@ impl SimAmd {
         })
     }
 
+    /// Composite evidence of one simulated node ([`crate::binding`]): a bundle per GPU whose
+    /// SPDM nonce derives from `nonce`, `node_key` and its index, and an SNP report whose
+    /// report data binds nonce, node key and every GPU's evidence in order.
+    pub fn composite(
+        &self,
+        gpus: &[SimGpu],
+        nonce: &[u8],
+        node_key: &[u8],
+    ) -> Result<SimComposite> {
+        let gpus = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let index = u32::try_from(i).map_err(|_| Error::invalid("gpus", "too many"))?;
+                g.bundle(crate::binding::gpu_nonce(nonce, node_key, index), 8)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let parts: Vec<(&[u8], &[u8])> = gpus.iter().filter_map(nvidia_parts).collect();
+        let report_data = crate::binding::report_data(
+            nonce,
+            node_key,
+            &crate::binding::gpu_evidence_digest(&parts),
+        );
+        let cpu = self.bundle(&SnpReportOptions {
+            report_data,
+            ..Default::default()
+        })?;
+        Ok(SimComposite { cpu, gpus })
+    }
+
     /// A CRL signed by the ARK revoking `serials`, valid from `this_update` to `next_update`.
     pub fn crl(&self, serials: &[u64], this_update: i64, next_update: i64) -> Result<Vec<u8>> {
         let revoked: Vec<Vec<u8>> = serials
@@ -483,6 +513,49 @@ impl SimAmd {
         let other = RsaKeyPair::generate(KeySize::Rsa2048).map_err(|_| keygen_err("ASK"))?;
         let (nb, na) = window(now);
         self.issue_ask(&other, 9, nb, na)
+    }
+}
+
+/// A simulated node's composite evidence ([`SimAmd::composite`]).
+#[derive(Debug, Clone)]
+pub struct SimComposite {
+    pub cpu: Bundle,
+    pub gpus: Vec<Bundle>,
+}
+
+fn nvidia_parts(b: &Bundle) -> Option<(&[u8], &[u8])> {
+    match b {
+        Bundle::Nvidia {
+            report, cert_chain, ..
+        } => Some((report.as_slice(), cert_chain.as_slice())),
+        _ => None,
+    }
+}
+
+impl SimComposite {
+    /// The evidence with the GPUs in `order` (indices into [`SimComposite::gpus`]; a test
+    /// reorders or drops them to break the binding), for `nonce` and `node_key`.
+    pub fn evidence<'a>(
+        &'a self,
+        order: &[usize],
+        nonce: &'a [u8],
+        node_key: &'a [u8],
+    ) -> crate::binding::CompositeEvidence<'a> {
+        crate::binding::CompositeEvidence {
+            cpu: self.cpu.evidence(),
+            gpus: order
+                .iter()
+                .filter_map(|&i| self.gpus.get(i).and_then(nvidia_parts))
+                .map(|(report, cert_chain)| crate::nvidia::NvidiaEvidence {
+                    report,
+                    cert_chain,
+                    expected_nonce: None,
+                    ocsp: &[],
+                })
+                .collect(),
+            nonce,
+            node_pubkey: node_key,
+        }
     }
 }
 

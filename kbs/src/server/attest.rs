@@ -15,37 +15,21 @@
 //! The CPU report data must equal [`crate::binding::cpu_report_data`] and each GPU's SPDM
 //! nonce [`crate::binding::nvidia_nonce`] for this session's nonce and TEE key.
 
-use std::sync::{Arc, RwLock};
-
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use cgx_attestation::appraisal::{Outcome, PolicyEngine, Tier};
 use cgx_attestation::collateral::CollateralKey;
 use cgx_attestation::collateral::fetch::CollateralSource;
-use cgx_attestation::results::{ResultSigner, Submod, claims_digest_of};
-use cgx_attestation::{Evidence, Verifier, nvidia, snp, tdx};
-use kbs_types::{Attestation, Tee, TeePubKey};
+use cgx_attestation::results::{CPU_PART, gpu_part};
+use cgx_attestation::{Evidence, KindClaims, VerifiedClaims, nvidia, sample, snp, tdx};
+use cgx_policies::{Appraisal, Appraiser, PolicyEngine};
+use kbs_types::{Attestation, Tee};
 use serde_json::Value;
 
 use super::error::KbsError;
 
-/// EAR submodule names, as Trustee names them (`cpu0`, then one per device).
-pub const CPU_SUBMOD: &str = "cpu0";
-
-/// A successful appraisal of one session's evidence.
-#[derive(Debug)]
-pub struct Attested {
-    pub token: String,
-    pub status: Tier,
-    /// Violations across parts, described (for refusals that must say why).
-    pub violations: Vec<String>,
-}
-
-/// Verifier, appraisal policy (replaceable at run time) and result signer.
-pub struct Attester {
-    verifier: Verifier,
-    engine: RwLock<Arc<PolicyEngine>>,
-    signer: ResultSigner,
+/// Appraiser (verifier, replaceable appraisal policy, result signer) and collateral source.
+pub(crate) struct Attester {
+    appraiser: Appraiser,
     source: Option<CollateralSource>,
     online: bool,
     allow_sample: bool,
@@ -98,19 +82,25 @@ fn snp_report_bytes(v: &Value) -> Result<Vec<u8>, KbsError> {
     }
 }
 
+/// Report data of verified CPU evidence (hex), as the verifier read it.
+fn report_data(claims: &VerifiedClaims) -> &str {
+    match &claims.claims().detail {
+        KindClaims::Snp(s) => &s.report_data,
+        KindClaims::Tdx(t) => &t.report_data,
+        KindClaims::Sample(s) => &s.report_data,
+        KindClaims::Nvidia(_) => "",
+    }
+}
+
 impl Attester {
-    pub fn new(
-        verifier: Verifier,
-        engine: PolicyEngine,
-        signer: ResultSigner,
+    pub(crate) fn new(
+        appraiser: Appraiser,
         source: Option<CollateralSource>,
         online: bool,
         allow_sample: bool,
     ) -> Self {
         Attester {
-            verifier,
-            engine: RwLock::new(Arc::new(engine)),
-            signer,
+            appraiser,
             source,
             online,
             allow_sample,
@@ -118,26 +108,17 @@ impl Attester {
     }
 
     /// Whether attestation may wait on the network (an online collateral source).
-    pub fn may_block(&self) -> bool {
+    pub(crate) fn may_block(&self) -> bool {
         self.online
     }
 
-    pub fn signer(&self) -> &ResultSigner {
-        &self.signer
+    pub(crate) fn signer(&self) -> &cgx_attestation::results::ResultSigner {
+        self.appraiser.signer()
     }
 
     /// Replace the appraisal policy (admin API, or a change another replica made).
-    pub fn set_engine(&self, engine: PolicyEngine) {
-        if let Ok(mut e) = self.engine.write() {
-            *e = Arc::new(engine);
-        }
-    }
-
-    fn engine(&self) -> Result<Arc<PolicyEngine>, KbsError> {
-        self.engine
-            .read()
-            .map(|e| e.clone())
-            .map_err(|_| KbsError::Internal("policy lock poisoned".into()))
+    pub(crate) fn set_engine(&self, engine: PolicyEngine) {
+        self.appraiser.set_engine(engine);
     }
 
     fn collateral(&self, key: &CollateralKey, now: i64) -> Option<Vec<u8>> {
@@ -147,14 +128,31 @@ impl Attester {
             .map(|f| f.bytes)
     }
 
-    /// Verify and appraise `att` for a session with `nonce`, as of `now`; sign the EAR.
-    pub fn attest(
+    /// Verify one part's evidence; a refusal keeps the verifier's code.
+    fn verify(
+        &self,
+        part: &str,
+        ev: &Evidence<'_>,
+        now: time::OffsetDateTime,
+    ) -> Result<VerifiedClaims, KbsError> {
+        self.appraiser
+            .verifier()
+            .verify(ev, now)
+            .map_err(|error| KbsError::Verification {
+                part: part.to_string(),
+                error,
+            })
+    }
+
+    /// Verify and appraise `att` for a session with `nonce`, as of `now`; sign the EAR. The
+    /// EAR's parts are [`CPU_PART`] and `gpu0`, `gpu1`, … as Trustee names them.
+    pub(crate) fn attest(
         &self,
         tee: Tee,
         att: &Attestation,
         nonce: &str,
         now: time::OffsetDateTime,
-    ) -> Result<Attested, KbsError> {
+    ) -> Result<Appraisal, KbsError> {
         if att.runtime_data.nonce != nonce {
             return Err(failed("runtime-data nonce is not this session's challenge"));
         }
@@ -162,18 +160,14 @@ impl Attester {
         let additional = att.tee_evidence.additional_evidence.as_str();
         let expected = crate::binding::cpu_report_data(nonce, key, additional);
         let t = now.unix_timestamp();
-        let mut parts: Vec<(String, Value)> = Vec::new();
+        let primary = &att.tee_evidence.primary_evidence;
         let cpu = match tee {
-            Tee::Snp => self.snp_claims(&att.tee_evidence.primary_evidence, now)?,
-            Tee::Tdx => self.tdx_claims(&att.tee_evidence.primary_evidence, t, now)?,
-            Tee::Sample if self.allow_sample => sample_claims(&att.tee_evidence.primary_evidence)?,
+            Tee::Snp => self.snp_claims(primary, now)?,
+            Tee::Tdx => self.tdx_claims(primary, t, now)?,
+            Tee::Sample if self.allow_sample => self.sample_claims(primary, now)?,
             other => return Err(KbsError::UnsupportedTee(other.to_string())),
         };
-        let report_data = cpu
-            .get("report_data")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if report_data != hex::encode(expected) {
+        if report_data(&cpu) != hex::encode(expected) {
             return Err(failed(
                 "report_data does not bind this session's nonce, TEE key and additional evidence",
             ));
@@ -181,7 +175,7 @@ impl Attester {
         if let Some(init) = &att.init_data {
             check_init_data(&init.body, &cpu)?;
         }
-        parts.push((CPU_SUBMOD.into(), cpu));
+        let mut parts = vec![(CPU_PART.to_string(), cpu)];
         if !additional.trim().is_empty() {
             let gpu_nonce = crate::binding::nvidia_nonce(nonce, key);
             for (i, claims) in self
@@ -189,91 +183,50 @@ impl Attester {
                 .into_iter()
                 .enumerate()
             {
-                parts.push((format!("gpu{i}"), claims));
+                parts.push((gpu_part(i), claims));
             }
         }
-        self.appraise(&parts, nonce, key, t)
-    }
-
-    fn appraise(
-        &self,
-        parts: &[(String, Value)],
-        nonce: &str,
-        key: &TeePubKey,
-        issued_at: i64,
-    ) -> Result<Attested, KbsError> {
-        let engine = self.engine()?;
-        let outcomes: Vec<Outcome> = parts
-            .iter()
-            .map(|(_, c)| engine.evaluate_json(c))
-            .collect::<Result<_, _>>()
-            .map_err(|e| KbsError::Internal(format!("appraisal policy: {e}")))?;
-        let submods: Vec<Submod<'_>> = parts
-            .iter()
-            .zip(&outcomes)
-            .map(|((name, json), outcome)| Submod {
-                name,
-                kind: json
-                    .get("kind")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown"),
-                sim: json.get("sim").and_then(Value::as_bool).unwrap_or(true),
-                claims_sha256: claims_digest_of(json),
-                outcome,
-            })
-            .collect();
         let node_key = crate::jcs::canonical(
             &serde_json::to_value(key).map_err(|e| KbsError::Internal(e.to_string()))?,
         );
-        let ear = self
-            .signer
-            .build(
-                &submods,
-                engine.id(),
-                Some(nonce.as_bytes()),
-                Some(node_key.as_bytes()),
-                issued_at,
-            )
-            .map_err(|e| KbsError::Internal(e.to_string()))?;
-        let token = self
-            .signer
-            .sign(&ear)
-            .map_err(|e| KbsError::Internal(e.to_string()))?;
-        let status = outcomes
-            .iter()
-            .map(|o| o.status)
-            .max()
-            .unwrap_or(Tier::None);
-        let violations = parts
-            .iter()
-            .zip(&outcomes)
-            .flat_map(|((name, _), o)| {
-                o.violations
-                    .iter()
-                    .map(move |v| format!("{name}: {}", v.describe()))
+        self.appraiser
+            .appraise_verified(parts, t, Some(nonce.as_bytes()), Some(node_key.as_bytes()))
+            .map_err(|e| match e {
+                cgx_policies::Error::Attestation(error) => KbsError::Verification {
+                    part: "result".into(),
+                    error,
+                },
+                other => KbsError::Internal(format!("appraisal: {other}")),
             })
-            .collect();
-        Ok(Attested {
-            token,
-            status,
-            violations,
-        })
     }
 
-    fn verified_json(
+    /// CoCo's unsigned sample evidence (only with `allow_sample`): claims marked `sim`.
+    fn sample_claims(
         &self,
-        ev: &Evidence<'_>,
+        primary: &Value,
         now: time::OffsetDateTime,
-    ) -> Result<Value, KbsError> {
-        let claims = self
-            .verifier
-            .verify(ev, now)
-            .map_err(|e| failed(format!("{} ({})", e, e.code())))?
-            .into_claims();
-        serde_json::to_value(&claims).map_err(|e| KbsError::Internal(e.to_string()))
+    ) -> Result<VerifiedClaims, KbsError> {
+        let rd = bytes_of(
+            primary
+                .get("report_data")
+                .ok_or_else(|| failed("sample evidence has no report_data"))?,
+            "report_data",
+        )?;
+        self.verify(
+            CPU_PART,
+            &Evidence::Sample(sample::SampleEvidence {
+                report_data: &rd,
+                svn: primary.get("svn").unwrap_or(&Value::Null),
+            }),
+            now,
+        )
     }
 
-    fn snp_claims(&self, primary: &Value, now: time::OffsetDateTime) -> Result<Value, KbsError> {
+    fn snp_claims(
+        &self,
+        primary: &Value,
+        now: time::OffsetDateTime,
+    ) -> Result<VerifiedClaims, KbsError> {
         let t = now.unix_timestamp();
         let report = snp_report_bytes(
             primary
@@ -339,7 +292,8 @@ impl Attester {
             })
             .into_iter()
             .collect();
-        self.verified_json(
+        self.verify(
+            CPU_PART,
             &Evidence::Snp(snp::SnpEvidence {
                 report: &report,
                 signing_cert: &cert,
@@ -356,7 +310,7 @@ impl Attester {
         primary: &Value,
         t: i64,
         now: time::OffsetDateTime,
-    ) -> Result<Value, KbsError> {
+    ) -> Result<VerifiedClaims, KbsError> {
         let quote = bytes_of(
             primary
                 .get("quote")
@@ -371,7 +325,8 @@ impl Attester {
         let collateral = source
             .tdx_collateral(fmspc, ca, t)
             .map_err(|e| failed(format!("Intel collateral: {e}")))?;
-        self.verified_json(
+        self.verify(
+            CPU_PART,
             &Evidence::Tdx(tdx::TdxEvidence {
                 quote: &quote,
                 collateral_json: &collateral,
@@ -386,7 +341,7 @@ impl Attester {
         gpu_nonce: &[u8; 32],
         t: i64,
         now: time::OffsetDateTime,
-    ) -> Result<Vec<Value>, KbsError> {
+    ) -> Result<Vec<VerifiedClaims>, KbsError> {
         let v: Value = serde_json::from_str(additional)
             .map_err(|e| failed(format!("additional-evidence is not JSON: {e}")))?;
         let nv = v.get("nvidia").unwrap_or(&v);
@@ -411,17 +366,16 @@ impl Attester {
                     .unwrap_or_default(),
                 None => Vec::new(),
             };
-            let claims = self
-                .verified_json(
-                    &Evidence::Nvidia(nvidia::NvidiaEvidence {
-                        report: &report,
-                        cert_chain: &chain,
-                        expected_nonce: Some(gpu_nonce),
-                        ocsp: &ocsp,
-                    }),
-                    now,
-                )
-                .map_err(|e| failed(format!("GPU {i}: {e}")))?;
+            let claims = self.verify(
+                &gpu_part(i),
+                &Evidence::Nvidia(nvidia::NvidiaEvidence {
+                    report: &report,
+                    cert_chain: &chain,
+                    expected_nonce: Some(gpu_nonce),
+                    ocsp: &ocsp,
+                }),
+                now,
+            )?;
             out.push(claims);
         }
         Ok(out)
@@ -431,7 +385,7 @@ impl Attester {
 /// CoCo init-data: its digest (the algorithm its TOML names: sha256, sha384 or sha512; sha256
 /// when unnamed) must be what the TEE measured at launch — SNP HOST_DATA (32 bytes), TDX
 /// MRCONFIGID (48 bytes) — truncated or zero-padded to that field, as Trustee compares it.
-pub fn check_init_data(body: &str, cpu: &Value) -> Result<(), KbsError> {
+pub(crate) fn check_init_data(body: &str, cpu: &VerifiedClaims) -> Result<(), KbsError> {
     let algorithm = body
         .lines()
         .filter_map(|l| l.split_once('='))
@@ -445,43 +399,22 @@ pub fn check_init_data(body: &str, cpu: &Value) -> Result<(), KbsError> {
         other => return Err(failed(format!("init-data digest algorithm {other}"))),
     };
     let digest = aws_lc_rs::digest::digest(alg, body.as_bytes());
-    let (field, size) = match cpu.get("kind").and_then(Value::as_str) {
-        Some("snp") => ("host_data", 32),
-        Some("tdx") => ("mr_config_id", 48),
-        other => {
+    let (field, size, measured) = match &cpu.claims().detail {
+        KindClaims::Snp(s) => ("host_data", 32, s.host_data.as_str()),
+        KindClaims::Tdx(t) => ("mr_config_id", 48, t.mr_config_id.as_str()),
+        _ => {
             return Err(failed(format!(
                 "init-data cannot be bound to {} evidence",
-                other.unwrap_or("this")
+                cpu.claims().kind.as_str()
             )));
         }
     };
     let mut expected = digest.as_ref().to_vec();
     expected.resize(size, 0);
-    let measured = cpu.get(field).and_then(Value::as_str).unwrap_or_default();
     if measured != hex::encode(&expected) {
         return Err(failed(format!(
             "init-data ({algorithm}) does not match the launch-time {field}"
         )));
     }
     Ok(())
-}
-
-/// CoCo's unsigned sample evidence as claims: marked `sim` (nothing vouches for it).
-fn sample_claims(primary: &Value) -> Result<Value, KbsError> {
-    let rd = bytes_of(
-        primary
-            .get("report_data")
-            .ok_or_else(|| failed("sample evidence has no report_data"))?,
-        "report_data",
-    )?;
-    let mut padded = rd.clone();
-    padded.resize(64, 0);
-    Ok(serde_json::json!({
-        "schema": cgx_attestation::claims::CLAIMS_SCHEMA,
-        "kind": "sample",
-        "sim": true,
-        "debug": true,
-        "svn": primary.get("svn").cloned().unwrap_or(Value::Null),
-        "report_data": hex::encode(padded),
-    }))
 }

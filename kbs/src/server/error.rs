@@ -21,6 +21,12 @@ pub enum KbsError {
     UnAuthenticated(String),
     #[error("attestation failed: {0}")]
     AttestationFailed(String),
+    /// The verifier refused one part's evidence; its stable code goes on the wire.
+    #[error("attestation failed: {part}: {error} ({code})", code = error.code())]
+    Verification {
+        part: String,
+        error: cgx_attestation::Error,
+    },
     #[error("token: {0}")]
     TokenInvalid(String),
     #[error("release policy denied {0}")]
@@ -53,7 +59,7 @@ impl KbsError {
             KbsError::ProtocolVersion(_) => "ProtocolVersionMismatch",
             KbsError::UnsupportedTee(_) => "UnsupportedTee",
             KbsError::UnAuthenticated(_) => "UnAuthenticated",
-            KbsError::AttestationFailed(_) => "AttestationFailed",
+            KbsError::AttestationFailed(_) | KbsError::Verification { .. } => "AttestationFailed",
             KbsError::TokenInvalid(_) => "TokenInvalid",
             KbsError::PolicyDeny(_) => "PolicyDeny",
             KbsError::LeaseInvalid(_) => "LeaseInvalid",
@@ -76,6 +82,7 @@ impl KbsError {
             | KbsError::PolicyInvalid(_) => StatusCode::BAD_REQUEST,
             KbsError::UnAuthenticated(_)
             | KbsError::AttestationFailed(_)
+            | KbsError::Verification { .. }
             | KbsError::TokenInvalid(_)
             | KbsError::PolicyDeny(_)
             | KbsError::LeaseInvalid(_)

@@ -19,15 +19,15 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use cgx_attestation::appraisal::{PolicyEngine, Tier};
-use kbs_types::{Attestation, Challenge, Request, Tee, TeePubKey};
+use cgx_attestation::results::Tier;
+use cgx_policies::PolicyEngine;
+use kbs_types::{Attestation, Challenge, Request, Tee};
 use serde_json::{Value, json};
 
-use super::Kbs;
-use super::attest::CPU_SUBMOD;
 use super::error::KbsError;
 use super::release::check_lease;
 use super::store::{ATTESTED, FAILED, now};
+use super::{Kbs, LiveSession};
 
 pub const PROTOCOL_VERSION: &str = "0.4.0";
 pub const SESSION_COOKIE: &str = "kbs-session-id";
@@ -240,7 +240,7 @@ async fn attest_inner(
             ATTESTED,
             expires_at,
             Some(&key_json),
-            Some(&attested.token),
+            Some(attested.token()),
         )
         .await?
     {
@@ -249,49 +249,30 @@ async fn attest_inner(
     kbs.remember_session(
         &id,
         att.runtime_data.tee_pubkey.clone(),
-        &attested.token,
+        attested.ear().clone(),
         expires_at,
     );
-    tracing::info!(session = %id, status = attested.status.as_str(), "attested");
-    Ok(Json(json!({"token": attested.token})).into_response())
+    tracing::info!(session = %id, status = attested.status().as_str(), "attested");
+    Ok(Json(json!({"token": attested.token()})).into_response())
 }
 
-/// The attested TEE key and EAR claims of the requester: its session cookie, or a bearer EAR
-/// this KBS issued.
-async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<(TeePubKey, Value), KbsError> {
+/// The attested session of the requester: its session cookie, or a bearer EAR this KBS issued.
+async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<Arc<LiveSession>, KbsError> {
     if let Some(id) = cookie(headers) {
-        let s = kbs
+        return kbs
             .attested_session(&id)
             .await?
             .filter(|s| s.expires_at > now())
             .ok_or_else(|| {
                 KbsError::UnAuthenticated("no attested, unexpired session for this cookie".into())
-            })?;
-        return Ok((s.tee_pubkey.clone(), s.claims.clone()));
+            });
     }
     if let Some(token) = bearer(headers) {
-        cgx_attestation::results::verify(token, &kbs.attester.signer().jwk(), now())
-            .map_err(|e| KbsError::TokenInvalid(e.to_string()))?;
-        let claims = token_claims(token)?;
-        let node_key = claims["submods"][CPU_SUBMOD]["ear_verifier_claims"]["cgx.node-key"]
-            .as_str()
-            .and_then(|h| hex::decode(h).ok())
-            .and_then(|b| serde_json::from_slice::<TeePubKey>(&b).ok())
-            .ok_or_else(|| KbsError::TokenInvalid("the token binds no TEE key".into()))?;
-        return Ok((node_key, claims));
+        return kbs.verified_ear(token).map(Arc::new);
     }
     Err(KbsError::UnAuthenticated(
         "no session cookie and no bearer token".into(),
     ))
-}
-
-pub(super) fn token_claims(token: &str) -> Result<Value, KbsError> {
-    token
-        .split('.')
-        .nth(1)
-        .and_then(|p| URL_SAFE_NO_PAD.decode(p).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| KbsError::TokenInvalid("token payload".into()))
 }
 
 async fn get_resource(
@@ -324,18 +305,22 @@ async fn release(
 ) -> Result<Response, KbsError> {
     let path = resource_path(repo, kind, tag)?;
     // Authentication first: an unauthenticated caller learns nothing about what exists.
-    let (key, claims) = requester(kbs, headers).await?;
-    let status = claims["ear_status"].as_str().unwrap_or("none");
-    if status != Tier::Affirming.as_str() {
+    let session = requester(kbs, headers).await?;
+    let key = &session.tee_pubkey;
+    let status = session.ear.tier();
+    if status != Tier::Affirming {
         return Err(KbsError::PolicyDeny(format!(
-            "{path}: the session's appraisal is {status}, not affirming"
+            "{path}: the session's appraisal is {}, not affirming",
+            status.as_str()
         )));
     }
     let lease = match query.get("lease") {
-        Some(token) => Some(check_lease(token, &kbs.broker_keys, &path, &key, now())?),
+        Some(token) => Some(check_lease(token, &kbs.broker_keys, &path, key, now())?),
         None => None,
     };
-    let mut input = claims;
+    // Release policies read the EAR as Trustee's do (`input.submods.cpu0…`), plus the request.
+    let mut input =
+        serde_json::to_value(&session.ear).map_err(|e| KbsError::Internal(e.to_string()))?;
     input["resource-path"] = json!(path);
     input["repository"] = json!(repo);
     input["type"] = json!(kind);
@@ -354,7 +339,7 @@ async fn release(
             "{path} is a job resource and needs a lease token (query parameter lease)"
         )));
     }
-    let jwe = crate::jwe::encrypt(&key, &resource.value).map_err(|e| match e {
+    let jwe = crate::jwe::encrypt(key, &resource.value).map_err(|e| match e {
         crate::jwe::JweError::UnsupportedKey(_) | crate::jwe::JweError::InvalidKey(_) => {
             KbsError::InvalidRequest(format!("TEE key: {e}"))
         }
@@ -366,7 +351,7 @@ async fn release(
             "release",
             &path,
             &json!({
-                "tee_key": crate::jwe::thumbprint(&key),
+                "tee_key": crate::jwe::thumbprint(key),
                 "lease": lease.as_ref().and_then(|l| l.get("lease")).cloned(),
             }),
         )

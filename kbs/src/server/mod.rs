@@ -17,11 +17,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cgx_attestation::appraisal::PolicyEngine;
 use cgx_attestation::collateral::CollateralStore;
 use cgx_attestation::collateral::fetch::{CollateralSource, Endpoints, FetchPolicy};
-use cgx_attestation::results::ResultSigner;
+use cgx_attestation::results::{Ear, ResultSigner};
 use cgx_attestation::{SimTrust, Verifier, VerifierConfig};
+use cgx_policies::{Appraiser, PolicyEngine};
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -37,10 +37,10 @@ use store::Store;
 
 /// The state every handler shares.
 pub struct Kbs {
-    pub store: Store,
-    pub attester: Attester,
-    pub release: ReleasePolicies,
-    pub metrics: Metrics,
+    pub(crate) store: Store,
+    pub(crate) attester: Attester,
+    pub(crate) release: ReleasePolicies,
+    pub(crate) metrics: Metrics,
     admin_keys: Vec<([u8; 32], Vec<String>)>,
     broker_keys: Vec<[u8; 32]>,
     nonce_ttl: i64,
@@ -54,18 +54,19 @@ pub struct Kbs {
     /// this replica clears it at once, one made on another replica is seen within
     /// [`POLICY_CACHE_SECS`].
     policy_cache: Mutex<std::collections::HashMap<String, CachedPolicies>>,
-    pub session_keys: session::SessionKeys,
+    pub(crate) session_keys: session::SessionKeys,
     /// Sessions attested on this replica (others are read from the database).
     sessions: Mutex<std::collections::HashMap<String, Arc<LiveSession>>>,
 }
 
-/// An attested session as the resource endpoint needs it.
+/// An attested session as the resource endpoint needs it: the TEE key the EAR binds and the
+/// EAR itself, verified (a session read from the database is re-verified against this KBS's
+/// result key: a row proves nothing by itself).
 #[derive(Debug)]
-pub struct LiveSession {
+pub(crate) struct LiveSession {
     pub expires_at: i64,
     pub tee_pubkey: kbs_types::TeePubKey,
-    /// The EAR's claims (what release policies see).
-    pub claims: serde_json::Value,
+    pub ear: Ear,
 }
 
 /// Release policy rows (scope, text) read at an instant.
@@ -132,7 +133,7 @@ impl Kbs {
             .unwrap_or_else(|| default_reference_values.clone());
         let engine = PolicyEngine::new("kbs.appraisal", &policy, &refs)
             .map_err(|e| KbsError::Config(format!("appraisal policy: {e}")))?;
-        let signer = match &config.result_key {
+        let mut signer = match &config.result_key {
             Some(p) => {
                 let der = std::fs::read(p)
                     .map_err(|e| KbsError::Config(format!("{}: {e}", p.display())))?;
@@ -141,6 +142,8 @@ impl Kbs {
             None => ResultSigner::generate(),
         }
         .map_err(|e| KbsError::Config(format!("result key: {e}")))?;
+        // The EAR is the session's credential (cookie or bearer): it lives as long as the session.
+        signer.ttl_secs = config.session_ttl_secs;
         let source = match &config.collateral.store {
             Some(dir) => {
                 let s = CollateralStore::open(dir)
@@ -154,9 +157,7 @@ impl Kbs {
             None => None,
         };
         let attester = Attester::new(
-            Verifier::new(VerifierConfig { sim }),
-            engine,
-            signer,
+            Appraiser::new(Verifier::new(VerifierConfig { sim }), engine, signer),
             source,
             config.collateral.store.is_some() && config.collateral.online,
             config.allow_sample,
@@ -195,16 +196,13 @@ impl Kbs {
     }
 
     /// Keep a session this replica attested, so its resource requests skip the database.
-    pub fn remember_session(
+    pub(crate) fn remember_session(
         &self,
         id: &str,
         tee_pubkey: kbs_types::TeePubKey,
-        token: &str,
+        ear: Ear,
         expires_at: i64,
     ) {
-        let Ok(claims) = http::token_claims(token) else {
-            return;
-        };
         if let Ok(mut m) = self.sessions.lock() {
             if m.len() >= 100_000 {
                 let t = store::now();
@@ -218,7 +216,7 @@ impl Kbs {
                 Arc::new(LiveSession {
                     expires_at,
                     tee_pubkey,
-                    claims,
+                    ear,
                 }),
             );
         }
@@ -226,24 +224,44 @@ impl Kbs {
 
     /// An attested session: this replica's memory, else the database. `None` for unknown
     /// sessions and for challenges whose answer failed.
-    pub async fn attested_session(&self, id: &str) -> Result<Option<Arc<LiveSession>>, KbsError> {
+    pub(crate) async fn attested_session(
+        &self,
+        id: &str,
+    ) -> Result<Option<Arc<LiveSession>>, KbsError> {
         if let Some(s) = self.sessions.lock().ok().and_then(|m| m.get(id).cloned()) {
             return Ok(Some(s));
         }
         let Some(row) = self.store.session(id).await? else {
             return Ok(None);
         };
-        let (store::ATTESTED, Some(key), Some(token)) =
-            (row.state.as_str(), &row.tee_pubkey, &row.token)
-        else {
+        let (store::ATTESTED, Some(token)) = (row.state.as_str(), &row.token) else {
             return Ok(None);
         };
+        // The row's token must be an EAR this KBS signed; the TEE key is the one it binds.
+        let session = self.verified_ear(token)?;
         Ok(Some(Arc::new(LiveSession {
-            expires_at: row.expires_at,
-            tee_pubkey: serde_json::from_str(key)
-                .map_err(|_| KbsError::Internal("stored TEE key".into()))?,
-            claims: http::token_claims(token)?,
+            expires_at: row.expires_at.min(session.expires_at),
+            ..session
         })))
+    }
+
+    /// A bearer EAR (or a stored session's): signed by this KBS's result key, unexpired, and
+    /// binding a TEE key in its CPU part.
+    pub(crate) fn verified_ear(&self, token: &str) -> Result<LiveSession, KbsError> {
+        let ear =
+            cgx_attestation::results::verify(token, &self.attester.signer().jwk(), store::now())
+                .map_err(|e| KbsError::TokenInvalid(e.to_string()))?;
+        let tee_pubkey = ear
+            .submods
+            .get(cgx_attestation::results::CPU_PART)
+            .and_then(|cpu| cpu.node_key())
+            .and_then(|k| serde_json::from_slice::<kbs_types::TeePubKey>(&k).ok())
+            .ok_or_else(|| KbsError::TokenInvalid("the token binds no TEE key".into()))?;
+        Ok(LiveSession {
+            expires_at: ear.exp.unwrap_or(0),
+            tee_pubkey,
+            ear,
+        })
     }
 
     /// The stored release policies that apply to `path` (global, repository, resource).

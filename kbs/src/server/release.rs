@@ -12,85 +12,22 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use cgx_policies::release::{ReleaseInput, ReleasePolicy};
 use kbs_types::TeePubKey;
 use serde_json::Value;
 
 use super::error::KbsError;
 use super::jwt;
 
-pub const ENTRY_POINT: &str = "data.policy.allow";
-
-/// One compiled release policy.
-pub struct ReleaseProgram {
-    compiled: regorus::CompiledPolicy,
-    program: Arc<regorus::rvm::Program>,
-    data: regorus::Value,
-    vms: Mutex<Vec<regorus::rvm::RegoVM>>,
-}
-
-impl std::fmt::Debug for ReleaseProgram {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReleaseProgram").finish_non_exhaustive()
-    }
-}
-
-impl ReleaseProgram {
-    pub fn compile(rego: &str, data: &Value) -> Result<Self, KbsError> {
-        let bad = |e: &dyn std::fmt::Display| KbsError::PolicyInvalid(e.to_string());
-        let mut engine = regorus::Engine::new();
-        engine
-            .add_policy("release.rego".into(), rego.to_string())
-            .map_err(|e| bad(&e))?;
-        engine
-            .add_data(regorus::Value::from(data.clone()))
-            .map_err(|e| bad(&e))?;
-        let compiled = engine
-            .compile_with_entrypoint(&regorus::Rc::from(ENTRY_POINT))
-            .map_err(|e| bad(&e))?;
-        let program = regorus::languages::rego::compiler::Compiler::compile_from_policy(
-            &compiled,
-            &[ENTRY_POINT],
-        )
-        .map_err(|e| bad(&e))?;
-        Ok(ReleaseProgram {
-            compiled,
-            program,
-            data: regorus::Value::from(data.clone()),
-            vms: Mutex::new(Vec::new()),
-        })
-    }
-
-    /// `true` only when the policy's `allow` is exactly `true`.
-    pub fn allows(&self, input: &regorus::Value) -> Result<bool, KbsError> {
-        let pooled = self.vms.lock().ok().and_then(|mut p| p.pop());
-        let mut vm = match pooled {
-            Some(vm) => vm,
-            None => {
-                let mut vm = regorus::rvm::RegoVM::new_with_policy(self.compiled.clone());
-                vm.load_program(self.program.clone());
-                vm.set_data(self.data.clone())
-                    .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-                vm
-            }
-        };
-        vm.set_input(input.clone());
-        let out = vm
-            .execute_entry_point_by_name(ENTRY_POINT)
-            .map_err(|e| KbsError::PolicyInvalid(format!("evaluation: {e}")));
-        if let Ok(mut pool) = self.vms.lock()
-            && pool.len() < 64
-        {
-            pool.push(vm);
-        }
-        Ok(out? == regorus::Value::Bool(true))
-    }
+fn invalid(e: cgx_policies::Error) -> KbsError {
+    KbsError::PolicyInvalid(e.to_string())
 }
 
 /// Compiled release policies by text, and the shipped default for the global scope.
-pub struct ReleasePolicies {
-    default_global: Arc<ReleaseProgram>,
+pub(crate) struct ReleasePolicies {
+    default_global: Arc<ReleasePolicy>,
     data: Value,
-    cache: Mutex<HashMap<String, Arc<ReleaseProgram>>>,
+    cache: Mutex<HashMap<String, Arc<ReleasePolicy>>>,
 }
 
 impl std::fmt::Debug for ReleasePolicies {
@@ -113,10 +50,10 @@ impl ReleasePolicies {
     pub fn new(allow_sim: bool) -> Result<Self, KbsError> {
         let data = serde_json::json!({"allow_sim": allow_sim});
         Ok(ReleasePolicies {
-            default_global: Arc::new(ReleaseProgram::compile(
-                cgx_policies::RELEASE_POLICY,
-                &data,
-            )?),
+            default_global: Arc::new(
+                ReleasePolicy::compile(cgx_policies::RELEASE_POLICY, data.clone())
+                    .map_err(invalid)?,
+            ),
             data,
             cache: Mutex::new(HashMap::new()),
         })
@@ -124,11 +61,11 @@ impl ReleasePolicies {
 
     /// Compile (or find) the program for `rego`. Also how the admin API validates a policy
     /// before storing it.
-    pub fn program(&self, rego: &str) -> Result<Arc<ReleaseProgram>, KbsError> {
+    pub fn program(&self, rego: &str) -> Result<Arc<ReleasePolicy>, KbsError> {
         if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(rego).cloned()) {
             return Ok(p);
         }
-        let p = Arc::new(ReleaseProgram::compile(rego, &self.data)?);
+        let p = Arc::new(ReleasePolicy::compile(rego, self.data.clone()).map_err(invalid)?);
         if let Ok(mut c) = self.cache.lock() {
             if c.len() > 1024 {
                 c.clear();
@@ -146,9 +83,9 @@ impl ReleasePolicies {
         stored: &[(String, String)],
         input: Value,
     ) -> Result<(), KbsError> {
-        let input = regorus::Value::from(input);
+        let input = ReleaseInput::new(input);
         let has_global = stored.iter().any(|(s, _)| s == "resource:*");
-        if !has_global && !self.default_global.allows(&input)? {
+        if !has_global && !self.default_global.allows(&input).map_err(invalid)? {
             return Err(KbsError::PolicyDeny(format!(
                 "{path}: the default release policy (every part affirming, no simulated evidence)"
             )));
@@ -156,7 +93,7 @@ impl ReleasePolicies {
         let mut ordered: Vec<&(String, String)> = stored.iter().collect();
         ordered.sort_by_key(|(s, _)| s.len());
         for (scope, text) in ordered {
-            if !self.program(text)?.allows(&input)? {
+            if !self.program(text)?.allows(&input).map_err(invalid)? {
                 return Err(KbsError::PolicyDeny(format!("{path}: policy {scope}")));
             }
         }

@@ -3,100 +3,25 @@
 //! violations that lowered it — each naming its rule, the offending value and what was expected.
 //!
 //! The verifier answers "is this evidence genuine"; this module answers "is it what we accept";
-//! [`crate::results`] signs the answer as an EAR.
+//! [`cgx_attestation::results`] signs the answer as an EAR. [`Appraiser`] is the one place the
+//! three steps run together, for `cgx appraise`, the KBS and (later) the broker.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use cgx_attestation::results::{
+    CPU_PART, Ear, Outcome, ResultSigner, Submod, TRUST_CLAIMS, Tier, Violation, claims_digest_of,
+    gpu_part,
+};
+use cgx_attestation::{Claims, EvidenceKind, VerifiedClaims, Verifier};
+use serde::Deserialize;
 
-use crate::claims::Claims;
-use crate::error::{Error, Result};
+use crate::Error;
+use crate::program::RegoProgram;
 
-/// Trust-vector claim names (draft-ietf-rats-ar4si §2.3), in EAR order.
-pub const TRUST_CLAIMS: [&str; 8] = [
-    "instance-identity",
-    "configuration",
-    "executables",
-    "file-system",
-    "hardware",
-    "runtime-opaque",
-    "storage-opaque",
-    "sourced-data",
-];
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The entry point every appraisal policy defines.
 pub const ENTRY_POINT: &str = "data.cgx.appraisal.result";
-
-/// AR4SI trustworthiness tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    None,
-    Affirming,
-    Warning,
-    Contraindicated,
-}
-
-impl Tier {
-    /// Tier of one AR4SI claim value: 0 none, 1 and -1..=31 affirming... per §2.3.1:
-    /// -1..=1 none, 2..=31 affirming, 32..=95 warning, 96..=127 contraindicated.
-    pub fn of(code: i64) -> Tier {
-        match code {
-            2..=31 => Tier::Affirming,
-            32..=95 => Tier::Warning,
-            96..=127 => Tier::Contraindicated,
-            _ => Tier::None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::None => "none",
-            Tier::Affirming => "affirming",
-            Tier::Warning => "warning",
-            Tier::Contraindicated => "contraindicated",
-        }
-    }
-}
-
-/// One reason the policy lowered a claim.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Violation {
-    pub rule: String,
-    pub claim: String,
-    pub code: i64,
-    pub value: serde_json::Value,
-    pub expected: serde_json::Value,
-}
-
-impl Violation {
-    /// `rule [claim code]: value (expected …)`, strings shown without JSON quotes.
-    pub fn describe(&self) -> String {
-        fn plain(v: &serde_json::Value) -> String {
-            match v {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            }
-        }
-        format!(
-            "{} [{} {}]: {} (expected {})",
-            self.rule,
-            self.claim,
-            self.code,
-            plain(&self.value),
-            plain(&self.expected)
-        )
-    }
-}
-
-/// What the policy decided about one piece of evidence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Outcome {
-    /// Overall tier: the worst tier among the set claims.
-    pub status: Tier,
-    pub trust_vector: BTreeMap<String, i64>,
-    pub violations: Vec<Violation>,
-}
 
 #[derive(Deserialize)]
 struct RawOutcome {
@@ -106,14 +31,10 @@ struct RawOutcome {
 
 /// A compiled appraisal policy with its reference values.
 ///
-/// The policy is compiled once to a regorus RVM program; evaluations run on VMs kept in a small
-/// pool (each VM already holds the program and the reference values), about five times faster
-/// than interpreting the compiled policy (`../shared/CRATES.md`).
+/// The policy is compiled once ([`RegoProgram`]: an RVM program, VMs pooled), its outcomes
+/// memoized by exact input when it is pure.
 pub struct PolicyEngine {
-    compiled: regorus::CompiledPolicy,
-    program: std::sync::Arc<regorus::rvm::Program>,
-    data: regorus::Value,
-    vms: std::sync::Mutex<Vec<regorus::rvm::RegoVM>>,
+    program: RegoProgram,
     /// The top-level claims the policy reads, when it only ever reads `input.<name>`; the input
     /// is then built from those alone. `None`: the policy sees all claims.
     reads: Option<Vec<String>>,
@@ -257,69 +178,33 @@ impl std::fmt::Debug for PolicyEngine {
 impl PolicyEngine {
     /// Compile `rego` with `reference_values` (JSON) placed under `data.reference`.
     pub fn new(name: &str, rego: &str, reference_values: &str) -> Result<Self> {
-        let bad = |what: &str, e: &dyn std::fmt::Display| Error::Policy {
-            detail: format!("{what}: {e}"),
-        };
         let reference: serde_json::Value =
-            serde_json::from_str(reference_values).map_err(|e| bad("reference values", &e))?;
+            serde_json::from_str(reference_values).map_err(|e| Error::Policy {
+                detail: format!("reference values: {e}"),
+            })?;
         if !reference.is_object() {
             return Err(Error::Policy {
                 detail: "reference values must be a JSON object".into(),
             });
         }
-        let mut engine = regorus::Engine::new();
-        engine
-            .add_policy(format!("{name}.rego"), rego.to_string())
-            .map_err(|e| bad("policy", &e))?;
         let golden = Golden::from_reference(&reference)?;
-        let reference_copy = reference.clone();
-        let data = serde_json::json!({ "reference": reference });
-        engine
-            .add_data(regorus::Value::from(data))
-            .map_err(|e| bad("reference values", &e))?;
-        let compiled = engine
-            .compile_with_entrypoint(&regorus::Rc::from(ENTRY_POINT))
-            .map_err(|e| bad("policy", &e))?;
-        let program = regorus::languages::rego::compiler::Compiler::compile_from_policy(
-            &compiled,
-            &[ENTRY_POINT],
-        )
-        .map_err(|e| bad("policy (RVM)", &e))?;
-        let digest =
-            crate::crypto::sha256(&[rego.as_bytes(), b"\0", reference_values.as_bytes()].concat());
+        let program = RegoProgram::compile(
+            &format!("{name}.rego"),
+            rego,
+            serde_json::json!({ "reference": reference }),
+            ENTRY_POINT,
+        )?;
+        let digest = aws_lc_rs::digest::digest(
+            &aws_lc_rs::digest::SHA256,
+            &[rego.as_bytes(), b"\0", reference_values.as_bytes()].concat(),
+        );
         Ok(PolicyEngine {
-            compiled,
             program,
-            data: regorus::Value::from(serde_json::json!({ "reference": reference_copy })),
-            vms: std::sync::Mutex::new(Vec::new()),
             golden,
             memo: is_pure(rego).then(|| std::sync::Mutex::new(std::collections::HashMap::new())),
             reads: input_fields(rego),
             id: format!("{name}@sha256:{}", hex::encode(digest)),
         })
-    }
-
-    fn run(&self, input: regorus::Value) -> std::result::Result<regorus::Value, String> {
-        let pooled = self.vms.lock().ok().and_then(|mut p| p.pop());
-        let mut vm = match pooled {
-            Some(vm) => vm,
-            None => {
-                let mut vm = regorus::rvm::RegoVM::new_with_policy(self.compiled.clone());
-                vm.load_program(self.program.clone());
-                vm.set_data(self.data.clone()).map_err(|e| e.to_string())?;
-                vm
-            }
-        };
-        vm.set_input(input);
-        let out = vm
-            .execute_entry_point_by_name(ENTRY_POINT)
-            .map_err(|e| e.to_string());
-        if let Ok(mut pool) = self.vms.lock()
-            && pool.len() < 64
-        {
-            pool.push(vm);
-        }
-        out
     }
 
     /// The claims the policy reads (`None`: all of them).
@@ -400,10 +285,7 @@ impl PolicyEngine {
     }
 
     fn evaluate_uncached(&self, input: serde_json::Value) -> Result<Outcome> {
-        let input = regorus::Value::from(input);
-        let out = self.run(input).map_err(|e| Error::Policy {
-            detail: format!("evaluation: {e}"),
-        })?;
+        let out = self.program.eval(regorus::Value::from(input))?;
         let json = serde_json::to_value(&out).map_err(|e| Error::Policy {
             detail: format!("result: {e}"),
         })?;
@@ -437,126 +319,196 @@ impl PolicyEngine {
     }
 }
 
-/// The whole appraisal of one piece of evidence: verify, evaluate policy, sign the result.
+/// The whole appraisal: verify, evaluate policy, sign the result. The only place these three
+/// steps run together — `cgx appraise`, the KBS and the broker all appraise through it.
+///
+/// The policy can be replaced while the appraiser serves (a KBS admin sets a new one); the
+/// verifier's chain caches survive that.
 #[derive(Debug)]
 pub struct Appraiser {
-    pub verifier: crate::Verifier,
-    pub engine: PolicyEngine,
-    pub signer: crate::results::ResultSigner,
+    verifier: Verifier,
+    engine: std::sync::RwLock<std::sync::Arc<PolicyEngine>>,
+    signer: ResultSigner,
 }
 
-/// An appraisal and its signed result.
-#[derive(Debug)]
-pub struct Appraised {
+/// One appraised part of an attestation: its EAR submodule name ([`CPU_PART`], `gpu0`, …),
+/// the verified claims and the policy's outcome.
+#[derive(Debug, Clone)]
+pub struct AppraisedPart {
+    pub name: String,
     pub claims: Claims,
     pub outcome: Outcome,
+}
+
+/// An appraisal and its signed result. Built only by [`Appraiser`], from claims only a
+/// [`Verifier`] builds: services act on this type, never on a result re-read from JSON.
+#[derive(Debug, Clone)]
+pub struct Appraisal {
+    parts: Vec<AppraisedPart>,
+    status: Tier,
+    ear: Ear,
+    token: String,
+}
+
+impl Appraisal {
+    /// The parts, CPU first, GPUs in the order the evidence bound them.
+    pub fn parts(&self) -> &[AppraisedPart] {
+        &self.parts
+    }
+
+    /// The worst tier among the parts.
+    pub fn status(&self) -> Tier {
+        self.status
+    }
+
     /// The EAR as a signed JWT.
-    pub token: String,
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The EAR that [`Appraisal::token`] signs.
+    pub fn ear(&self) -> &Ear {
+        &self.ear
+    }
+
+    /// Every part's violations, described as `part: rule [claim code]: value (expected …)`.
+    pub fn violations(&self) -> Vec<String> {
+        self.parts
+            .iter()
+            .flat_map(|p| {
+                p.outcome
+                    .violations
+                    .iter()
+                    .map(move |v| format!("{}: {}", p.name, v.describe()))
+            })
+            .collect()
+    }
+
+    /// The single part of a one-piece appraisal (the first part otherwise).
+    pub fn first(&self) -> Option<&AppraisedPart> {
+        self.parts.first()
+    }
+}
+
+/// The part name of one piece of evidence appraised alone: CPU evidence is [`CPU_PART`], a GPU's
+/// is `gpu0`, so a policy reads a single result as it reads a composite one.
+pub fn part_of(kind: EvidenceKind) -> String {
+    match kind {
+        EvidenceKind::Nvidia => gpu_part(0),
+        _ => CPU_PART.to_string(),
+    }
 }
 
 impl Appraiser {
-    /// Policy outcome and canonical claims digest, from one JSON rendering of the claims.
-    fn evaluate(&self, claims: &Claims) -> Result<(Outcome, [u8; 32])> {
-        let json = serde_json::to_value(claims).map_err(|e| Error::Policy {
-            detail: format!("claims: {e}"),
-        })?;
-        Ok((
-            self.engine.evaluate_json(&json)?,
-            crate::results::claims_digest_of(&json),
-        ))
+    pub fn new(verifier: Verifier, engine: PolicyEngine, signer: ResultSigner) -> Self {
+        Appraiser {
+            verifier,
+            engine: std::sync::RwLock::new(std::sync::Arc::new(engine)),
+            signer,
+        }
+    }
+
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
+    }
+
+    pub fn signer(&self) -> &ResultSigner {
+        &self.signer
+    }
+
+    /// The policy in force now.
+    pub fn engine(&self) -> std::sync::Arc<PolicyEngine> {
+        // A writer that panicked left a whole Arc behind: the lock's value is still sound.
+        match self.engine.read() {
+            Ok(e) => e.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replace the policy; appraisals already running finish under the old one.
+    pub fn set_engine(&self, engine: PolicyEngine) {
+        let engine = std::sync::Arc::new(engine);
+        match self.engine.write() {
+            Ok(mut e) => *e = engine,
+            Err(poisoned) => *poisoned.into_inner() = engine,
+        }
     }
 
     /// Verify `evidence` at `now`, appraise it, and sign an EAR issued at `issued_at` (Unix
     /// seconds) echoing `nonce` and binding `node_key` when given.
     pub fn appraise(
         &self,
-        evidence: &crate::Evidence<'_>,
+        evidence: &cgx_attestation::Evidence<'_>,
         now: time::OffsetDateTime,
         issued_at: i64,
         nonce: Option<&[u8]>,
         node_key: Option<&[u8]>,
-    ) -> Result<Appraised> {
-        let claims = self.verifier.verify(evidence, now)?.into_claims();
-        let (outcome, digest) = self.evaluate(&claims)?;
-        let name = claims.kind.as_str();
-        let ear = self.signer.build(
-            &[crate::results::Submod::of(name, &claims, digest, &outcome)],
-            self.engine.id(),
-            nonce,
-            node_key,
-            issued_at,
-        )?;
-        let token = self.signer.sign(&ear)?;
-        Ok(Appraised {
-            claims,
-            outcome,
-            token,
-        })
+    ) -> Result<Appraisal> {
+        let verified = self.verifier.verify(evidence, now)?;
+        let name = part_of(verified.claims().kind);
+        self.appraise_verified(vec![(name, verified)], issued_at, nonce, node_key)
     }
-}
 
-impl Appraiser {
     /// Appraise composite evidence (one CPU report bound to its GPUs, a broker nonce and the
-    /// node key; [`crate::binding`]): one EAR with a submodule per piece (`cpu`, `gpu0`, …),
-    /// echoing the nonce and carrying the node key the evidence bound.
+    /// node key; [`cgx_attestation::binding`]): one EAR with a submodule per piece ([`CPU_PART`],
+    /// `gpu0`, …), echoing the nonce and carrying the node key the evidence bound.
     pub fn appraise_composite(
         &self,
-        evidence: &crate::binding::CompositeEvidence<'_>,
+        evidence: &cgx_attestation::binding::CompositeEvidence<'_>,
         now: time::OffsetDateTime,
         issued_at: i64,
-    ) -> Result<AppraisedComposite> {
-        let verified = crate::binding::verify_composite(&self.verifier, evidence, now)?;
-        let mut parts: Vec<(String, Claims)> = vec![("cpu".into(), verified.cpu().clone())];
-        parts.extend(
-            verified
-                .gpus()
-                .enumerate()
-                .map(|(i, c)| (format!("gpu{i}"), c.clone())),
-        );
-        let (outcomes, digests): (Vec<_>, Vec<_>) = parts
+    ) -> Result<Appraisal> {
+        let verified = cgx_attestation::binding::verify_composite(&self.verifier, evidence, now)?;
+        let nonce = verified.nonce().to_vec();
+        let node_key = verified.node_pubkey().to_vec();
+        let parts = verified.into_parts();
+        self.appraise_verified(parts, issued_at, Some(&nonce), Some(&node_key))
+    }
+
+    /// Appraise parts that were verified (and bound) by the caller — the KBS verifies CoCo's
+    /// evidence shapes and checks their binding to its session itself — and sign one EAR.
+    pub fn appraise_verified(
+        &self,
+        parts: Vec<(String, VerifiedClaims)>,
+        issued_at: i64,
+        nonce: Option<&[u8]>,
+        node_key: Option<&[u8]>,
+    ) -> Result<Appraisal> {
+        let engine = self.engine();
+        let mut appraised = Vec::with_capacity(parts.len());
+        let mut digests = Vec::with_capacity(parts.len());
+        for (name, verified) in parts {
+            let claims = verified.into_claims();
+            let json = serde_json::to_value(&claims).map_err(|e| Error::Policy {
+                detail: format!("claims: {e}"),
+            })?;
+            let outcome = engine.evaluate_json(&json)?;
+            digests.push(claims_digest_of(&json));
+            appraised.push(AppraisedPart {
+                name,
+                claims,
+                outcome,
+            });
+        }
+        let submods: Vec<Submod<'_>> = appraised
             .iter()
-            .map(|(_, claims)| self.evaluate(claims))
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .unzip();
-        let submods: Vec<crate::results::Submod<'_>> = parts
-            .iter()
-            .zip(&outcomes)
             .zip(&digests)
-            .map(|(((name, claims), outcome), digest)| {
-                crate::results::Submod::of(name, claims, *digest, outcome)
-            })
+            .map(|(p, digest)| Submod::of(&p.name, &p.claims, *digest, &p.outcome))
             .collect();
-        let ear = self.signer.build(
-            &submods,
-            self.engine.id(),
-            Some(verified.nonce()),
-            Some(verified.node_pubkey()),
-            issued_at,
-        )?;
-        let status = outcomes
+        let ear = self
+            .signer
+            .build(&submods, engine.id(), nonce, node_key, issued_at)?;
+        let token = self.signer.sign(&ear)?;
+        let status = appraised
             .iter()
-            .map(|o| o.status)
+            .map(|p| p.outcome.status)
             .max()
             .unwrap_or(Tier::None);
-        let token = self.signer.sign(&ear)?;
-        Ok(AppraisedComposite {
-            parts: parts
-                .into_iter()
-                .zip(outcomes)
-                .map(|((n, c), o)| (n, c, o))
-                .collect(),
+        Ok(Appraisal {
+            parts: appraised,
             status,
+            ear,
             token,
         })
     }
-}
-
-/// A composite appraisal: each part's claims and outcome, the overall tier, the signed EAR.
-#[derive(Debug)]
-pub struct AppraisedComposite {
-    pub parts: Vec<(String, Claims, Outcome)>,
-    /// The worst tier among the parts.
-    pub status: Tier,
-    pub token: String,
 }

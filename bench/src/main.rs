@@ -1,0 +1,118 @@
+//! `cgx-bench`: cgx's benchmarks, run as `cgx bench verify|appraise|kbs` (the `cgx` binary
+//! hands `bench` to this program) or directly. Each benchmark reports a ratio against the bound
+//! it chases, measured in the same run; peers (`sev`, `dcap-qvl` on ring, ring's ECDSA) are
+//! linked here only, never into the user's `cgx`.
+
+mod attestation;
+mod kbs;
+
+// The KBS under `cgx bench kbs` runs in this process: the same allocator as `cgx kbs serve`.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A command's exit code, or a usage/runtime error printed as `cgx bench: …` (exit 2).
+pub type CliResult = Result<ExitCode, String>;
+
+/// Pretty JSON on stdout.
+pub fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
+    println!("{s}");
+    Ok(())
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cgx bench",
+    version,
+    about = "cgx benchmarks, each against the bound it chases"
+)]
+struct Cli {
+    #[command(subcommand)]
+    what: BenchWhat,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchWhat {
+    /// Full KBS flows per second (auth → attest → resource) with N concurrent clients, p50/p99;
+    /// then weights decryption GB/s against raw ChaCha20-Poly1305 by thread count.
+    Kbs {
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Also run paced at this many flows/s offered (latency under a fixed load); 0: skip.
+        #[arg(long, default_value_t = 1100.0)]
+        rate: f64,
+        /// Simulated GPUs per node (their evidence goes through attestation too).
+        #[arg(long, default_value_t = 0)]
+        gpus: usize,
+        /// Size of the weights file decrypted (MiB).
+        #[arg(long, default_value_t = 256)]
+        weights_mib: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Full appraisals per second (verify + policy + sign) against verification alone.
+    Appraise {
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        #[arg(long)]
+        vectors: Option<PathBuf>,
+    },
+    /// Verifications per second per kind on one core, against the raw signature bound.
+    Verify {
+        #[arg(long)]
+        json: bool,
+        /// Seconds per measurement round (5 rounds; the median is reported).
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Vectors folder for real evidence (default: $CGX_VECTORS or ../shared/vectors).
+        #[arg(long)]
+        vectors: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.what {
+        BenchWhat::Kbs {
+            clients,
+            seconds,
+            rate,
+            gpus,
+            weights_mib,
+            json,
+        } => kbs::bench(
+            clients,
+            seconds,
+            (rate > 0.0).then_some(rate),
+            gpus,
+            weights_mib,
+            json,
+        ),
+        BenchWhat::Appraise {
+            json,
+            seconds,
+            vectors,
+        } => attestation::appraise(json, seconds, vectors),
+        BenchWhat::Verify {
+            json,
+            seconds,
+            vectors,
+        } => attestation::verify(json, seconds, vectors),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cgx bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,125 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! `cgx bench verify|kbs` as scripts run them: the JSON shapes, ratios against their bounds,
+//! and usage errors.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn cgx(args: &[&str]) -> (i32, String, String) {
+    // `cgx bench X` runs `cgx-bench X`; the arguments after `bench` are the same.
+    let args = args.strip_prefix(&["bench"][..]).unwrap_or(args);
+    let out = Command::new(env!("CARGO_BIN_EXE_cgx-bench"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+fn vectors() -> Option<PathBuf> {
+    cgx_attestation::bundle::shared_vectors(Path::new(env!("CARGO_MANIFEST_DIR")))
+}
+
+#[test]
+fn bench_verify_reports_ratios_in_the_documented_shape() {
+    let (code, out, err) = cgx(&["bench", "verify", "--json", "--seconds", "0.05"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    for kind in ["snp", "nvidia"] {
+        for key in ["ops_per_s", "bound_ops_per_s", "ratio"] {
+            assert!(
+                v[kind][key].as_f64().is_some_and(|x| x > 0.0),
+                "{kind}.{key}: {v}"
+            );
+        }
+        assert!(v[kind].get("peer_ops_per_s").is_some());
+    }
+    assert!(v["snp"]["peer_ops_per_s"].as_f64().is_some_and(|x| x > 0.0));
+    // TDX needs the real vectors (there is no TDX simulator).
+    if vectors().is_some() {
+        assert!(v["tdx"]["ratio"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+        assert!(v["tdx"]["peer_ops_per_s"].as_f64().is_some_and(|x| x > 0.0));
+    } else {
+        assert!(v["tdx"]["skipped"].is_string());
+    }
+    let (code, _, _) = cgx(&["bench", "verify", "--seconds", "0"]);
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn bench_kbs_runs_full_flows_and_reports_latency_and_cpu() {
+    let (code, out, err) = cgx(&[
+        "bench",
+        "kbs",
+        "--clients",
+        "4",
+        "--seconds",
+        "0.5",
+        "--rate",
+        "40",
+        "--weights-mib",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    for run in ["closed_loop", "paced"] {
+        let r = &v["kbs"][run];
+        assert_eq!(r["errors"], 0, "{run}: {r}");
+        assert!(r["flows"].as_u64().is_some_and(|n| n > 0), "{run}: {r}");
+        for key in [
+            "p50_ms",
+            "p99_ms",
+            "kbs_cpu_ms_per_flow",
+            "client_cpu_ms_per_flow",
+        ] {
+            assert!(r[key].as_f64().is_some_and(|x| x > 0.0), "{run}.{key}: {r}");
+        }
+        assert!(r["p50_ms"].as_f64() <= r["p99_ms"].as_f64(), "{r}");
+        // What the machine did meanwhile: steal is a share, the probe woke ~200 times a second.
+        let steal = r["host_steal_pct"]
+            .as_f64()
+            .expect("steal read from /proc/stat");
+        assert!((0.0..=100.0).contains(&steal), "{run}: {r}");
+        assert!(r["stalls_over_10ms"].as_u64().is_some(), "{run}: {r}");
+        assert!(
+            r["longest_stall_ms"].as_f64().is_some_and(|x| x >= 0.0),
+            "{run}: {r}"
+        );
+        // Every report in the window was signed with a nonce made before the run.
+        assert_eq!(r["amd_sp_presigned"], true, "{run}: {r}");
+        // Every counted flow's JWE was opened and checked, after the window.
+        assert_eq!(r["jwes_opened_after_window"], r["flows"], "{run}: {r}");
+    }
+    // The bound: the public-key operations of one flow, timed in the same run.
+    for key in [
+        "crypto_floor_ms_per_flow",
+        "crypto_bound_per_s",
+        "vs_crypto_bound",
+    ] {
+        assert!(
+            v["kbs"][key].as_f64().is_some_and(|x| x > 0.0),
+            "{key}: {v}"
+        );
+    }
+    // Paced: about the offered 40 flows/s over 0.5 s, not as many as the KBS could do.
+    let paced = v["kbs"]["paced"]["flows"].as_u64().unwrap_or(0);
+    assert!((10..=30).contains(&paced), "{paced} paced flows");
+    assert!(
+        v["weights"]["by_threads"][0]["ratio"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0)
+    );
+    let (code, _, err) = cgx(&["bench", "kbs", "--clients", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--clients"), "{err}");
+}

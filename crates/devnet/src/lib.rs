@@ -1,0 +1,329 @@
+//! A loopback development network: a KBS on `127.0.0.1:0` (plain HTTP, SQLite in a temporary
+//! folder unless a database URL is given) trusting the simulator roots and launch measurement
+//! of the simulated nodes it is set up for, with an admin key for every repository, a tenant
+//! admin key for `tenant-a`, and a broker key that signs leases.
+//!
+//! One setup serves the test suites of every crate, the benchmarks and `cgx up`, so they all
+//! exercise the KBS as it is configured in production, through its public configuration.
+//! Development only: keys are generated per setup and the folder is removed on [`Setup::cleanup`].
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use cgx_kbs::server::config::{AdminKey, AppraisalConfig, KbsConfig, KekSource};
+use cgx_kbs::server::{Running, start};
+use cgx_kbs::sim::SimNode;
+use serde_json::json;
+
+/// Launch measurement of the simulated nodes the default reference values accept.
+pub const MEASUREMENT: [u8; 48] = [0x5A; 48];
+
+/// What can go wrong setting up or driving the development network.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DevnetError {
+    #[error("{path}: {detail}")]
+    Io { path: String, detail: String },
+    #[error("key generation failed")]
+    Keys,
+    #[error("KBS: {0}")]
+    Kbs(String),
+    #[error("{url}: HTTP {status}: {body}")]
+    Http {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("{0}")]
+    Simulator(String),
+}
+
+type Result<T, E = DevnetError> = std::result::Result<T, E>;
+
+fn io(path: &Path, e: std::io::Error) -> DevnetError {
+    DevnetError::Io {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
+}
+
+/// Unix seconds now (the development network's tokens are issued against the wall clock).
+pub fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// A fresh, empty folder under the system's temporary folder, unique to this process and call.
+pub fn temp_dir(name: &str) -> Result<PathBuf> {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let p = std::env::temp_dir().join(format!(
+        "cgx-{}-{}-{name}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).map_err(|e| io(&p, e))?;
+    Ok(p)
+}
+
+/// A simulated confidential VM (SNP report, `gpus` simulated H100s) measured as
+/// [`MEASUREMENT`].
+pub fn node(gpus: usize) -> Result<SimNode> {
+    SimNode::generate(gpus, MEASUREMENT, now()).map_err(|e| DevnetError::Simulator(e.to_string()))
+}
+
+/// An Ed25519 key: PKCS#8 for signing, the raw public key in base64 for a KBS configuration.
+#[derive(Clone)]
+pub struct Ed {
+    pub pkcs8: Vec<u8>,
+    pub public_b64: String,
+}
+
+impl std::fmt::Debug for Ed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ed")
+            .field("public_b64", &self.public_b64)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ed {
+    pub fn generate() -> Result<Ed> {
+        let doc = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map_err(|_| DevnetError::Keys)?;
+        let kp = Ed25519KeyPair::from_pkcs8(doc.as_ref()).map_err(|_| DevnetError::Keys)?;
+        Ok(Ed {
+            pkcs8: doc.as_ref().to_vec(),
+            public_b64: STANDARD.encode(kp.public_key().as_ref()),
+        })
+    }
+
+    /// An admin bearer token (as CoCo's kbs-client makes them), valid for five minutes.
+    pub fn admin_token(&self) -> Result<String> {
+        cgx_kbs::server::jwt::sign_eddsa(&self.pkcs8, &json!({"iat": now(), "exp": now() + 300}))
+            .map_err(DevnetError::Kbs)
+    }
+
+    /// A broker lease for `node_key` (RFC 7638 thumbprint of the TEE key) covering `resources`.
+    pub fn lease(
+        &self,
+        lease: &str,
+        resources: &[&str],
+        node_key: &str,
+        exp: i64,
+    ) -> Result<String> {
+        cgx_kbs::server::jwt::sign_eddsa(
+            &self.pkcs8,
+            &json!({"lease": lease, "resources": resources, "node_key": node_key,
+                    "iat": now(), "exp": exp}),
+        )
+        .map_err(DevnetError::Kbs)
+    }
+}
+
+/// Everything a development KBS needs, kept so that a second replica or a restart shares it.
+#[derive(Debug)]
+pub struct Setup {
+    pub dir: PathBuf,
+    pub database: String,
+    /// May change every repository and the global settings.
+    pub admin: Ed,
+    /// May change repository `tenant-a` only.
+    pub tenant_admin: Ed,
+    /// Signs leases.
+    pub broker: Ed,
+    /// Simulator root pins the KBS trusts.
+    pub pins: Vec<[u8; 32]>,
+    pub config: KbsConfig,
+}
+
+/// A KBS configuration for `nodes` (their simulator roots trusted, [`MEASUREMENT`] accepted,
+/// OCSP not required of simulated GPUs), in a fresh temporary folder, on `database` or SQLite
+/// there.
+pub fn setup(nodes: &[&SimNode], database: Option<String>) -> Result<Setup> {
+    let pins: Vec<[u8; 32]> = nodes.iter().flat_map(|n| n.root_pins()).collect();
+    let measurements: Vec<String> = nodes.iter().map(|n| hex::encode(n.measurement)).collect();
+    setup_with(
+        pins.iter().map(hex::encode).collect(),
+        pins,
+        measurements,
+        database,
+    )
+}
+
+/// A KBS configuration that trusts every simulator root (`sim_roots: ["*"]`) and accepts
+/// `measurement`: for nodes made in another process (a guest agent run with `--sim`), whose
+/// roots cannot be pinned ahead.
+pub fn setup_any_sim(measurement: [u8; 48]) -> Result<Setup> {
+    setup_with(
+        vec!["*".into()],
+        Vec::new(),
+        vec![hex::encode(measurement)],
+        None,
+    )
+}
+
+fn setup_with(
+    sim_roots: Vec<String>,
+    pins: Vec<[u8; 32]>,
+    measurements: Vec<String>,
+    database: Option<String>,
+) -> Result<Setup> {
+    let dir = temp_dir("kbs")?;
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).map_err(|e| io(&p, e))
+    };
+    let mut kek = [0u8; 32];
+    aws_lc_rs::rand::fill(&mut kek).map_err(|_| DevnetError::Keys)?;
+    write("kek.hex", hex::encode(kek).as_bytes())?;
+    let result_key = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
+        &aws_lc_rs::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        &aws_lc_rs::rand::SystemRandom::new(),
+    )
+    .map_err(|_| DevnetError::Keys)?;
+    write("ear.pk8", result_key.as_ref())?;
+    let refs = json!({
+        "allow_sim": "affirming",
+        "snp": {"measurements": measurements},
+        "nvidia": {"require_ocsp": false}
+    });
+    write("refs.json", refs.to_string().as_bytes())?;
+    let database = database.unwrap_or_else(|| format!("sqlite://{}", dir.join("kbs.db").display()));
+    let admin = Ed::generate()?;
+    let tenant_admin = Ed::generate()?;
+    let broker = Ed::generate()?;
+    let config = KbsConfig {
+        listen: "127.0.0.1:0".into(),
+        tls: None,
+        insecure_dev: true,
+        database: database.clone(),
+        kek: KekSource::File(dir.join("kek.hex")),
+        admin_keys: vec![
+            AdminKey {
+                public_key: admin.public_b64.clone(),
+                repositories: vec!["*".into()],
+            },
+            AdminKey {
+                public_key: tenant_admin.public_b64.clone(),
+                repositories: vec!["tenant-a".into()],
+            },
+        ],
+        broker_keys: vec![broker.public_b64.clone()],
+        result_key: Some(dir.join("ear.pk8")),
+        sim_roots,
+        allow_sample: false,
+        nonce_ttl_secs: 60,
+        session_ttl_secs: 300,
+        collateral: Default::default(),
+        appraisal: AppraisalConfig {
+            policy: None,
+            reference_values: Some(dir.join("refs.json")),
+        },
+    };
+    Ok(Setup {
+        dir,
+        database,
+        admin,
+        tenant_admin,
+        broker,
+        pins,
+        config,
+    })
+}
+
+impl Setup {
+    /// Remove the setup's folder (its SQLite database, keys and reference values).
+    pub fn cleanup(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A KBS running on its own runtime (two workers, named `thread_name` so a benchmark can tell
+/// the server's CPU time from its clients'); shut down gracefully on [`Server::stop`] or drop.
+pub struct Server {
+    pub base: String,
+    pub addr: std::net::SocketAddr,
+    rt: tokio::runtime::Runtime,
+    running: Option<Running>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    pub fn start(config: &KbsConfig) -> Result<Server> {
+        Self::start_named(config, "kbs-server")
+    }
+
+    pub fn start_named(config: &KbsConfig, thread_name: &str) -> Result<Server> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(thread_name)
+            .enable_all()
+            .build()
+            .map_err(|e| DevnetError::Kbs(e.to_string()))?;
+        let running = rt
+            .block_on(start(config))
+            .map_err(|e| DevnetError::Kbs(e.to_string()))?;
+        Ok(Server {
+            base: format!("http://{}", running.addr),
+            addr: running.addr,
+            rt,
+            running: Some(running),
+        })
+    }
+
+    /// Drain and stop.
+    pub fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            self.rt.block_on(r.shutdown());
+        }
+    }
+
+    /// Store `value` at `path` through the admin API (`lease_required`: a job resource).
+    pub fn put_resource(
+        &self,
+        admin: &Ed,
+        path: &str,
+        value: &[u8],
+        lease_required: bool,
+    ) -> Result<()> {
+        let q = if lease_required {
+            "?lease=required"
+        } else {
+            ""
+        };
+        let url = format!("{}/kbs/v0/resource/{path}{q}", self.base);
+        let agent = cgx_kbs::client::agent(None).map_err(|e| DevnetError::Kbs(e.to_string()))?;
+        let mut resp = agent
+            .post(&url)
+            .header("authorization", &format!("Bearer {}", admin.admin_token()?))
+            .send(value)
+            .map_err(|e| DevnetError::Kbs(format!("{url}: {e}")))?;
+        let status = resp.status().as_u16();
+        if status != 200 {
+            return Err(DevnetError::Http {
+                url,
+                status,
+                body: resp.body_mut().read_to_string().unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            self.rt.block_on(r.shutdown());
+        }
+    }
+}
