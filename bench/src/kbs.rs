@@ -435,16 +435,16 @@ async fn read_more(
 }
 
 /// One full flow as a guest does it, through the client library's protocol steps
-/// ([`cgx_kbs::client::rcar`]) with the guest's TEE key `key`: `auth`, evidence bound to the
+/// ([`cgx_protocol::kbs::rcar`]) with the guest's TEE key `key`: `auth`, evidence bound to the
 /// nonce and key, `attest`, `resource`, and the JWE decrypted with the TEE key.
 /// One full flow; answers the released resource as the KBS sent it (a JWE to `key`), which
 /// [`opened`] checks.
 async fn flow(
     conn: &mut Conn,
     node: &cgx_kbs::sim::SimNode,
-    key: &cgx_kbs::jwe::TeeKey,
-) -> Result<cgx_kbs::kbs_types::Response, String> {
-    use cgx_kbs::client::{EvidenceSource, rcar};
+    key: &cgx_protocol::kbs::jwe::TeeKey,
+) -> Result<cgx_protocol::kbs_types::Response, String> {
+    use cgx_protocol::kbs::rcar::{self, EvidenceSource};
     let e = |e: cgx_kbs::client::ClientError| e.to_string();
     let (status, body, set_cookie) = conn
         .request(
@@ -475,7 +475,10 @@ async fn flow(
 }
 
 /// The guest's side after a flow: decrypt the released JWE and check it is the resource.
-fn opened(key: &cgx_kbs::jwe::TeeKey, jwe: &cgx_kbs::kbs_types::Response) -> Result<(), String> {
+fn opened(
+    key: &cgx_protocol::kbs::jwe::TeeKey,
+    jwe: &cgx_protocol::kbs_types::Response,
+) -> Result<(), String> {
     let value = key.decrypt(jwe).map_err(|e| e.to_string())?;
     (value == BENCH_VALUE)
         .then_some(())
@@ -500,8 +503,9 @@ fn warmup(secs: f64) -> f64 {
 
 /// A guest's TEE key pair. Like CoCo's KBS client (its builder makes one key and every later
 /// attestation reuses it), each simulated guest makes one and keeps it for all its sessions.
-fn tee_key() -> Result<cgx_kbs::jwe::TeeKey, String> {
-    cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256).map_err(|e| e.to_string())
+fn tee_key() -> Result<cgx_protocol::kbs::jwe::TeeKey, String> {
+    cgx_protocol::kbs::jwe::TeeKey::generate_ec(cgx_protocol::kbs::jwe::Curve::P256)
+        .map_err(|e| e.to_string())
 }
 
 /// `clients` simulated guests, each on its own connection, doing full flows for `secs` after a

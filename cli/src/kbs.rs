@@ -273,7 +273,7 @@ pub fn up_release(node: &cgx_kbs::sim::SimNode) -> Result<(), String> {
             .lease(
                 "lease-1",
                 &[path],
-                &cgx_kbs::jwe::thumbprint(&tee),
+                &cgx_protocol::kbs::jwe::thumbprint(&tee),
                 now() + 600,
             )
             .map_err(|e| e.to_string())?;

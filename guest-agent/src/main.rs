@@ -17,9 +17,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+mod evidence;
+
 use cgx_age::Identity;
-use cgx_kbs::client::{ConfigfsTsm, EvidenceSource, KbsClient};
-use cgx_kbs::jwe::{Curve, TeeKey};
+use cgx_kbs::client::KbsClient;
+use cgx_protocol::kbs::jwe::{Curve, TeeKey};
+use cgx_protocol::kbs::rcar::EvidenceSource;
+use evidence::ConfigfsTsm;
 
 const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
 

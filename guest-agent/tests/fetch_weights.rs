@@ -80,21 +80,23 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
     assert!(!Path::new(&p("out0.bin")).exists());
 
     // The node key the broker knows: a lease names it; the agent attests with it.
-    let node = cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256).unwrap();
+    let node =
+        cgx_protocol::kbs::jwe::TeeKey::generate_ec(cgx_protocol::kbs::jwe::Curve::P256).unwrap();
     std::fs::write(dir.join("node.pk8"), node.ec_pkcs8().unwrap()).unwrap();
-    let lease_for = |key: &cgx_kbs::jwe::TeeKey| {
+    let lease_for = |key: &cgx_protocol::kbs::jwe::TeeKey| {
         setup
             .broker
             .lease(
                 "job-7",
                 &["acme/weights/llama"],
-                &cgx_kbs::jwe::thumbprint(&key.public().unwrap()),
+                &cgx_protocol::kbs::jwe::thumbprint(&key.public().unwrap()),
                 cgx_devnet::now() + 600,
             )
             .unwrap()
     };
     // A lease for another node is refused.
-    let other = cgx_kbs::jwe::TeeKey::generate_ec(cgx_kbs::jwe::Curve::P256).unwrap();
+    let other =
+        cgx_protocol::kbs::jwe::TeeKey::generate_ec(cgx_protocol::kbs::jwe::Curve::P256).unwrap();
     let (ok, err) = agent(&[
         "fetch-weights",
         "--kbs",

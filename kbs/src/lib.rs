@@ -3,16 +3,9 @@
 //! as affirming, that the resource's release policies allow, and — for job resources — that
 //! holds a lease naming its key.
 //!
-//! Without the `server` feature this crate is what the guest needs: the protocol messages
-//! ([`kbs_types`]), the binding CoCo uses ([`binding`]), JWE ([`jwe`]) and canonical JSON
-//! ([`jcs`]). The age file format of the weights is its own crate, `cgx-age`.
-
-pub mod binding;
-pub mod der;
-pub mod jcs;
-pub mod jwe;
-
-pub use kbs_types;
+//! The protocol itself (messages, steps, JWE, binding) is `cgx-protocol`'s; this crate holds
+//! the service (feature `server`), a client carrying the protocol over ureq (feature `client`,
+//! what the guest agent links) and simulated evidence in CoCo's shapes (feature `sim`).
 
 #[cfg(feature = "client")]
 pub mod client;

@@ -7,7 +7,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use cgx_attestation::bundle::Bundle;
 use cgx_attestation::sim::{SimAmd, SimGpu, SnpReportOptions};
-use kbs_types::{Tee, TeePubKey};
+use cgx_protocol::kbs_types::{Tee, TeePubKey};
 use serde_json::{Value, json};
 
 use crate::client::{ClientError, EvidenceSource};
@@ -94,7 +94,7 @@ impl EvidenceSource for SimNode {
         if self.gpus.is_empty() {
             return Ok(String::new());
         }
-        let gpu_nonce = crate::binding::nvidia_nonce(nonce, key);
+        let gpu_nonce = cgx_protocol::kbs::binding::nvidia_nonce(nonce, key);
         let list = self
             .gpus
             .iter()

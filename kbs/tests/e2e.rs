@@ -5,8 +5,9 @@
 mod common;
 
 use base64::Engine;
-use cgx_kbs::client::{EvidenceSource, KbsClient};
-use cgx_kbs::jwe::thumbprint;
+use cgx_kbs::client::KbsClient;
+use cgx_protocol::kbs::jwe::thumbprint;
+use cgx_protocol::kbs::rcar::EvidenceSource;
 use common::*;
 use serde_json::json;
 
@@ -51,7 +52,7 @@ fn handshake_and_release_with_gpus_and_every_refusal() {
         None,
     );
     assert_eq!(st, 200, "{}", String::from_utf8_lossy(&body));
-    let jwe: cgx_kbs::kbs_types::Response = serde_json::from_slice(&body).unwrap();
+    let jwe: cgx_protocol::kbs_types::Response = serde_json::from_slice(&body).unwrap();
     assert_eq!(c.tee_key().decrypt(&jwe).unwrap(), b"the model key");
 
     // Tampered JWE: refused by the client.
@@ -350,14 +351,14 @@ fn sessions_expire_and_sample_evidence_is_refused() {
     let srv = Server::start(&s2.config);
     put_resource(&srv.base, &s2.admin, "tenant-a/key/k", b"k", false);
     struct Sample;
-    impl cgx_kbs::client::EvidenceSource for Sample {
-        fn tee(&self) -> cgx_kbs::kbs_types::Tee {
-            cgx_kbs::kbs_types::Tee::Sample
+    impl cgx_protocol::kbs::rcar::EvidenceSource for Sample {
+        fn tee(&self) -> cgx_protocol::kbs_types::Tee {
+            cgx_protocol::kbs_types::Tee::Sample
         }
         fn additional_evidence(
             &self,
             _: &str,
-            _: &cgx_kbs::kbs_types::TeePubKey,
+            _: &cgx_protocol::kbs_types::TeePubKey,
         ) -> Result<String, cgx_kbs::client::ClientError> {
             Ok(String::new())
         }
@@ -568,7 +569,7 @@ fn init_data_must_match_host_data() {
     let mut host_data = [0u8; 32];
     host_data.copy_from_slice(&digest.as_ref()[..32]);
     let launched = n.with_host_data(host_data);
-    let init = cgx_kbs::kbs_types::InitData {
+    let init = cgx_protocol::kbs_types::InitData {
         format: "toml".into(),
         body: body.into(),
     };
@@ -583,7 +584,7 @@ fn init_data_must_match_host_data() {
     let mut c = client(&srv.base);
     let nonce = c.auth(launched.tee()).unwrap();
     let mut att = c.attestation(&launched, &nonce).unwrap();
-    att.init_data = Some(cgx_kbs::kbs_types::InitData {
+    att.init_data = Some(cgx_protocol::kbs_types::InitData {
         format: "toml".into(),
         body: body.replace("allow", "deny"),
     });

@@ -12,8 +12,8 @@
 //! - `sample` (only with `allow_sample`): `{"svn", "report_data": base64}`, unsigned; it is
 //!   appraised as sim evidence, which the default policy refuses.
 //!
-//! The CPU report data must equal [`crate::binding::cpu_report_data`] and each GPU's SPDM
-//! nonce [`crate::binding::nvidia_nonce`] for this session's nonce and TEE key.
+//! The CPU report data must equal [`cgx_protocol::kbs::binding::cpu_report_data`] and each GPU's SPDM
+//! nonce [`cgx_protocol::kbs::binding::nvidia_nonce`] for this session's nonce and TEE key.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -22,7 +22,7 @@ use cgx_attestation::collateral::fetch::CollateralSource;
 use cgx_attestation::results::{CPU_PART, gpu_part};
 use cgx_attestation::{Evidence, KindClaims, VerifiedClaims, nvidia, sample, snp, tdx};
 use cgx_policies::{Appraisal, Appraiser, PolicyEngine};
-use kbs_types::{Attestation, Tee};
+use cgx_protocol::kbs_types::{Attestation, Tee};
 use serde_json::Value;
 
 use super::error::KbsError;
@@ -48,7 +48,7 @@ fn failed(what: impl std::fmt::Display) -> KbsError {
 }
 
 fn pem(der: &[u8]) -> String {
-    crate::der::pem("CERTIFICATE", der)
+    cgx_protocol::kbs::der::pem("CERTIFICATE", der)
 }
 
 /// Bytes given as a JSON array of numbers, base64 or hex.
@@ -158,7 +158,7 @@ impl Attester {
         }
         let key = &att.runtime_data.tee_pubkey;
         let additional = att.tee_evidence.additional_evidence.as_str();
-        let expected = crate::binding::cpu_report_data(nonce, key, additional);
+        let expected = cgx_protocol::kbs::binding::cpu_report_data(nonce, key, additional);
         let t = now.unix_timestamp();
         let primary = &att.tee_evidence.primary_evidence;
         let cpu = match tee {
@@ -177,7 +177,7 @@ impl Attester {
         }
         let mut parts = vec![(CPU_PART.to_string(), cpu)];
         if !additional.trim().is_empty() {
-            let gpu_nonce = crate::binding::nvidia_nonce(nonce, key);
+            let gpu_nonce = cgx_protocol::kbs::binding::nvidia_nonce(nonce, key);
             for (i, claims) in self
                 .gpu_claims(additional, &gpu_nonce, t, now)?
                 .into_iter()
@@ -186,7 +186,7 @@ impl Attester {
                 parts.push((gpu_part(i), claims));
             }
         }
-        let node_key = crate::jcs::canonical(
+        let node_key = cgx_protocol::kbs::jcs::canonical(
             &serde_json::to_value(key).map_err(|e| KbsError::Internal(e.to_string()))?,
         );
         self.appraiser

@@ -21,7 +21,7 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use cgx_attestation::results::Tier;
 use cgx_policies::PolicyEngine;
-use kbs_types::{Attestation, Challenge, Request, Tee};
+use cgx_protocol::kbs_types::{Attestation, Challenge, Request, Tee};
 use serde_json::{Value, json};
 
 use super::error::KbsError;
@@ -339,8 +339,9 @@ async fn release(
             "{path} is a job resource and needs a lease token (query parameter lease)"
         )));
     }
-    let jwe = crate::jwe::encrypt(key, &resource.value).map_err(|e| match e {
-        crate::jwe::JweError::UnsupportedKey(_) | crate::jwe::JweError::InvalidKey(_) => {
+    let jwe = cgx_protocol::kbs::jwe::encrypt(key, &resource.value).map_err(|e| match e {
+        cgx_protocol::kbs::jwe::JweError::UnsupportedKey(_)
+        | cgx_protocol::kbs::jwe::JweError::InvalidKey(_) => {
             KbsError::InvalidRequest(format!("TEE key: {e}"))
         }
         e => KbsError::Jwe(e.to_string()),
@@ -351,7 +352,7 @@ async fn release(
             "release",
             &path,
             &json!({
-                "tee_key": crate::jwe::thumbprint(key),
+                "tee_key": cgx_protocol::kbs::jwe::thumbprint(key),
                 "lease": lease.as_ref().and_then(|l| l.get("lease")).cloned(),
             }),
         )

@@ -65,7 +65,7 @@ pub struct Kbs {
 #[derive(Debug)]
 pub(crate) struct LiveSession {
     pub expires_at: i64,
-    pub tee_pubkey: kbs_types::TeePubKey,
+    pub tee_pubkey: cgx_protocol::kbs_types::TeePubKey,
     pub ear: Ear,
 }
 
@@ -199,7 +199,7 @@ impl Kbs {
     pub(crate) fn remember_session(
         &self,
         id: &str,
-        tee_pubkey: kbs_types::TeePubKey,
+        tee_pubkey: cgx_protocol::kbs_types::TeePubKey,
         ear: Ear,
         expires_at: i64,
     ) {
@@ -255,7 +255,7 @@ impl Kbs {
             .submods
             .get(cgx_attestation::results::CPU_PART)
             .and_then(|cpu| cpu.node_key())
-            .and_then(|k| serde_json::from_slice::<kbs_types::TeePubKey>(&k).ok())
+            .and_then(|k| serde_json::from_slice::<cgx_protocol::kbs_types::TeePubKey>(&k).ok())
             .ok_or_else(|| KbsError::TokenInvalid("the token binds no TEE key".into()))?;
         Ok(LiveSession {
             expires_at: ear.exp.unwrap_or(0),

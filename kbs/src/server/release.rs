@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cgx_policies::release::{ReleaseInput, ReleasePolicy};
-use kbs_types::TeePubKey;
+use cgx_protocol::kbs_types::TeePubKey;
 use serde_json::Value;
 
 use super::error::KbsError;
@@ -130,7 +130,7 @@ pub fn check_lease(
         )));
     }
     let node_key = claims.get("node_key").and_then(Value::as_str).unwrap_or("");
-    let attested = crate::jwe::thumbprint(tee);
+    let attested = cgx_protocol::kbs::jwe::thumbprint(tee);
     if node_key != attested {
         return Err(KbsError::LeaseInvalid(format!(
             "lease {lease} is for node key {node_key}, this session attested {attested}"

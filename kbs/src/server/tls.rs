@@ -7,7 +7,7 @@ use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair
 
 use super::error::KbsError;
 
-use crate::der::{pem, seq, tlv};
+use cgx_protocol::kbs::der::{pem, seq, tlv};
 
 fn oid(arcs: &[u8]) -> Vec<u8> {
     tlv(0x06, arcs)

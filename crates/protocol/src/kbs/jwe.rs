@@ -139,7 +139,7 @@ fn concat_kdf(z: &[u8], alg: &str) -> [u8; 32] {
 
 /// RSA SubjectPublicKeyInfo DER from big-endian modulus and exponent.
 fn rsa_spki(n: &[u8], e: &[u8]) -> Vec<u8> {
-    use crate::der::{seq, tlv, uint};
+    use crate::kbs::der::{seq, tlv, uint};
     let rsa_key = seq(&[uint(n), uint(e)]);
     let mut bits = vec![0u8];
     bits.extend_from_slice(&rsa_key);
@@ -419,7 +419,7 @@ impl TeeKey {
 
 /// (n, e) from an RSA SubjectPublicKeyInfo DER.
 fn rsa_components(spki: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-    use crate::der::read;
+    use crate::kbs::der::read;
     let (0x30, spki, _) = read(spki)? else {
         return None;
     };
@@ -457,7 +457,7 @@ pub fn thumbprint(tee: &TeePubKey) -> String {
     };
     let digest = aws_lc_rs::digest::digest(
         &aws_lc_rs::digest::SHA256,
-        crate::jcs::canonical(&members).as_bytes(),
+        crate::kbs::jcs::canonical(&members).as_bytes(),
     );
     B64.encode(digest.as_ref())
 }

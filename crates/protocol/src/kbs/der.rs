@@ -2,7 +2,7 @@
 //! certificate) and PEM armour.
 
 /// One TLV with a definite length.
-pub(crate) fn tlv(tag: u8, v: &[u8]) -> Vec<u8> {
+pub fn tlv(tag: u8, v: &[u8]) -> Vec<u8> {
     let mut out = vec![tag];
     let len = v.len();
     if len < 0x80 {
@@ -17,12 +17,12 @@ pub(crate) fn tlv(tag: u8, v: &[u8]) -> Vec<u8> {
     out
 }
 
-pub(crate) fn seq(parts: &[Vec<u8>]) -> Vec<u8> {
+pub fn seq(parts: &[Vec<u8>]) -> Vec<u8> {
     tlv(0x30, &parts.concat())
 }
 
 /// An unsigned INTEGER from big-endian magnitude bytes.
-pub(crate) fn uint(v: &[u8]) -> Vec<u8> {
+pub fn uint(v: &[u8]) -> Vec<u8> {
     let skip = v.iter().take_while(|&&b| b == 0).count();
     let mut m = v[skip..].to_vec();
     if m.first().is_none_or(|b| b & 0x80 != 0) {
@@ -32,7 +32,7 @@ pub(crate) fn uint(v: &[u8]) -> Vec<u8> {
 }
 
 /// Read one TLV: (tag, value, rest); `None` on any malformation.
-pub(crate) fn read(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+pub fn read(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = input.split_first()?;
     let (&first, rest) = rest.split_first()?;
     let (len, rest) = if first & 0x80 == 0 {

@@ -1,0 +1,7 @@
+//! The KBS protocol as CoCo's clients speak it.
+
+pub mod binding;
+pub mod der;
+pub mod jcs;
+pub mod jwe;
+pub mod rcar;

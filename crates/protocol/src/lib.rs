@@ -1,0 +1,11 @@
+//! cgx's wire protocols as types and plain functions: no sockets, no files, no clock. A
+//! transport (a ureq client, a load generator, a test) carries the bytes these build and read.
+//!
+//! - [`kbs`]: the Confidential Containers KBS handshake (RCAR) with the messages of
+//!   [`kbs_types`], CoCo's runtime-data binding, resource JWEs and canonical JSON.
+//!
+//! The guest agent links this crate; keep it small.
+
+pub mod kbs;
+
+pub use kbs_types;
