@@ -52,7 +52,7 @@ fn now() -> i64 {
 fn admin_token(key: &Path, ttl: i64) -> Result<String, String> {
     let der = std::fs::read(key).map_err(|e| format!("{}: {e}", key.display()))?;
     let der = pem_or_der(&der, "PRIVATE KEY");
-    cgx_kbs::server::jwt::sign_eddsa(&der, &json!({"iat": now(), "exp": now() + ttl}))
+    cgx_service::jwt::sign_eddsa(&der, &json!({"iat": now(), "exp": now() + ttl}))
 }
 
 fn pem_or_der(bytes: &[u8], label: &str) -> Vec<u8> {
@@ -82,7 +82,7 @@ pub fn dev_cert(out: &Path, names: &[String]) -> CliResult {
     } else {
         names.iter().map(String::as_str).collect()
     };
-    let (cert, key) = cgx_kbs::server::tls::self_signed(&names).map_err(|e| e.to_string())?;
+    let (cert, key) = cgx_service::tls::self_signed(&names).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     std::fs::write(out.join("dev.crt"), cert).map_err(|e| e.to_string())?;
     let key_path = out.join("dev.key");

@@ -294,26 +294,31 @@ fn leases_bind_job_resources_to_the_attested_node() {
 fn sessions_expire_and_sample_evidence_is_refused() {
     let n = node(0);
     let mut s = setup(&[&n], None);
-    // Expiries are whole seconds: a TTL of 2 leaves at least one full second for the steps
-    // that must succeed (a TTL of 1 could lapse between attest and resource when a second
-    // ticked over in between), and 3.1 s of sleep is past any of them.
+    // The KBS runs on a manual clock: expiry is tested by moving it, not by sleeping.
     s.config.session_ttl_secs = 2;
     s.config.nonce_ttl_secs = 2;
-    let srv = Server::start(&s.config);
+    let clock = cgx_service::clock::ManualClock::default();
+    let srv = Server::start_with_clock(&s.config, clock.shared());
     let base = srv.base.clone();
     put_resource(&base, &s.admin, "tenant-a/key/k", b"k", false);
     // Expired session.
     let mut c = client(&base);
     c.attest(&n).unwrap();
     assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"k");
-    std::thread::sleep(std::time::Duration::from_millis(3100));
+    clock.advance(1);
+    assert_eq!(
+        c.resource("tenant-a/key/k", None).unwrap(),
+        b"k",
+        "one second left"
+    );
+    clock.advance(1);
     let e = c.resource("tenant-a/key/k", None).unwrap_err();
     assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
     // Expired challenge.
     let mut late = client(&base);
     let nonce = late.auth(n.tee()).unwrap();
     let att = late.attestation(&n, &nonce).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(3100));
+    clock.advance(2);
     let e = late.send_attestation(&att).unwrap_err();
     assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
     // Protocol errors.
@@ -501,14 +506,15 @@ fn bad_configs_are_refused() {
     s.config.insecure_dev = true;
     s.config.database = "mysql://x".into();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    assert!(rt.block_on(cgx_kbs::server::Kbs::new(&s.config)).is_err());
+    let e = rt.block_on(cgx_kbs::server::start(&s.config)).unwrap_err();
+    assert!(e.to_string().contains("sqlite://"), "{e}");
 }
 
 #[test]
 fn tls_by_default() {
     let n = node(0);
     let mut s = setup(&[&n], None);
-    let (cert, key) = cgx_kbs::server::tls::self_signed(&["localhost", "127.0.0.1"]).unwrap();
+    let (cert, key) = cgx_service::tls::self_signed(&["localhost", "127.0.0.1"]).unwrap();
     std::fs::write(s.dir.join("tls.crt"), &cert).unwrap();
     std::fs::write(s.dir.join("tls.key"), &key).unwrap();
     s.config.insecure_dev = false;

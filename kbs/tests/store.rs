@@ -38,13 +38,21 @@ async fn backends() -> Vec<(String, Arc<Store>, Option<TempDir>)> {
     let url = format!("sqlite://{}", dir.path().join("kbs.db").display());
     let mut out = vec![(
         "sqlite".to_string(),
-        Arc::new(Store::open(&url, &kek).await.unwrap()),
+        Arc::new(
+            Store::open(&url, &kek, cgx_service::clock::system())
+                .await
+                .unwrap(),
+        ),
         Some(dir),
     )];
     match std::env::var("CGX_TEST_DATABASE_URL") {
         Ok(pg) if !pg.is_empty() => out.push((
             "postgres".to_string(),
-            Arc::new(Store::open(&pg, &kek).await.unwrap()),
+            Arc::new(
+                Store::open(&pg, &kek, cgx_service::clock::system())
+                    .await
+                    .unwrap(),
+            ),
             None,
         )),
         _ => eprintln!("SKIPPED (PostgreSQL part): CGX_TEST_DATABASE_URL is not set"),
@@ -159,7 +167,9 @@ async fn another_replicas_change_is_seen_within_the_cache_lifetime() {
             Some(d) => format!("sqlite://{}", d.path().join("kbs.db").display()),
             None => std::env::var("CGX_TEST_DATABASE_URL").unwrap(),
         };
-        let b = Store::open(&url, &[9u8; 32]).await.unwrap();
+        let b = Store::open(&url, &[9u8; 32], cgx_service::clock::system())
+            .await
+            .unwrap();
         let path = format!("{}/key/k", unique("r"));
         a.put_resource(&path, "r", b"one", false).await.unwrap();
         assert_eq!(b.resource(&path).await.unwrap().unwrap().value, b"one");
@@ -198,7 +208,9 @@ async fn a_version_1_database_keeps_its_audit_trail_through_migration_2() {
     }
     old.close().await;
 
-    let store = Store::open(&url, &[9u8; 32]).await.unwrap();
+    let store = Store::open(&url, &[9u8; 32], cgx_service::clock::system())
+        .await
+        .unwrap();
     assert_eq!(store.schema_version().await.unwrap(), 2);
     let kept = store.audit_events(0, 100).await.unwrap();
     assert_eq!(kept.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 3]);
@@ -211,7 +223,9 @@ async fn a_version_1_database_keeps_its_audit_trail_through_migration_2() {
     assert_eq!(after.iter().map(|e| e.seq).collect::<Vec<_>>(), [4]);
     store.close().await;
     // Opening again runs nothing twice.
-    let again = Store::open(&url, &[9u8; 32]).await.unwrap();
+    let again = Store::open(&url, &[9u8; 32], cgx_service::clock::system())
+        .await
+        .unwrap();
     assert_eq!(again.audit_events(0, 100).await.unwrap().len(), 3);
     again.close().await;
 }
@@ -224,7 +238,9 @@ async fn replicas_starting_together_migrate_once() {
     let opening: Vec<_> = (0..4)
         .map(|_| {
             let url = url.clone();
-            tokio::spawn(async move { Store::open(&url, &[9u8; 32]).await })
+            tokio::spawn(async move {
+                Store::open(&url, &[9u8; 32], cgx_service::clock::system()).await
+            })
         })
         .collect();
     let mut stores = Vec::new();
@@ -240,7 +256,9 @@ async fn replicas_starting_together_migrate_once() {
         let opening: Vec<_> = (0..3)
             .map(|_| {
                 let pg = pg.clone();
-                tokio::spawn(async move { Store::open(&pg, &[9u8; 32]).await })
+                tokio::spawn(async move {
+                    Store::open(&pg, &[9u8; 32], cgx_service::clock::system()).await
+                })
             })
             .collect();
         for o in opening {

@@ -14,7 +14,7 @@ use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use cgx_kbs::server::config::{AdminKey, AppraisalConfig, KbsConfig, KekSource};
-use cgx_kbs::server::{Running, start};
+use cgx_kbs::server::{Running, start_with_clock};
 use cgx_kbs::sim::SimNode;
 use serde_json::json;
 
@@ -102,7 +102,7 @@ impl Ed {
 
     /// An admin bearer token (as CoCo's kbs-client makes them), valid for five minutes.
     pub fn admin_token(&self) -> Result<String> {
-        cgx_kbs::server::jwt::sign_eddsa(&self.pkcs8, &json!({"iat": now(), "exp": now() + 300}))
+        cgx_service::jwt::sign_eddsa(&self.pkcs8, &json!({"iat": now(), "exp": now() + 300}))
             .map_err(DevnetError::Kbs)
     }
 
@@ -114,7 +114,7 @@ impl Ed {
         node_key: &str,
         exp: i64,
     ) -> Result<String> {
-        cgx_kbs::server::jwt::sign_eddsa(
+        cgx_service::jwt::sign_eddsa(
             &self.pkcs8,
             &json!({"lease": lease, "resources": resources, "node_key": node_key,
                     "iat": now(), "exp": exp}),
@@ -222,6 +222,7 @@ fn setup_with(
             policy: None,
             reference_values: Some(dir.join("refs.json")),
         },
+        max_connections: 4096,
     };
     Ok(Setup {
         dir,
@@ -260,10 +261,24 @@ impl std::fmt::Debug for Server {
 
 impl Server {
     pub fn start(config: &KbsConfig) -> Result<Server> {
-        Self::start_named(config, "kbs-server")
+        Self::start_with(config, "kbs-server", cgx_service::clock::system())
+    }
+
+    /// A KBS whose clock is `clock` (tests move a [`cgx_service::clock::ManualClock`] forward
+    /// instead of sleeping).
+    pub fn start_with_clock(config: &KbsConfig, clock: cgx_service::SharedClock) -> Result<Server> {
+        Self::start_with(config, "kbs-server", clock)
     }
 
     pub fn start_named(config: &KbsConfig, thread_name: &str) -> Result<Server> {
+        Self::start_with(config, thread_name, cgx_service::clock::system())
+    }
+
+    fn start_with(
+        config: &KbsConfig,
+        thread_name: &str,
+        clock: cgx_service::SharedClock,
+    ) -> Result<Server> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(thread_name)
@@ -271,7 +286,7 @@ impl Server {
             .build()
             .map_err(|e| DevnetError::Kbs(e.to_string()))?;
         let running = rt
-            .block_on(start(config))
+            .block_on(start_with_clock(config, clock))
             .map_err(|e| DevnetError::Kbs(e.to_string()))?;
         Ok(Server {
             base: format!("http://{}", running.addr),

@@ -1,4 +1,6 @@
-//! KBS configuration (`cgx kbs serve --config F`, JSON).
+//! KBS configuration (`cgx kbs serve --config F`): TOML (`kbs.toml`) or JSON (any other
+//! name, as deployments already write it), then environment overrides `CGX_KBS__<KEY>[__<KEY>]`
+//! (e.g. `CGX_KBS__LISTEN=0.0.0.0:8443`, `CGX_KBS__COLLATERAL__ONLINE=true`).
 //!
 //! ```json
 //! { "listen": "0.0.0.0:8443",
@@ -32,11 +34,10 @@ pub enum KekSource {
 }
 
 /// TLS certificate chain and key (PEM).
-#[derive(Debug, Clone, Deserialize)]
-pub struct TlsConfig {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
+pub type TlsConfig = cgx_service::tls::TlsFiles;
+
+/// The environment prefix of configuration overrides.
+pub const ENV_PREFIX: &str = "CGX_KBS";
 
 /// An administrator's Ed25519 public key and the repositories (tenants) it may change; `*`
 /// means all, including the global policies.
@@ -105,6 +106,13 @@ pub struct KbsConfig {
     pub collateral: CollateralConfig,
     #[serde(default)]
     pub appraisal: AppraisalConfig,
+    /// Connections served at once (further ones wait in the accept backlog).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+}
+
+fn default_max_connections() -> usize {
+    4096
 }
 
 fn default_nonce_ttl() -> i64 {
@@ -125,36 +133,35 @@ impl KbsConfig {
         path: &std::path::Path,
         adjust: impl FnOnce(&mut KbsConfig),
     ) -> Result<Self, KbsError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| KbsError::Config(format!("{}: {e}", path.display())))?;
-        let mut c: KbsConfig = serde_json::from_str(&text)
-            .map_err(|e| KbsError::Config(format!("{}: {e}", path.display())))?;
+        let mut c: KbsConfig = cgx_service::config::load(path, ENV_PREFIX, std::env::vars())
+            .map_err(|e| KbsError::Config(e.to_string()))?;
         adjust(&mut c);
         c.check()?;
         Ok(c)
     }
 
+    /// The listener this configuration asks for.
+    pub fn listener(&self) -> cgx_service::ListenerConfig {
+        let mut l = cgx_service::ListenerConfig::new(
+            self.listen.clone(),
+            self.tls.clone(),
+            self.insecure_dev,
+        );
+        l.max_connections = self.max_connections;
+        l
+    }
+
     /// Refuse configurations that cannot be served safely.
     pub fn check(&self) -> Result<(), KbsError> {
-        let addr: std::net::SocketAddr = self
-            .listen
-            .parse()
-            .map_err(|e| KbsError::Config(format!("listen '{}': {e}", self.listen)))?;
-        match (&self.tls, self.insecure_dev) {
-            (Some(_), true) => Err(KbsError::Config(
-                "tls and insecure_dev are exclusive".into(),
-            )),
-            (None, false) => Err(KbsError::Config(
-                "no tls: configure tls, or insecure_dev for plain HTTP on loopback".into(),
-            )),
-            (None, true) if !addr.ip().is_loopback() => Err(KbsError::Config(format!(
-                "insecure_dev serves plain HTTP on loopback only, not {addr}"
-            ))),
-            _ if self.nonce_ttl_secs <= 0 || self.session_ttl_secs <= 0 => Err(KbsError::Config(
+        self.listener()
+            .check()
+            .map_err(|e| KbsError::Config(e.to_string().replace("configuration: ", "")))?;
+        if self.nonce_ttl_secs <= 0 || self.session_ttl_secs <= 0 {
+            return Err(KbsError::Config(
                 "nonce_ttl_secs and session_ttl_secs must be positive".into(),
-            )),
-            _ => Ok(()),
+            ));
         }
+        Ok(())
     }
 
     /// The key-encryption key.

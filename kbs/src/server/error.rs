@@ -1,10 +1,15 @@
-//! KBS errors and their wire form, as CoCo's KBS writes them:
-//! `{"type": "https://github.com/confidential-containers/kbs/errors/<Variant>", "detail": "…"}`,
-//! 401 for refusals, 404 for unknown paths and resources, 400 for malformed requests.
-//! Details name what was refused and why, never secret material.
+//! KBS errors and their wire form: RFC 9457 problem details ([`cgx_service::error`]) whose
+//! `type` and `detail` are what CoCo's KBS writes —
+//! `{"type": "https://github.com/confidential-containers/kbs/errors/<Variant>", "detail": "…"}` —
+//! so CoCo clients read them unchanged, plus `status` and a stable `code` (the variant). 401 for
+//! refusals, 404 for unknown paths and resources, 400 for malformed requests. Details name what
+//! was refused and why, never secret material; server errors carry only a log reference.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use cgx_service::auth::AuthError;
+use cgx_service::db::DbError;
+use cgx_service::error::ApiError;
 
 pub const ERROR_TYPE_PREFIX: &str = "https://github.com/confidential-containers/kbs/errors/";
 
@@ -96,24 +101,52 @@ impl KbsError {
     }
 }
 
+impl ApiError for KbsError {
+    fn status(&self) -> StatusCode {
+        KbsError::status(self)
+    }
+
+    fn code(&self) -> &'static str {
+        self.variant()
+    }
+
+    fn type_uri(&self) -> String {
+        format!("{ERROR_TYPE_PREFIX}{}", self.variant())
+    }
+
+    fn extensions(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        if let KbsError::Verification { part, error } = self {
+            m.insert("part".into(), part.clone().into());
+            m.insert("evidence_code".into(), error.code().into());
+        }
+        m
+    }
+}
+
 impl IntoResponse for KbsError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(error = %self, "request failed");
-        } else {
-            tracing::debug!(error = %self, "request refused");
+        cgx_service::error::problem(&self)
+    }
+}
+
+impl From<DbError> for KbsError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Url(u) => KbsError::Config(format!("database: {u}")),
+            other => KbsError::Storage(other.to_string()),
         }
-        let body = serde_json::json!({
-            "type": format!("{ERROR_TYPE_PREFIX}{}", self.variant()),
-            "detail": self.to_string(),
-        });
-        (status, axum::Json(body)).into_response()
     }
 }
 
 impl From<sqlx::Error> for KbsError {
     fn from(e: sqlx::Error) -> Self {
         KbsError::Storage(e.to_string())
+    }
+}
+
+impl From<AuthError> for KbsError {
+    fn from(e: AuthError) -> Self {
+        KbsError::AdminAuth(e.to_string())
     }
 }

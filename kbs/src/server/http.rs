@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -24,9 +23,11 @@ use cgx_policies::PolicyEngine;
 use cgx_protocol::kbs_types::{Attestation, Challenge, Request, Tee};
 use serde_json::{Value, json};
 
+use cgx_service::auth::Admin;
+
 use super::error::KbsError;
 use super::release::check_lease;
-use super::store::{ATTESTED, FAILED, now};
+use super::store::{ATTESTED, FAILED};
 use super::{Kbs, LiveSession};
 
 pub const PROTOCOL_VERSION: &str = "0.4.0";
@@ -35,7 +36,7 @@ const OPENAPI: &str = include_str!("openapi.json");
 
 type Shared = State<Arc<Kbs>>;
 
-pub fn router(kbs: Arc<Kbs>) -> Router {
+pub(super) fn router(kbs: Arc<Kbs>) -> Router {
     Router::new()
         .route("/kbs/v0/auth", post(auth))
         .route("/kbs/v0/attest", post(attest))
@@ -68,22 +69,13 @@ pub fn router(kbs: Arc<Kbs>) -> Router {
         .route("/kbs/v0/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .route_layer(axum::middleware::from_fn_with_state(
+            kbs.metrics.clone(),
+            cgx_service::metrics::track,
+        ))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(16 << 20))
         .with_state(kbs)
-}
-
-/// Record the request in metrics and turn the result into a response.
-fn finish(
-    kbs: &Kbs,
-    endpoint: &'static str,
-    started: Instant,
-    r: Result<Response, KbsError>,
-) -> Response {
-    let resp = r.unwrap_or_else(IntoResponse::into_response);
-    kbs.metrics
-        .request(endpoint, resp.status().as_u16(), started.elapsed());
-    resp
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, KbsError> {
@@ -130,44 +122,38 @@ fn resource_path(repo: &str, kind: &str, tag: &str) -> Result<String, KbsError> 
 
 // ------------------------------------------------------------------------ RCAR
 
-async fn auth(State(kbs): Shared, body: Bytes) -> Response {
-    let t = Instant::now();
-    let r = async {
-        let req: Request = json_body(&body, "auth request")?;
-        if req.version != PROTOCOL_VERSION {
-            return Err(KbsError::ProtocolVersion(req.version));
-        }
-        match req.tee {
-            Tee::Snp | Tee::Tdx => {}
-            Tee::Sample if kbs.allow_sample => {}
-            other => return Err(KbsError::UnsupportedTee(other.to_string())),
-        }
-        let ch = kbs
-            .session_keys
-            .issue(req.tee.as_ref(), now() + kbs.nonce_ttl)
-            .ok_or_else(|| KbsError::Internal("random".into()))?;
-        let (id, nonce) = (ch.id, ch.nonce);
-        let mut resp = Json(Challenge {
-            nonce,
-            extra_params: json!({}),
-        })
-        .into_response();
-        let c = format!(
-            "{SESSION_COOKIE}={id}; Path=/kbs; HttpOnly; SameSite=Strict; Max-Age={}",
-            kbs.session_ttl
-        );
-        resp.headers_mut().insert(
-            header::SET_COOKIE,
-            HeaderValue::from_str(&c).map_err(|e| KbsError::Internal(e.to_string()))?,
-        );
-        Ok(resp)
+async fn auth(State(kbs): Shared, body: Bytes) -> Result<Response, KbsError> {
+    let req: Request = json_body(&body, "auth request")?;
+    if req.version != PROTOCOL_VERSION {
+        return Err(KbsError::ProtocolVersion(req.version));
     }
-    .await;
-    finish(&kbs, "auth", t, r)
+    match req.tee {
+        Tee::Snp | Tee::Tdx => {}
+        Tee::Sample if kbs.allow_sample => {}
+        other => return Err(KbsError::UnsupportedTee(other.to_string())),
+    }
+    let ch = kbs
+        .session_keys
+        .issue(req.tee.as_ref(), kbs.clock.unix() + kbs.nonce_ttl)
+        .ok_or_else(|| KbsError::Internal("random".into()))?;
+    let (id, nonce) = (ch.id, ch.nonce);
+    let mut resp = Json(Challenge {
+        nonce,
+        extra_params: json!({}),
+    })
+    .into_response();
+    let c = format!(
+        "{SESSION_COOKIE}={id}; Path=/kbs; HttpOnly; SameSite=Strict; Max-Age={}",
+        kbs.session_ttl
+    );
+    resp.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&c).map_err(|e| KbsError::Internal(e.to_string()))?,
+    );
+    Ok(resp)
 }
 
-async fn attest(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let t = Instant::now();
+async fn attest(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Result<Response, KbsError> {
     let r = attest_inner(&kbs, &headers, &body).await;
     kbs.metrics.event(
         "attestation",
@@ -176,7 +162,7 @@ async fn attest(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response
             Err(_) => "refused",
         },
     );
-    finish(&kbs, "attest", t, r)
+    r
 }
 
 async fn attest_inner(
@@ -188,7 +174,7 @@ async fn attest_inner(
         .ok_or_else(|| KbsError::UnAuthenticated("no kbs-session-id cookie".into()))?;
     let ch = kbs
         .session_keys
-        .open(&id, now())
+        .open(&id, kbs.clock.unix())
         .map_err(|e| KbsError::UnAuthenticated(e.into()))?;
     let replayed = || {
         KbsError::UnAuthenticated(
@@ -207,16 +193,12 @@ async fn attest_inner(
         // Collateral may come from a vendor over the network: off the async workers.
         let k = kbs.clone();
         let att2 = att.clone();
-        tokio::task::spawn_blocking(move || {
-            k.attester
-                .attest(tee, &att2, &nonce, time::OffsetDateTime::now_utc())
-        })
-        .await
-        .map_err(|e| KbsError::Internal(e.to_string()))?
+        tokio::task::spawn_blocking(move || k.attester.attest(tee, &att2, &nonce, k.clock.now()))
+            .await
+            .map_err(|e| KbsError::Internal(e.to_string()))?
     } else {
         // Pure computation (a few hundred microseconds): a thread hand-off would cost more.
-        kbs.attester
-            .attest(tee, &att, &nonce, time::OffsetDateTime::now_utc())
+        kbs.attester.attest(tee, &att, &nonce, kbs.clock.now())
     };
     let attested = match outcome {
         Ok(a) => a,
@@ -230,7 +212,7 @@ async fn attest_inner(
     };
     let key_json = serde_json::to_string(&att.runtime_data.tee_pubkey)
         .map_err(|e| KbsError::Internal(e.to_string()))?;
-    let expires_at = now() + kbs.session_ttl;
+    let expires_at = kbs.clock.unix() + kbs.session_ttl;
     if !kbs
         .store
         .record_session(
@@ -262,7 +244,7 @@ async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<Arc<LiveSession>, K
         return kbs
             .attested_session(&id)
             .await?
-            .filter(|s| s.expires_at > now())
+            .filter(|s| s.expires_at > kbs.clock.unix())
             .ok_or_else(|| {
                 KbsError::UnAuthenticated("no attested, unexpired session for this cookie".into())
             });
@@ -280,8 +262,7 @@ async fn get_resource(
     Path((repo, kind, tag)): Path<(String, String, String)>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
-) -> Response {
-    let t = Instant::now();
+) -> Result<Response, KbsError> {
     let r = release(&kbs, &repo, &kind, &tag, &query, &headers).await;
     kbs.metrics.event(
         "release",
@@ -292,7 +273,7 @@ async fn get_resource(
             Err(_) => "refused",
         },
     );
-    finish(&kbs, "resource", t, r)
+    r
 }
 
 async fn release(
@@ -315,7 +296,13 @@ async fn release(
         )));
     }
     let lease = match query.get("lease") {
-        Some(token) => Some(check_lease(token, &kbs.broker_keys, &path, key, now())?),
+        Some(token) => Some(check_lease(
+            token,
+            &kbs.broker_keys,
+            &path,
+            key,
+            kbs.clock.unix(),
+        )?),
         None => None,
     };
     // Release policies read the EAR as Trustee's do (`input.submods.cpu0…`), plus the request.
@@ -362,81 +349,54 @@ async fn release(
 
 // ------------------------------------------------------------------------ admin
 
-/// The admin key that signed the bearer token, if it may act on `repository` (`None`: a global
-/// setting, which needs `*`).
-fn admin(kbs: &Kbs, headers: &HeaderMap, repository: Option<&str>) -> Result<String, KbsError> {
-    let token = bearer(headers).ok_or_else(|| KbsError::AdminAuth("no bearer token".into()))?;
-    let keys: Vec<[u8; 32]> = kbs.admin_keys.iter().map(|(k, _)| *k).collect();
-    let (i, _) = super::jwt::verify_eddsa(token, &keys, now())
-        .map_err(|e| KbsError::AdminAuth(e.to_string()))?;
-    let repos = &kbs.admin_keys[i].1;
-    let allowed = repos.iter().any(|r| r == "*")
-        || repository.is_some_and(|want| repos.iter().any(|r| r == want));
-    if !allowed {
-        return Err(KbsError::AdminAuth(format!(
-            "admin key {i} may not change {}",
-            repository.map_or("global settings".to_string(), |r| format!("repository {r}"))
-        )));
-    }
-    Ok(format!("admin:{i}"))
-}
-
 async fn put_resource(
     State(kbs): Shared,
+    admin: Admin,
     Path((repo, kind, tag)): Path<(String, String, String)>,
     Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    let t = Instant::now();
-    let r = async {
-        let path = resource_path(&repo, &kind, &tag)?;
-        let actor = admin(&kbs, &headers, Some(&repo))?;
-        let requires_lease = match query.get("lease").map(String::as_str) {
-            None | Some("optional") => false,
-            Some("required") => true,
-            Some(other) => {
-                return Err(KbsError::InvalidRequest(format!(
-                    "lease={other}: use required or optional"
-                )));
-            }
-        };
-        kbs.store
-            .put_resource(&path, &repo, &body, requires_lease)
-            .await?;
-        kbs.store
-            .audit(
-                &actor,
-                "resource.put",
-                &path,
-                &json!({"bytes": body.len(), "requires_lease": requires_lease}),
-            )
-            .await?;
-        Ok(StatusCode::OK.into_response())
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+) -> Result<Response, KbsError> {
+    let path = resource_path(&repo, &kind, &tag)?;
+    admin.may(Some(&repo))?;
+    let actor = admin.actor();
+    let requires_lease = match query.get("lease").map(String::as_str) {
+        None | Some("optional") => false,
+        Some("required") => true,
+        Some(other) => {
+            return Err(KbsError::InvalidRequest(format!(
+                "lease={other}: use required or optional"
+            )));
+        }
+    };
+    kbs.store
+        .put_resource(&path, &repo, &body, requires_lease)
+        .await?;
+    kbs.store
+        .audit(
+            &actor,
+            "resource.put",
+            &path,
+            &json!({"bytes": body.len(), "requires_lease": requires_lease}),
+        )
+        .await?;
+    Ok(StatusCode::OK.into_response())
 }
 
 async fn delete_resource(
     State(kbs): Shared,
+    admin: Admin,
     Path((repo, kind, tag)): Path<(String, String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let t = Instant::now();
-    let r = async {
-        let path = resource_path(&repo, &kind, &tag)?;
-        let actor = admin(&kbs, &headers, Some(&repo))?;
-        if !kbs.store.delete_resource(&path).await? {
-            return Err(KbsError::ResourceNotFound(path));
-        }
-        kbs.store
-            .audit(&actor, "resource.delete", &path, &json!({}))
-            .await?;
-        Ok(StatusCode::OK.into_response())
+) -> Result<Response, KbsError> {
+    let path = resource_path(&repo, &kind, &tag)?;
+    admin.may(Some(&repo))?;
+    let actor = admin.actor();
+    if !kbs.store.delete_resource(&path).await? {
+        return Err(KbsError::ResourceNotFound(path));
     }
-    .await;
-    finish(&kbs, "admin", t, r)
+    kbs.store
+        .audit(&actor, "resource.delete", &path, &json!({}))
+        .await?;
+    Ok(StatusCode::OK.into_response())
 }
 
 /// `{"policy": base64(text)}` (standard or URL-safe alphabet) → the text.
@@ -455,12 +415,13 @@ fn policy_text(body: &[u8]) -> Result<String, KbsError> {
 
 async fn set_policy(
     kbs: &Kbs,
-    headers: &HeaderMap,
+    admin: &Admin,
     repository: Option<&str>,
     scope: String,
     body: &[u8],
 ) -> Result<Response, KbsError> {
-    let actor = admin(kbs, headers, repository)?;
+    admin.may(repository)?;
+    let actor = admin.actor();
     let text = policy_text(body)?;
     kbs.release.program(&text)?; // refuse what does not compile, before storing it
     kbs.store.put_policy(&scope, &text).await?;
@@ -477,11 +438,11 @@ async fn set_policy(
 
 async fn get_policy(
     kbs: &Kbs,
-    headers: &HeaderMap,
+    admin: &Admin,
     repository: Option<&str>,
     scope: &str,
 ) -> Result<Response, KbsError> {
-    admin(kbs, headers, repository)?;
+    admin.may(repository)?;
     let text = match kbs.store.policy(scope).await? {
         Some(t) => t,
         None if scope == "resource:*" => cgx_policies::RELEASE_POLICY.to_string(),
@@ -490,198 +451,148 @@ async fn get_policy(
     Ok(Json(json!({"policy": URL_SAFE_NO_PAD.encode(text)})).into_response())
 }
 
-async fn set_global_policy(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let t = Instant::now();
-    let r = set_policy(&kbs, &headers, None, "resource:*".into(), &body).await;
-    finish(&kbs, "admin", t, r)
+async fn set_global_policy(
+    State(kbs): Shared,
+    admin: Admin,
+    body: Bytes,
+) -> Result<Response, KbsError> {
+    set_policy(&kbs, &admin, None, "resource:*".into(), &body).await
 }
 
-async fn get_global_policy(State(kbs): Shared, headers: HeaderMap) -> Response {
-    let t = Instant::now();
-    let r = get_policy(&kbs, &headers, None, "resource:*").await;
-    finish(&kbs, "admin", t, r)
+async fn get_global_policy(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
+    get_policy(&kbs, &admin, None, "resource:*").await
 }
 
 async fn set_repo_policy(
     State(kbs): Shared,
+    admin: Admin,
     Path(repo): Path<String>,
-    headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    let t = Instant::now();
-    let r = async {
-        resource_path(&repo, "x", "x")?;
-        set_policy(
-            &kbs,
-            &headers,
-            Some(&repo),
-            format!("resource:{repo}"),
-            &body,
-        )
-        .await
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+) -> Result<Response, KbsError> {
+    resource_path(&repo, "x", "x")?;
+    set_policy(&kbs, &admin, Some(&repo), format!("resource:{repo}"), &body).await
 }
 
 async fn get_repo_policy(
     State(kbs): Shared,
+    admin: Admin,
     Path(repo): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let t = Instant::now();
-    let r = async {
-        resource_path(&repo, "x", "x")?;
-        get_policy(&kbs, &headers, Some(&repo), &format!("resource:{repo}")).await
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+) -> Result<Response, KbsError> {
+    resource_path(&repo, "x", "x")?;
+    get_policy(&kbs, &admin, Some(&repo), &format!("resource:{repo}")).await
 }
 
 async fn set_resource_policy(
     State(kbs): Shared,
+    admin: Admin,
     Path((repo, kind, tag)): Path<(String, String, String)>,
-    headers: HeaderMap,
     body: Bytes,
-) -> Response {
-    let t = Instant::now();
-    let r = async {
-        let path = resource_path(&repo, &kind, &tag)?;
-        set_policy(
-            &kbs,
-            &headers,
-            Some(&repo),
-            format!("resource:{path}"),
-            &body,
-        )
-        .await
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+) -> Result<Response, KbsError> {
+    let path = resource_path(&repo, &kind, &tag)?;
+    set_policy(&kbs, &admin, Some(&repo), format!("resource:{path}"), &body).await
 }
 
 async fn get_resource_policy(
     State(kbs): Shared,
+    admin: Admin,
     Path((repo, kind, tag)): Path<(String, String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    let t = Instant::now();
-    let r = async {
-        let path = resource_path(&repo, &kind, &tag)?;
-        get_policy(&kbs, &headers, Some(&repo), &format!("resource:{path}")).await
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+) -> Result<Response, KbsError> {
+    let path = resource_path(&repo, &kind, &tag)?;
+    get_policy(&kbs, &admin, Some(&repo), &format!("resource:{path}")).await
 }
 
 pub(super) const SCOPE_ATTESTATION: &str = "attestation";
 pub(super) const SCOPE_REFERENCE_VALUES: &str = "reference-values";
 
-async fn set_attestation_policy(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let t = Instant::now();
-    let r = async {
-        let actor = admin(&kbs, &headers, None)?;
-        let v: Value = json_body(&body, "attestation policy")?;
-        if let Some(kind) = v.get("type").and_then(Value::as_str)
-            && !kind.eq_ignore_ascii_case("rego")
-        {
-            return Err(KbsError::InvalidRequest(format!(
-                "policy type {kind}: only rego"
-            )));
-        }
-        let text = policy_text(&body)?;
-        let refs = kbs.reference_values().await?;
-        let engine = PolicyEngine::new("kbs.appraisal", &text, &refs)
-            .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-        kbs.store.put_policy(SCOPE_ATTESTATION, &text).await?;
-        let id = engine.id().to_string();
-        kbs.attester.set_engine(engine);
-        kbs.store
-            .audit(
-                &actor,
-                "attestation-policy.put",
-                SCOPE_ATTESTATION,
-                &json!({"policy_id": id}),
-            )
-            .await?;
-        Ok(StatusCode::OK.into_response())
+async fn set_attestation_policy(
+    State(kbs): Shared,
+    admin: Admin,
+    body: Bytes,
+) -> Result<Response, KbsError> {
+    admin.may(None)?;
+    let actor = admin.actor();
+    let v: Value = json_body(&body, "attestation policy")?;
+    if let Some(kind) = v.get("type").and_then(Value::as_str)
+        && !kind.eq_ignore_ascii_case("rego")
+    {
+        return Err(KbsError::InvalidRequest(format!(
+            "policy type {kind}: only rego"
+        )));
     }
-    .await;
-    finish(&kbs, "admin", t, r)
+    let text = policy_text(&body)?;
+    let refs = kbs.reference_values().await?;
+    let engine = PolicyEngine::new("kbs.appraisal", &text, &refs)
+        .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
+    kbs.store.put_policy(SCOPE_ATTESTATION, &text).await?;
+    let id = engine.id().to_string();
+    kbs.attester.set_engine(engine);
+    kbs.store
+        .audit(
+            &actor,
+            "attestation-policy.put",
+            SCOPE_ATTESTATION,
+            &json!({"policy_id": id}),
+        )
+        .await?;
+    Ok(StatusCode::OK.into_response())
 }
 
-async fn get_attestation_policy(State(kbs): Shared, headers: HeaderMap) -> Response {
-    let t = Instant::now();
-    let r = async {
-        admin(&kbs, &headers, None)?;
-        let text = kbs.appraisal_policy().await?;
-        Ok(Json(json!({"type": "rego", "policy": URL_SAFE_NO_PAD.encode(text)})).into_response())
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+async fn get_attestation_policy(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
+    admin.may(None)?;
+    let text = kbs.appraisal_policy().await?;
+    Ok(Json(json!({"type": "rego", "policy": URL_SAFE_NO_PAD.encode(text)})).into_response())
 }
 
-async fn set_reference_values(State(kbs): Shared, headers: HeaderMap, body: Bytes) -> Response {
-    let t = Instant::now();
-    let r = async {
-        let actor = admin(&kbs, &headers, None)?;
-        let v: Value = json_body(&body, "reference values")?;
-        let text = v.to_string();
-        let policy = kbs.appraisal_policy().await?;
-        let engine = PolicyEngine::new("kbs.appraisal", &policy, &text)
-            .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-        kbs.store.put_policy(SCOPE_REFERENCE_VALUES, &text).await?;
-        let id = engine.id().to_string();
-        kbs.attester.set_engine(engine);
-        kbs.store
-            .audit(
-                &actor,
-                "reference-values.put",
-                SCOPE_REFERENCE_VALUES,
-                &json!({"policy_id": id}),
-            )
-            .await?;
-        Ok(StatusCode::OK.into_response())
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+async fn set_reference_values(
+    State(kbs): Shared,
+    admin: Admin,
+    body: Bytes,
+) -> Result<Response, KbsError> {
+    admin.may(None)?;
+    let actor = admin.actor();
+    let v: Value = json_body(&body, "reference values")?;
+    let text = v.to_string();
+    let policy = kbs.appraisal_policy().await?;
+    let engine = PolicyEngine::new("kbs.appraisal", &policy, &text)
+        .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
+    kbs.store.put_policy(SCOPE_REFERENCE_VALUES, &text).await?;
+    let id = engine.id().to_string();
+    kbs.attester.set_engine(engine);
+    kbs.store
+        .audit(
+            &actor,
+            "reference-values.put",
+            SCOPE_REFERENCE_VALUES,
+            &json!({"policy_id": id}),
+        )
+        .await?;
+    Ok(StatusCode::OK.into_response())
 }
 
-async fn get_reference_values(State(kbs): Shared, headers: HeaderMap) -> Response {
-    let t = Instant::now();
-    let r = async {
-        admin(&kbs, &headers, None)?;
-        let text = kbs.reference_values().await?;
-        let v: Value =
-            serde_json::from_str(&text).map_err(|e| KbsError::Internal(e.to_string()))?;
-        Ok(Json(v).into_response())
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+async fn get_reference_values(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
+    admin.may(None)?;
+    let text = kbs.reference_values().await?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| KbsError::Internal(e.to_string()))?;
+    Ok(Json(v).into_response())
 }
 
 async fn audit(
     State(kbs): Shared,
+    admin: Admin,
     Query(q): Query<HashMap<String, String>>,
-    headers: HeaderMap,
-) -> Response {
-    let t = Instant::now();
-    let r = async {
-        admin(&kbs, &headers, None)?;
-        let num = |k: &str, d: i64| -> Result<i64, KbsError> {
-            q.get(k).map_or(Ok(d), |v| {
-                v.parse()
-                    .map_err(|_| KbsError::InvalidRequest(format!("{k} is not a number")))
-            })
-        };
-        let events = kbs
-            .store
-            .audit_events(num("after", 0)?, num("limit", 1000)?.clamp(1, 10_000))
-            .await?;
-        Ok(Json(events).into_response())
-    }
-    .await;
-    finish(&kbs, "admin", t, r)
+) -> Result<Response, KbsError> {
+    admin.may(None)?;
+    let num = |k: &str, d: i64| -> Result<i64, KbsError> {
+        q.get(k).map_or(Ok(d), |v| {
+            v.parse()
+                .map_err(|_| KbsError::InvalidRequest(format!("{k} is not a number")))
+        })
+    };
+    let events = kbs
+        .store
+        .audit_events(num("after", 0)?, num("limit", 1000)?.clamp(1, 10_000))
+        .await?;
+    Ok(Json(events).into_response())
 }
 
 // ------------------------------------------------------------------------ public

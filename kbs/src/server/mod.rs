@@ -1,17 +1,14 @@
-//! The KBS service: configuration → state ([`Kbs`]) → router ([`http`]) → listener (TLS by
-//! default, plain HTTP on loopback with `insecure_dev`), with graceful shutdown.
+//! The KBS service: configuration → state ([`Kbs`]) → router (`http`) → the service layer's
+//! listener (`cgx-service`: TLS by default, plain HTTP on loopback with `insecure_dev`, a
+//! connection cap, graceful drain), with housekeeping as background tasks.
 
-pub mod attest;
+mod attest;
 pub mod config;
 pub mod error;
-pub mod group_commit;
-pub mod http;
-pub mod jwt;
-pub mod metrics;
-pub mod release;
-pub mod session;
+mod http;
+mod release;
+mod session;
 pub mod store;
-pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -22,16 +19,14 @@ use cgx_attestation::collateral::fetch::{CollateralSource, Endpoints, FetchPolic
 use cgx_attestation::results::{Ear, ResultSigner};
 use cgx_attestation::{SimTrust, Verifier, VerifierConfig};
 use cgx_policies::{Appraiser, PolicyEngine};
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use cgx_service::auth::{AdminKeys, AdminState};
+use cgx_service::metrics::Metrics;
+use cgx_service::{Background, SharedClock, jwt};
 
 pub use config::KbsConfig;
 pub use error::KbsError;
 
 use attest::Attester;
-use metrics::Metrics;
 use release::ReleasePolicies;
 use store::Store;
 
@@ -40,8 +35,9 @@ pub struct Kbs {
     pub(crate) store: Store,
     pub(crate) attester: Attester,
     pub(crate) release: ReleasePolicies,
-    pub(crate) metrics: Metrics,
-    admin_keys: Vec<([u8; 32], Vec<String>)>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) clock: SharedClock,
+    admin_keys: AdminKeys,
     broker_keys: Vec<[u8; 32]>,
     nonce_ttl: i64,
     session_ttl: i64,
@@ -87,12 +83,25 @@ fn read(path: &std::path::Path) -> Result<String, KbsError> {
     std::fs::read_to_string(path).map_err(|e| KbsError::Config(format!("{}: {e}", path.display())))
 }
 
+impl AdminState for Kbs {
+    type Rejection = KbsError;
+
+    fn admin_keys(&self) -> &AdminKeys {
+        &self.admin_keys
+    }
+
+    fn unix_now(&self) -> i64 {
+        self.clock.unix()
+    }
+}
+
 impl Kbs {
-    /// Open storage and build verifier, policies and signer from `config`.
-    pub async fn new(config: &KbsConfig) -> Result<Self, KbsError> {
+    /// Open storage and build verifier, policies and signer from `config`; `clock` is the
+    /// time every handler and row sees.
+    async fn new(config: &KbsConfig, clock: SharedClock) -> Result<Self, KbsError> {
         config.check()?;
         let kek = config.load_kek()?;
-        let store = Store::open(&config.database, &kek).await?;
+        let store = Store::open(&config.database, &kek, clock.clone()).await?;
         let trust_any_sim = config.sim_roots.iter().any(|r| r == "*");
         let pins = config
             .sim_roots
@@ -162,15 +171,17 @@ impl Kbs {
             config.collateral.store.is_some() && config.collateral.online,
             config.allow_sample,
         );
-        let admin_keys = config
-            .admin_keys
-            .iter()
-            .map(|k| {
-                jwt::ed25519_key(&k.public_key)
-                    .map(|key| (key, k.repositories.clone()))
-                    .map_err(|e| KbsError::Config(format!("admin key: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let admin_keys = AdminKeys::new(
+            config
+                .admin_keys
+                .iter()
+                .map(|k| {
+                    jwt::ed25519_key(&k.public_key)
+                        .map(|key| (key, k.repositories.clone()))
+                        .map_err(|e| KbsError::Config(format!("admin key: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        );
         let broker_keys = config
             .broker_keys
             .iter()
@@ -180,7 +191,8 @@ impl Kbs {
             store,
             attester,
             release: ReleasePolicies::new(trust_any_sim || !pins.is_empty())?,
-            metrics: Metrics::default(),
+            metrics: Arc::new(Metrics::new("cgx_kbs")),
+            clock,
             admin_keys,
             broker_keys,
             nonce_ttl: config.nonce_ttl_secs,
@@ -205,7 +217,7 @@ impl Kbs {
     ) {
         if let Ok(mut m) = self.sessions.lock() {
             if m.len() >= 100_000 {
-                let t = store::now();
+                let t = self.clock.unix();
                 m.retain(|_, s| s.expires_at > t);
                 if m.len() >= 100_000 {
                     m.clear();
@@ -248,9 +260,12 @@ impl Kbs {
     /// A bearer EAR (or a stored session's): signed by this KBS's result key, unexpired, and
     /// binding a TEE key in its CPU part.
     pub(crate) fn verified_ear(&self, token: &str) -> Result<LiveSession, KbsError> {
-        let ear =
-            cgx_attestation::results::verify(token, &self.attester.signer().jwk(), store::now())
-                .map_err(|e| KbsError::TokenInvalid(e.to_string()))?;
+        let ear = cgx_attestation::results::verify(
+            token,
+            &self.attester.signer().jwk(),
+            self.clock.unix(),
+        )
+        .map_err(|e| KbsError::TokenInvalid(e.to_string()))?;
         let tee_pubkey = ear
             .submods
             .get(cgx_attestation::results::CPU_PART)
@@ -336,169 +351,87 @@ impl Kbs {
     }
 }
 
-/// TLS server configuration from PEM files (rustls on aws-lc-rs).
-fn tls_config(c: &config::TlsConfig) -> Result<rustls::ServerConfig, KbsError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(&c.cert)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| KbsError::Config(format!("{}: {e}", c.cert.display())))?;
-    let key = PrivateKeyDer::from_pem_file(&c.key)
-        .map_err(|e| KbsError::Config(format!("{}: {e}", c.key.display())))?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| KbsError::Config(e.to_string()))?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .map_err(|e| KbsError::Config(format!("TLS certificate/key: {e}")))?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
-}
-
 /// A running KBS (tests and `cgx bench kbs` start one on port 0).
 #[derive(Debug)]
 pub struct Running {
     pub addr: SocketAddr,
-    pub kbs: Arc<Kbs>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    kbs: Arc<Kbs>,
+    server: cgx_service::Running,
 }
 
 impl Running {
-    /// Stop accepting, let open requests finish (up to 10 s), close the database.
-    pub async fn shutdown(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = self.task.await;
+    /// Stop accepting and housekeeping, let open requests finish, close the database.
+    pub async fn shutdown(self) {
+        self.server.shutdown().await;
         self.kbs.store.close().await;
     }
 }
 
-/// Bind `config.listen` and serve until [`Running::shutdown`].
+/// Bind `config.listen` and serve until [`Running::shutdown`], on the system clock.
 pub async fn start(config: &KbsConfig) -> Result<Running, KbsError> {
-    let kbs = Arc::new(Kbs::new(config).await?);
-    let tls = config.tls.as_ref().map(tls_config).transpose()?;
-    let listener = TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| KbsError::Config(format!("listen {}: {e}", config.listen)))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| KbsError::Internal(e.to_string()))?;
-    let (stop, stopped) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(accept_loop(listener, tls, kbs.clone(), stopped));
-    tracing::info!(%addr, tls = config.tls.is_some(), "KBS listening");
+    start_with_clock(config, cgx_service::clock::system()).await
+}
+
+/// [`start`] on `clock` (tests move a manual clock instead of sleeping).
+pub async fn start_with_clock(config: &KbsConfig, clock: SharedClock) -> Result<Running, KbsError> {
+    let kbs = Arc::new(Kbs::new(config, clock).await?);
+    let mut background: Vec<Background> = vec![Box::pin(housekeeping(kbs.clone()))];
+    if kbs.store.is_sqlite() {
+        background.push(Box::pin(checkpoints(kbs.clone())));
+    }
+    let server =
+        cgx_service::server::start(&config.listener(), http::router(kbs.clone()), background)
+            .await
+            .map_err(|e| KbsError::Config(e.to_string()))?;
     Ok(Running {
-        addr,
+        addr: server.addr(),
         kbs,
-        stop: Some(stop),
-        task,
+        server,
     })
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    tls: Option<rustls::ServerConfig>,
-    kbs: Arc<Kbs>,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
-    let router = http::router(kbs.clone());
-    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
-    let graceful = GracefulShutdown::new();
+/// Every 2 s: drop expired sessions; pick up an appraisal policy another replica stored.
+async fn housekeeping(kbs: Arc<Kbs>) {
     let mut ticker = tokio::time::interval(Duration::from_secs(2));
-    // SQLite: fold the write-ahead log back often, so each checkpoint (and its fsync) is small;
-    // one every few seconds under load stalls concurrent commits for tens of milliseconds. One
-    // task, one checkpoint at a time: a slow disk must not pile them up.
-    let checkpointer = kbs.store.is_sqlite().then(|| {
-        let k = kbs.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(CHECKPOINT_EVERY);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                every.tick().await;
-                // Busy databases are normal under load; the next tick retries.
-                if let Err(e) = k.store.checkpoint().await {
-                    tracing::debug!(error = %e, "WAL checkpoint deferred");
-                }
-            }
-        })
-    });
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            conn = listener.accept() => {
-                let Ok((stream, _)) = conn else { continue };
-                let _ = stream.set_nodelay(true);
-                let svc = TowerToHyperService::new(router.clone());
-                let watcher = graceful.watcher();
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    let builder = hyper::server::conn::http1::Builder::new();
-                    match acceptor {
-                        Some(a) => {
-                            let Ok(s) = a.accept(stream).await else { return };
-                            let _ = watcher.watch(builder.serve_connection(TokioIo::new(s), svc)).await;
-                        }
-                        None => {
-                            let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), svc)).await;
-                        }
-                    }
-                });
-            }
-            _ = ticker.tick() => {
-                // Housekeeping: drop expired sessions; pick up another replica's policy change.
-                let k = kbs.clone();
-                tokio::spawn(async move {
-                    // Busy databases are normal under load; the next tick retries.
-                    if let Err(e) = k.store.sweep_sessions(store::now()).await {
-                        tracing::debug!(error = %e, "session sweep deferred");
-                    }
-                    if let Err(e) = k.refresh_engine().await {
-                        tracing::warn!(error = %e, "appraisal policy refresh");
-                    }
-                });
-            }
-            _ = &mut stopped => break,
+        ticker.tick().await;
+        // Busy databases are normal under load; the next tick retries.
+        if let Err(e) = kbs.store.sweep_sessions(kbs.clock.unix()).await {
+            tracing::debug!(error = %e, "session sweep deferred");
         }
-    }
-    drop(listener);
-    if let Some(c) = checkpointer {
-        c.abort();
-    }
-    tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(Duration::from_secs(10)) => {
-            tracing::warn!("connections still open after 10 s; closing");
+        if let Err(e) = kbs.refresh_engine().await {
+            tracing::warn!(error = %e, "appraisal policy refresh");
         }
     }
 }
 
-/// How often the SQLite write-ahead log is checkpointed (see [`accept_loop`]).
+/// SQLite: fold the write-ahead log back often, so each checkpoint (and its fsync) is small;
+/// one every few seconds under load stalls concurrent commits for tens of milliseconds. One
+/// task, one checkpoint at a time: a slow disk must not pile them up.
+async fn checkpoints(kbs: Arc<Kbs>) {
+    let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        // Busy databases are normal under load; the next tick retries.
+        if let Err(e) = kbs.store.checkpoint().await {
+            tracing::debug!(error = %e, "WAL checkpoint deferred");
+        }
+    }
+}
+
+/// How often the SQLite write-ahead log is checkpointed (see [`checkpoints`]).
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
-
-/// Wait for SIGINT or SIGTERM.
-pub async fn shutdown_signal() -> Result<(), KbsError> {
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| KbsError::Internal(e.to_string()))?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-    Ok(())
-}
 
 /// `cgx kbs serve`: run until SIGINT or SIGTERM, then shut down gracefully. `on_listen` is told
 /// the bound address.
 pub async fn serve(config: &KbsConfig, on_listen: impl FnOnce(SocketAddr)) -> Result<(), KbsError> {
     let running = start(config).await?;
     on_listen(running.addr);
-    shutdown_signal().await?;
+    cgx_service::server::shutdown_signal()
+        .await
+        .map_err(|e| KbsError::Internal(e.to_string()))?;
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())

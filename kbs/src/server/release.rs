@@ -17,7 +17,7 @@ use cgx_protocol::kbs_types::TeePubKey;
 use serde_json::Value;
 
 use super::error::KbsError;
-use super::jwt;
+use cgx_service::jwt;
 
 fn invalid(e: cgx_policies::Error) -> KbsError {
     KbsError::PolicyInvalid(e.to_string())

@@ -19,11 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
-use sqlx::any::AnyPoolOptions;
-use sqlx::{AnyPool, Row};
+use cgx_service::SharedClock;
+use cgx_service::db::{
+    Backend, Database, DbError, GroupCommit, Migration, WriterConn, placeholders,
+};
+use sqlx::Row;
 
 use super::error::KbsError;
-use super::group_commit::{GroupCommit, placeholders};
 
 /// How long a sealed resource read from the database is served from memory.
 pub const RESOURCE_CACHE: Duration = Duration::from_secs(1);
@@ -32,11 +34,10 @@ pub const RESOURCE_CACHE: Duration = Duration::from_secs(1);
 const MIGRATION_LOCK: i64 = 0x6367_786b_6273;
 
 /// Migrations, versioned; each runs once, in order, in a transaction.
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-        1,
-        // SQLite
-        "CREATE TABLE IF NOT EXISTS sessions (
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sqlite: "CREATE TABLE IF NOT EXISTS sessions (
         id TEXT PRIMARY KEY, nonce TEXT NOT NULL, tee TEXT NOT NULL, state TEXT NOT NULL,
         created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, tee_pubkey TEXT, token TEXT);
      CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at);
@@ -48,8 +49,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
      CREATE TABLE IF NOT EXISTS audit (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, at BIGINT NOT NULL, actor TEXT NOT NULL,
         action TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL);",
-        // PostgreSQL
-        "CREATE TABLE IF NOT EXISTS sessions (
+        postgres: "CREATE TABLE IF NOT EXISTS sessions (
         id TEXT PRIMARY KEY, nonce TEXT NOT NULL, tee TEXT NOT NULL, state TEXT NOT NULL,
         created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, tee_pubkey TEXT, token TEXT);
      CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at);
@@ -61,13 +61,13 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
      CREATE TABLE IF NOT EXISTS audit (
         seq BIGSERIAL PRIMARY KEY, at BIGINT NOT NULL, actor TEXT NOT NULL,
         action TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL);",
-    ),
-    (
-        2,
+    },
+    Migration {
+        version: 2,
         // SQLite: `audit` without AUTOINCREMENT. Rows are never deleted, so `seq` (max + 1)
         // still only grows, and a release's commit no longer rewrites a `sqlite_sequence`
         // page too (~4 KB less written per flow, of ~30). Rows keep their numbers.
-        "CREATE TABLE audit_v2 (
+        sqlite: "CREATE TABLE audit_v2 (
             seq INTEGER PRIMARY KEY, at BIGINT NOT NULL, actor TEXT NOT NULL,
             action TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL);
          INSERT INTO audit_v2 (seq, at, actor, action, subject, detail)
@@ -75,8 +75,8 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
          DROP TABLE audit;
          ALTER TABLE audit_v2 RENAME TO audit;",
         // PostgreSQL: BIGSERIAL has no such cost; nothing to change.
-        "",
-    ),
+        postgres: "",
+    },
 ];
 
 /// A session row.
@@ -142,9 +142,9 @@ struct CachedResource {
 }
 
 pub struct Store {
-    pool: AnyPool,
+    db: Database,
+    clock: SharedClock,
     kek: LessSafeKey,
-    postgres: bool,
     sessions: GroupCommit<NewSession, bool>,
     audits: GroupCommit<NewAudit, ()>,
     /// The connections the two writers keep (given back on [`Store::close`]).
@@ -155,43 +155,16 @@ pub struct Store {
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("postgres", &self.postgres)
+            .field("backend", &self.db.backend())
             .finish_non_exhaustive()
     }
 }
 
 impl Store {
-    /// Connect and migrate. `url`: `sqlite://PATH` (created if missing) or `postgres://…`.
-    pub async fn open(url: &str, kek: &[u8; 32]) -> Result<Self, KbsError> {
-        sqlx::any::install_default_drivers();
-        let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
-        let sqlite = url.starts_with("sqlite:");
-        if !postgres && !sqlite {
-            return Err(KbsError::Config(format!(
-                "database must be sqlite://… or postgres://…, not '{}'",
-                url.split(':').next().unwrap_or("")
-            )));
-        }
-        let url = if sqlite && !url.contains('?') && !url.contains(":memory:") {
-            format!("{url}?mode=rwc")
-        } else {
-            url.to_string()
-        };
-        let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 8 } else { 16 });
-        if sqlite {
-            // An embedded database does not drop connections: pinging each one before use would
-            // cost every statement a second round trip to its worker thread.
-            opts = opts.test_before_acquire(false);
-            opts = opts.after_connect(|conn, _| {
-                Box::pin(async move {
-                    use sqlx::Executor;
-                    conn.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;")
-                        .await?;
-                    Ok(())
-                })
-            });
-        }
-        let pool = opts.connect(&url).await?;
+    /// Connect and migrate. `url`: `sqlite://PATH` (created if missing) or `postgres://…`;
+    /// `clock` dates rows.
+    pub async fn open(url: &str, kek: &[u8; 32], clock: SharedClock) -> Result<Self, KbsError> {
+        let db = Database::open(url).await?;
         let kek = LessSafeKey::new(
             UnboundKey::new(&AES_256_GCM, kek).map_err(|_| KbsError::Config("kek".into()))?,
         );
@@ -199,14 +172,15 @@ impl Store {
         // a connection's page cache (WAL mode), so two writers taking turns would re-read every
         // page they touch; one has it all in memory, and SQLite serialises writers anyway.
         // PostgreSQL commits in parallel: a connection each.
-        let session_writer = WriterConn::new(&pool);
-        let audit_writer = if sqlite {
+        let session_writer = WriterConn::new(&db);
+        let audit_writer = if db.backend() == Backend::Sqlite {
             session_writer.clone()
         } else {
-            WriterConn::new(&pool)
+            WriterConn::new(&db)
         };
         let writers = [session_writer, audit_writer];
-        let store = Store {
+        db.migrate(MIGRATION_LOCK, MIGRATIONS, clock.unix()).await?;
+        Ok(Store {
             sessions: GroupCommit::spawn(Box::new({
                 let w = writers[0].clone();
                 move |rows| Box::pin(insert_sessions(w.clone(), rows))
@@ -217,70 +191,15 @@ impl Store {
             })),
             writers,
             resources: Mutex::new(HashMap::new()),
-            pool,
+            db,
+            clock,
             kek,
-            postgres,
-        };
-        store.migrate().await?;
-        Ok(store)
-    }
-
-    /// A transaction that holds the database's migration lock: replicas that start together
-    /// migrate one at a time, and the later ones find the work done. SQLite: `BEGIN IMMEDIATE`
-    /// takes the write lock before anything is read (a deferred transaction that read first
-    /// could not write after another's commit); PostgreSQL: a transaction-scoped advisory lock.
-    async fn migration_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, KbsError> {
-        if self.postgres {
-            let mut tx = self.pool.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(MIGRATION_LOCK)
-                .execute(&mut *tx)
-                .await?;
-            Ok(tx)
-        } else {
-            Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
-        }
-    }
-
-    async fn migrate(&self) -> Result<(), KbsError> {
-        let mut tx = self.migration_tx().await?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
-        )
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        for (version, sqlite, pg) in MIGRATIONS {
-            let mut tx = self.migration_tx().await?;
-            let done = sqlx::query("SELECT version FROM schema_migrations WHERE version = $1")
-                .bind(*version)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if done.is_some() {
-                continue;
-            }
-            let sql = if self.postgres { pg } else { sqlite };
-            for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-                sqlx::query(stmt).execute(&mut *tx).await?;
-            }
-            sqlx::query(
-                "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING",
-            )
-            .bind(*version)
-            .bind(now())
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-        }
-        Ok(())
+        })
     }
 
     /// The highest applied migration.
     pub async fn schema_version(&self) -> Result<i64, KbsError> {
-        let row = sqlx::query("SELECT MAX(version) AS v FROM schema_migrations")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(row.try_get::<i64, _>("v").unwrap_or(0))
+        Ok(self.db.schema_version().await?)
     }
 
     // ---------------------------------------------------------------- sessions
@@ -309,19 +228,20 @@ impl Store {
                 nonce: nonce.to_string(),
                 tee: tee.to_string(),
                 state,
-                created_at: now(),
+                created_at: self.clock.unix(),
                 expires_at,
                 tee_pubkey: tee_pubkey.map(str::to_string),
                 token: token.map(str::to_string),
             })
             .await
+            .map_err(KbsError::from)
     }
 
     pub async fn session(&self, id: &str) -> Result<Option<Session>, KbsError> {
         let row =
             sqlx::query("SELECT state, expires_at, tee_pubkey, token FROM sessions WHERE id = $1")
                 .bind(id)
-                .fetch_optional(&self.pool)
+                .fetch_optional(self.db.pool())
                 .await?;
         row.map(|r| {
             Ok(Session {
@@ -336,25 +256,20 @@ impl Store {
     }
 
     pub fn is_sqlite(&self) -> bool {
-        !self.postgres
+        self.db.backend() == Backend::Sqlite
     }
 
     /// Fold the SQLite write-ahead log back into the database without blocking writers
-    /// (the accept loop does this twice a second, so commits never pay for a checkpoint).
+    /// (a background task does this twice a second, so commits never pay for a checkpoint).
     pub async fn checkpoint(&self) -> Result<(), KbsError> {
-        if !self.postgres {
-            sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                .execute(&self.pool)
-                .await?;
-        }
-        Ok(())
+        Ok(self.db.checkpoint().await?)
     }
 
     /// Delete sessions that expired before `now`; returns how many.
     pub async fn sweep_sessions(&self, now: i64) -> Result<u64, KbsError> {
         Ok(sqlx::query("DELETE FROM sessions WHERE expires_at <= $1")
             .bind(now)
-            .execute(&self.pool)
+            .execute(self.db.pool())
             .await?
             .rows_affected())
     }
@@ -419,8 +334,8 @@ impl Store {
         .bind(repository)
         .bind(sealed)
         .bind(i64::from(requires_lease))
-        .bind(now())
-        .execute(&self.pool)
+        .bind(self.clock.unix())
+        .execute(self.db.pool())
         .await?;
         self.forget_resource(path);
         Ok(())
@@ -442,7 +357,7 @@ impl Store {
                 let row =
                     sqlx::query("SELECT sealed, requires_lease FROM resources WHERE path = $1")
                         .bind(path)
-                        .fetch_optional(&self.pool)
+                        .fetch_optional(self.db.pool())
                         .await?;
                 let Some(r) = row else {
                     self.forget_resource(path);
@@ -479,7 +394,7 @@ impl Store {
     pub async fn delete_resource(&self, path: &str) -> Result<bool, KbsError> {
         let deleted = sqlx::query("DELETE FROM resources WHERE path = $1")
             .bind(path)
-            .execute(&self.pool)
+            .execute(self.db.pool())
             .await?
             .rows_affected()
             == 1;
@@ -496,8 +411,8 @@ impl Store {
         )
         .bind(scope)
         .bind(body)
-        .bind(now())
-        .execute(&self.pool)
+        .bind(self.clock.unix())
+        .execute(self.db.pool())
         .await?;
         Ok(())
     }
@@ -505,7 +420,7 @@ impl Store {
     pub async fn policy(&self, scope: &str) -> Result<Option<String>, KbsError> {
         let row = sqlx::query("SELECT body FROM policies WHERE scope = $1")
             .bind(scope)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.db.pool())
             .await?;
         Ok(match row {
             Some(r) => Some(r.try_get("body")?),
@@ -519,7 +434,7 @@ impl Store {
             .bind(scopes[0])
             .bind(scopes[1])
             .bind(scopes[2])
-            .fetch_all(&self.pool)
+            .fetch_all(self.db.pool())
             .await?;
         rows.into_iter()
             .map(|r| Ok((r.try_get("scope")?, r.try_get("body")?)))
@@ -536,7 +451,7 @@ impl Store {
         subject: &str,
         detail: &serde_json::Value,
     ) -> Result<(), KbsError> {
-        let at = now();
+        let at = self.clock.unix();
         tracing::info!(target: "cgx_kbs::audit", %actor, %action, %subject, %detail, at, "audit");
         self.audits
             .write(NewAudit {
@@ -547,6 +462,7 @@ impl Store {
                 detail: detail.to_string(),
             })
             .await
+            .map_err(KbsError::from)
     }
 
     /// Audit events after `after_seq`, oldest first.
@@ -560,7 +476,7 @@ impl Store {
         )
         .bind(after_seq)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(self.db.pool())
         .await?;
         rows.into_iter()
             .map(|r| {
@@ -580,56 +496,22 @@ impl Store {
     }
 
     pub async fn ping(&self) -> Result<(), KbsError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query("SELECT 1").execute(self.db.pool()).await?;
         Ok(())
     }
 
     pub async fn close(&self) {
         // The pool waits for every connection to come back, the writers' too.
         for w in &self.writers {
-            *w.conn.lock().await = None;
+            w.release().await;
         }
-        self.pool.close().await;
-    }
-}
-
-/// The connection a batch writer keeps between batches: no pool round trip per batch, and its
-/// page cache stays warm for its table. Dropped after an error; the next batch takes a new one.
-#[derive(Clone)]
-struct WriterConn {
-    pool: AnyPool,
-    conn: Arc<tokio::sync::Mutex<Option<sqlx::pool::PoolConnection<sqlx::Any>>>>,
-}
-
-impl WriterConn {
-    fn new(pool: &AnyPool) -> Self {
-        WriterConn {
-            pool: pool.clone(),
-            conn: Arc::new(tokio::sync::Mutex::new(None)),
-        }
-    }
-
-    /// Run `q` on the kept connection (taking one from the pool first if there is none).
-    async fn fetch_all(
-        &self,
-        q: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
-    ) -> Result<Vec<sqlx::any::AnyRow>, KbsError> {
-        let mut slot = self.conn.lock().await;
-        let conn = match &mut *slot {
-            Some(c) => c,
-            empty => empty.insert(self.pool.acquire().await?),
-        };
-        let answered = q.fetch_all(&mut **conn).await;
-        if answered.is_err() {
-            *slot = None;
-        }
-        Ok(answered?)
+        self.db.close().await;
     }
 }
 
 /// One statement for a batch of session rows: `true` for each row inserted, `false` for a
 /// replayed challenge (its id already stored, or earlier in this batch).
-async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<bool>, KbsError> {
+async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<bool>, DbError> {
     let mut seen = HashSet::new();
     let fresh: Vec<&NewSession> = rows.iter().filter(|r| seen.insert(&r.id)).collect();
     let sql = format!(
@@ -664,7 +546,7 @@ async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<boo
 }
 
 /// One statement for a batch of audit rows (their `seq` follows the batch's order).
-async fn insert_audits(w: WriterConn, rows: Vec<NewAudit>) -> Result<Vec<()>, KbsError> {
+async fn insert_audits(w: WriterConn, rows: Vec<NewAudit>) -> Result<Vec<()>, DbError> {
     let sql = format!(
         "INSERT INTO audit (at, actor, action, subject, detail) VALUES {}",
         placeholders(rows.len(), 5)
@@ -686,11 +568,4 @@ fn aad(path: &str) -> Vec<u8> {
     let mut a = b"cgx-kbs/resource/v1\0".to_vec();
     a.extend_from_slice(path.as_bytes());
     a
-}
-
-/// Unix seconds now (the I/O edge: the store and handlers read the clock; logic takes `now`).
-pub fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }

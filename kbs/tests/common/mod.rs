@@ -43,6 +43,14 @@ impl Server {
         }
     }
 
+    pub fn start_with_clock(config: &KbsConfig, clock: cgx_service::SharedClock) -> Server {
+        let inner = cgx_devnet::Server::start_with_clock(config, clock).unwrap();
+        Server {
+            base: inner.base.clone(),
+            inner,
+        }
+    }
+
     pub fn stop(self) {
         self.inner.stop();
     }

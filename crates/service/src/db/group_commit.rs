@@ -11,7 +11,7 @@ use std::pin::Pin;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::error::KbsError;
+use super::DbError;
 
 /// Rows per statement at most (SQLite allows 32 766 bound parameters; each distinct batch size
 /// is one prepared statement per connection, so this also bounds the statement cache).
@@ -19,9 +19,9 @@ pub const MAX_BATCH: usize = 64;
 
 /// Writes one batch; answers one result per row, in order.
 pub type WriteBatch<T, R> =
-    Box<dyn Fn(Vec<T>) -> Pin<Box<dyn Future<Output = Result<Vec<R>, KbsError>> + Send>> + Send>;
+    Box<dyn Fn(Vec<T>) -> Pin<Box<dyn Future<Output = Result<Vec<R>, DbError>> + Send>> + Send>;
 
-type Waiter<T, R> = (T, oneshot::Sender<Result<R, KbsError>>);
+type Waiter<T, R> = (T, oneshot::Sender<Result<R, DbError>>);
 
 /// A queue in front of one batch writer task.
 pub struct GroupCommit<T, R> {
@@ -58,7 +58,7 @@ impl<T: Send + 'static, R: Send + 'static> GroupCommit<T, R> {
                     }
                     Ok(results) => {
                         for reply in replies {
-                            let _ = reply.send(Err(KbsError::Storage(format!(
+                            let _ = reply.send(Err(DbError::Batch(format!(
                                 "batch of {n} rows answered {} results",
                                 results.len()
                             ))));
@@ -67,7 +67,7 @@ impl<T: Send + 'static, R: Send + 'static> GroupCommit<T, R> {
                     Err(e) => {
                         let msg = e.to_string();
                         for reply in replies {
-                            let _ = reply.send(Err(KbsError::Storage(msg.clone())));
+                            let _ = reply.send(Err(DbError::Batch(msg.clone())));
                         }
                     }
                 }
@@ -77,13 +77,12 @@ impl<T: Send + 'static, R: Send + 'static> GroupCommit<T, R> {
     }
 
     /// Queue `row` and wait until its batch is committed.
-    pub async fn write(&self, row: T) -> Result<R, KbsError> {
+    pub async fn write(&self, row: T) -> Result<R, DbError> {
         let (tx, rx) = oneshot::channel();
         self.queue
             .send((row, tx))
-            .map_err(|_| KbsError::Storage("the database writer has stopped".into()))?;
-        rx.await
-            .map_err(|_| KbsError::Storage("the database writer has stopped".into()))?
+            .map_err(|_| DbError::WriterStopped)?;
+        rx.await.map_err(|_| DbError::WriterStopped)?
     }
 }
 
@@ -148,13 +147,13 @@ mod tests {
         let g = GroupCommit::<u32, u32>::spawn(Box::new(|rows| {
             Box::pin(async move {
                 if rows.contains(&7) {
-                    Err(KbsError::Storage("disk full".into()))
+                    Err(DbError::Batch("disk full".into()))
                 } else {
                     Ok(rows)
                 }
             })
         }));
-        assert!(matches!(g.write(7).await, Err(KbsError::Storage(m)) if m.contains("disk full")));
+        assert!(matches!(g.write(7).await, Err(DbError::Batch(m)) if m.contains("disk full")));
         assert_eq!(g.write(8).await.unwrap(), 8);
     }
 

@@ -1,13 +1,43 @@
-//! A self-signed ECDSA P-256 server certificate for development and tests (`cgx kbs dev-cert`):
-//! the KBS serves TLS by default, so even a laptop setup gets it. Production certificates come
-//! from the operator's CA.
+//! TLS for every listener: rustls on aws-lc-rs from PEM files, and a self-signed ECDSA P-256
+//! certificate for development and tests (`cgx kbs dev-cert`): services serve TLS by default, so
+//! even a laptop setup gets it. Production certificates come from the operator's CA.
 
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair};
 
-use super::error::KbsError;
+use std::path::PathBuf;
+use std::sync::Arc;
 
+use crate::ServiceError;
 use cgx_protocol::kbs::der::{pem, seq, tlv};
+
+/// A certificate chain and its key, PEM files.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The rustls server configuration for `files` (HTTP/1.1 by ALPN).
+pub fn server_config(files: &TlsFiles) -> Result<rustls::ServerConfig, ServiceError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| ServiceError::Tls(format!("{}: {e}", files.cert.display())))?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| ServiceError::Tls(format!("{}: {e}", files.key.display())))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ServiceError::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| ServiceError::Tls(format!("certificate/key: {e}")))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
 
 fn oid(arcs: &[u8]) -> Vec<u8> {
     tlv(0x06, arcs)
@@ -28,8 +58,8 @@ fn utc_time(t: time::OffsetDateTime) -> Vec<u8> {
 }
 
 /// (certificate PEM, PKCS#8 key PEM) for `names` (DNS names or IP addresses), valid for a year.
-pub fn self_signed(names: &[&str]) -> Result<(String, String), KbsError> {
-    let err = |w: &str| KbsError::Internal(format!("self-signed certificate: {w}"));
+pub fn self_signed(names: &[&str]) -> Result<(String, String), ServiceError> {
+    let err = |w: &str| ServiceError::Tls(format!("self-signed certificate: {w}"));
     let rng = SystemRandom::new();
     let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng)
         .map_err(|_| err("key generation"))?;

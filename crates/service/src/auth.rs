@@ -1,0 +1,170 @@
+//! Administrator authentication for every service's admin API: a bearer EdDSA token (compact
+//! JWS, as CoCo's kbs-client signs them) under one of the configured Ed25519 keys, each key
+//! scoped to the repositories (tenants) it may change, `*` for all and the global settings.
+//!
+//! [`Admin`] is an extractor: a handler that takes one cannot run for an unauthenticated
+//! caller, and it runs before the handler reads its path or body.
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+use axum::response::IntoResponse;
+
+use crate::jwt;
+
+/// Why an admin request was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AuthError {
+    #[error("no bearer token")]
+    NoToken,
+    #[error(transparent)]
+    Token(#[from] jwt::JwtError),
+    #[error("admin key {key} may not change {what}")]
+    OutOfScope { key: usize, what: String },
+}
+
+/// Configured admin keys and their scopes.
+#[derive(Debug, Clone, Default)]
+pub struct AdminKeys {
+    keys: Vec<[u8; 32]>,
+    scopes: Vec<Vec<String>>,
+}
+
+impl AdminKeys {
+    /// `(Ed25519 public key, repositories)` pairs.
+    pub fn new(keys: Vec<([u8; 32], Vec<String>)>) -> Self {
+        let (keys, scopes) = keys.into_iter().unzip();
+        AdminKeys { keys, scopes }
+    }
+
+    /// The administrator whose key signed `token`, valid at `now`.
+    pub fn authenticate(&self, token: &str, now: i64) -> Result<Admin, AuthError> {
+        let (index, _) = jwt::verify_eddsa(token, &self.keys, now)?;
+        Ok(Admin {
+            index,
+            repositories: Arc::new(self.scopes.get(index).cloned().unwrap_or_default()),
+        })
+    }
+}
+
+/// State that can authenticate administrators: its keys, its clock, and how it reports a
+/// refusal (its own error type, so the wire form is the service's).
+pub trait AdminState: Send + Sync + 'static {
+    type Rejection: From<AuthError> + IntoResponse;
+    fn admin_keys(&self) -> &AdminKeys;
+    /// Unix seconds now (the service's injected clock).
+    fn unix_now(&self) -> i64;
+}
+
+/// An authenticated administrator.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    index: usize,
+    repositories: Arc<Vec<String>>,
+}
+
+impl Admin {
+    /// How the audit trail names this administrator.
+    pub fn actor(&self) -> String {
+        format!("admin:{}", self.index)
+    }
+
+    /// May this administrator change `repository` (`None`: a global setting, which needs `*`)?
+    pub fn may(&self, repository: Option<&str>) -> Result<(), AuthError> {
+        let all = self.repositories.iter().any(|r| r == "*");
+        if all || repository.is_some_and(|want| self.repositories.iter().any(|r| r == want)) {
+            Ok(())
+        } else {
+            Err(AuthError::OutOfScope {
+                key: self.index,
+                what: repository
+                    .map_or("global settings".to_string(), |r| format!("repository {r}")),
+            })
+        }
+    }
+}
+
+/// The bearer token of a request, if any.
+pub fn bearer(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+impl<T: AdminState> FromRequestParts<Arc<T>> for Admin {
+    type Rejection = T::Rejection;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<T>,
+    ) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts).ok_or(AuthError::NoToken)?;
+        Ok(state.admin_keys().authenticate(token, state.unix_now())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+
+    fn key() -> (Vec<u8>, [u8; 32]) {
+        let doc = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new()).unwrap();
+        let kp = Ed25519KeyPair::from_pkcs8(doc.as_ref()).unwrap();
+        (
+            doc.as_ref().to_vec(),
+            kp.public_key().as_ref().try_into().unwrap(),
+        )
+    }
+
+    #[test]
+    fn scopes_tokens_and_refusals() {
+        let (all_sk, all_pk) = key();
+        let (tenant_sk, tenant_pk) = key();
+        let (stranger_sk, _) = key();
+        let keys = AdminKeys::new(vec![
+            (all_pk, vec!["*".into()]),
+            (tenant_pk, vec!["acme".into()]),
+        ]);
+        let now = 1_000_000;
+        let token = |sk: &[u8], exp: i64| {
+            jwt::sign_eddsa(sk, &serde_json::json!({"iat": now, "exp": exp})).unwrap()
+        };
+        let root = keys.authenticate(&token(&all_sk, now + 60), now).unwrap();
+        assert_eq!(root.actor(), "admin:0");
+        assert!(root.may(None).is_ok() && root.may(Some("other")).is_ok());
+        let tenant = keys
+            .authenticate(&token(&tenant_sk, now + 60), now)
+            .unwrap();
+        assert!(tenant.may(Some("acme")).is_ok());
+        assert_eq!(
+            tenant.may(Some("other")),
+            Err(AuthError::OutOfScope {
+                key: 1,
+                what: "repository other".into()
+            })
+        );
+        assert!(tenant.may(None).is_err(), "global settings need *");
+        assert!(matches!(
+            keys.authenticate(&token(&stranger_sk, now + 60), now),
+            Err(AuthError::Token(jwt::JwtError::Signature))
+        ));
+        assert!(matches!(
+            keys.authenticate(&token(&all_sk, now - 1), now),
+            Err(AuthError::Token(jwt::JwtError::Expired(_)))
+        ));
+        assert!(
+            AdminKeys::default()
+                .authenticate(&token(&all_sk, now + 60), now)
+                .is_err()
+        );
+    }
+}

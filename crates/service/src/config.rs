@@ -1,0 +1,141 @@
+//! Configuration files: TOML (`.toml`) or JSON (anything else, as deployments already write
+//! them), then environment overrides, then the service's own checks.
+//!
+//! An override names a key path under the service's prefix with `__` between levels:
+//! `CGX_KBS__LISTEN=0.0.0.0:8443`, `CGX_KBS__COLLATERAL__ONLINE=true`. A value that parses as
+//! JSON (`true`, `300`, `["*"]`) is taken as that; anything else as a string.
+
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::ServiceError;
+
+/// Largest configuration file read.
+const MAX_CONFIG: u64 = 1 << 20;
+
+/// Read `path`, apply `env` overrides for `prefix` (e.g. `CGX_KBS`), and deserialize.
+pub fn load<T: DeserializeOwned>(
+    path: &Path,
+    prefix: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<T, ServiceError> {
+    let bad = |e: &dyn std::fmt::Display| ServiceError::Config(format!("{}: {e}", path.display()));
+    let len = std::fs::metadata(path).map_err(|e| bad(&e))?.len();
+    if len > MAX_CONFIG {
+        return Err(bad(&format!("{len} bytes, more than {MAX_CONFIG}")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| bad(&e))?;
+    let mut value: Value = if path.extension().is_some_and(|e| e == "toml") {
+        toml::from_str(&text).map_err(|e| bad(&e))?
+    } else {
+        serde_json::from_str(&text).map_err(|e| bad(&e))?
+    };
+    apply_env(&mut value, prefix, env)?;
+    serde_json::from_value(value).map_err(|e| bad(&e))
+}
+
+/// Apply `PREFIX__A__B=value` overrides to `value`.
+pub fn apply_env(
+    value: &mut Value,
+    prefix: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ServiceError> {
+    let start = format!("{prefix}__");
+    let mut vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(&start))
+        .collect();
+    vars.sort();
+    for (name, raw) in vars {
+        let path: Vec<String> = name[start.len()..]
+            .split("__")
+            .map(str::to_ascii_lowercase)
+            .collect();
+        if path.iter().any(String::is_empty) {
+            return Err(ServiceError::Config(format!("{name}: empty key")));
+        }
+        let parsed = serde_json::from_str(&raw).unwrap_or(Value::String(raw));
+        let mut at = &mut *value;
+        for key in &path {
+            if !at.is_object() {
+                return Err(ServiceError::Config(format!(
+                    "{name}: {key} is inside a value that is not a table"
+                )));
+            }
+            let Value::Object(map) = at else {
+                return Err(ServiceError::Config(format!("{name}: not a table")));
+            };
+            at = map
+                .entry(key.clone())
+                .or_insert(Value::Object(Default::default()));
+        }
+        *at = parsed;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct C {
+        listen: String,
+        #[serde(default)]
+        ttl: i64,
+        #[serde(default)]
+        inner: Inner,
+    }
+    #[derive(Debug, Default, serde::Deserialize, PartialEq)]
+    struct Inner {
+        #[serde(default)]
+        online: bool,
+        #[serde(default)]
+        keys: Vec<String>,
+    }
+
+    fn file(name: &str, text: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("cgx-config-{}-{name}", std::process::id()));
+        std::fs::write(&d, text).unwrap();
+        d
+    }
+
+    #[test]
+    fn toml_and_json_read_alike_and_env_overrides_win() {
+        let t = file(
+            "a.toml",
+            "listen = \"127.0.0.1:1\"\nttl = 5\n[inner]\nonline = false\n",
+        );
+        let j = file(
+            "a.json",
+            r#"{"listen": "127.0.0.1:1", "ttl": 5, "inner": {"online": false}}"#,
+        );
+        let a: C = load(&t, "X", []).unwrap();
+        let b: C = load(&j, "X", []).unwrap();
+        assert_eq!(a, b);
+        let env = [
+            ("X__TTL".to_string(), "60".to_string()),
+            ("X__INNER__ONLINE".to_string(), "true".to_string()),
+            ("X__INNER__KEYS".to_string(), r#"["k1"]"#.to_string()),
+            ("X__LISTEN".to_string(), "0.0.0.0:9".to_string()),
+            ("OTHER__TTL".to_string(), "1".to_string()),
+        ];
+        let c: C = load(&t, "X", env).unwrap();
+        assert_eq!(c.ttl, 60);
+        assert!(c.inner.online);
+        assert_eq!(c.inner.keys, ["k1"]);
+        assert_eq!(c.listen, "0.0.0.0:9");
+        // Unknown keys, from a file or the environment, are refused.
+        let e = load::<C>(&t, "X", [("X__NOPE".into(), "1".into())]).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+        let e = load::<C>(&t, "X", [("X__TTL__DEEP".into(), "1".into())]).unwrap_err();
+        assert!(e.to_string().contains("not a table"), "{e}");
+        let bad = file("bad.toml", "listen = ");
+        assert!(load::<C>(&bad, "X", []).is_err());
+        assert!(load::<C>(Path::new("/nonexistent/cgx.toml"), "X", []).is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! The database every cgx service uses: sqlx's `Any` driver over SQLite (the embedded default,
+//! one replica) or PostgreSQL (several replicas), one SQL dialect (`$n` placeholders work on
+//! both), versioned migrations that replicas starting together run exactly once, writers that
+//! keep their connection, and [`GroupCommit`] for the writes every request makes.
+//!
+//! A row proves nothing by itself: services verify what they read (see DESIGN.md's trust model).
+
+mod group_commit;
+
+use std::sync::Arc;
+
+use sqlx::AnyPool;
+use sqlx::Row;
+use sqlx::any::AnyPoolOptions;
+
+pub use group_commit::{GroupCommit, MAX_BATCH, WriteBatch, placeholders};
+
+/// Database errors. What reaches a client is only the service's own error code: a driver's
+/// message can name tables, files and hosts.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    #[error("database URL: {0}")]
+    Url(String),
+    #[error(transparent)]
+    Sqlx(#[from] sqlx::Error),
+    #[error("batch write: {0}")]
+    Batch(String),
+    #[error("the database writer has stopped")]
+    WriterStopped,
+}
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// One versioned migration: the statements for each backend (`;`-separated; empty: nothing to
+/// do on that backend). Versions only grow; a migration never changes once released.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: i64,
+    pub sqlite: &'static str,
+    pub postgres: &'static str,
+}
+
+/// A connection pool and what it is connected to.
+#[derive(Debug, Clone)]
+pub struct Database {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+impl Database {
+    /// Connect: `sqlite://PATH` (created if missing; WAL, mmap reads) or `postgres://…`.
+    pub async fn open(url: &str) -> Result<Self, DbError> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else {
+            return Err(DbError::Url(format!(
+                "must be sqlite://… or postgres://…, not '{}'",
+                url.split(':').next().unwrap_or("")
+            )));
+        };
+        let sqlite = backend == Backend::Sqlite;
+        let url = if sqlite && !url.contains('?') && !url.contains(":memory:") {
+            format!("{url}?mode=rwc")
+        } else {
+            url.to_string()
+        };
+        let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 8 } else { 16 });
+        if sqlite {
+            // An embedded database does not drop connections: pinging each one before use would
+            // cost every statement a second round trip to its worker thread.
+            opts = opts.test_before_acquire(false);
+            opts = opts.after_connect(|conn, _| {
+                Box::pin(async move {
+                    use sqlx::Executor;
+                    conn.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;")
+                        .await?;
+                    Ok(())
+                })
+            });
+        }
+        Ok(Database {
+            pool: opts.connect(&url).await?,
+            backend,
+        })
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// A transaction that holds the database's migration lock `lock` (a service's own number):
+    /// replicas that start together migrate one at a time, and the later ones find the work
+    /// done. SQLite: `BEGIN IMMEDIATE` takes the write lock before anything is read (a deferred
+    /// transaction that read first could not write after another's commit); PostgreSQL: a
+    /// transaction-scoped advisory lock.
+    async fn migration_tx(
+        &self,
+        lock: i64,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Any>, DbError> {
+        match self.backend {
+            Backend::Postgres => {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(lock)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(tx)
+            }
+            Backend::Sqlite => Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?),
+        }
+    }
+
+    /// Apply every migration not yet applied, in order, each in its own locked transaction;
+    /// `now` (Unix seconds) is recorded as when.
+    pub async fn migrate(
+        &self,
+        lock: i64,
+        migrations: &[Migration],
+        now: i64,
+    ) -> Result<(), DbError> {
+        let mut tx = self.migration_tx(lock).await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        for m in migrations {
+            let mut tx = self.migration_tx(lock).await?;
+            let done = sqlx::query("SELECT version FROM schema_migrations WHERE version = $1")
+                .bind(m.version)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if done.is_some() {
+                continue;
+            }
+            let sql = match self.backend {
+                Backend::Postgres => m.postgres,
+                Backend::Sqlite => m.sqlite,
+            };
+            for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+                sqlx::query(stmt).execute(&mut *tx).await?;
+            }
+            sqlx::query(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING",
+            )
+            .bind(m.version)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// The highest applied migration.
+    pub async fn schema_version(&self) -> Result<i64, DbError> {
+        let row = sqlx::query("SELECT MAX(version) AS v FROM schema_migrations")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get::<i64, _>("v").unwrap_or(0))
+    }
+
+    /// Fold the SQLite write-ahead log back into the database without blocking writers (a
+    /// service does this often, so commits never pay for a checkpoint); nothing on PostgreSQL.
+    pub async fn checkpoint(&self) -> Result<(), DbError> {
+        if self.backend == Backend::Sqlite {
+            sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Wait for every connection to come back, then close.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// The connection a batch writer keeps between batches: no pool round trip per batch, and its
+/// page cache stays warm for its table. Dropped after an error; the next batch takes a new one.
+#[derive(Clone)]
+pub struct WriterConn {
+    pool: AnyPool,
+    conn: Arc<tokio::sync::Mutex<Option<sqlx::pool::PoolConnection<sqlx::Any>>>>,
+}
+
+impl std::fmt::Debug for WriterConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriterConn").finish_non_exhaustive()
+    }
+}
+
+impl WriterConn {
+    pub fn new(db: &Database) -> Self {
+        WriterConn {
+            pool: db.pool.clone(),
+            conn: Arc::new(tokio::sync::Mutex::new(None)),
+        }
+    }
+
+    /// Run `q` on the kept connection (taking one from the pool first if there is none).
+    pub async fn fetch_all(
+        &self,
+        q: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> Result<Vec<sqlx::any::AnyRow>, DbError> {
+        let mut slot = self.conn.lock().await;
+        let conn = match &mut *slot {
+            Some(c) => c,
+            empty => empty.insert(self.pool.acquire().await?),
+        };
+        let answered = q.fetch_all(&mut **conn).await;
+        if answered.is_err() {
+            *slot = None;
+        }
+        Ok(answered?)
+    }
+
+    /// Give the kept connection back (before the pool closes).
+    pub async fn release(&self) {
+        *self.conn.lock().await = None;
+    }
+}

@@ -1,0 +1,40 @@
+//! The service layer every cgx server stands on (the KBS now, the broker next): only this crate
+//! and the services' own `http` modules know HTTP.
+//!
+//! - [`server`]: bind, TLS or loopback-only plain HTTP, a connection cap, a header timeout,
+//!   background tasks, graceful drain, signals;
+//! - [`clock`]: the injected clock (tests move time instead of sleeping);
+//! - [`error`]: errors as RFC 9457 problem details with stable codes, no internals on the wire;
+//! - [`metrics`]: Prometheus metrics with a layer keyed by matched route;
+//! - [`auth`] and [`jwt`]: the admin-auth extractor over EdDSA bearer tokens;
+//! - [`config`]: TOML or JSON files plus environment overrides;
+//! - [`db`]: the sqlx database (SQLite or PostgreSQL), locked versioned migrations, kept writer
+//!   connections and group commit;
+//! - [`tls`]: rustls server configuration and development certificates.
+
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod jwt;
+pub mod metrics;
+pub mod server;
+pub mod tls;
+
+pub use clock::{Clock, SharedClock};
+pub use server::{Background, ListenerConfig, Running};
+
+/// Errors starting or configuring a service.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("listen {addr}: {detail}")]
+    Bind { addr: String, detail: String },
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("signals: {0}")]
+    Signal(String),
+}

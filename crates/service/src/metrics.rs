@@ -1,0 +1,143 @@
+//! Prometheus metrics in the text exposition format, kept in small maps: no metrics crate,
+//! nothing on the hot path heavier than a mutex around a counter bump. [`track`] is the layer
+//! that counts every request by its matched route (`/kbs/v0/resource/{repo}/{kind}/{tag}`, not
+//! the path a client sent, so the label set stays bounded) and status, with a latency
+//! histogram; services add their own outcome counters with [`Metrics::event`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+
+/// Upper bounds (seconds) of the request-duration histogram buckets.
+const BUCKETS: [f64; 10] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+/// A service's metrics, named `<prefix>_requests_total`, `<prefix>_request_duration_seconds`
+/// and `<prefix>_events_total`.
+#[derive(Debug)]
+pub struct Metrics {
+    prefix: &'static str,
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    durations: Mutex<BTreeMap<String, Histogram>>,
+    events: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+}
+
+/// The layer (`Router::route_layer(from_fn_with_state(metrics, track))`) that records every
+/// matched request.
+pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    metrics.request(
+        route.as_ref().map_or("unmatched", |r| r.as_str()),
+        resp.status().as_u16(),
+        started.elapsed(),
+    );
+    resp
+}
+
+impl Metrics {
+    pub fn new(prefix: &'static str) -> Self {
+        Metrics {
+            prefix,
+            requests: Mutex::new(BTreeMap::new()),
+            durations: Mutex::new(BTreeMap::new()),
+            events: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn request(&self, route: &str, status: u16, took: Duration) {
+        if let Ok(mut r) = self.requests.lock() {
+            *r.entry((route.to_string(), status)).or_default() += 1;
+        }
+        if let Ok(mut d) = self.durations.lock() {
+            if !d.contains_key(route) {
+                d.insert(route.to_string(), Histogram::default());
+            }
+            let Some(h) = d.get_mut(route) else {
+                return;
+            };
+            let s = took.as_secs_f64();
+            for (i, b) in BUCKETS.iter().enumerate() {
+                if s <= *b {
+                    h.counts[i] += 1;
+                }
+            }
+            h.sum += s;
+            h.count += 1;
+        }
+    }
+
+    /// Count an outcome, e.g. `("attestation", "affirming")`, `("release", "denied")`.
+    pub fn event(&self, what: &'static str, outcome: &'static str) {
+        if let Ok(mut e) = self.events.lock() {
+            *e.entry((what, outcome)).or_default() += 1;
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let p = self.prefix;
+        let mut out = String::new();
+        out.push_str(&format!(
+            "# HELP {p}_requests_total HTTP requests by route and status.\n"
+        ));
+        out.push_str(&format!("# TYPE {p}_requests_total counter\n"));
+        if let Ok(r) = self.requests.lock() {
+            for ((e, s), n) in r.iter() {
+                out.push_str(&format!(
+                    "{p}_requests_total{{route=\"{e}\",status=\"{s}\"}} {n}\n"
+                ));
+            }
+        }
+        out.push_str(&format!(
+            "# HELP {p}_request_duration_seconds Request latency by route.\n"
+        ));
+        out.push_str(&format!("# TYPE {p}_request_duration_seconds histogram\n"));
+        if let Ok(d) = self.durations.lock() {
+            for (e, h) in d.iter() {
+                for (i, b) in BUCKETS.iter().enumerate() {
+                    out.push_str(&format!(
+                        "{p}_request_duration_seconds_bucket{{route=\"{e}\",le=\"{b}\"}} {}\n",
+                        h.counts[i]
+                    ));
+                }
+                out.push_str(&format!(
+                    "{p}_request_duration_seconds_bucket{{route=\"{e}\",le=\"+Inf\"}} {}\n",
+                    h.count
+                ));
+                out.push_str(&format!(
+                    "{p}_request_duration_seconds_sum{{route=\"{e}\"}} {}\n",
+                    h.sum
+                ));
+                out.push_str(&format!(
+                    "{p}_request_duration_seconds_count{{route=\"{e}\"}} {}\n",
+                    h.count
+                ));
+            }
+        }
+        out.push_str(&format!(
+            "# HELP {p}_events_total Outcomes the service counts.\n"
+        ));
+        out.push_str(&format!("# TYPE {p}_events_total counter\n"));
+        if let Ok(e) = self.events.lock() {
+            for ((w, o), n) in e.iter() {
+                out.push_str(&format!(
+                    "{p}_events_total{{event=\"{w}\",outcome=\"{o}\"}} {n}\n"
+                ));
+            }
+        }
+        out
+    }
+}

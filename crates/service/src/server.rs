@@ -1,0 +1,212 @@
+//! The listener every service runs: bind, TLS (rustls) or plain HTTP on loopback, a cap on open
+//! connections, HTTP/1.1 with a header-read timeout, background tasks tied to the server's life,
+//! and a graceful drain at shutdown (SIGINT/SIGTERM or [`Running::shutdown`]).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+
+use crate::ServiceError;
+use crate::tls::{TlsFiles, server_config};
+
+/// Where and how a service listens.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    /// `host:port`; port 0 picks one (tests).
+    pub listen: String,
+    pub tls: Option<TlsFiles>,
+    /// Plain HTTP instead of TLS: refused unless `listen` is a loopback address.
+    pub insecure_dev: bool,
+    /// Connections served at once; further ones wait in the kernel's accept backlog.
+    pub max_connections: usize,
+    /// How long a client has to send a request's head.
+    pub header_timeout: Duration,
+    /// How long open requests may take to finish at shutdown.
+    pub drain: Duration,
+}
+
+impl ListenerConfig {
+    /// Defaults for the limits: 4 096 connections, 30 s to send a head, 10 s to drain.
+    pub fn new(listen: impl Into<String>, tls: Option<TlsFiles>, insecure_dev: bool) -> Self {
+        ListenerConfig {
+            listen: listen.into(),
+            tls,
+            insecure_dev,
+            max_connections: 4096,
+            header_timeout: Duration::from_secs(30),
+            drain: Duration::from_secs(10),
+        }
+    }
+
+    /// Refuse what cannot be served safely: TLS and plain HTTP at once, neither, or plain HTTP
+    /// off loopback.
+    pub fn check(&self) -> Result<SocketAddr, ServiceError> {
+        let addr: SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|e| ServiceError::Config(format!("listen '{}': {e}", self.listen)))?;
+        match (&self.tls, self.insecure_dev) {
+            (Some(_), true) => Err(ServiceError::Config(
+                "tls and insecure_dev are exclusive".into(),
+            )),
+            (None, false) => Err(ServiceError::Config(
+                "no tls: configure tls, or insecure_dev for plain HTTP on loopback".into(),
+            )),
+            (None, true) if !addr.ip().is_loopback() => Err(ServiceError::Config(format!(
+                "insecure_dev serves plain HTTP on loopback only, not {addr}"
+            ))),
+            _ if self.max_connections == 0 => Err(ServiceError::Config(
+                "max_connections must be positive".into(),
+            )),
+            _ => Ok(addr),
+        }
+    }
+}
+
+/// A task that lives as long as the server (housekeeping); aborted at shutdown, before the drain.
+pub type Background = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A running server.
+#[derive(Debug)]
+pub struct Running {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// The bound address (the port chosen when `listen` asked for 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop accepting, stop background tasks, let open requests finish (up to the drain time).
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+/// Bind `config.listen` and serve `router` until [`Running::shutdown`].
+pub async fn start(
+    config: &ListenerConfig,
+    router: Router,
+    background: Vec<Background>,
+) -> Result<Running, ServiceError> {
+    config.check()?;
+    let tls = config.tls.as_ref().map(server_config).transpose()?;
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| ServiceError::Bind {
+            addr: config.listen.clone(),
+            detail: e.to_string(),
+        })?;
+    let addr = listener.local_addr().map_err(|e| ServiceError::Bind {
+        addr: config.listen.clone(),
+        detail: e.to_string(),
+    })?;
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let background = background.into_iter().map(tokio::spawn).collect();
+    let task = tokio::spawn(accept_loop(
+        listener,
+        tls,
+        router,
+        config.clone(),
+        background,
+        stopped,
+    ));
+    tracing::info!(%addr, tls = config.tls.is_some(), "listening");
+    Ok(Running {
+        addr,
+        stop: Some(stop),
+        task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<rustls::ServerConfig>,
+    router: Router,
+    config: ListenerConfig,
+    background: Vec<tokio::task::JoinHandle<()>>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(config.max_connections));
+    loop {
+        // A slot first: at the cap, connections wait in the backlog instead of being served.
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = &mut stopped => break,
+        };
+        let conn = tokio::select! {
+            c = listener.accept() => c,
+            _ = &mut stopped => break,
+        };
+        let Ok((stream, _)) = conn else { continue };
+        let _ = stream.set_nodelay(true);
+        let svc = TowerToHyperService::new(router.clone());
+        let watcher = graceful.watcher();
+        let acceptor = acceptor.clone();
+        let header_timeout = config.header_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            match acceptor {
+                Some(a) => {
+                    let Ok(s) = a.accept(stream).await else {
+                        return;
+                    };
+                    let _ = watcher
+                        .watch(builder.serve_connection(TokioIo::new(s), svc))
+                        .await;
+                }
+                None => {
+                    let _ = watcher
+                        .watch(builder.serve_connection(TokioIo::new(stream), svc))
+                        .await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    for b in background {
+        b.abort();
+    }
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(config.drain) => {
+            tracing::warn!(drain = ?config.drain, "connections still open after the drain time; closing");
+        }
+    }
+}
+
+/// Wait for SIGINT or SIGTERM.
+pub async fn shutdown_signal() -> Result<(), ServiceError> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| ServiceError::Signal(e.to_string()))?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+    Ok(())
+}
