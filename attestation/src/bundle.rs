@@ -363,6 +363,8 @@ impl Bundle {
 
 /// The shared real-hardware vectors folder: `$CGX_VECTORS` when set, else `shared/vectors` in
 /// `start` or one of its ancestors' parents (`<checkout>/../shared/vectors`). `None` when absent.
+/// A development aid (tests and `cgx bench`): feature `test-support`.
+#[cfg(feature = "test-support")]
 pub fn shared_vectors(start: &Path) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("CGX_VECTORS") {
         let p = PathBuf::from(p);

@@ -10,6 +10,7 @@
 use dcap_qvl::QuoteCollateralV3;
 use dcap_qvl::quote::Report;
 use dcap_qvl::verify::QuoteVerifier;
+#[cfg(feature = "test-support")]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::ChainCache;
@@ -39,9 +40,12 @@ struct AwsLcDcap;
 
 /// P-256 verifications performed for TDX, process-wide: `cgx bench verify` reads it to learn
 /// how many signature checks one quote costs, which sets the bound TDX throughput chases.
+/// Counted only with the `test-support` feature (the benchmark's build).
+#[cfg(feature = "test-support")]
 static P256_VERIFICATIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Number of ECDSA P-256 verifications TDX verification has performed in this process.
+#[cfg(feature = "test-support")]
 pub fn p256_verifications() -> u64 {
     P256_VERIFICATIONS.load(Ordering::Relaxed)
 }
@@ -58,6 +62,7 @@ impl rustls_pki_types::SignatureVerificationAlgorithm for EcdsaP256Sha256 {
         message: &[u8],
         signature: &[u8],
     ) -> std::result::Result<(), rustls_pki_types::InvalidSignature> {
+        #[cfg(feature = "test-support")]
         P256_VERIFICATIONS.fetch_add(1, Ordering::Relaxed);
         aws_lc_rs::signature::UnparsedPublicKey::new(
             &aws_lc_rs::signature::ECDSA_P256_SHA256_ASN1,

@@ -3,8 +3,17 @@
 //! This binary only parses arguments, reads and writes files, and prints; verification lives in
 //! `cgx-attestation`.
 
-mod commands;
+mod appraise;
+mod bench;
+mod collateral;
 mod kbs;
+mod output;
+mod policy;
+mod rim;
+mod sim;
+mod up;
+mod verify;
+mod weights;
 
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -317,16 +326,16 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Up => commands::up(),
+        Command::Up => up::up(),
         Command::Verify {
             evidence,
             collateral,
             nonce,
             rims,
             rim_ignore_signer_expiry,
-        } => commands::verify(
+        } => verify::verify(
             &evidence,
-            &commands::VerifyOptions {
+            &verify::VerifyOptions {
                 nonce: nonce.as_deref(),
                 collateral: collateral.as_deref(),
                 rims: &rims,
@@ -339,9 +348,9 @@ fn main() -> ExitCode {
             reference_values,
             signing_key,
             nonce,
-        } => commands::appraise(
+        } => appraise::appraise(
             &evidence,
-            &commands::AppraiseOptions {
+            &appraise::AppraiseOptions {
                 policy: policy.as_deref(),
                 reference_values: reference_values.as_deref(),
                 signing_key: signing_key.as_deref(),
@@ -350,14 +359,14 @@ fn main() -> ExitCode {
         ),
         Command::Collateral { command, source } => match command {
             CollateralCommand::Fetch { bundles, rim_ids } => {
-                commands::collateral_fetch(&source, &bundles, &rim_ids)
+                collateral::fetch(&source, &bundles, &rim_ids)
             }
-            CollateralCommand::Import { paths } => commands::collateral_import(&source, &paths),
-            CollateralCommand::Export { dir } => commands::collateral_export(&source, &dir),
-            CollateralCommand::Ls { json } => commands::collateral_ls(&source, json),
+            CollateralCommand::Import { paths } => collateral::import(&source, &paths),
+            CollateralCommand::Export { dir } => collateral::export(&source, &dir),
+            CollateralCommand::Ls { json } => collateral::ls(&source, json),
         },
         Command::Policy { command } => match command {
-            PolicyCommand::Test { dir } => commands::policy_test(&dir),
+            PolicyCommand::Test { dir } => policy::test(&dir),
         },
         Command::Sim { kind } => match kind {
             SimKind::Snp {
@@ -367,7 +376,7 @@ fn main() -> ExitCode {
                 product,
                 vlek,
                 version,
-            } => commands::sim_snp(
+            } => sim::snp(
                 &out,
                 report_data.as_deref(),
                 measurement.as_deref(),
@@ -379,7 +388,7 @@ fn main() -> ExitCode {
                 vlek,
                 version,
             ),
-            SimKind::Nvidia { out, nonce } => commands::sim_nvidia(&out, nonce.as_deref()),
+            SimKind::Nvidia { out, nonce } => sim::nvidia(&out, nonce.as_deref()),
         },
         Command::Rim { command } => match command {
             RimCommand::Verify {
@@ -387,7 +396,7 @@ fn main() -> ExitCode {
                 at,
                 ignore_signer_expiry,
                 json,
-            } => commands::rim_verify(&files, at.as_deref(), ignore_signer_expiry, json),
+            } => rim::verify(&files, at.as_deref(), ignore_signer_expiry, json),
         },
         Command::Kbs { command } => match command {
             KbsCommand::Serve {
@@ -404,16 +413,16 @@ fn main() -> ExitCode {
                 admin_key,
                 ca,
                 lease_required,
-            } => kbs::keygen(&url, &path, &admin_key, ca.as_deref(), lease_required),
+            } => weights::keygen(&url, &path, &admin_key, ca.as_deref(), lease_required),
             WeightsCommand::Encrypt {
                 recipient,
                 input,
                 output,
                 threads,
                 quiet,
-            } => kbs::encrypt(&recipient, &input, &output, threads, quiet),
+            } => weights::encrypt(&recipient, &input, &output, threads, quiet),
         },
-        Command::Bench { args } => commands::bench(&args),
+        Command::Bench { args } => bench::run(&args),
     };
     match result {
         Ok(code) => code,

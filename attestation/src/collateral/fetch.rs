@@ -10,7 +10,9 @@
 //! `amd_min_interval`, and a 429's `Retry-After` is honoured for every vendor.
 //!
 //! This is the I/O edge: it uses the network and a monotonic clock for pacing; validity is still
-//! judged at the caller's `now`.
+//! judged at the caller's `now`. The HTTP client is compiled only with the crate's `fetch`
+//! feature (the KBS and the `cgx` command enable it); without it every source is
+//! [`CollateralSource::offline`] and the verification core links no network code at all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -112,7 +114,9 @@ struct Pacing {
 #[derive(Debug)]
 pub struct CollateralSource {
     store: Mutex<CollateralStore>,
-    agent: ureq::Agent,
+    /// `None`: offline (and always so without the `fetch` feature).
+    #[cfg(feature = "fetch")]
+    agent: Option<ureq::Agent>,
     endpoints: Endpoints,
     policy: FetchPolicy,
     pacing: Mutex<HashMap<Vendor, Pacing>>,
@@ -134,6 +138,8 @@ struct Answer {
 }
 
 impl CollateralSource {
+    /// A source that refreshes from the vendors at `endpoints`.
+    #[cfg(feature = "fetch")]
     pub fn new(store: CollateralStore, endpoints: Endpoints, policy: FetchPolicy) -> Self {
         let tls = ureq::tls::TlsConfig::builder()
             .provider(ureq::tls::TlsProvider::Rustls)
@@ -152,7 +158,7 @@ impl CollateralSource {
         );
         CollateralSource {
             store: Mutex::new(store),
-            agent,
+            agent: Some(agent),
             endpoints,
             policy,
             pacing: Mutex::new(HashMap::new()),
@@ -163,16 +169,19 @@ impl CollateralSource {
 
     /// A source that only reads `store` (air-gapped verification): no request ever leaves.
     pub fn offline(store: CollateralStore) -> Self {
-        let mut s = Self::new(
-            store,
-            Endpoints::default(),
-            FetchPolicy {
+        CollateralSource {
+            store: Mutex::new(store),
+            #[cfg(feature = "fetch")]
+            agent: None,
+            endpoints: Endpoints::default(),
+            policy: FetchPolicy {
                 refresh_after_secs: i64::MAX,
                 ..FetchPolicy::default()
             },
-        );
-        s.offline = true;
-        s
+            pacing: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
+            offline: true,
+        }
     }
 
     /// The item for `key` at Unix time `now`.
@@ -273,6 +282,7 @@ impl CollateralSource {
         Ok(())
     }
 
+    #[cfg(feature = "fetch")]
     fn back_off(&self, vendor: Vendor, secs: u64) {
         if let Ok(mut pacing) = self.pacing.lock() {
             let until = Instant::now() + Duration::from_secs(secs);
@@ -281,16 +291,31 @@ impl CollateralSource {
         }
     }
 
+    #[cfg(not(feature = "fetch"))]
+    fn request(
+        &self,
+        _vendor: Vendor,
+        url: &str,
+        _post: Option<(&'static str, Vec<u8>)>,
+    ) -> std::result::Result<Answer, String> {
+        Err(format!(
+            "{url}: built without the fetch feature (offline only)"
+        ))
+    }
+
+    #[cfg(feature = "fetch")]
     fn request(
         &self,
         vendor: Vendor,
         url: &str,
         post: Option<(&'static str, Vec<u8>)>,
     ) -> std::result::Result<Answer, String> {
+        let Some(agent) = &self.agent else {
+            return Err(format!("{url}: offline source"));
+        };
         let sent = match post {
-            None => self.agent.get(url).call(),
-            Some((content_type, body)) => self
-                .agent
+            None => agent.get(url).call(),
+            Some((content_type, body)) => agent
                 .post(url)
                 .header("content-type", content_type)
                 .send(&body[..]),
@@ -432,6 +457,7 @@ fn split_signed(body: &str, field: &str) -> Result<(String, String)> {
     Ok((raw.get().to_string(), s.signature))
 }
 
+#[cfg(feature = "fetch")]
 fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

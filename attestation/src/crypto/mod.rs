@@ -2,11 +2,12 @@
 //!
 //! Every signature check in the verifiers (SNP report and AMD chain, NVIDIA SPDM and device chain,
 //! RIM XML-DSig) goes through [`CryptoProvider`], so a FIPS or hardware backend is a swap of one
-//! value, as rustls does with its `CryptoProvider`. The default is [`AwsLc`]: on this class of
-//! machine aws-lc-rs verifies P-384 about 3.8× faster than ring (see `../shared/CRATES.md`).
-//! Its *prepared* P-384 keys (the cached VCEK and GPU device keys, each used for thousands of
-//! signatures) verify with per-key precomputed tables instead (`crypto/p384.rs`, ~2.5× aws-lc);
-//! aws-lc still parses and validates them. TDX quotes are verified by dcap-qvl, which brings its own (ring) backend.
+//! value, as rustls does with its `CryptoProvider`. The default is [`AwsLcWithP384Tables`]:
+//! aws-lc-rs (on this class of machine it verifies P-384 about 3.8× faster than ring, see
+//! `../shared/CRATES.md`), except that *prepared* P-384 keys (the cached VCEK and GPU device
+//! keys, each used for thousands of signatures) verify with per-key precomputed tables
+//! (`crypto/p384.rs`, ~2.5× aws-lc); aws-lc still parses and validates those keys. TDX quotes
+//! are verified by dcap-qvl configured on aws-lc-rs too (`tdx.rs`).
 
 use std::fmt;
 
@@ -64,12 +65,14 @@ pub trait CryptoProvider: Send + Sync + fmt::Debug {
     fn digest(&self, alg: DigestAlg, data: &[&[u8]]) -> Vec<u8>;
 }
 
-/// The aws-lc-rs backend.
+/// aws-lc-rs for every check and digest, except prepared P-384 keys: those verify through
+/// cgx's precomputed tables (`crypto/p384.rs`, variable-time, public data only) while the table
+/// memory budget lasts, and through aws-lc after.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct AwsLc;
+pub struct AwsLcWithP384Tables;
 
 /// The default provider.
-pub static DEFAULT_PROVIDER: AwsLc = AwsLc;
+pub static DEFAULT_PROVIDER: AwsLcWithP384Tables = AwsLcWithP384Tables;
 
 fn aws_alg(alg: SigAlg) -> &'static dyn aws_lc_rs::signature::VerificationAlgorithm {
     use aws_lc_rs::signature as s;
@@ -101,7 +104,7 @@ impl PreparedKey for AwsPrepared {
     }
 }
 
-impl CryptoProvider for AwsLc {
+impl CryptoProvider for AwsLcWithP384Tables {
     fn verify(
         &self,
         alg: SigAlg,

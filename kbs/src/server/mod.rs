@@ -424,14 +424,16 @@ async fn checkpoints(kbs: Arc<Kbs>) {
 /// How often the SQLite write-ahead log is checkpointed (see [`checkpoints`]).
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
-/// `cgx kbs serve`: run until SIGINT or SIGTERM, then shut down gracefully. `on_listen` is told
-/// the bound address.
-pub async fn serve(config: &KbsConfig, on_listen: impl FnOnce(SocketAddr)) -> Result<(), KbsError> {
+/// Serve `config` until `shutdown` completes (`cgx kbs serve` passes SIGINT/SIGTERM), then
+/// drain and close. `on_listen` is told the bound address.
+pub async fn run(
+    config: &KbsConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+    on_listen: impl FnOnce(SocketAddr),
+) -> Result<(), KbsError> {
     let running = start(config).await?;
     on_listen(running.addr);
-    cgx_service::server::shutdown_signal()
-        .await
-        .map_err(|e| KbsError::Internal(e.to_string()))?;
+    shutdown.await;
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())

@@ -1,14 +1,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! End to end against a KBS on loopback with simulated evidence: the handshake and release, and
-//! each way release must fail, failing with its own error.
-
-mod common;
+//! The whole system over HTTP: a KBS on loopback (the development network's) with simulated
+//! SNP and GPU evidence that the real verifiers, the appraisal policy and the release policies
+//! judge — the handshake and release, and each way release must fail, failing with its own error.
 
 use base64::Engine;
 use cgx_kbs::client::KbsClient;
 use cgx_protocol::kbs::jwe::thumbprint;
 use cgx_protocol::kbs::rcar::EvidenceSource;
-use common::*;
+use cgx_system_tests::*;
 use serde_json::json;
 
 fn client(base: &str) -> KbsClient {

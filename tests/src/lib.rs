@@ -1,5 +1,5 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
-//! The development network's KBS (`cgx-devnet`: 127.0.0.1:0, SQLite or `CGX_TEST_DATABASE_URL`'s
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Helpers of the whole-system tests (this crate's `tests` targets): the development network's KBS (`cgx-devnet`: 127.0.0.1:0, SQLite or `CGX_TEST_DATABASE_URL`'s
 //! PostgreSQL, simulated nodes, admin and broker keys) and small HTTP helpers.
 
 use std::path::{Path, PathBuf};
@@ -29,6 +29,7 @@ pub fn setup(nodes: &[&SimNode], database: Option<String>) -> Setup {
 }
 
 /// A KBS on its own runtime (the development network's); shut down on drop.
+#[derive(Debug)]
 pub struct Server {
     pub base: String,
     inner: cgx_devnet::Server,
