@@ -126,17 +126,35 @@ fn b64url(b: &[u8]) -> String {
 /// One appraised piece of evidence, named as an EAR submodule (`cpu`, `gpu0`, …).
 #[derive(Debug, Clone, Copy)]
 pub struct Submod<'a> {
-    pub name: &'a str,
+    name: &'a str,
     /// Evidence kind of the appraised claims (`snp`, `tdx`, `nvidia`, …).
-    pub kind: &'a str,
+    kind: &'a str,
     /// Whether the claims came from simulated evidence.
-    pub sim: bool,
+    sim: bool,
     /// [`claims_digest`] of the claims.
-    pub claims_sha256: [u8; 32],
-    pub outcome: &'a Outcome,
+    claims_sha256: [u8; 32],
+    outcome: &'a Outcome,
 }
 
 impl<'a> Submod<'a> {
+    /// A submodule from its parts as given (wire-format tests).
+    #[cfg(feature = "test-support")]
+    pub fn raw(
+        name: &'a str,
+        kind: &'a str,
+        sim: bool,
+        claims_sha256: [u8; 32],
+        outcome: &'a Outcome,
+    ) -> Self {
+        Submod {
+            name,
+            kind,
+            sim,
+            claims_sha256,
+            outcome,
+        }
+    }
+
     /// A submodule for verified `claims`.
     pub fn of(
         name: &'a str,
@@ -342,14 +360,14 @@ impl ResultSigner {
 }
 
 /// The EAT profile this EAR follows.
-pub const EAR_PROFILE: &str = "tag:ietf.org,2026:rats/ear#04";
+pub(crate) const EAR_PROFILE: &str = "tag:ietf.org,2026:rats/ear#04";
 
 /// Verifier claims cgx puts in each appraisal (`ear_verifier_claims`).
-pub const CLAIMS_SHA256: &str = "cgx.claims-sha256";
-pub const KIND: &str = "cgx.kind";
-pub const SIM: &str = "cgx.sim";
-pub const NODE_KEY: &str = "cgx.node-key";
-pub const VIOLATIONS: &str = "cgx.violations";
+const CLAIMS_SHA256: &str = "cgx.claims-sha256";
+const KIND: &str = "cgx.kind";
+const SIM: &str = "cgx.sim";
+const NODE_KEY: &str = "cgx.node-key";
+const VIOLATIONS: &str = "cgx.violations";
 
 /// `ear_verifier_id`: who made the result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -449,36 +467,9 @@ impl EarAppraisal {
         self.verifier_claims.get(name).and_then(|v| v.as_str())
     }
 
-    /// Evidence kind the appraised claims came from (`snp`, `tdx`, `nvidia`, `sample`).
-    pub fn kind(&self) -> Option<&str> {
-        self.claim_str(KIND)
-    }
-
-    /// Whether the appraised claims came from simulated evidence (absent: treated as sim).
-    pub fn sim(&self) -> bool {
-        self.verifier_claims
-            .get(SIM)
-            .and_then(|v| v.as_bool())
-            .unwrap_or(true)
-    }
-
-    /// SHA-256 of the appraised claims ([`claims_digest`]), hex.
-    pub fn claims_sha256(&self) -> Option<&str> {
-        self.claim_str(CLAIMS_SHA256)
-    }
-
     /// The node (TEE) key the evidence bound, as the bytes the verifier recorded.
     pub fn node_key(&self) -> Option<Vec<u8>> {
         self.claim_str(NODE_KEY).and_then(|h| hex::decode(h).ok())
-    }
-
-    /// The policy's violations, described.
-    pub fn violations(&self) -> Vec<&str> {
-        self.verifier_claims
-            .get(VIOLATIONS)
-            .and_then(|v| v.as_array())
-            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
-            .unwrap_or_default()
     }
 }
 

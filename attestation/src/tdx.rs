@@ -101,7 +101,7 @@ impl dcap_qvl::config::CryptoProvider for AwsLcDcap {
 /// Verifies TDX quotes. Parsed collateral is cached by its exact bytes: one platform's
 /// collateral (per FMSPC) serves every quote it produces until the next TCB info update.
 #[derive(Debug)]
-pub struct TdxVerifier {
+pub(crate) struct TdxVerifier {
     collateral: ChainCache<QuoteCollateralV3>,
 }
 

@@ -49,20 +49,8 @@ fn ear_payload_is_byte_identical() {
         violations: vec![],
     };
     let submods = [
-        Submod {
-            name: "gpu0",
-            kind: "nvidia",
-            sim: true,
-            claims_sha256: [0x11; 32],
-            outcome: &ok,
-        },
-        Submod {
-            name: "cpu",
-            kind: "snp",
-            sim: false,
-            claims_sha256: [0x22; 32],
-            outcome: &warn,
-        },
+        Submod::raw("gpu0", "nvidia", true, [0x11; 32], &ok),
+        Submod::raw("cpu", "snp", false, [0x22; 32], &warn),
     ];
     let ear = signer
         .build(

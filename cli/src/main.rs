@@ -316,13 +316,29 @@ enum ProductArg {
     Turin,
 }
 
+/// Log filter from `CGX_LOG` (`warn`, `info`, `cgx_kbs=debug,warn`, …; `warn` when unset or
+/// unreadable). Targets and levels only: a regex-capable filter costs every build a regex
+/// engine.
+fn log_filter() -> tracing_subscriber::filter::Targets {
+    let default = || {
+        tracing_subscriber::filter::Targets::new()
+            .with_default(tracing_subscriber::filter::LevelFilter::WARN)
+    };
+    match std::env::var("CGX_LOG") {
+        Ok(spec) => spec.parse().unwrap_or_else(|e| {
+            eprintln!("cgx: CGX_LOG '{spec}': {e}; logging warnings");
+            default()
+        }),
+        Err(_) => default(),
+    }
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CGX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(log_filter())
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use cgx_protocol::kbs::jwe::{Curve, TeeKey};
-pub use cgx_protocol::kbs::rcar::{self, ClientError, EvidenceSource};
+pub use cgx_protocol::kbs::rcar::ClientError;
+use cgx_protocol::kbs::rcar::{self, EvidenceSource};
 use cgx_protocol::kbs_types::{Attestation, Response, Tee};
 
 type Result<T> = std::result::Result<T, ClientError>;
@@ -73,7 +74,7 @@ impl KbsClient {
 
     /// A client on an existing agent (its connection pool and TLS configuration are reused;
     /// many sessions from one process, e.g. a benchmark or a node agent with several VMs).
-    pub fn with_agent(base: &str, agent: ureq::Agent, key: TeeKey) -> Self {
+    fn with_agent(base: &str, agent: ureq::Agent, key: TeeKey) -> Self {
         KbsClient {
             base: base.trim_end_matches('/').to_string(),
             agent,

@@ -10,7 +10,7 @@ use cgx_attestation::sim::{SimAmd, SimGpu, SnpReportOptions};
 use cgx_protocol::kbs_types::{Tee, TeePubKey};
 use serde_json::{Value, json};
 
-use crate::client::{ClientError, EvidenceSource};
+use cgx_protocol::kbs::rcar::{ClientError, EvidenceSource};
 
 /// A simulated SNP guest with `gpus` simulated H100s.
 #[derive(Debug)]

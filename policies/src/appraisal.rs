@@ -21,7 +21,7 @@ use crate::program::RegoProgram;
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The entry point every appraisal policy defines.
-pub const ENTRY_POINT: &str = "data.cgx.appraisal.result";
+pub(crate) const ENTRY_POINT: &str = "data.cgx.appraisal.result";
 
 #[derive(Deserialize)]
 struct RawOutcome {
@@ -71,7 +71,7 @@ fn is_pure(rego: &str) -> bool {
 }
 
 /// The input field carrying the golden-measurement comparison.
-pub const MEASUREMENT_MISMATCHES: &str = "measurement_mismatches";
+pub(crate) const MEASUREMENT_MISMATCHES: &str = "measurement_mismatches";
 
 /// GPU golden measurements from reference values (`nvidia.measurements`: index → allowed
 /// digests), compared before the policy runs, as NVIDIA's verifier reports `measres`: walking

@@ -10,7 +10,7 @@
 //! `reference-values/`, `tests/*.rego`) so operators can read, copy and override them.
 
 pub mod appraisal;
-pub mod program;
+mod program;
 pub mod release;
 
 use std::path::Path;

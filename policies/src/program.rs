@@ -11,7 +11,7 @@ use crate::Error;
 const POOL: usize = 64;
 
 /// A Rego policy compiled for one entry point with its data.
-pub struct RegoProgram {
+pub(crate) struct RegoProgram {
     entry_point: String,
     compiled: regorus::CompiledPolicy,
     program: Arc<regorus::rvm::Program>,
@@ -30,7 +30,7 @@ impl std::fmt::Debug for RegoProgram {
 impl RegoProgram {
     /// Compile `rego` (named `file` in messages) with `data` for `entry_point`
     /// (`data.<package>.<rule>`).
-    pub fn compile(
+    pub(crate) fn compile(
         file: &str,
         rego: &str,
         data: serde_json::Value,
@@ -63,7 +63,7 @@ impl RegoProgram {
     }
 
     /// Evaluate the entry point on `input`.
-    pub fn eval(&self, input: regorus::Value) -> Result<regorus::Value, Error> {
+    pub(crate) fn eval(&self, input: regorus::Value) -> Result<regorus::Value, Error> {
         let failed = |e: &dyn std::fmt::Display| Error::Policy {
             detail: format!("evaluation: {e}"),
         };

@@ -8,7 +8,7 @@ use crate::Error;
 use crate::program::RegoProgram;
 
 /// Trustee's release entry point.
-pub const ENTRY_POINT: &str = "data.policy.allow";
+pub(crate) const ENTRY_POINT: &str = "data.policy.allow";
 
 /// A release policy's input, converted once and evaluated by every policy that applies.
 #[derive(Debug, Clone)]

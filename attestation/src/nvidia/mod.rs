@@ -12,7 +12,7 @@
 pub mod c14n;
 pub mod ocsp;
 pub mod rim;
-pub mod spdm;
+mod spdm;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use crate::error::{ChainKind, Error, Result};
 use crate::trust::{NVIDIA_DEVICE_ROOTS, SIM_ROOT_CN_PREFIX, SimTrust};
 use crate::x509::{self, Window};
 
-pub use spdm::SpdmEvidence;
+use spdm::SpdmEvidence;
 
 /// TCG DICE TcbInfo extension (TCG DICE Attestation Architecture, §6.1.1): NVIDIA puts the
 /// firmware ID of the GSP FMC here.
@@ -62,7 +62,7 @@ pub const OCSP_NOT_CHECKED: &str = "not_checked";
 
 /// Verifies NVIDIA SPDM evidence.
 #[derive(Debug)]
-pub struct NvidiaVerifier {
+pub(crate) struct NvidiaVerifier {
     provider: &'static dyn CryptoProvider,
     sim: SimTrust,
     cache: ChainCache<VerifiedChain>,

@@ -74,7 +74,7 @@ struct VerifiedChain {
 
 /// Verifies SNP reports. Holds a cache of verified chains; no I/O, no clock.
 #[derive(Debug)]
-pub struct SnpVerifier {
+pub(crate) struct SnpVerifier {
     provider: &'static dyn CryptoProvider,
     sim: SimTrust,
     cache: ChainCache<VerifiedChain>,

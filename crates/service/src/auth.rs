@@ -41,7 +41,7 @@ impl AdminKeys {
     }
 
     /// The administrator whose key signed `token`, valid at `now`.
-    pub fn authenticate(&self, token: &str, now: i64) -> Result<Admin, AuthError> {
+    pub(crate) fn authenticate(&self, token: &str, now: i64) -> Result<Admin, AuthError> {
         let (index, _) = jwt::verify_eddsa(token, &self.keys, now)?;
         Ok(Admin {
             index,
@@ -88,7 +88,7 @@ impl Admin {
 }
 
 /// The bearer token of a request, if any.
-pub fn bearer(parts: &Parts) -> Option<&str> {
+fn bearer(parts: &Parts) -> Option<&str> {
     parts
         .headers
         .get(header::AUTHORIZATION)?

@@ -37,7 +37,7 @@ pub fn load<T: DeserializeOwned>(
 }
 
 /// Apply `PREFIX__A__B=value` overrides to `value`.
-pub fn apply_env(
+fn apply_env(
     value: &mut Value,
     prefix: &str,
     env: impl IntoIterator<Item = (String, String)>,

@@ -8,7 +8,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde_json::Value;
 
 /// Tolerated clock skew for `iat`/`nbf`.
-pub const SKEW_SECS: i64 = 60;
+pub(crate) const SKEW_SECS: i64 = 60;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum JwtError {

@@ -22,7 +22,7 @@ pub mod metrics;
 pub mod server;
 pub mod tls;
 
-pub use clock::{Clock, SharedClock};
+pub use clock::SharedClock;
 pub use server::{Background, ListenerConfig, Running};
 
 /// Errors starting or configuring a service.

@@ -58,7 +58,7 @@ impl Metrics {
         }
     }
 
-    pub fn request(&self, route: &str, status: u16, took: Duration) {
+    pub(crate) fn request(&self, route: &str, status: u16, took: Duration) {
         if let Ok(mut r) = self.requests.lock() {
             *r.entry((route.to_string(), status)).or_default() += 1;
         }

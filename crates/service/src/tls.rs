@@ -19,7 +19,7 @@ pub struct TlsFiles {
 }
 
 /// The rustls server configuration for `files` (HTTP/1.1 by ALPN).
-pub fn server_config(files: &TlsFiles) -> Result<rustls::ServerConfig, ServiceError> {
+pub(crate) fn server_config(files: &TlsFiles) -> Result<rustls::ServerConfig, ServiceError> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let certs = CertificateDer::pem_file_iter(&files.cert)

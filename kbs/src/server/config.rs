@@ -37,7 +37,7 @@ pub enum KekSource {
 pub type TlsConfig = cgx_service::tls::TlsFiles;
 
 /// The environment prefix of configuration overrides.
-pub const ENV_PREFIX: &str = "CGX_KBS";
+pub(crate) const ENV_PREFIX: &str = "CGX_KBS";
 
 /// An administrator's Ed25519 public key and the repositories (tenants) it may change; `*`
 /// means all, including the global policies.
@@ -124,10 +124,6 @@ fn default_session_ttl() -> i64 {
 }
 
 impl KbsConfig {
-    pub fn from_file(path: &std::path::Path) -> Result<Self, KbsError> {
-        Self::from_file_with(path, |_| {})
-    }
-
     /// Read, let the caller override (command-line flags), then check.
     pub fn from_file_with(
         path: &std::path::Path,
@@ -141,7 +137,7 @@ impl KbsConfig {
     }
 
     /// The listener this configuration asks for.
-    pub fn listener(&self) -> cgx_service::ListenerConfig {
+    pub(crate) fn listener(&self) -> cgx_service::ListenerConfig {
         let mut l = cgx_service::ListenerConfig::new(
             self.listen.clone(),
             self.tls.clone(),
@@ -165,7 +161,7 @@ impl KbsConfig {
     }
 
     /// The key-encryption key.
-    pub fn load_kek(&self) -> Result<[u8; 32], KbsError> {
+    pub(crate) fn load_kek(&self) -> Result<[u8; 32], KbsError> {
         let bad = |w: &str| KbsError::Config(format!("kek: {w} (32 bytes as 64 hex digits)"));
         let text: Vec<u8> = match &self.kek {
             KekSource::File(p) => std::fs::read(p).map_err(|e| bad(&e.to_string()))?,

@@ -4,7 +4,7 @@
 
 mod attest;
 pub mod config;
-pub mod error;
+mod error;
 mod http;
 mod release;
 mod session;
@@ -31,7 +31,7 @@ use release::ReleasePolicies;
 use store::Store;
 
 /// The state every handler shares.
-pub struct Kbs {
+pub(crate) struct Kbs {
     pub(crate) store: Store,
     pub(crate) attester: Attester,
     pub(crate) release: ReleasePolicies,
@@ -69,7 +69,7 @@ pub(crate) struct LiveSession {
 type CachedPolicies = (std::time::Instant, Arc<Vec<(String, String)>>);
 
 /// How long a replica may use release policies it read from the database.
-pub const POLICY_CACHE_SECS: u64 = 1;
+pub(crate) const POLICY_CACHE_SECS: u64 = 1;
 
 impl std::fmt::Debug for Kbs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -280,7 +280,7 @@ impl Kbs {
     }
 
     /// The stored release policies that apply to `path` (global, repository, resource).
-    pub async fn release_policies(
+    pub(crate) async fn release_policies(
         &self,
         path: &str,
         repository: &str,
@@ -306,14 +306,14 @@ impl Kbs {
     }
 
     /// Drop cached release policies (after this replica changed one).
-    pub fn forget_release_policies(&self) {
+    pub(crate) fn forget_release_policies(&self) {
         if let Ok(mut c) = self.policy_cache.lock() {
             c.clear();
         }
     }
 
     /// The appraisal policy in force (stored by an admin, else the configured default).
-    pub async fn appraisal_policy(&self) -> Result<String, KbsError> {
+    pub(crate) async fn appraisal_policy(&self) -> Result<String, KbsError> {
         Ok(self
             .store
             .policy(http::SCOPE_ATTESTATION)
@@ -322,7 +322,7 @@ impl Kbs {
     }
 
     /// The reference values in force.
-    pub async fn reference_values(&self) -> Result<String, KbsError> {
+    pub(crate) async fn reference_values(&self) -> Result<String, KbsError> {
         Ok(self
             .store
             .policy(http::SCOPE_REFERENCE_VALUES)
@@ -331,7 +331,7 @@ impl Kbs {
     }
 
     /// Pick up an appraisal policy or reference values another replica stored.
-    pub async fn refresh_engine(&self) -> Result<(), KbsError> {
+    pub(crate) async fn refresh_engine(&self) -> Result<(), KbsError> {
         let policy = self.appraisal_policy().await?;
         let refs = self.reference_values().await?;
         let changed = self

@@ -255,18 +255,18 @@ impl Store {
         .map_err(|e: sqlx::Error| KbsError::Storage(e.to_string()))
     }
 
-    pub fn is_sqlite(&self) -> bool {
+    pub(crate) fn is_sqlite(&self) -> bool {
         self.db.backend() == Backend::Sqlite
     }
 
     /// Fold the SQLite write-ahead log back into the database without blocking writers
     /// (a background task does this twice a second, so commits never pay for a checkpoint).
-    pub async fn checkpoint(&self) -> Result<(), KbsError> {
+    pub(crate) async fn checkpoint(&self) -> Result<(), KbsError> {
         Ok(self.db.checkpoint().await?)
     }
 
     /// Delete sessions that expired before `now`; returns how many.
-    pub async fn sweep_sessions(&self, now: i64) -> Result<u64, KbsError> {
+    pub(crate) async fn sweep_sessions(&self, now: i64) -> Result<u64, KbsError> {
         Ok(sqlx::query("DELETE FROM sessions WHERE expires_at <= $1")
             .bind(now)
             .execute(self.db.pool())
@@ -404,7 +404,7 @@ impl Store {
 
     // ---------------------------------------------------------------- policies
 
-    pub async fn put_policy(&self, scope: &str, body: &str) -> Result<(), KbsError> {
+    pub(crate) async fn put_policy(&self, scope: &str, body: &str) -> Result<(), KbsError> {
         sqlx::query(
             "INSERT INTO policies (scope, body, updated_at) VALUES ($1, $2, $3)
              ON CONFLICT (scope) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
@@ -417,7 +417,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn policy(&self, scope: &str) -> Result<Option<String>, KbsError> {
+    pub(crate) async fn policy(&self, scope: &str) -> Result<Option<String>, KbsError> {
         let row = sqlx::query("SELECT body FROM policies WHERE scope = $1")
             .bind(scope)
             .fetch_optional(self.db.pool())
@@ -429,7 +429,10 @@ impl Store {
     }
 
     /// The policies among `scopes` that exist, as (scope, body).
-    pub async fn policies(&self, scopes: &[&str; 3]) -> Result<Vec<(String, String)>, KbsError> {
+    pub(crate) async fn policies(
+        &self,
+        scopes: &[&str; 3],
+    ) -> Result<Vec<(String, String)>, KbsError> {
         let rows = sqlx::query("SELECT scope, body FROM policies WHERE scope IN ($1, $2, $3)")
             .bind(scopes[0])
             .bind(scopes[1])
@@ -493,11 +496,6 @@ impl Store {
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(Into::into)
-    }
-
-    pub async fn ping(&self) -> Result<(), KbsError> {
-        sqlx::query("SELECT 1").execute(self.db.pool()).await?;
-        Ok(())
     }
 
     pub async fn close(&self) {

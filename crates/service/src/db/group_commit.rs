@@ -15,7 +15,7 @@ use super::DbError;
 
 /// Rows per statement at most (SQLite allows 32 766 bound parameters; each distinct batch size
 /// is one prepared statement per connection, so this also bounds the statement cache).
-pub const MAX_BATCH: usize = 64;
+pub(crate) const MAX_BATCH: usize = 64;
 
 /// Writes one batch; answers one result per row, in order.
 pub type WriteBatch<T, R> =

@@ -13,7 +13,7 @@ use sqlx::AnyPool;
 use sqlx::Row;
 use sqlx::any::AnyPoolOptions;
 
-pub use group_commit::{GroupCommit, MAX_BATCH, WriteBatch, placeholders};
+pub use group_commit::{GroupCommit, WriteBatch, placeholders};
 
 /// Database errors. What reaches a client is only the service's own error code: a driver's
 /// message can name tables, files and hosts.
