@@ -493,6 +493,60 @@ fn two_kbs_on_one_postgresql() {
 }
 
 #[test]
+fn a_toml_configuration_serves_as_its_json_twin_does() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let admin = &s.config.admin_keys[0].public_key;
+    let broker = &s.config.broker_keys[0];
+    let kek = s.dir.join("kek.hex");
+    let refs = s.dir.join("refs.json");
+    let toml = format!(
+        r#"listen = "127.0.0.1:0"
+insecure_dev = true
+database = "sqlite://{db}"
+sim_roots = [{pins}]
+broker_keys = ["{broker}"]
+[kek]
+file = "{kek}"
+[[admin_keys]]
+public_key = "{admin}"
+repositories = ["*"]
+[appraisal]
+reference_values = "{refs}"
+"#,
+        db = s.dir.join("toml.db").display(),
+        pins = s
+            .pins
+            .iter()
+            .map(|p| format!("\"{}\"", hex::encode(p)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        kek = kek.display(),
+        refs = refs.display(),
+    );
+    let path = s.dir.join("kbs.toml");
+    std::fs::write(&path, toml).unwrap();
+    let config = cgx_kbs::server::config::KbsConfig::from_file_with(&path, |_| {}).unwrap();
+    assert_eq!(config.max_connections, 4096, "defaults apply as in JSON");
+    let srv = Server::start(&config);
+    put_resource(
+        &srv.base,
+        &s.admin,
+        "tenant-a/key/toml",
+        b"from toml",
+        false,
+    );
+    let mut c = client(&srv.base);
+    c.attest(&n).unwrap();
+    assert_eq!(c.resource("tenant-a/key/toml", None).unwrap(), b"from toml");
+    srv.stop();
+    // An unknown key is refused, in TOML as in JSON.
+    std::fs::write(&path, "listen = \"127.0.0.1:0\"\nnot_a_key = 1\n").unwrap();
+    let e = cgx_kbs::server::config::KbsConfig::from_file_with(&path, |_| {}).unwrap_err();
+    assert!(e.to_string().contains("not_a_key"), "{e}");
+}
+
+#[test]
 fn bad_configs_are_refused() {
     let n = node(0);
     let mut s = setup(&[&n], None);
@@ -507,6 +561,106 @@ fn bad_configs_are_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let e = rt.block_on(cgx_kbs::server::start(&s.config)).unwrap_err();
     assert!(e.to_string().contains("sqlite://"), "{e}");
+    // Replicas on a shared database must share the result key that signs their sessions.
+    s.config.database = "postgres://kbs@db/kbs".into();
+    s.config.result_key = None;
+    let e = s.config.check().unwrap_err();
+    assert!(e.to_string().contains("result_key"), "{e}");
+    // A session (and its bearer EAR) lives a day at most.
+    s.config.database = "sqlite://x.db".into();
+    s.config.session_ttl_secs = 86_401;
+    let e = s.config.check().unwrap_err();
+    assert!(e.to_string().contains("session_ttl_secs"), "{e}");
+    s.config.session_ttl_secs = i64::MAX;
+    assert!(s.config.check().is_err());
+}
+
+/// A part the appraisal policy left at `none` is not affirming, even under a global release
+/// policy that allows everything: the KBS checks every part of the typed result itself.
+#[test]
+fn every_part_must_be_affirming_whatever_the_release_policy() {
+    let n = node(1);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    // An appraisal policy that affirms CPU evidence and says nothing about GPUs.
+    let appraisal = r#"package cgx.appraisal
+import rego.v1
+result := {"affirming": {"hardware": 2}, "violations": []} if input.kind != "nvidia"
+result := {"affirming": {}, "violations": []} if input.kind == "nvidia"
+"#;
+    let body = json!({"type": "rego", "policy": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(appraisal)});
+    let (st, b) = call(
+        "POST",
+        &format!("{base}/kbs/v0/attestation-policy"),
+        Some(&admin_token(&s.admin)),
+        Some(body.to_string().as_bytes()),
+    );
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    let (st, _) = set_policy(&base, &s.admin, "", "package policy\nallow := true\n");
+    assert_eq!(st, 200);
+    put_resource(&base, &s.admin, "tenant-a/key/parts", b"k", false);
+    let mut c = client(&base);
+    c.attest(&n).unwrap();
+    let e = c.resource("tenant-a/key/parts", None).unwrap_err();
+    assert_eq!(e.kind(), Some("PolicyDeny"), "{e}");
+    assert!(e.to_string().contains("gpu0"), "{e}");
+    srv.stop();
+}
+
+/// A bearer EAR must be one of this KBS's session results: an EAR signed by the same key for
+/// another purpose (no challenge nonce, another policy) is refused, even binding a TEE key.
+#[test]
+fn an_ear_that_is_not_a_session_of_this_kbs_is_refused() {
+    use cgx_attestation::results::{Outcome, ResultSigner, Submod, Tier};
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    put_resource(&srv.base, &s.admin, "tenant-a/key/bearer", b"k", false);
+    let signer = ResultSigner::from_pkcs8(&std::fs::read(s.dir.join("ear.pk8")).unwrap()).unwrap();
+    let mut c = client(&srv.base);
+    let key = c.tee_key().public().unwrap();
+    let node_key = cgx_protocol::kbs::jcs::canonical(&serde_json::to_value(&key).unwrap());
+    let mut tv = std::collections::BTreeMap::new();
+    tv.insert("hardware".to_string(), 2);
+    let ok = Outcome {
+        status: Tier::Affirming,
+        trust_vector: tv,
+        violations: vec![],
+    };
+    let claims: cgx_attestation::Claims = serde_json::from_value(json!({
+        "schema": "cgx.claims.v1", "kind": "sample", "sim": false, "debug": false,
+        "svn": 1, "report_data": "00"
+    }))
+    .unwrap();
+    let sub = [Submod::of("cpu0", &claims, [0; 32], &ok)];
+    for (policy, nonce) in [
+        ("cgx.appraisal@sha256:00", Some(&b"0123456789abcdef"[..])),
+        ("kbs.appraisal@sha256:00", None),
+    ] {
+        let ear = signer
+            .build(&sub, policy, nonce, Some(node_key.as_bytes()), now())
+            .unwrap();
+        let token = signer.sign(&ear).unwrap();
+        let (st, b) = call(
+            "GET",
+            &format!("{}/kbs/v0/resource/tenant-a/key/bearer", srv.base),
+            Some(&token),
+            None,
+        );
+        assert_eq!(st, 401, "{policy}: {}", String::from_utf8_lossy(&b));
+        assert_eq!(json_of(&b)["code"], "TokenInvalid", "{policy}");
+    }
+    // The KBS's own session EAR, as a bearer token, works.
+    let token = c.attest(&n).unwrap();
+    let (st, b) = call(
+        "GET",
+        &format!("{}/kbs/v0/resource/tenant-a/key/bearer", srv.base),
+        Some(&token),
+        None,
+    );
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    srv.stop();
 }
 
 #[test]
@@ -604,6 +758,66 @@ fn init_data_must_match_host_data() {
     assert_eq!(
         c.send_attestation(&att).unwrap_err().kind(),
         Some("AttestationFailed")
+    );
+    srv.stop();
+}
+
+/// A refusal on the wire: RFC 9457 problem details whose `type` is CoCo's, with the stable
+/// `code`, and — when the verifier refused the evidence — its own code and the part it refused.
+#[test]
+fn a_tampered_report_is_refused_as_problem_details_with_the_verifiers_code() {
+    use cgx_protocol::kbs::rcar;
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let a = agent();
+    let mut resp = a
+        .post(&format!("{}{}", srv.base, rcar::AUTH_PATH))
+        .send(rcar::auth_body(n.tee()).unwrap())
+        .unwrap();
+    let cookie = rcar::session_cookie(
+        resp.headers()
+            .get("set-cookie")
+            .and_then(|v| v.to_str().ok()),
+    )
+    .unwrap();
+    let nonce = rcar::challenge(200, &resp.body_mut().read_to_vec().unwrap()).unwrap();
+    let key =
+        cgx_protocol::kbs::jwe::TeeKey::generate_ec(cgx_protocol::kbs::jwe::Curve::P256).unwrap();
+    let mut att = rcar::attestation(&key, &n, &nonce).unwrap();
+    // One bit of the report's signature flipped.
+    let b64 = att.tee_evidence.primary_evidence["attestation_report"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut report = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap();
+    report[0x2A0] ^= 1;
+    att.tee_evidence.primary_evidence["attestation_report"] =
+        json!(base64::engine::general_purpose::STANDARD.encode(&report));
+    let mut resp = a
+        .post(&format!("{}{}", srv.base, rcar::ATTEST_PATH))
+        .header("cookie", &cookie)
+        .send(serde_json::to_vec(&att).unwrap())
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "application/problem+json"
+    );
+    let body = json_of(&resp.body_mut().read_to_vec().unwrap());
+    assert_eq!(
+        body["type"],
+        "https://github.com/confidential-containers/kbs/errors/AttestationFailed"
+    );
+    assert_eq!(body["code"], "AttestationFailed");
+    assert_eq!(body["status"], 401);
+    assert_eq!(body["part"], "cpu0");
+    assert_eq!(body["evidence_code"], "signature_invalid", "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("signature"),
+        "{body}"
     );
     srv.stop();
 }

@@ -21,6 +21,8 @@ pub enum ChainKind {
     NvidiaRim,
     /// Intel SGX Root CA → … (TDX quotes; reported through dcap-qvl).
     Intel,
+    /// No chain at all: CoCo's unsigned sample evidence.
+    Sample,
 }
 
 impl fmt::Display for ChainKind {
@@ -29,6 +31,7 @@ impl fmt::Display for ChainKind {
             ChainKind::Amd => "AMD",
             ChainKind::NvidiaDevice => "NVIDIA device",
             ChainKind::NvidiaRim => "NVIDIA RIM",
+            ChainKind::Sample => "sample evidence",
             ChainKind::Intel => "Intel PCK",
         })
     }

@@ -104,6 +104,8 @@ pub struct Verifier {
     snp: snp::SnpVerifier,
     tdx: tdx::TdxVerifier,
     nvidia: nvidia::NvidiaVerifier,
+    /// Take CoCo's unsigned sample evidence (see [`Verifier::allowing_sample`]).
+    sample: bool,
 }
 
 impl Verifier {
@@ -117,7 +119,16 @@ impl Verifier {
             snp: snp::SnpVerifier::new(provider, config.sim.clone()),
             tdx: tdx::TdxVerifier::default(),
             nvidia: nvidia::NvidiaVerifier::new(provider, config.sim),
+            sample: false,
         }
+    }
+
+    /// Whether to take CoCo's unsigned `sample` evidence (development only; its claims say
+    /// `sim` and `debug`). Refused by default: nothing vouches for it, so a verifier that takes
+    /// it hands out claims anyone could have typed.
+    pub fn allowing_sample(mut self, allow: bool) -> Self {
+        self.sample = allow;
+        self
     }
 
     /// Verify `evidence` at `now`.
@@ -131,6 +142,13 @@ impl Verifier {
             Evidence::Snp(ev) => self.snp.verify(ev, now)?,
             Evidence::Tdx(ev) => self.tdx.verify(ev, now)?,
             Evidence::Nvidia(ev) => self.nvidia.verify(ev, now)?,
+            Evidence::Sample(_) if !self.sample => {
+                return Err(Error::UntrustedRoot {
+                    chain: error::ChainKind::Sample,
+                    detail: "unsigned sample evidence is refused unless the verifier allows it"
+                        .into(),
+                });
+            }
             Evidence::Sample(ev) => sample::claims(ev)?,
         };
         Ok(VerifiedClaims { claims })

@@ -32,22 +32,53 @@ pub fn load<T: DeserializeOwned>(
     } else {
         serde_json::from_str(&text).map_err(|e| bad(&e))?
     };
-    apply_env(&mut value, prefix, env)?;
-    serde_json::from_value(value).map_err(|e| bad(&e))
+    let base = value.clone();
+    let overridden = apply_env(&mut value, prefix, env)?;
+    serde_json::from_value(value).map_err(|e| {
+        if overridden.is_empty() || serde_json::from_value::<T>(base).is_err() {
+            return bad(&e);
+        }
+        // The file alone fits and an override broke it: name the overrides, never their values
+        // (one may be a secret set in the wrong variable).
+        ServiceError::Config(format!(
+            "{}: environment overrides {} do not fit the configuration (wrong key or type)",
+            path.display(),
+            overridden.join(", ")
+        ))
+    })
 }
 
-/// Apply `PREFIX__A__B=value` overrides to `value`.
+/// `(name, value)` pairs of the process environment under `prefix`, for [`load`]. A variable
+/// under the prefix whose name or value is not UTF-8 is an error; others are not looked at.
+pub fn env_vars(prefix: &str) -> Result<Vec<(String, String)>, ServiceError> {
+    let start = format!("{prefix}__");
+    let mut out = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with(&start) {
+            continue;
+        }
+        let value = value
+            .into_string()
+            .map_err(|_| ServiceError::Config(format!("{name}: value is not UTF-8")))?;
+        out.push((name.to_string(), value));
+    }
+    Ok(out)
+}
+
+/// Apply `PREFIX__A__B=value` overrides to `value`; returns the variables applied.
 fn apply_env(
     value: &mut Value,
     prefix: &str,
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), ServiceError> {
+) -> Result<Vec<String>, ServiceError> {
     let start = format!("{prefix}__");
     let mut vars: Vec<(String, String)> = env
         .into_iter()
         .filter(|(k, _)| k.starts_with(&start))
         .collect();
     vars.sort();
+    let mut applied = Vec::with_capacity(vars.len());
     for (name, raw) in vars {
         let path: Vec<String> = name[start.len()..]
             .split("__")
@@ -72,8 +103,9 @@ fn apply_env(
                 .or_insert(Value::Object(Default::default()));
         }
         *at = parsed;
+        applied.push(name);
     }
-    Ok(())
+    Ok(applied)
 }
 
 #[cfg(test)]
@@ -131,7 +163,15 @@ mod tests {
         assert_eq!(c.listen, "0.0.0.0:9");
         // Unknown keys, from a file or the environment, are refused.
         let e = load::<C>(&t, "X", [("X__NOPE".into(), "1".into())]).unwrap_err();
-        assert!(e.to_string().contains("nope"), "{e}");
+        assert!(e.to_string().contains("X__NOPE"), "{e}");
+        // A secret put in the wrong variable is named by key, never printed.
+        let e = load::<C>(&t, "X", [("X__TTL".into(), "\"s3cr3t-kek\"".into())]).unwrap_err();
+        assert!(e.to_string().contains("X__TTL"), "{e}");
+        assert!(!e.to_string().contains("s3cr3t"), "{e}");
+        // An unknown key in the file itself is refused with its name.
+        let unknown = file("u.toml", "listen = \"x\"\nlisen = 1\n");
+        let e = load::<C>(&unknown, "X", []).unwrap_err();
+        assert!(e.to_string().contains("lisen"), "{e}");
         let e = load::<C>(&t, "X", [("X__TTL__DEEP".into(), "1".into())]).unwrap_err();
         assert!(e.to_string().contains("not a table"), "{e}");
         let bad = file("bad.toml", "listen = ");

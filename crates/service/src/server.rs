@@ -27,14 +27,18 @@ pub struct ListenerConfig {
     pub insecure_dev: bool,
     /// Connections served at once; further ones wait in the kernel's accept backlog.
     pub max_connections: usize,
-    /// How long a client has to send a request's head.
+    /// How long a client has to finish the TLS handshake, and then to send a request's head.
     pub header_timeout: Duration,
+    /// How long one request may take, its body included (answered 408 past it): a client that
+    /// trickles a body cannot hold a connection slot for longer.
+    pub request_timeout: Duration,
     /// How long open requests may take to finish at shutdown.
     pub drain: Duration,
 }
 
 impl ListenerConfig {
-    /// Defaults for the limits: 4 096 connections, 30 s to send a head, 10 s to drain.
+    /// Defaults for the limits: 4 096 connections, 30 s for the TLS handshake and for a request's
+    /// head, 120 s for a whole request, 10 s to drain.
     pub fn new(listen: impl Into<String>, tls: Option<TlsFiles>, insecure_dev: bool) -> Self {
         ListenerConfig {
             listen: listen.into(),
@@ -42,6 +46,7 @@ impl ListenerConfig {
             insecure_dev,
             max_connections: 4096,
             header_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(120),
             drain: Duration::from_secs(10),
         }
     }
@@ -68,6 +73,26 @@ impl ListenerConfig {
             )),
             _ => Ok(addr),
         }
+    }
+}
+
+/// A request that outlived [`ListenerConfig::request_timeout`].
+#[derive(Debug)]
+struct RequestTimeout;
+
+impl std::fmt::Display for RequestTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request took longer than the server allows")
+    }
+}
+
+impl crate::error::ApiError for RequestTimeout {
+    fn status(&self) -> axum::http::StatusCode {
+        axum::http::StatusCode::REQUEST_TIMEOUT
+    }
+
+    fn code(&self) -> &'static str {
+        "RequestTimeout"
     }
 }
 
@@ -117,6 +142,15 @@ pub async fn start(
     })?;
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let background = background.into_iter().map(tokio::spawn).collect();
+    let request_timeout = config.request_timeout;
+    let router = router.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            match tokio::time::timeout(request_timeout, next.run(req)).await {
+                Ok(resp) => resp,
+                Err(_) => crate::error::problem(&RequestTimeout),
+            }
+        },
+    ));
     let task = tokio::spawn(accept_loop(
         listener,
         tls,
@@ -154,7 +188,17 @@ async fn accept_loop(
             c = listener.accept() => c,
             _ = &mut stopped => break,
         };
-        let Ok((stream, _)) = conn else { continue };
+        let stream = match conn {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors (or another accept error): the listener stays readable,
+                // so retrying at once would spin; wait a little for connections to close.
+                tracing::warn!(error = %e, "accept failed; retrying in 100 ms");
+                drop(permit);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let svc = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();

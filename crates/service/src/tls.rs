@@ -13,6 +13,7 @@ use cgx_protocol::kbs::der::{pem, seq, tlv};
 
 /// A certificate chain and its key, PEM files.
 #[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,

@@ -36,12 +36,16 @@ pub enum KekSource {
 /// TLS certificate chain and key (PEM).
 pub type TlsConfig = cgx_service::tls::TlsFiles;
 
+/// The longest challenge or session (a session's EAR is a bearer credential for this long).
+pub const MAX_TTL_SECS: i64 = 86_400;
+
 /// The environment prefix of configuration overrides.
 pub(crate) const ENV_PREFIX: &str = "CGX_KBS";
 
 /// An administrator's Ed25519 public key and the repositories (tenants) it may change; `*`
 /// means all, including the global policies.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AdminKey {
     /// Raw 32-byte Ed25519 public key, base64 (standard or URL-safe), or a PEM SPKI file path.
     pub public_key: String,
@@ -54,6 +58,7 @@ fn all_repositories() -> Vec<String> {
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CollateralConfig {
     /// Collateral store directory (see `cgx collateral`); none: only what evidence carries.
     pub store: Option<PathBuf>,
@@ -63,6 +68,7 @@ pub struct CollateralConfig {
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AppraisalConfig {
     /// Appraisal policy (Rego); default: the shipped `policies/appraisal.rego`.
     pub policy: Option<PathBuf>,
@@ -129,7 +135,9 @@ impl KbsConfig {
         path: &std::path::Path,
         adjust: impl FnOnce(&mut KbsConfig),
     ) -> Result<Self, KbsError> {
-        let mut c: KbsConfig = cgx_service::config::load(path, ENV_PREFIX, std::env::vars())
+        let env = cgx_service::config::env_vars(ENV_PREFIX)
+            .map_err(|e| KbsError::Config(e.to_string()))?;
+        let mut c: KbsConfig = cgx_service::config::load(path, ENV_PREFIX, env)
             .map_err(|e| KbsError::Config(e.to_string()))?;
         adjust(&mut c);
         c.check()?;
@@ -152,9 +160,19 @@ impl KbsConfig {
         self.listener()
             .check()
             .map_err(|e| KbsError::Config(e.to_string().replace("configuration: ", "")))?;
-        if self.nonce_ttl_secs <= 0 || self.session_ttl_secs <= 0 {
+        if !(1..=MAX_TTL_SECS).contains(&self.nonce_ttl_secs)
+            || !(1..=MAX_TTL_SECS).contains(&self.session_ttl_secs)
+        {
+            return Err(KbsError::Config(format!(
+                "nonce_ttl_secs and session_ttl_secs must be 1 to {MAX_TTL_SECS}"
+            )));
+        }
+        // Sessions are EARs signed by the result key and re-verified wherever they are read:
+        // replicas sharing a database must share that key, or each refuses the others' sessions.
+        if self.result_key.is_none() && !self.database.starts_with("sqlite:") {
             return Err(KbsError::Config(
-                "nonce_ttl_secs and session_ttl_secs must be positive".into(),
+                "a shared database needs a shared result_key (replicas verify each other's sessions)"
+                    .into(),
             ));
         }
         Ok(())

@@ -228,6 +228,8 @@ async fn attest_inner(
     {
         return Err(replayed());
     }
+    // A session lives no longer than its EAR (attestation may have taken a while).
+    let expires_at = expires_at.min(attested.ear().exp.unwrap_or(expires_at));
     kbs.remember_session(
         &id,
         att.runtime_data.tee_pubkey.clone(),
@@ -288,11 +290,24 @@ async fn release(
     // Authentication first: an unauthenticated caller learns nothing about what exists.
     let session = requester(kbs, headers).await?;
     let key = &session.tee_pubkey;
+    // Every part must be affirming: a part the policy left at `none` is not a pass, whatever
+    // release policy an administrator installs.
     let status = session.ear.tier();
     if status != Tier::Affirming {
         return Err(KbsError::PolicyDeny(format!(
             "{path}: the session's appraisal is {}, not affirming",
             status.as_str()
+        )));
+    }
+    if let Some((part, a)) = session
+        .ear
+        .submods
+        .iter()
+        .find(|(_, a)| a.status != Tier::Affirming)
+    {
+        return Err(KbsError::PolicyDeny(format!(
+            "{path}: part {part} of the session's appraisal is {}, not affirming",
+            a.status.as_str()
         )));
     }
     let lease = match query.get("lease") {
@@ -521,7 +536,7 @@ async fn set_attestation_policy(
     }
     let text = policy_text(&body)?;
     let refs = kbs.reference_values().await?;
-    let engine = PolicyEngine::new("kbs.appraisal", &text, &refs)
+    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &text, &refs)
         .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
     kbs.store.put_policy(SCOPE_ATTESTATION, &text).await?;
     let id = engine.id().to_string();
@@ -553,7 +568,7 @@ async fn set_reference_values(
     let v: Value = json_body(&body, "reference values")?;
     let text = v.to_string();
     let policy = kbs.appraisal_policy().await?;
-    let engine = PolicyEngine::new("kbs.appraisal", &policy, &text)
+    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &text)
         .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
     kbs.store.put_policy(SCOPE_REFERENCE_VALUES, &text).await?;
     let id = engine.id().to_string();

@@ -65,6 +65,9 @@ pub(crate) struct LiveSession {
     pub ear: Ear,
 }
 
+/// The name the KBS's appraisal policy carries in its results' policy ids.
+pub(crate) const KBS_POLICY_NAME: &str = "kbs.appraisal";
+
 /// Release policy rows (scope, text) read at an instant.
 type CachedPolicies = (std::time::Instant, Arc<Vec<(String, String)>>);
 
@@ -140,7 +143,7 @@ impl Kbs {
             .policy(http::SCOPE_REFERENCE_VALUES)
             .await?
             .unwrap_or_else(|| default_reference_values.clone());
-        let engine = PolicyEngine::new("kbs.appraisal", &policy, &refs)
+        let engine = PolicyEngine::new(KBS_POLICY_NAME, &policy, &refs)
             .map_err(|e| KbsError::Config(format!("appraisal policy: {e}")))?;
         let mut signer = match &config.result_key {
             Some(p) => {
@@ -166,7 +169,11 @@ impl Kbs {
             None => None,
         };
         let attester = Attester::new(
-            Appraiser::new(Verifier::new(VerifierConfig { sim }), engine, signer),
+            Appraiser::new(
+                Verifier::new(VerifierConfig { sim }).allowing_sample(config.allow_sample),
+                engine,
+                signer,
+            ),
             source,
             config.collateral.store.is_some() && config.collateral.online,
             config.allow_sample,
@@ -266,6 +273,20 @@ impl Kbs {
             self.clock.unix(),
         )
         .map_err(|e| KbsError::TokenInvalid(e.to_string()))?;
+        // Only the KBS's own session results: they echo a challenge nonce and name its
+        // appraisal policy. Another EAR signed by the same key (a shared key file used by
+        // `cgx appraise`, say) is not a session.
+        let ours = ear.nonce.is_some()
+            && ear.submods.values().all(|a| {
+                a.policy_ids
+                    .iter()
+                    .any(|p| p.starts_with(&format!("{KBS_POLICY_NAME}@")))
+            });
+        if !ours {
+            return Err(KbsError::TokenInvalid(
+                "not a session result of this KBS (no challenge nonce or another policy)".into(),
+            ));
+        }
         let tee_pubkey = ear
             .submods
             .get(cgx_attestation::results::CPU_PART)
@@ -340,7 +361,7 @@ impl Kbs {
             .map(|s| s.0 != policy || s.1 != refs)
             .unwrap_or(false);
         if changed {
-            let engine = PolicyEngine::new("kbs.appraisal", &policy, &refs)
+            let engine = PolicyEngine::new(KBS_POLICY_NAME, &policy, &refs)
                 .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
             self.attester.set_engine(engine);
             if let Ok(mut s) = self.engine_source.lock() {

@@ -1,0 +1,149 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The listener under the ways clients misbehave: silent connections and trickled bodies lose
+//! their slot to the timeouts, so a full connection cap does not lock honest clients out;
+//! plain HTTP is refused off loopback; shutdown lets a request in flight finish.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::{get, post};
+use cgx_service::ListenerConfig;
+
+fn config(max: usize) -> ListenerConfig {
+    let mut c = ListenerConfig::new("127.0.0.1:0", None, true);
+    c.max_connections = max;
+    c.header_timeout = Duration::from_millis(800);
+    c.request_timeout = Duration::from_millis(800);
+    c.drain = Duration::from_secs(5);
+    c
+}
+
+fn router() -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/echo", post(|body: axum::body::Bytes| async move { body }))
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                "done"
+            }),
+        )
+}
+
+/// One HTTP/1.1 request on a fresh connection; the status line, or an error within `limit`.
+fn get_status(addr: SocketAddr, path: &str, limit: Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(limit))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out.lines().next().unwrap_or("").to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cap_of_silent_or_trickling_clients_frees_itself() {
+    let running = cgx_service::server::start(&config(2), router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let (silent, trickling) = tokio::task::spawn_blocking(move || {
+        // Two connections that never send a byte fill the cap.
+        let a = TcpStream::connect(addr).unwrap();
+        let b = TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        let status = get_status(addr, "/healthz", Duration::from_secs(5)).unwrap();
+        let silent = (status, t.elapsed());
+        drop((a, b));
+        // Two requests that announce a body and trickle ten bytes of it.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(addr).unwrap();
+            write!(
+                s,
+                "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n0123456789"
+            )
+            .unwrap();
+            held.push(s);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        let status = get_status(addr, "/healthz", Duration::from_secs(5)).unwrap();
+        let trickling = (status, t.elapsed());
+        // The trickling clients were answered 408.
+        let mut answer = String::new();
+        held[0]
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let _ = held[0].read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("application/problem+json"), "{answer}");
+        (silent, trickling)
+    })
+    .await
+    .unwrap();
+    assert_eq!(silent.0, "HTTP/1.1 200 OK");
+    assert!(silent.1 < Duration::from_secs(3), "{:?}", silent.1);
+    assert!(
+        silent.1 >= Duration::from_millis(500),
+        "the cap held: {:?}",
+        silent.1
+    );
+    assert_eq!(trickling.0, "HTTP/1.1 200 OK");
+    assert!(trickling.1 < Duration::from_secs(3), "{:?}", trickling.1);
+    running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_a_request_in_flight() {
+    let running = cgx_service::server::start(&config(8), router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let client = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET /slow HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    running.shutdown().await;
+    let out = client.await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.ends_with("done"), "{out}");
+    // Nothing listens any more.
+    assert!(TcpStream::connect(addr).is_err());
+}
+
+#[tokio::test]
+async fn listeners_that_cannot_be_served_safely_are_refused() {
+    let mut c = config(8);
+    c.listen = "0.0.0.0:0".into();
+    let e = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("loopback"), "{e}");
+    c.insecure_dev = false;
+    let e = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no tls"), "{e}");
+    let mut c = config(0);
+    c.listen = "127.0.0.1:0".into();
+    let e = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("max_connections"), "{e}");
+}
