@@ -29,7 +29,8 @@ struct Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     prefix: &'static str,
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Route → status → count (looked up by `&str`: no allocation per request).
+    requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
     durations: Mutex<BTreeMap<String, Histogram>>,
     events: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
@@ -60,7 +61,12 @@ impl Metrics {
 
     pub(crate) fn request(&self, route: &str, status: u16, took: Duration) {
         if let Ok(mut r) = self.requests.lock() {
-            *r.entry((route.to_string(), status)).or_default() += 1;
+            if !r.contains_key(route) {
+                r.insert(route.to_string(), BTreeMap::new());
+            }
+            if let Some(by_status) = r.get_mut(route) {
+                *by_status.entry(status).or_default() += 1;
+            }
         }
         if let Ok(mut d) = self.durations.lock() {
             if !d.contains_key(route) {
@@ -95,10 +101,12 @@ impl Metrics {
         ));
         out.push_str(&format!("# TYPE {p}_requests_total counter\n"));
         if let Ok(r) = self.requests.lock() {
-            for ((e, s), n) in r.iter() {
-                out.push_str(&format!(
-                    "{p}_requests_total{{route=\"{e}\",status=\"{s}\"}} {n}\n"
-                ));
+            for (e, by_status) in r.iter() {
+                for (s, n) in by_status {
+                    out.push_str(&format!(
+                        "{p}_requests_total{{route=\"{e}\",status=\"{s}\"}} {n}\n"
+                    ));
+                }
             }
         }
         out.push_str(&format!(
