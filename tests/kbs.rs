@@ -573,6 +573,116 @@ fn bad_configs_are_refused() {
     assert!(e.to_string().contains("session_ttl_secs"), "{e}");
     s.config.session_ttl_secs = i64::MAX;
     assert!(s.config.check().is_err());
+    // A session shorter than its challenge.
+    s.config.session_ttl_secs = 30;
+    s.config.nonce_ttl_secs = 60;
+    let e = s.config.check().unwrap_err();
+    assert!(e.to_string().contains("nonce_ttl_secs"), "{e}");
+    s.config.nonce_ttl_secs = 30;
+    // Development trust off loopback.
+    s.config.insecure_dev = false;
+    s.config.tls = Some(cgx_kbs::server::config::TlsConfig {
+        cert: s.dir.join("none.crt"),
+        key: s.dir.join("none.key"),
+    });
+    s.config.listen = "0.0.0.0:0".into();
+    let e = s.config.check().unwrap_err();
+    assert!(e.to_string().contains("sim_roots"), "{e}");
+    s.config.sim_roots.clear();
+    s.config.allow_sample = true;
+    assert!(
+        s.config
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("allow_sample")
+    );
+    s.config.allow_sample = false;
+    s.config.check().unwrap();
+    // An admin key must name its repositories.
+    s.config.admin_keys[0].repositories.clear();
+    let e = s.config.check().unwrap_err();
+    assert!(e.to_string().contains("repositories"), "{e}");
+    let path = s.dir.join("no-scope.json");
+    std::fs::write(
+        &path,
+        json!({"listen": "127.0.0.1:0", "insecure_dev": true, "database": "sqlite://x.db",
+               "kek": {"env": "X"}, "admin_keys": [{"public_key": "k"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let e = cgx_kbs::server::config::KbsConfig::from_file_with(&path, |_| {}).unwrap_err();
+    assert!(e.to_string().contains("repositories"), "{e}");
+}
+
+#[test]
+fn one_key_cannot_be_both_admin_and_broker() {
+    let n = node(0);
+    let mut s = setup(&[&n], None);
+    s.config.broker_keys = vec![s.admin.public_b64.clone()];
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let e = rt.block_on(cgx_kbs::server::start(&s.config)).unwrap_err();
+    assert!(e.to_string().contains("both"), "{e}");
+}
+
+/// Someone who can write the database inserts a session row under an id of their choosing,
+/// carrying a genuine token copied from another session: the id's MAC is checked before any
+/// lookup, so nothing is released (not even a JWE only the victim could open).
+#[test]
+fn a_session_row_written_into_the_database_is_not_a_session() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    put_resource(&srv.base, &s.admin, "tenant-a/key/db", b"k", false);
+    let mut victim = client(&srv.base);
+    let token = victim.attest(&n).unwrap();
+    let key = serde_json::to_string(&victim.tee_key().public().unwrap()).unwrap();
+    let kek: [u8; 32] = hex::decode(
+        std::fs::read_to_string(s.dir.join("kek.hex"))
+            .unwrap()
+            .trim(),
+    )
+    .unwrap()
+    .try_into()
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let forged = "9999999999.00.snp.00000000000000000000000000000000";
+    rt.block_on(async {
+        let store =
+            cgx_kbs::server::store::Store::open(&s.database, &kek, cgx_service::clock::system())
+                .await
+                .unwrap();
+        assert!(
+            store
+                .record_session(
+                    forged,
+                    "nonce",
+                    "snp",
+                    cgx_kbs::server::store::ATTESTED,
+                    now() + 300,
+                    Some(&key),
+                    Some(&token),
+                )
+                .await
+                .unwrap()
+        );
+        store.close().await;
+    });
+    let mut resp = agent()
+        .get(&format!("{}/kbs/v0/resource/tenant-a/key/db", srv.base))
+        .header("cookie", &format!("kbs-session-id={forged}"))
+        .call()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let body = json_of(&resp.body_mut().read_to_vec().unwrap());
+    assert_eq!(body["code"], "UnAuthenticated", "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("not issued"),
+        "{body}"
+    );
+    // The victim's own session still works.
+    assert_eq!(victim.resource("tenant-a/key/db", None).unwrap(), b"k");
+    srv.stop();
 }
 
 /// A part the appraisal policy left at `none` is not affirming, even under a global release

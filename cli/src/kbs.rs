@@ -84,15 +84,20 @@ pub fn dev_cert(out: &Path, names: &[String]) -> CliResult {
     };
     let (cert, key) = cgx_service::tls::self_signed(&names).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
-    std::fs::write(out.join("dev.crt"), cert).map_err(|e| e.to_string())?;
     let key_path = out.join("dev.key");
-    std::fs::write(&key_path, key).map_err(|e| e.to_string())?;
+    // Created 0600 (never written readable and tightened after), and never over another key.
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| e.to_string())?;
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
     }
+    opts.open(&key_path)
+        .and_then(|mut f| f.write_all(key.as_bytes()))
+        .map_err(|e| format!("{}: {e}", key_path.display()))?;
+    // The certificate after its key: a refused key leaves the old pair as it was.
+    std::fs::write(out.join("dev.crt"), cert).map_err(|e| e.to_string())?;
     println!("{}", out.join("dev.crt").display());
     Ok(ExitCode::SUCCESS)
 }

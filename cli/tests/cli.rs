@@ -502,4 +502,22 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
             .unwrap()
             .contains("BEGIN CERTIFICATE")
     );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join("tls/dev.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
+    // An existing key is never overwritten.
+    let (code, _, err) = cgx(&[
+        "kbs",
+        "dev-cert",
+        "--out",
+        dir.join("tls").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("dev.key"), "{err}");
 }

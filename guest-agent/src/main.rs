@@ -75,7 +75,35 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     if a.resource.split('/').count() != 3 {
         return Err("--resource must be REPO/TYPE/TAG".into());
     }
+    check_kbs_url(&a.kbs)?;
     Ok(a)
+}
+
+/// The KBS is reached over TLS; plain `http://` only on this machine's loopback (tests, a
+/// development KBS), since the session cookie and the lease travel in the clear.
+fn check_kbs_url(url: &str) -> Result<(), String> {
+    if url.starts_with("https://") {
+        return Ok(());
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(format!("--kbs {url}: not an https:// URL"));
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(format!(
+            "--kbs {url}: plain http:// is refused except on loopback; use https://"
+        ))
+    }
 }
 
 #[cfg(feature = "sim")]

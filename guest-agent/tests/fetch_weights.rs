@@ -191,6 +191,40 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
             .code(),
         Some(2)
     );
+    // Plain HTTP only on loopback: the cookie and the lease would travel in the clear.
+    for (url, refused) in [
+        ("http://kbs.example:8080", true),
+        ("http://10.0.0.1/", true),
+        ("ftp://kbs.example", true),
+        ("http://127.0.0.1:1", false),
+        ("http://localhost:1", false),
+        ("http://[::1]:1", false),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cgx-guest-agent"))
+            .args([
+                "fetch-weights",
+                "--kbs",
+                url,
+                "--resource",
+                "a/b/c",
+                "--in",
+                &p("weights.age"),
+                "--out",
+                &p("never.bin"),
+                "--sim",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if refused {
+            assert_eq!(out.status.code(), Some(2), "{url}: {err}");
+            assert!(err.contains("--kbs"), "{url}: {err}");
+        } else {
+            // Accepted as a URL; nothing listens there, so the attestation fails (exit 1).
+            assert_eq!(out.status.code(), Some(1), "{url}: {err}");
+        }
+        assert!(!Path::new(&p("never.bin")).exists());
+    }
 
     // Stock age, both ways.
     if have_age() {

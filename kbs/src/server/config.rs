@@ -49,12 +49,9 @@ pub(crate) const ENV_PREFIX: &str = "CGX_KBS";
 pub struct AdminKey {
     /// Raw 32-byte Ed25519 public key, base64 (standard or URL-safe), or a PEM SPKI file path.
     pub public_key: String,
-    #[serde(default = "all_repositories")]
+    /// The repositories this key may change, `*` for all and the global settings. Required:
+    /// a key that forgot its scope must not silently get every tenant's.
     pub repositories: Vec<String>,
-}
-
-fn all_repositories() -> Vec<String> {
-    vec!["*".into()]
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -166,6 +163,26 @@ impl KbsConfig {
             return Err(KbsError::Config(format!(
                 "nonce_ttl_secs and session_ttl_secs must be 1 to {MAX_TTL_SECS}"
             )));
+        }
+        if self.session_ttl_secs < self.nonce_ttl_secs {
+            return Err(KbsError::Config(
+                "session_ttl_secs must not be shorter than nonce_ttl_secs".into(),
+            ));
+        }
+        if self.admin_keys.iter().any(|k| k.repositories.is_empty()) {
+            return Err(KbsError::Config(
+                "an admin key names no repositories (use [\"*\"] for all)".into(),
+            ));
+        }
+        // Simulator roots and unsigned sample evidence are for development on this machine.
+        let loopback = self
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        if (self.allow_sample || !self.sim_roots.is_empty()) && !loopback {
+            return Err(KbsError::Config(
+                "allow_sample and sim_roots are for development: listen on loopback".into(),
+            ));
         }
         // Sessions are EARs signed by the result key and re-verified wherever they are read:
         // replicas sharing a database must share that key, or each refuses the others' sessions.

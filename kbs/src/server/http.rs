@@ -236,13 +236,17 @@ async fn attest_inner(
         attested.ear().clone(),
         expires_at,
     );
-    tracing::info!(session = %id, status = attested.status().as_str(), "attested");
+    // The session id is a bearer credential: it is not logged.
+    tracing::info!(status = attested.status().as_str(), "attested");
     Ok(Json(json!({"token": attested.token()})).into_response())
 }
 
 /// The attested session of the requester: its session cookie, or a bearer EAR this KBS issued.
 async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<Arc<LiveSession>, KbsError> {
     if let Some(id) = cookie(headers) {
+        kbs.session_keys
+            .authentic(&id)
+            .map_err(|e| KbsError::UnAuthenticated(e.into()))?;
         return kbs
             .attested_session(&id)
             .await?

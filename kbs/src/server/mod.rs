@@ -194,6 +194,17 @@ impl Kbs {
             .iter()
             .map(|k| jwt::ed25519_key(k).map_err(|e| KbsError::Config(format!("broker key: {e}"))))
             .collect::<Result<Vec<_>, _>>()?;
+        // A key that may both administer and sign leases would turn any lease into an admin
+        // token and back: the two roles need two keys.
+        if config
+            .admin_keys
+            .iter()
+            .any(|k| jwt::ed25519_key(&k.public_key).is_ok_and(|key| broker_keys.contains(&key)))
+        {
+            return Err(KbsError::Config(
+                "a key is configured both as an admin key and as a broker key".into(),
+            ));
+        }
         Ok(Kbs {
             store,
             attester,
