@@ -931,3 +931,158 @@ fn a_tampered_report_is_refused_as_problem_details_with_the_verifiers_code() {
     );
     srv.stop();
 }
+
+/// Admin tokens: EdDSA only, `exp` and `iat` integers, a capped lifetime, no future `nbf`, no
+/// lease claims; scopes are whole repository names; a tenant key reaches nothing global.
+#[test]
+fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    let url = |p: &str| format!("{base}{p}");
+    let sign = |key: &Ed, claims: serde_json::Value| {
+        cgx_service::jwt::sign_eddsa(&key.pkcs8, &claims).unwrap()
+    };
+    let t = now();
+    let refused = |token: &str, what: &str| {
+        let (st, b) = call(
+            "POST",
+            &url("/kbs/v0/resource/tenant-a/key/adm"),
+            Some(token),
+            Some(b"v"),
+        );
+        assert_eq!(st, 401, "{what}: {}", String::from_utf8_lossy(&b));
+        assert_eq!(json_of(&b)["code"], "AdminAuthFailed", "{what}");
+    };
+    let good = sign(&s.admin, json!({"iat": t, "exp": t + 60}));
+    let body = good.split('.').nth(1).unwrap();
+    let sig = good.rsplit('.').next().unwrap();
+    for alg in ["none", "HS256", "ES256"] {
+        let h = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"{alg}","typ":"JWT"}}"#));
+        refused(&format!("{h}.{body}.{sig}"), alg);
+        refused(&format!("{h}.{body}."), alg);
+    }
+    refused(&sign(&s.admin, json!({"iat": t})), "no exp");
+    refused(
+        &sign(&s.admin, json!({"iat": t, "exp": (t + 60).to_string()})),
+        "string exp",
+    );
+    refused(&sign(&s.admin, json!({"exp": t + 60})), "no iat");
+    refused(
+        &sign(&s.admin, json!({"iat": t, "exp": t + 60, "nbf": t + 600})),
+        "future nbf",
+    );
+    refused(
+        &sign(&s.admin, json!({"iat": t, "exp": t + 7200})),
+        "two hours",
+    );
+    refused(
+        &sign(
+            &s.admin,
+            json!({"iat": t, "exp": t + 60, "lease": "l", "resources": []}),
+        ),
+        "lease claims",
+    );
+    refused(
+        &sign(&s.broker, json!({"iat": t, "exp": t + 60})),
+        "a broker's key",
+    );
+    let (st, _) = call(
+        "POST",
+        &url("/kbs/v0/resource/tenant-a/key/adm"),
+        Some(&good),
+        Some(b"v"),
+    );
+    assert_eq!(st, 200);
+    // The tenant key: its own repository only, by whole name, and nothing global.
+    let tenant = admin_token(&s.tenant_admin);
+    let (st, _) = call(
+        "POST",
+        &url("/kbs/v0/resource/tenant-a/key/own"),
+        Some(&tenant),
+        Some(b"v"),
+    );
+    assert_eq!(st, 200);
+    let policy = json!({"policy": URL_SAFE_NO_PAD.encode("package policy\nallow := true\n")});
+    for (method, path, body) in [
+        (
+            "POST",
+            "/kbs/v0/resource/tenant-ab/key/x",
+            Some(b"v".to_vec()),
+        ),
+        (
+            "POST",
+            "/kbs/v0/resource/Tenant-A/key/x",
+            Some(b"v".to_vec()),
+        ),
+        ("DELETE", "/kbs/v0/resource/tenant-b/key/x", None),
+        (
+            "POST",
+            "/kbs/v0/resource-policy/tenant-b",
+            Some(policy.to_string().into_bytes()),
+        ),
+        (
+            "POST",
+            "/kbs/v0/resource-policy",
+            Some(policy.to_string().into_bytes()),
+        ),
+        ("GET", "/kbs/v0/audit", None),
+        (
+            "POST",
+            "/kbs/v0/attestation-policy",
+            Some(policy.to_string().into_bytes()),
+        ),
+        ("POST", "/kbs/v0/reference-values", Some(b"{}".to_vec())),
+        ("GET", "/kbs/v0/reference-values", None),
+    ] {
+        let (st, b) = call(method, &url(path), Some(&tenant), body.as_deref());
+        assert_eq!(st, 401, "{method} {path}: {}", String::from_utf8_lossy(&b));
+        assert_eq!(json_of(&b)["code"], "AdminAuthFailed", "{method} {path}");
+    }
+    srv.stop();
+}
+
+/// Leases: the audience is this KBS's, the lifetime capped, `iat` required.
+#[test]
+fn leases_need_their_audience_and_a_bounded_life() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    put_resource(&srv.base, &s.admin, "tenant-a/weights/job", b"w", true);
+    let mut c = client(&srv.base);
+    c.attest(&n).unwrap();
+    let me = thumbprint(&c.tee_key().public().unwrap());
+    let t = now();
+    let lease =
+        |claims: serde_json::Value| cgx_service::jwt::sign_eddsa(&s.broker.pkcs8, &claims).unwrap();
+    let base = json!({"lease": "l-1", "resources": ["tenant-a/weights/job"], "node_key": me});
+    let with = |extra: serde_json::Value| {
+        let mut v = base.clone();
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        v
+    };
+    for (claims, what) in [
+        (with(json!({"iat": t, "exp": t + 60})), "no audience"),
+        (
+            with(json!({"aud": "cgx-broker", "iat": t, "exp": t + 60})),
+            "another audience",
+        ),
+        (with(json!({"aud": "cgx-kbs", "exp": t + 60})), "no iat"),
+        (
+            with(json!({"aud": "cgx-kbs", "iat": t, "exp": t + 2 * 86_400})),
+            "two days",
+        ),
+    ] {
+        let e = c
+            .resource("tenant-a/weights/job", Some(&lease(claims)))
+            .unwrap_err();
+        assert_eq!(e.kind(), Some("LeaseInvalid"), "{what}: {e}");
+    }
+    let ok = lease(with(json!({"aud": ["cgx-kbs"], "iat": t, "exp": t + 60})));
+    assert_eq!(c.resource("tenant-a/weights/job", Some(&ok)).unwrap(), b"w");
+    srv.stop();
+}

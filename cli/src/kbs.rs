@@ -104,6 +104,12 @@ pub fn dev_cert(out: &Path, names: &[String]) -> CliResult {
 
 /// `cgx kbs token --admin-key K`: print an admin token.
 pub fn token(admin_key: &Path, ttl: i64) -> CliResult {
+    // The KBS refuses admin tokens living longer than its cap (an hour by default).
+    if !(1..=86_400).contains(&ttl) {
+        return Err(
+            "--ttl must be 1 to 86400 seconds (the KBS caps admin tokens, 3600 by default)".into(),
+        );
+    }
     println!("{}", admin_token(admin_key, ttl)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -117,7 +117,7 @@ impl Ed {
         cgx_service::jwt::sign_eddsa(
             &self.pkcs8,
             &json!({"lease": lease, "resources": resources, "node_key": node_key,
-                    "iat": now(), "exp": exp}),
+                    "aud": "cgx-kbs", "iat": now(), "exp": exp}),
         )
         .map_err(DevnetError::Kbs)
     }
@@ -223,6 +223,8 @@ fn setup_with(
             reference_values: Some(dir.join("refs.json")),
         },
         max_connections: 4096,
+        admin_token_max_ttl_secs: 3600,
+        lease_max_ttl_secs: 86_400,
     };
     Ok(Setup {
         dir,

@@ -24,6 +24,8 @@ pub enum AuthError {
     Token(#[from] jwt::JwtError),
     #[error("admin key {key} may not change {what}")]
     OutOfScope { key: usize, what: String },
+    #[error("a lease is not an admin token")]
+    NotAnAdminToken,
 }
 
 /// Configured admin keys and their scopes.
@@ -31,18 +33,32 @@ pub enum AuthError {
 pub struct AdminKeys {
     keys: Vec<[u8; 32]>,
     scopes: Vec<Vec<String>>,
+    /// Longest accepted token lifetime (`exp − iat`), seconds.
+    max_ttl: i64,
 }
 
+/// Default cap on an admin token's lifetime: an hour (a leaked long-lived admin token is the
+/// failure this bounds).
+pub const DEFAULT_ADMIN_TOKEN_TTL: i64 = 3600;
+
 impl AdminKeys {
-    /// `(Ed25519 public key, repositories)` pairs.
-    pub fn new(keys: Vec<([u8; 32], Vec<String>)>) -> Self {
+    /// `(Ed25519 public key, repositories)` pairs; tokens live at most `max_ttl` seconds.
+    pub fn new(keys: Vec<([u8; 32], Vec<String>)>, max_ttl: i64) -> Self {
         let (keys, scopes) = keys.into_iter().unzip();
-        AdminKeys { keys, scopes }
+        AdminKeys {
+            keys,
+            scopes,
+            max_ttl,
+        }
     }
 
     /// The administrator whose key signed `token`, valid at `now`.
     pub(crate) fn authenticate(&self, token: &str, now: i64) -> Result<Admin, AuthError> {
-        let (index, _) = jwt::verify_eddsa(token, &self.keys, now)?;
+        let (index, claims) = jwt::verify_eddsa(token, &self.keys, now, self.max_ttl)?;
+        // Lease claims in an admin token: a token made for one role is not taken for another.
+        if claims.get("lease").is_some() || claims.get("resources").is_some() {
+            return Err(AuthError::NotAnAdminToken);
+        }
         Ok(Admin {
             index,
             repositories: Arc::new(self.scopes.get(index).cloned().unwrap_or_default()),
@@ -130,10 +146,10 @@ mod tests {
         let (all_sk, all_pk) = key();
         let (tenant_sk, tenant_pk) = key();
         let (stranger_sk, _) = key();
-        let keys = AdminKeys::new(vec![
-            (all_pk, vec!["*".into()]),
-            (tenant_pk, vec!["acme".into()]),
-        ]);
+        let keys = AdminKeys::new(
+            vec![(all_pk, vec!["*".into()]), (tenant_pk, vec!["acme".into()])],
+            3600,
+        );
         let now = 1_000_000;
         let token = |sk: &[u8], exp: i64| {
             jwt::sign_eddsa(sk, &serde_json::json!({"iat": now, "exp": exp})).unwrap()
@@ -166,5 +182,23 @@ mod tests {
                 .authenticate(&token(&all_sk, now + 60), now)
                 .is_err()
         );
+        // Past the lifetime cap; lease claims.
+        assert!(matches!(
+            keys.authenticate(&token(&all_sk, now + 3601), now),
+            Err(AuthError::Token(jwt::JwtError::TooLong { .. }))
+        ));
+        let lease = jwt::sign_eddsa(
+            &all_sk,
+            &serde_json::json!({"iat": now, "exp": now + 60, "lease": "l", "resources": []}),
+        )
+        .unwrap();
+        assert_eq!(
+            keys.authenticate(&lease, now).unwrap_err(),
+            AuthError::NotAnAdminToken
+        );
+        // Scopes match whole names, case and all.
+        for other in ["acm", "acme2", "ACME", "acme/x", "*"] {
+            assert!(tenant.may(Some(other)).is_err(), "{other}");
+        }
     }
 }

@@ -22,8 +22,12 @@ pub enum JwtError {
     Expired(i64),
     #[error("not valid yet (iat/nbf {0})")]
     NotYetValid(i64),
-    #[error("no exp claim")]
+    #[error("no integer exp claim")]
     NoExpiry,
+    #[error("no integer iat claim")]
+    NoIssuedAt,
+    #[error("lives {lifetime} s (exp − iat), more than the {max} s allowed")]
+    TooLong { lifetime: i64, max: i64 },
 }
 
 /// An Ed25519 public key from config: base64 (standard or URL-safe) of the raw 32 bytes, a PEM
@@ -63,8 +67,15 @@ pub fn ed25519_key(spec: &str) -> Result<[u8; 32], String> {
         .map_err(|_| "Ed25519 public keys are 32 bytes".to_string())
 }
 
-/// Verify `token` under any of `keys` at `now`; returns (index of the key, claims).
-pub fn verify_eddsa(token: &str, keys: &[[u8; 32]], now: i64) -> Result<(usize, Value), JwtError> {
+/// Verify `token` under any of `keys` at `now`: EdDSA only, integer `exp` and `iat` required,
+/// `exp − iat` at most `max_lifetime` seconds, not expired, `iat`/`nbf` not ahead of `now` by
+/// more than [`SKEW_SECS`]. Returns (index of the key, claims).
+pub fn verify_eddsa(
+    token: &str,
+    keys: &[[u8; 32]],
+    now: i64,
+    max_lifetime: i64,
+) -> Result<(usize, Value), JwtError> {
     let mut parts = token.split('.');
     let (Some(h), Some(p), Some(s), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -102,13 +113,26 @@ pub fn verify_eddsa(token: &str, keys: &[[u8; 32]], now: i64) -> Result<(usize, 
         .get("exp")
         .and_then(Value::as_i64)
         .ok_or(JwtError::NoExpiry)?;
+    let iat = claims
+        .get("iat")
+        .and_then(Value::as_i64)
+        .ok_or(JwtError::NoIssuedAt)?;
+    let lifetime = exp.saturating_sub(iat);
+    if lifetime > max_lifetime {
+        return Err(JwtError::TooLong {
+            lifetime,
+            max: max_lifetime,
+        });
+    }
     if now > exp {
         return Err(JwtError::Expired(exp));
     }
-    for k in ["iat", "nbf"] {
-        if let Some(t) = claims.get(k).and_then(Value::as_i64)
-            && t > now + SKEW_SECS
-        {
+    let nbf = match claims.get("nbf") {
+        None => None,
+        Some(v) => Some(v.as_i64().ok_or(JwtError::Malformed)?),
+    };
+    for t in [Some(iat), nbf].into_iter().flatten() {
+        if t > now.saturating_add(SKEW_SECS) {
             return Err(JwtError::NotYetValid(t));
         }
     }
@@ -142,18 +166,79 @@ mod tests {
         let kp = Ed25519KeyPair::from_pkcs8(doc.as_ref()).unwrap();
         let key: [u8; 32] = kp.public_key().as_ref().try_into().unwrap();
         let t = sign_eddsa(doc.as_ref(), &serde_json::json!({"iat": 100, "exp": 200})).unwrap();
-        assert_eq!(verify_eddsa(&t, &[[9; 32], key], 150).unwrap().0, 1);
-        assert_eq!(verify_eddsa(&t, &[key], 201), Err(JwtError::Expired(200)));
+        assert_eq!(verify_eddsa(&t, &[[9; 32], key], 150, 100).unwrap().0, 1);
         assert_eq!(
-            verify_eddsa(&t, &[key], 30),
+            verify_eddsa(&t, &[key], 201, 100),
+            Err(JwtError::Expired(200))
+        );
+        assert_eq!(
+            verify_eddsa(&t, &[key], 30, 100),
             Err(JwtError::NotYetValid(100))
         );
-        assert_eq!(verify_eddsa(&t, &[[9; 32]], 150), Err(JwtError::Signature));
+        assert_eq!(
+            verify_eddsa(&t, &[key], 150, 99),
+            Err(JwtError::TooLong {
+                lifetime: 100,
+                max: 99
+            })
+        );
+        assert_eq!(
+            verify_eddsa(&t, &[[9; 32]], 150, 100),
+            Err(JwtError::Signature)
+        );
+        let sign = |c: serde_json::Value| sign_eddsa(doc.as_ref(), &c).unwrap();
+        for (claims, want) in [
+            (serde_json::json!({"exp": 200}), JwtError::NoIssuedAt),
+            (serde_json::json!({"iat": 100}), JwtError::NoExpiry),
+            (
+                serde_json::json!({"iat": 100, "exp": "200"}),
+                JwtError::NoExpiry,
+            ),
+            (
+                serde_json::json!({"iat": "100", "exp": 200}),
+                JwtError::NoIssuedAt,
+            ),
+            (
+                serde_json::json!({"iat": 100, "exp": 200, "nbf": 1000}),
+                JwtError::NotYetValid(1000),
+            ),
+            (
+                serde_json::json!({"iat": 100, "exp": 200, "nbf": "x"}),
+                JwtError::Malformed,
+            ),
+            (
+                serde_json::json!({"iat": i64::MIN, "exp": i64::MAX}),
+                JwtError::TooLong {
+                    lifetime: i64::MAX,
+                    max: 100,
+                },
+            ),
+        ] {
+            assert_eq!(
+                verify_eddsa(&sign(claims.clone()), &[key], 150, 100),
+                Err(want),
+                "{claims}"
+            );
+        }
+        // Other algorithms, whatever their signature: refused before any key is tried.
+        let body = URL_SAFE_NO_PAD.encode(br#"{"iat":100,"exp":200}"#);
+        for alg in ["none", "HS256", "ES256", "RS256"] {
+            let h = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"{alg}","typ":"JWT"}}"#));
+            let forged = format!("{h}.{body}.{}", t.rsplit('.').next().unwrap());
+            assert_eq!(
+                verify_eddsa(&forged, &[key], 150, 100),
+                Err(JwtError::Algorithm(alg.into())),
+                "{alg}"
+            );
+        }
         let mut bad = t.clone().into_bytes();
         let i = t.find('.').unwrap() + 3;
         bad[i] ^= 1;
-        assert!(verify_eddsa(std::str::from_utf8(&bad).unwrap(), &[key], 150).is_err());
-        assert_eq!(verify_eddsa("a.b", &[key], 150), Err(JwtError::Malformed));
+        assert!(verify_eddsa(std::str::from_utf8(&bad).unwrap(), &[key], 150, 100).is_err());
+        assert_eq!(
+            verify_eddsa("a.b", &[key], 150, 100),
+            Err(JwtError::Malformed)
+        );
         let b64 = STANDARD.encode(key);
         assert_eq!(ed25519_key(&b64).unwrap(), key);
         let mut spki = vec![

@@ -112,6 +112,20 @@ pub struct KbsConfig {
     /// Connections served at once (further ones wait in the accept backlog).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Longest admin token accepted (`exp − iat`, seconds; default an hour).
+    #[serde(default = "default_admin_token_ttl")]
+    pub admin_token_max_ttl_secs: i64,
+    /// Longest lease accepted (`exp − iat`, seconds; default a day).
+    #[serde(default = "default_lease_ttl")]
+    pub lease_max_ttl_secs: i64,
+}
+
+fn default_admin_token_ttl() -> i64 {
+    cgx_service::auth::DEFAULT_ADMIN_TOKEN_TTL
+}
+
+fn default_lease_ttl() -> i64 {
+    86_400
 }
 
 fn default_max_connections() -> usize {
@@ -162,6 +176,13 @@ impl KbsConfig {
         {
             return Err(KbsError::Config(format!(
                 "nonce_ttl_secs and session_ttl_secs must be 1 to {MAX_TTL_SECS}"
+            )));
+        }
+        if !(1..=MAX_TTL_SECS).contains(&self.admin_token_max_ttl_secs)
+            || !(1..=MAX_TTL_SECS).contains(&self.lease_max_ttl_secs)
+        {
+            return Err(KbsError::Config(format!(
+                "admin_token_max_ttl_secs and lease_max_ttl_secs must be 1 to {MAX_TTL_SECS}"
             )));
         }
         if self.session_ttl_secs < self.nonce_ttl_secs {

@@ -321,6 +321,7 @@ async fn release(
             &path,
             key,
             kbs.clock.unix(),
+            kbs.lease_max_ttl,
         )?),
         None => None,
     };

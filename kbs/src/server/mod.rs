@@ -39,6 +39,8 @@ pub(crate) struct Kbs {
     pub(crate) clock: SharedClock,
     admin_keys: AdminKeys,
     broker_keys: Vec<[u8; 32]>,
+    /// Longest accepted lease lifetime (`exp − iat`).
+    lease_max_ttl: i64,
     nonce_ttl: i64,
     session_ttl: i64,
     allow_sample: bool,
@@ -188,6 +190,7 @@ impl Kbs {
                         .map_err(|e| KbsError::Config(format!("admin key: {e}")))
                 })
                 .collect::<Result<Vec<_>, _>>()?,
+            config.admin_token_max_ttl_secs,
         );
         let broker_keys = config
             .broker_keys
@@ -213,6 +216,7 @@ impl Kbs {
             clock,
             admin_keys,
             broker_keys,
+            lease_max_ttl: config.lease_max_ttl_secs,
             nonce_ttl: config.nonce_ttl_secs,
             session_ttl: config.session_ttl_secs,
             allow_sample: config.allow_sample,

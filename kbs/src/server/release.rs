@@ -6,8 +6,9 @@
 //! `resource:<repo>/<type>/<tag>`.
 //!
 //! A lease is an EdDSA JWT from a configured broker key: `{"lease", "resources": [paths],
-//! "node_key": <RFC 7638 thumbprint of the TEE key>, "exp", "iat"}`. It must name this resource
-//! and the very TEE key the session attested.
+//! "node_key": <RFC 7638 thumbprint of the TEE key>, "aud": "cgx-kbs", "iat", "exp"}`, living at
+//! most `lease_max_ttl_secs`. It must name this resource and the very TEE key the session
+//! attested. Broker keys and admin keys are distinct (refused at start otherwise).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -101,21 +102,36 @@ impl ReleasePolicies {
     }
 }
 
-/// Verify a lease token for `path` and the session's TEE key at `now`; returns its claims.
+/// The audience a lease names: leases are made for this KBS's release, nothing else.
+pub const LEASE_AUDIENCE: &str = "cgx-kbs";
+
+/// Verify a lease token for `path` and the session's TEE key at `now` (lifetime at most
+/// `max_ttl` seconds, audience [`LEASE_AUDIENCE`]); returns its claims.
 pub fn check_lease(
     token: &str,
     broker_keys: &[[u8; 32]],
     path: &str,
     tee: &TeePubKey,
     now: i64,
+    max_ttl: i64,
 ) -> Result<Value, KbsError> {
     if broker_keys.is_empty() {
         return Err(KbsError::LeaseInvalid(
             "no broker keys are configured, so no lease can be honoured".into(),
         ));
     }
-    let (_, claims) = jwt::verify_eddsa(token, broker_keys, now)
+    let (_, claims) = jwt::verify_eddsa(token, broker_keys, now, max_ttl)
         .map_err(|e| KbsError::LeaseInvalid(e.to_string()))?;
+    let audience = match claims.get("aud") {
+        Some(Value::String(a)) => a == LEASE_AUDIENCE,
+        Some(Value::Array(a)) => a.iter().any(|v| v.as_str() == Some(LEASE_AUDIENCE)),
+        _ => false,
+    };
+    if !audience {
+        return Err(KbsError::LeaseInvalid(format!(
+            "the token's audience is not {LEASE_AUDIENCE}"
+        )));
+    }
     let lease = claims
         .get("lease")
         .and_then(Value::as_str)
