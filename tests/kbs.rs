@@ -1086,3 +1086,65 @@ fn leases_need_their_audience_and_a_bounded_life() {
     assert_eq!(c.resource("tenant-a/weights/job", Some(&ok)).unwrap(), b"w");
     srv.stop();
 }
+
+/// Someone who can write the database: a flipped lease requirement, a sealed value moved to
+/// another path, an older value put back, and a restart under another KEK — each refused, and
+/// nothing released.
+#[test]
+fn a_database_writer_cannot_weaken_move_or_roll_back_a_resource() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    put_resource(&base, &s.admin, "tenant-a/weights/job", b"job key", true);
+    put_resource(&base, &s.admin, "tenant-a/key/other", b"other", false);
+    put_resource(&base, &s.admin, "tenant-a/key/moved", b"moved", false);
+    put_resource(&base, &s.admin, "tenant-a/key/roll", b"old", false);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    sqlx::any::install_default_drivers();
+    let db = rt.block_on(sqlx::AnyPool::connect(&s.database)).unwrap();
+    let exec = |sql: &str| {
+        rt.block_on(sqlx::query(sqlx::AssertSqlSafe(sql.to_string())).execute(&db))
+            .unwrap();
+    };
+    let mut c = client(&base);
+    c.attest(&n).unwrap();
+    // The version this replica has seen.
+    assert_eq!(c.resource("tenant-a/key/roll", None).unwrap(), b"old");
+    let old: Vec<u8> = rt
+        .block_on(
+            sqlx::query_scalar("SELECT sealed FROM resources WHERE path = 'tenant-a/key/roll'")
+                .fetch_one(&db),
+        )
+        .unwrap();
+    put_resource(&base, &s.admin, "tenant-a/key/roll", b"new", false);
+    // The writes.
+    exec("UPDATE resources SET requires_lease = 0 WHERE path = 'tenant-a/weights/job'");
+    exec(
+        "UPDATE resources SET sealed = (SELECT sealed FROM resources WHERE path = 'tenant-a/key/other') \
+         WHERE path = 'tenant-a/key/moved'",
+    );
+    rt.block_on(
+        sqlx::query("UPDATE resources SET sealed = $1 WHERE path = 'tenant-a/key/roll'")
+            .bind(old)
+            .execute(&db),
+    )
+    .unwrap();
+    for path in [
+        "tenant-a/weights/job",
+        "tenant-a/key/moved",
+        "tenant-a/key/roll",
+    ] {
+        let e = c.resource(path, None).unwrap_err();
+        assert_eq!(e.status(), Some(500), "{path}: {e}");
+        assert_eq!(e.kind(), Some("StorageError"), "{path}: {e}");
+    }
+    // Untouched values still come out.
+    assert_eq!(c.resource("tenant-a/key/other", None).unwrap(), b"other");
+    rt.block_on(db.close());
+    srv.stop();
+    // Another KEK: the KBS does not start on this database.
+    std::fs::write(s.dir.join("kek.hex"), hex::encode([0x42u8; 32])).unwrap();
+    let e = rt.block_on(cgx_kbs::server::start(&s.config)).unwrap_err();
+    assert!(e.to_string().contains("key-encryption key"), "{e}");
+}

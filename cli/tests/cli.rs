@@ -412,7 +412,7 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
     };
     let (s, body) = get("/healthz");
     assert_eq!(s, 200);
-    assert!(body.contains("\"schema_version\":2"), "{body}");
+    assert!(body.contains("\"schema_version\":3"), "{body}");
     let (s, body) = get("/metrics");
     assert_eq!(s, 200);
     assert!(

@@ -5,8 +5,11 @@
 //! Sessions live here, not in memory, so any replica serves any step of a handshake; a challenge
 //! is answered by one INSERT keyed by the session id, so it is single-use across replicas too
 //! ([`super::session`]). Resources are
-//! sealed with AES-256-GCM under the key-encryption key (never stored), the resource path as
-//! AAD so a sealed value cannot be moved to another path.
+//! sealed with AES-256-GCM under the key-encryption key (never stored). Everything that decides
+//! a release is bound into the AAD — the path, whether a lease is required, and a version — so
+//! someone who can write the database cannot move a sealed value to another path, drop a
+//! lease requirement, or (on a replica that has read a newer version) put an older value back.
+//! A restart with another KEK is refused at open.
 //!
 //! The two writes on every flow — the session row at attestation, the audit row at release —
 //! go through [`GroupCommit`]: each caller waits for its own commit, the database sees one
@@ -77,6 +80,15 @@ const MIGRATIONS: &[Migration] = &[
         // PostgreSQL: BIGSERIAL has no such cost; nothing to change.
         postgres: "",
     },
+    Migration {
+        version: 3,
+        // Values the store keeps about itself (the KEK check). Resources sealed before this
+        // version (path-only AAD) no longer open: the sealed format now binds the lease
+        // requirement and a version, and re-sealing them here would let anyone who can write
+        // the database launder an old value through it. Re-upload them.
+        sqlite: "CREATE TABLE IF NOT EXISTS kbs_meta (name TEXT PRIMARY KEY, value BLOB NOT NULL)",
+        postgres: "CREATE TABLE IF NOT EXISTS kbs_meta (name TEXT PRIMARY KEY, value BYTEA NOT NULL)",
+    },
 ];
 
 /// A session row.
@@ -141,6 +153,10 @@ struct CachedResource {
     requires_lease: bool,
 }
 
+/// Format byte of sealed values: `0x02 ‖ version (8, BE) ‖ nonce (12) ‖ ciphertext ‖ tag`.
+const SEALED_V2: u8 = 2;
+const SEALED_HEADER: usize = 1 + 8 + 12;
+
 pub struct Store {
     db: Database,
     clock: SharedClock,
@@ -150,6 +166,9 @@ pub struct Store {
     /// The connections the two writers keep (given back on [`Store::close`]).
     writers: [WriterConn; 2],
     resources: Mutex<HashMap<String, CachedResource>>,
+    /// The newest sealed version this replica has opened or written, per path: an older one
+    /// read later was put back by someone who can write the database.
+    versions: Mutex<HashMap<String, u64>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -180,7 +199,7 @@ impl Store {
         };
         let writers = [session_writer, audit_writer];
         db.migrate(MIGRATION_LOCK, MIGRATIONS, clock.unix()).await?;
-        Ok(Store {
+        Store {
             sessions: GroupCommit::spawn(Box::new({
                 let w = writers[0].clone();
                 move |rows| Box::pin(insert_sessions(w.clone(), rows))
@@ -191,10 +210,41 @@ impl Store {
             })),
             writers,
             resources: Mutex::new(HashMap::new()),
+            versions: Mutex::new(HashMap::new()),
             db,
             clock,
             kek,
-        })
+        }
+        .checked_kek()
+        .await
+    }
+
+    /// Refuse a key-encryption key other than the one the database was first opened with: a
+    /// value sealed under it (`kbs_meta.kek-check`) must open. The first open writes it.
+    async fn checked_kek(self) -> Result<Self, KbsError> {
+        const NAME: &str = "kek-check";
+        let aad = b"cgx-kbs/kek-check/v1";
+        // Write it if absent (the first open), then check what is there: replicas opening a new
+        // database together all check the one value that won.
+        let fresh = self.seal_with(b"kek-check", aad, 0)?;
+        sqlx::query(
+            "INSERT INTO kbs_meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(NAME)
+        .bind(fresh)
+        .execute(self.db.pool())
+        .await?;
+        let sealed: Vec<u8> = sqlx::query("SELECT value FROM kbs_meta WHERE name = $1")
+            .bind(NAME)
+            .fetch_one(self.db.pool())
+            .await?
+            .try_get("value")?;
+        self.open_sealed(&sealed, aad).map_err(|()| {
+            KbsError::Config(
+                "the key-encryption key is not the one this database was sealed under".into(),
+            )
+        })?;
+        Ok(self)
     }
 
     /// The highest applied migration.
@@ -276,46 +326,77 @@ impl Store {
 
     // ---------------------------------------------------------------- resources
 
-    fn seal(&self, path: &str, value: &[u8]) -> Result<Vec<u8>, KbsError> {
+    /// Seal `value` with `aad` at `version`: `0x02 ‖ version ‖ nonce ‖ ciphertext ‖ tag`.
+    fn seal_with(&self, value: &[u8], aad: &[u8], version: u64) -> Result<Vec<u8>, KbsError> {
         let mut nonce = [0u8; 12];
         aws_lc_rs::rand::fill(&mut nonce).map_err(|_| KbsError::Internal("random".into()))?;
         let mut buf = value.to_vec();
+        let mut full_aad = aad.to_vec();
+        full_aad.extend_from_slice(&version.to_be_bytes());
         self.kek
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad(path).as_slice()),
+                Aad::from(full_aad.as_slice()),
                 &mut buf,
             )
             .map_err(|_| KbsError::Internal("sealing".into()))?;
-        let mut out = nonce.to_vec();
+        let mut out = Vec::with_capacity(SEALED_HEADER + buf.len());
+        out.push(SEALED_V2);
+        out.extend_from_slice(&version.to_be_bytes());
+        out.extend_from_slice(&nonce);
         out.extend_from_slice(&buf);
         Ok(out)
     }
 
-    fn unseal(&self, path: &str, sealed: &[u8]) -> Result<Vec<u8>, KbsError> {
-        if sealed.len() < 12 + 16 {
-            return Err(KbsError::Storage(format!(
-                "sealed value of {path} is truncated"
-            )));
+    /// Open a sealed value with `aad`: (version, plaintext).
+    fn open_sealed(&self, sealed: &[u8], aad: &[u8]) -> Result<(u64, Vec<u8>), ()> {
+        if sealed.len() < SEALED_HEADER + 16 || sealed[0] != SEALED_V2 {
+            return Err(());
         }
+        let mut version = [0u8; 8];
+        version.copy_from_slice(&sealed[1..9]);
+        let version = u64::from_be_bytes(version);
         let mut nonce = [0u8; 12];
-        nonce.copy_from_slice(&sealed[..12]);
-        let mut buf = sealed[12..].to_vec();
+        nonce.copy_from_slice(&sealed[9..SEALED_HEADER]);
+        let mut full_aad = aad.to_vec();
+        full_aad.extend_from_slice(&version.to_be_bytes());
+        let mut buf = sealed[SEALED_HEADER..].to_vec();
         let n = self
             .kek
             .open_in_place(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad(path).as_slice()),
+                Aad::from(full_aad.as_slice()),
                 &mut buf,
             )
-            .map_err(|_| {
-                KbsError::Storage(format!(
-                    "sealed value of {path} does not open under this key-encryption key"
-                ))
-            })?
+            .map_err(|_| ())?
             .len();
         buf.truncate(n);
-        Ok(buf)
+        Ok((version, buf))
+    }
+
+    /// Open the resource at `path` as stored with `requires_lease`; an older version than this
+    /// replica has seen is refused.
+    fn unseal(&self, path: &str, sealed: &[u8], requires_lease: bool) -> Result<Vec<u8>, KbsError> {
+        let (version, value) = self
+            .open_sealed(sealed, &aad(path, requires_lease))
+            .map_err(|()| {
+                KbsError::Storage(format!(
+                    "sealed value of {path} does not open: altered, moved, or sealed under another key"
+                ))
+            })?;
+        let mut seen = self
+            .versions
+            .lock()
+            .map_err(|_| KbsError::Internal("version lock".into()))?;
+        let newest = seen.entry(path.to_string()).or_insert(version);
+        if version < *newest {
+            return Err(KbsError::Storage(format!(
+                "sealed value of {path} is version {version}, older than the {} this replica read: rolled back",
+                *newest
+            )));
+        }
+        *newest = version;
+        Ok(value)
     }
 
     pub async fn put_resource(
@@ -325,7 +406,19 @@ impl Store {
         value: &[u8],
         requires_lease: bool,
     ) -> Result<(), KbsError> {
-        let sealed = self.seal(path, value)?;
+        // Versions only grow: past every version this replica has seen, and past the clock.
+        let seen = self
+            .versions
+            .lock()
+            .map_err(|_| KbsError::Internal("version lock".into()))?
+            .get(path)
+            .copied()
+            .unwrap_or(0);
+        let now_ms = u64::try_from(self.clock.unix())
+            .unwrap_or(0)
+            .saturating_mul(1000);
+        let version = seen.saturating_add(1).max(now_ms);
+        let sealed = self.seal_with(value, &aad(path, requires_lease), version)?;
         sqlx::query(
             "INSERT INTO resources (path, repository, sealed, requires_lease, updated_at) VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (path) DO UPDATE SET sealed = excluded.sealed, requires_lease = excluded.requires_lease, updated_at = excluded.updated_at",
@@ -337,6 +430,9 @@ impl Store {
         .bind(self.clock.unix())
         .execute(self.db.pool())
         .await?;
+        if let Ok(mut v) = self.versions.lock() {
+            v.insert(path.to_string(), version);
+        }
         self.forget_resource(path);
         Ok(())
     }
@@ -380,7 +476,7 @@ impl Store {
             }
         };
         Ok(Some(Resource {
-            value: self.unseal(path, &c.sealed)?,
+            value: self.unseal(path, &c.sealed, c.requires_lease)?,
             requires_lease: c.requires_lease,
         }))
     }
@@ -562,8 +658,12 @@ async fn insert_audits(w: WriterConn, rows: Vec<NewAudit>) -> Result<Vec<()>, Db
     Ok(vec![(); rows.len()])
 }
 
-fn aad(path: &str) -> Vec<u8> {
-    let mut a = b"cgx-kbs/resource/v1\0".to_vec();
+/// What a sealed resource is bound to besides its version: its path and whether a lease is
+/// required to release it.
+fn aad(path: &str, requires_lease: bool) -> Vec<u8> {
+    let mut a = b"cgx-kbs/resource/v2\0".to_vec();
     a.extend_from_slice(path.as_bytes());
+    a.push(0);
+    a.push(u8::from(requires_lease));
     a
 }
