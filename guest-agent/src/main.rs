@@ -158,6 +158,23 @@ fn run(a: &Args) -> Result<(), String> {
         .metadata()
         .map_err(|e| format!("{}: {e}", a.input.display()))?
         .len();
+    // Plaintext goes to a temporary file beside DEST (created 0600), and DEST appears only
+    // once every chunk has been authenticated: a reader of DEST never sees a prefix of weights
+    // that a later chunk would have refused. DEST is never overwritten.
+    if a.output.exists() {
+        return Err(format!("{}: exists; not overwritten", a.output.display()));
+    }
+    let name = a
+        .output
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file name", a.output.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let mut tag = [0u8; 6];
+    aws_lc_rs::rand::fill(&mut tag).map_err(|_| "random".to_string())?;
+    let tmp = a
+        .output
+        .with_file_name(format!(".{name}.partial-{}", hex::encode(tag)));
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -166,14 +183,25 @@ fn run(a: &Args) -> Result<(), String> {
         opts.mode(0o600);
     }
     let out = opts
-        .open(&a.output)
-        .map_err(|e| format!("{}: {e}", a.output.display()))?;
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     let mut out = std::io::BufWriter::with_capacity(4 << 20, out);
     let t = Instant::now();
     let result = cgx_age::decrypt(&identity, &mut input, len, &mut out, a.threads, &mut |_| {})
         .map_err(|e| e.to_string())
-        .and_then(|n| out.flush().map(|()| n).map_err(|e| e.to_string()));
+        .and_then(|n| {
+            out.flush().map_err(|e| e.to_string())?;
+            out.get_ref().sync_all().map_err(|e| e.to_string())?;
+            Ok(n)
+        })
+        // Linking fails if DEST appeared meanwhile: never overwritten.
+        .and_then(|n| {
+            std::fs::hard_link(&tmp, &a.output)
+                .map(|()| n)
+                .map_err(|e| format!("{}: {e}", a.output.display()))
+        });
     drop(out);
+    let _ = std::fs::remove_file(&tmp);
     match result {
         Ok(n) => {
             let s = t.elapsed().as_secs_f64();
@@ -184,10 +212,7 @@ fn run(a: &Args) -> Result<(), String> {
             );
             Ok(())
         }
-        Err(e) => {
-            let _ = std::fs::remove_file(&a.output);
-            Err(e)
-        }
+        Err(e) => Err(e),
     }
 }
 

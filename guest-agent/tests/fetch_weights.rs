@@ -182,6 +182,14 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
     ]);
     assert!(!ok && err.contains("chunk"), "{err}");
     assert!(!Path::new(&p("out3.bin")).exists());
+    // Nor is a partial plaintext left beside it: it was decrypted into a temporary file that
+    // DEST would have been linked to only after the last chunk authenticated.
+    let partials: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
+        .collect();
+    assert!(partials.is_empty(), "{partials:?}");
     // Usage errors exit 2.
     assert_eq!(
         Command::new(env!("CARGO_BIN_EXE_cgx-guest-agent"))

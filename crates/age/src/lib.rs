@@ -527,6 +527,11 @@ fn b64_strict(s: &str, what: &str) -> Result<Vec<u8>> {
     Ok(v)
 }
 
+/// Largest header read (every byte of it is kept for the MAC).
+const MAX_HEADER: usize = 64 << 10;
+/// Most recipient stanzas read: each X25519 stanza costs an agreement when opening.
+const MAX_STANZAS: usize = 64;
+
 fn parse_header(input: &mut dyn Read) -> Result<Header> {
     let mut raw = Vec::new();
     if read_line(input, &mut raw)? != INTRO {
@@ -535,6 +540,11 @@ fn parse_header(input: &mut dyn Read) -> Result<Header> {
     let mut x25519 = Vec::new();
     let mut others = Vec::new();
     loop {
+        if x25519.len() + others.len() >= MAX_STANZAS {
+            return Err(AgeError::Header(format!(
+                "more than {MAX_STANZAS} recipient stanzas"
+            )));
+        }
         let before = raw.len();
         let line = read_line(input, &mut raw)?;
         if let Some(mac) = line.strip_prefix("--- ") {
@@ -564,6 +574,9 @@ fn parse_header(input: &mut dyn Read) -> Result<Header> {
         let mut body = String::new();
         loop {
             let l = read_line(input, &mut raw)?;
+            if raw.len() > MAX_HEADER {
+                return Err(AgeError::Header(format!("header over {MAX_HEADER} bytes")));
+            }
             if l.len() > 64 {
                 return Err(AgeError::Header("stanza body line over 64 columns".into()));
             }
@@ -797,5 +810,41 @@ mod tests {
             let mut out = Vec::new();
             let _ = decrypt(&id, &mut &junk[..], n as u64, &mut out, 1, &mut |_| {});
         }
+    }
+
+    #[test]
+    fn headers_are_bounded_before_any_key_agreement() {
+        // Many small stanzas (each would cost an X25519 agreement): refused at the bound.
+        let share = B64.encode([9u8; 32]);
+        let body = B64.encode([1u8; 32]);
+        let mut h = format!("{INTRO}\n");
+        for _ in 0..(MAX_STANZAS + 1) {
+            h.push_str(&format!("-> X25519 {share}\n{body}\n"));
+        }
+        h.push_str(&format!("--- {}\n", B64.encode([0u8; 32])));
+        let e = parse_header(&mut h.as_bytes()).err().unwrap();
+        assert!(e.to_string().contains("stanzas"), "{e}");
+        // One stanza whose body never ends (full 64-column lines): refused at the size bound.
+        let mut h = format!("{INTRO}\n-> other\n");
+        let line = "A".repeat(64);
+        for _ in 0..(MAX_HEADER / 65 + 2) {
+            h.push_str(&line);
+            h.push('\n');
+        }
+        let e = parse_header(&mut h.as_bytes()).err().unwrap();
+        assert!(e.to_string().contains("header over"), "{e}");
+        // Within the bounds a well-formed header still parses.
+        let id = Identity::generate().unwrap();
+        let mut file = Vec::new();
+        encrypt(
+            &id.recipient().unwrap(),
+            &mut &b"x"[..],
+            1,
+            &mut file,
+            1,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert!(parse_header(&mut &file[..]).is_ok());
     }
 }
