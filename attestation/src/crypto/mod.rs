@@ -47,6 +47,10 @@ pub struct Rejected;
 /// A public key parsed once and used for many verifications (cached chains).
 pub trait PreparedKey: Send + Sync + fmt::Debug {
     fn verify(&self, msg: &[u8], sig: &[u8]) -> Result<(), Rejected>;
+    /// Which implementation verifies for this key (tests assert the path they exercise).
+    fn backend(&self) -> &'static str {
+        "aws-lc-rs"
+    }
 }
 
 /// The crypto a verifier needs. Implementations must be constant-behaviour: no I/O, no clock.
@@ -92,6 +96,10 @@ impl PreparedKey for p384::TabledKey {
         } else {
             Err(Rejected)
         }
+    }
+
+    fn backend(&self) -> &'static str {
+        "cgx-p384-tables"
     }
 }
 
