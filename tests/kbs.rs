@@ -1148,3 +1148,38 @@ fn a_database_writer_cannot_weaken_move_or_roll_back_a_resource() {
     let e = rt.block_on(cgx_kbs::server::start(&s.config)).unwrap_err();
     assert!(e.to_string().contains("key-encryption key"), "{e}");
 }
+
+/// An administrator's change and its audit row commit together: when the audit row cannot be
+/// written, the change is not made either.
+#[test]
+fn an_admin_change_lands_with_its_audit_row_or_not_at_all() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    sqlx::any::install_default_drivers();
+    let db = rt.block_on(sqlx::AnyPool::connect(&s.database)).unwrap();
+    let exec = |sql: &'static str| {
+        rt.block_on(sqlx::query(sql).execute(&db)).unwrap();
+    };
+    exec("ALTER TABLE audit RENAME TO audit_away");
+    let (st, b) = call(
+        "POST",
+        &format!("{}/kbs/v0/resource/tenant-a/key/atomic", srv.base),
+        Some(&admin_token(&s.admin)),
+        Some(b"v"),
+    );
+    assert_eq!(st, 500, "{}", String::from_utf8_lossy(&b));
+    let detail = json_of(&b)["detail"].as_str().unwrap().to_string();
+    assert!(
+        !detail.contains("audit"),
+        "no internals on the wire: {detail}"
+    );
+    exec("ALTER TABLE audit_away RENAME TO audit");
+    let mut c = client(&srv.base);
+    c.attest(&n).unwrap();
+    let e = c.resource("tenant-a/key/atomic", None).unwrap_err();
+    assert_eq!(e.kind(), Some("ResourceNotFound"), "{e}");
+    rt.block_on(db.close());
+    srv.stop();
+}

@@ -27,7 +27,7 @@ use cgx_service::auth::Admin;
 
 use super::error::KbsError;
 use super::release::check_lease;
-use super::store::{ATTESTED, FAILED};
+use super::store::{ATTESTED, AdminChange, AuditRow, FAILED};
 use super::{Kbs, LiveSession};
 
 pub const PROTOCOL_VERSION: &str = "0.4.0";
@@ -389,14 +389,19 @@ async fn put_resource(
         }
     };
     kbs.store
-        .put_resource(&path, &repo, &body, requires_lease)
-        .await?;
-    kbs.store
-        .audit(
-            &actor,
-            "resource.put",
-            &path,
-            &json!({"bytes": body.len(), "requires_lease": requires_lease}),
+        .admin_change(
+            AdminChange::PutResource {
+                path: &path,
+                repository: &repo,
+                value: &body,
+                requires_lease,
+            },
+            Some(AuditRow {
+                actor: &actor,
+                action: "resource.put",
+                subject: &path,
+                detail: &json!({"bytes": body.len(), "requires_lease": requires_lease}),
+            }),
         )
         .await?;
     Ok(StatusCode::OK.into_response())
@@ -410,12 +415,21 @@ async fn delete_resource(
     let path = resource_path(&repo, &kind, &tag)?;
     admin.may(Some(&repo))?;
     let actor = admin.actor();
-    if !kbs.store.delete_resource(&path).await? {
+    let deleted = kbs
+        .store
+        .admin_change(
+            AdminChange::DeleteResource { path: &path },
+            Some(AuditRow {
+                actor: &actor,
+                action: "resource.delete",
+                subject: &path,
+                detail: &json!({}),
+            }),
+        )
+        .await?;
+    if !deleted {
         return Err(KbsError::ResourceNotFound(path));
     }
-    kbs.store
-        .audit(&actor, "resource.delete", &path, &json!({}))
-        .await?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -444,15 +458,25 @@ async fn set_policy(
     let actor = admin.actor();
     let text = policy_text(body)?;
     kbs.release.program(&text)?; // refuse what does not compile, before storing it
-    kbs.store.put_policy(&scope, &text).await?;
-    kbs.forget_release_policies();
     let digest = hex::encode(aws_lc_rs::digest::digest(
         &aws_lc_rs::digest::SHA256,
         text.as_bytes(),
     ));
     kbs.store
-        .audit(&actor, "policy.put", &scope, &json!({"sha256": digest}))
+        .admin_change(
+            AdminChange::PutPolicy {
+                scope: &scope,
+                body: &text,
+            },
+            Some(AuditRow {
+                actor: &actor,
+                action: "policy.put",
+                subject: &scope,
+                detail: &json!({"sha256": digest}),
+            }),
+        )
         .await?;
+    kbs.forget_release_policies();
     Ok(StatusCode::OK.into_response())
 }
 
@@ -543,17 +567,22 @@ async fn set_attestation_policy(
     let refs = kbs.reference_values().await?;
     let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &text, &refs)
         .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-    kbs.store.put_policy(SCOPE_ATTESTATION, &text).await?;
     let id = engine.id().to_string();
-    kbs.attester.set_engine(engine);
     kbs.store
-        .audit(
-            &actor,
-            "attestation-policy.put",
-            SCOPE_ATTESTATION,
-            &json!({"policy_id": id}),
+        .admin_change(
+            AdminChange::PutPolicy {
+                scope: SCOPE_ATTESTATION,
+                body: &text,
+            },
+            Some(AuditRow {
+                actor: &actor,
+                action: "attestation-policy.put",
+                subject: SCOPE_ATTESTATION,
+                detail: &json!({"policy_id": id}),
+            }),
         )
         .await?;
+    kbs.attester.set_engine(engine);
     Ok(StatusCode::OK.into_response())
 }
 
@@ -575,17 +604,22 @@ async fn set_reference_values(
     let policy = kbs.appraisal_policy().await?;
     let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &text)
         .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-    kbs.store.put_policy(SCOPE_REFERENCE_VALUES, &text).await?;
     let id = engine.id().to_string();
-    kbs.attester.set_engine(engine);
     kbs.store
-        .audit(
-            &actor,
-            "reference-values.put",
-            SCOPE_REFERENCE_VALUES,
-            &json!({"policy_id": id}),
+        .admin_change(
+            AdminChange::PutPolicy {
+                scope: SCOPE_REFERENCE_VALUES,
+                body: &text,
+            },
+            Some(AuditRow {
+                actor: &actor,
+                action: "reference-values.put",
+                subject: SCOPE_REFERENCE_VALUES,
+                detail: &json!({"policy_id": id}),
+            }),
         )
         .await?;
+    kbs.attester.set_engine(engine);
     Ok(StatusCode::OK.into_response())
 }
 

@@ -104,6 +104,33 @@ pub struct Session {
 pub const ATTESTED: &str = "attested";
 pub const FAILED: &str = "failed";
 
+/// A change an administrator makes ([`Store::admin_change`]).
+#[derive(Debug)]
+pub(crate) enum AdminChange<'a> {
+    PutResource {
+        path: &'a str,
+        repository: &'a str,
+        value: &'a [u8],
+        requires_lease: bool,
+    },
+    DeleteResource {
+        path: &'a str,
+    },
+    PutPolicy {
+        scope: &'a str,
+        body: &'a str,
+    },
+}
+
+/// The audit row that goes with an administrator's change, in its transaction.
+#[derive(Debug)]
+pub(crate) struct AuditRow<'a> {
+    pub actor: &'a str,
+    pub action: &'a str,
+    pub subject: &'a str,
+    pub detail: &'a serde_json::Value,
+}
+
 /// A stored resource, unsealed.
 #[derive(Debug)]
 pub struct Resource {
@@ -406,35 +433,140 @@ impl Store {
         value: &[u8],
         requires_lease: bool,
     ) -> Result<(), KbsError> {
-        // Versions only grow: past every version this replica has seen, and past the clock.
-        let seen = self
-            .versions
-            .lock()
-            .map_err(|_| KbsError::Internal("version lock".into()))?
-            .get(path)
-            .copied()
-            .unwrap_or(0);
-        let now_ms = u64::try_from(self.clock.unix())
-            .unwrap_or(0)
-            .saturating_mul(1000);
-        let version = seen.saturating_add(1).max(now_ms);
-        let sealed = self.seal_with(value, &aad(path, requires_lease), version)?;
-        sqlx::query(
-            "INSERT INTO resources (path, repository, sealed, requires_lease, updated_at) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (path) DO UPDATE SET sealed = excluded.sealed, requires_lease = excluded.requires_lease, updated_at = excluded.updated_at",
+        self.admin_change(
+            AdminChange::PutResource {
+                path,
+                repository,
+                value,
+                requires_lease,
+            },
+            None,
         )
-        .bind(path)
-        .bind(repository)
-        .bind(sealed)
-        .bind(i64::from(requires_lease))
-        .bind(self.clock.unix())
-        .execute(self.db.pool())
-        .await?;
-        if let Ok(mut v) = self.versions.lock() {
-            v.insert(path.to_string(), version);
+        .await
+        .map(|_| ())
+    }
+
+    /// Apply an administrator's change and, when given, its audit row in one transaction — at
+    /// SQLite's `synchronous=FULL`, so an acknowledged change survives a power loss with its
+    /// audit row. Returns whether a row changed.
+    pub(crate) async fn admin_change(
+        &self,
+        change: AdminChange<'_>,
+        audit: Option<AuditRow<'_>>,
+    ) -> Result<bool, KbsError> {
+        let sqlite = self.is_sqlite();
+        let now = self.clock.unix();
+        // A new resource version: past every version this replica has seen, and past the clock.
+        let sealed = match &change {
+            AdminChange::PutResource {
+                path,
+                value,
+                requires_lease,
+                ..
+            } => {
+                let seen = self
+                    .versions
+                    .lock()
+                    .map_err(|_| KbsError::Internal("version lock".into()))?
+                    .get(*path)
+                    .copied()
+                    .unwrap_or(0);
+                let now_ms = u64::try_from(now).unwrap_or(0).saturating_mul(1000);
+                let version = seen.saturating_add(1).max(now_ms);
+                Some((
+                    version,
+                    self.seal_with(value, &aad(path, *requires_lease), version)?,
+                ))
+            }
+            _ => None,
+        };
+        let mut conn = self.db.pool().acquire().await?;
+        if sqlite {
+            sqlx::query("PRAGMA synchronous=FULL")
+                .execute(&mut *conn)
+                .await?;
         }
-        self.forget_resource(path);
-        Ok(())
+        let written = async {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            let changed = match &change {
+                AdminChange::PutResource {
+                    path,
+                    repository,
+                    requires_lease,
+                    ..
+                } => {
+                    let sealed = sealed.as_ref().map(|(_, b)| b.clone()).unwrap_or_default();
+                    sqlx::query(
+                        "INSERT INTO resources (path, repository, sealed, requires_lease, updated_at) VALUES ($1, $2, $3, $4, $5)
+                         ON CONFLICT (path) DO UPDATE SET sealed = excluded.sealed, requires_lease = excluded.requires_lease, updated_at = excluded.updated_at",
+                    )
+                    .bind(*path)
+                    .bind(*repository)
+                    .bind(sealed)
+                    .bind(i64::from(*requires_lease))
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                }
+                AdminChange::DeleteResource { path } => {
+                    sqlx::query("DELETE FROM resources WHERE path = $1")
+                        .bind(*path)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                }
+                AdminChange::PutPolicy { scope, body } => {
+                    sqlx::query(
+                        "INSERT INTO policies (scope, body, updated_at) VALUES ($1, $2, $3)
+                         ON CONFLICT (scope) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
+                    )
+                    .bind(*scope)
+                    .bind(*body)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
+                }
+            };
+            if let Some(a) = &audit
+                && changed > 0
+            {
+                tracing::info!(target: "cgx_kbs::audit", actor = %a.actor, action = %a.action,
+                    subject = %a.subject, detail = %a.detail, at = now, "audit");
+                sqlx::query(
+                    "INSERT INTO audit (at, actor, action, subject, detail) VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(now)
+                .bind(a.actor)
+                .bind(a.action)
+                .bind(a.subject)
+                .bind(a.detail.to_string())
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(changed > 0)
+        }
+        .await;
+        if sqlite {
+            // Back to the pool's setting for the connection's next user, whatever happened.
+            let _ = sqlx::query("PRAGMA synchronous=NORMAL")
+                .execute(&mut *conn)
+                .await;
+        }
+        let changed = written?;
+        match change {
+            AdminChange::PutResource { path, .. } => {
+                if let (Some((version, _)), Ok(mut v)) = (sealed, self.versions.lock()) {
+                    v.insert(path.to_string(), version);
+                }
+                self.forget_resource(path);
+            }
+            AdminChange::DeleteResource { path } => self.forget_resource(path),
+            AdminChange::PutPolicy { .. } => {}
+        }
+        Ok(changed)
     }
 
     /// The resource at `path`, unsealed (only sealed bytes are cached).
@@ -488,30 +620,11 @@ impl Store {
     }
 
     pub async fn delete_resource(&self, path: &str) -> Result<bool, KbsError> {
-        let deleted = sqlx::query("DELETE FROM resources WHERE path = $1")
-            .bind(path)
-            .execute(self.db.pool())
-            .await?
-            .rows_affected()
-            == 1;
-        self.forget_resource(path);
-        Ok(deleted)
+        self.admin_change(AdminChange::DeleteResource { path }, None)
+            .await
     }
 
     // ---------------------------------------------------------------- policies
-
-    pub(crate) async fn put_policy(&self, scope: &str, body: &str) -> Result<(), KbsError> {
-        sqlx::query(
-            "INSERT INTO policies (scope, body, updated_at) VALUES ($1, $2, $3)
-             ON CONFLICT (scope) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
-        )
-        .bind(scope)
-        .bind(body)
-        .bind(self.clock.unix())
-        .execute(self.db.pool())
-        .await?;
-        Ok(())
-    }
 
     pub(crate) async fn policy(&self, scope: &str) -> Result<Option<String>, KbsError> {
         let row = sqlx::query("SELECT body FROM policies WHERE scope = $1")
