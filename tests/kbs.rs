@@ -1183,3 +1183,35 @@ fn an_admin_change_lands_with_its_audit_row_or_not_at_all() {
     rt.block_on(db.close());
     srv.stop();
 }
+
+/// Body limits come before parsing and before authentication: an oversized `auth` body, and an
+/// unauthenticated upload declaring more than any resource may be, are refused 413 unread.
+#[test]
+fn oversized_bodies_are_refused_before_parsing_or_authentication() {
+    use std::io::{Read, Write};
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let addr = srv.base.trim_start_matches("http://").to_string();
+    let ask = |head: String| {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        c.write_all(head.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    };
+    let big_auth = ask(format!(
+        "POST /kbs/v0/auth HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 8192\r\n\r\n{}",
+        " ".repeat(8192)
+    ));
+    assert!(big_auth.starts_with("HTTP/1.1 413"), "{big_auth}");
+    let upload = ask(
+        "POST /kbs/v0/resource/tenant-a/key/huge HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 17000000\r\n\r\n"
+            .to_string(),
+    );
+    assert!(upload.starts_with("HTTP/1.1 413"), "not a 401: {upload}");
+    assert!(upload.contains("PayloadTooLarge"), "{upload}");
+    srv.stop();
+}

@@ -223,6 +223,7 @@ fn setup_with(
             reference_values: Some(dir.join("refs.json")),
         },
         max_connections: 4096,
+        max_in_flight: 1024,
         admin_token_max_ttl_secs: 3600,
         lease_max_ttl_secs: 86_400,
     };

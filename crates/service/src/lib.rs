@@ -3,6 +3,7 @@
 //!
 //! - [`server`]: bind, TLS or loopback-only plain HTTP, a connection cap, a header timeout,
 //!   background tasks, graceful drain, signals;
+//! - [`limits`]: body limits per route before parsing and authentication, load shedding (503);
 //! - [`clock`]: the injected clock (tests move time instead of sleeping);
 //! - [`error`]: errors as RFC 9457 problem details with stable codes, no internals on the wire;
 //! - [`metrics`]: Prometheus metrics with a layer keyed by matched route;
@@ -18,6 +19,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod jwt;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod tls;

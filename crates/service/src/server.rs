@@ -34,6 +34,9 @@ pub struct ListenerConfig {
     pub request_timeout: Duration,
     /// How long open requests may take to finish at shutdown.
     pub drain: Duration,
+    /// Requests handled at once; past it, requests are answered 503 with `Retry-After`
+    /// instead of queueing (memory stays bounded under overload).
+    pub max_in_flight: usize,
 }
 
 impl ListenerConfig {
@@ -48,6 +51,7 @@ impl ListenerConfig {
             header_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(120),
             drain: Duration::from_secs(10),
+            max_in_flight: 1024,
         }
     }
 
@@ -143,6 +147,11 @@ pub async fn start(
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let background = background.into_iter().map(tokio::spawn).collect();
     let request_timeout = config.request_timeout;
+    let slots = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight.max(1)));
+    let router = router.layer(axum::middleware::from_fn_with_state(
+        slots,
+        crate::limits::shed,
+    ));
     let router = router.layer(axum::middleware::from_fn(
         move |req: axum::extract::Request, next: axum::middleware::Next| async move {
             match tokio::time::timeout(request_timeout, next.run(req)).await {

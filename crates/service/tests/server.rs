@@ -22,6 +22,13 @@ fn config(max: usize) -> ListenerConfig {
 
 fn router() -> Router {
     Router::new()
+        .route(
+            "/small",
+            cgx_service::limits::limited(
+                post(|body: axum::body::Bytes| async move { body.len().to_string() }),
+                16,
+            ),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/echo", post(|body: axum::body::Bytes| async move { body }))
         .route(
@@ -146,4 +153,84 @@ async fn listeners_that_cannot_be_served_safely_are_refused() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("max_connections"), "{e}");
+}
+
+/// Whole requests: answer `req` on a fresh connection (status line and body).
+fn exchange(addr: SocketAddr, req: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_a_routes_limit_are_refused_before_its_handler() {
+    let running = cgx_service::server::start(&config(8), router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let (declared, chunked, fits) = tokio::task::spawn_blocking(move || {
+        // Declared too large: refused without reading a byte of it.
+        let declared = exchange(
+            addr,
+            "POST /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 1000000\r\n\r\n",
+        );
+        // Chunked, growing past the limit while it is read.
+        let chunked = exchange(
+            addr,
+            "POST /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n20\r\n0123456789abcdef0123456789abcdef\r\n0\r\n\r\n",
+        );
+        let fits = exchange(
+            addr,
+            "POST /small HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 5\r\n\r\nhello",
+        );
+        (declared, chunked, fits)
+    })
+    .await
+    .unwrap();
+    assert!(declared.starts_with("HTTP/1.1 413"), "{declared}");
+    assert!(declared.contains("application/problem+json"), "{declared}");
+    assert!(declared.contains("PayloadTooLarge"), "{declared}");
+    assert!(chunked.starts_with("HTTP/1.1 413"), "{chunked}");
+    assert!(
+        fits.starts_with("HTTP/1.1 200") && fits.ends_with('5'),
+        "{fits}"
+    );
+    running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_in_flight_limit_the_server_sheds_with_503_and_retry_after() {
+    let mut c = config(8);
+    c.max_in_flight = 1;
+    let running = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let (slow, shed) = tokio::task::spawn_blocking(move || {
+        let slow = std::thread::spawn(move || {
+            exchange(
+                addr,
+                "GET /slow HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            )
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let shed = exchange(
+            addr,
+            "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        );
+        (slow.join().unwrap(), shed)
+    })
+    .await
+    .unwrap();
+    assert!(slow.starts_with("HTTP/1.1 200"), "{slow}");
+    assert!(shed.starts_with("HTTP/1.1 503"), "{shed}");
+    assert!(
+        shed.to_ascii_lowercase().contains("retry-after: 1"),
+        "{shed}"
+    );
+    assert!(shed.contains("Overloaded"), "{shed}");
+    running.shutdown().await;
 }

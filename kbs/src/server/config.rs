@@ -112,12 +112,19 @@ pub struct KbsConfig {
     /// Connections served at once (further ones wait in the accept backlog).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Requests handled at once; past it, 503 with `Retry-After` (memory stays bounded).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
     /// Longest admin token accepted (`exp − iat`, seconds; default an hour).
     #[serde(default = "default_admin_token_ttl")]
     pub admin_token_max_ttl_secs: i64,
     /// Longest lease accepted (`exp − iat`, seconds; default a day).
     #[serde(default = "default_lease_ttl")]
     pub lease_max_ttl_secs: i64,
+}
+
+fn default_max_in_flight() -> usize {
+    1024
 }
 
 fn default_admin_token_ttl() -> i64 {
@@ -163,6 +170,7 @@ impl KbsConfig {
             self.insecure_dev,
         );
         l.max_connections = self.max_connections;
+        l.max_in_flight = self.max_in_flight;
         l
     }
 

@@ -36,33 +36,50 @@ const OPENAPI: &str = include_str!("openapi.json");
 
 type Shared = State<Arc<Kbs>>;
 
+/// Body limits per route, enforced before any extractor runs (authentication included).
+const SMALL_BODY: usize = 4 << 10;
+const EVIDENCE_BODY: usize = 1 << 20;
+const POLICY_BODY: usize = 1 << 20;
+const RESOURCE_BODY: usize = 16 << 20;
+
 pub(super) fn router(kbs: Arc<Kbs>) -> Router {
+    use cgx_service::limits::limited;
     Router::new()
-        .route("/kbs/v0/auth", post(auth))
-        .route("/kbs/v0/attest", post(attest))
+        .route("/kbs/v0/auth", limited(post(auth), SMALL_BODY))
+        .route("/kbs/v0/attest", limited(post(attest), EVIDENCE_BODY))
         .route(
             "/kbs/v0/resource/{repo}/{kind}/{tag}",
-            get(get_resource).post(put_resource).delete(delete_resource),
+            limited(get(get_resource).delete(delete_resource), SMALL_BODY)
+                .merge(limited(post(put_resource), RESOURCE_BODY)),
         )
         .route(
             "/kbs/v0/resource-policy",
-            post(set_global_policy).get(get_global_policy),
+            limited(post(set_global_policy).get(get_global_policy), POLICY_BODY),
         )
         .route(
             "/kbs/v0/resource-policy/{repo}",
-            post(set_repo_policy).get(get_repo_policy),
+            limited(post(set_repo_policy).get(get_repo_policy), POLICY_BODY),
         )
         .route(
             "/kbs/v0/resource-policy/{repo}/{kind}/{tag}",
-            post(set_resource_policy).get(get_resource_policy),
+            limited(
+                post(set_resource_policy).get(get_resource_policy),
+                POLICY_BODY,
+            ),
         )
         .route(
             "/kbs/v0/attestation-policy",
-            post(set_attestation_policy).get(get_attestation_policy),
+            limited(
+                post(set_attestation_policy).get(get_attestation_policy),
+                POLICY_BODY,
+            ),
         )
         .route(
             "/kbs/v0/reference-values",
-            post(set_reference_values).get(get_reference_values),
+            limited(
+                post(set_reference_values).get(get_reference_values),
+                POLICY_BODY,
+            ),
         )
         .route("/kbs/v0/audit", get(audit))
         .route("/kbs/v0/jwks", get(jwks))
