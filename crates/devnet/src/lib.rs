@@ -50,6 +50,41 @@ fn io(path: &Path, e: std::io::Error) -> DevnetError {
     }
 }
 
+/// A new, empty database on the PostgreSQL server `url` names; its URL.
+pub fn fresh_postgres(url: &str) -> Result<String> {
+    let kbs = |e: &dyn std::fmt::Display| DevnetError::Kbs(format!("PostgreSQL: {e}"));
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    let server = match base[after_scheme..].find('/') {
+        Some(i) => &base[..after_scheme + i],
+        None => base,
+    };
+    let mut tag = [0u8; 6];
+    aws_lc_rs::rand::fill(&mut tag).map_err(|_| DevnetError::Keys)?;
+    let name = format!("cgx_devnet_{}_{}", std::process::id(), hex::encode(tag));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| kbs(&e))?;
+    rt.block_on(async {
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(url).await.map_err(|e| kbs(&e))?;
+        // The name is ours (digits, hex and underscores): no quoting needed.
+        let created = sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&pool)
+            .await;
+        pool.close().await;
+        created.map(|_| ()).map_err(|e| kbs(&e))
+    })?;
+    Ok(match query {
+        Some(q) => format!("{server}/{name}?{q}"),
+        None => format!("{server}/{name}"),
+    })
+}
+
 /// Unix seconds now (the development network's tokens are issued against the wall clock).
 pub fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
@@ -140,9 +175,11 @@ pub struct Setup {
 }
 
 /// A KBS configuration for `nodes` (their simulator roots trusted, [`MEASUREMENT`] accepted,
-/// OCSP not required of simulated GPUs), in a fresh temporary folder, on `database` or SQLite
-/// there.
+/// OCSP not required of simulated GPUs), in a fresh temporary folder, on SQLite there — or, when
+/// `database` names a PostgreSQL server, on a new database created there for this setup (each
+/// setup has its own KEK, and a database remembers the KEK it was sealed under).
 pub fn setup(nodes: &[&SimNode], database: Option<String>) -> Result<Setup> {
+    let database = database.map(|url| fresh_postgres(&url)).transpose()?;
     let pins: Vec<[u8; 32]> = nodes.iter().flat_map(|n| n.root_pins()).collect();
     let measurements: Vec<String> = nodes.iter().map(|n| hex::encode(n.measurement)).collect();
     setup_with(
