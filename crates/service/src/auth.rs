@@ -32,7 +32,7 @@ pub enum AuthError {
 #[derive(Debug, Clone, Default)]
 pub struct AdminKeys {
     keys: Vec<[u8; 32]>,
-    scopes: Vec<Vec<String>>,
+    scopes: Vec<Arc<Vec<String>>>,
     /// Longest accepted token lifetime (`exp − iat`), seconds.
     max_ttl: i64,
 }
@@ -44,7 +44,10 @@ pub const DEFAULT_ADMIN_TOKEN_TTL: i64 = 3600;
 impl AdminKeys {
     /// `(Ed25519 public key, repositories)` pairs; tokens live at most `max_ttl` seconds.
     pub fn new(keys: Vec<([u8; 32], Vec<String>)>, max_ttl: i64) -> Self {
-        let (keys, scopes) = keys.into_iter().unzip();
+        let (keys, scopes) = keys
+            .into_iter()
+            .map(|(key, scope)| (key, Arc::new(scope)))
+            .unzip();
         AdminKeys {
             keys,
             scopes,
@@ -61,7 +64,7 @@ impl AdminKeys {
         }
         Ok(Admin {
             index,
-            repositories: Arc::new(self.scopes.get(index).cloned().unwrap_or_default()),
+            repositories: self.scopes.get(index).cloned().unwrap_or_default(),
         })
     }
 }

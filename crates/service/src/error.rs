@@ -22,6 +22,31 @@ pub trait ApiError: std::fmt::Display {
     }
 }
 
+/// A refusal the service layer itself makes (timeouts, limits, load): a fixed status and code,
+/// a detail for the client.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl ApiError for Refusal {
+    fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    fn code(&self) -> &'static str {
+        self.code
+    }
+}
+
 /// The problem-details response for `e`. Server errors (5xx) are logged with a reference that
 /// the body carries instead of their text.
 pub fn problem<E: ApiError + ?Sized>(e: &E) -> Response {

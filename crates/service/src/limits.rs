@@ -11,6 +11,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::MethodRouter;
 
+use crate::error::Refusal;
+
 /// Bound `route`'s request bodies to `max` bytes.
 pub fn limited<S: Clone + Send + Sync + 'static>(
     route: MethodRouter<S>,
@@ -24,29 +26,6 @@ pub fn limited<S: Clone + Send + Sync + 'static>(
         .layer::<_, std::convert::Infallible>(DefaultBodyLimit::max(max))
 }
 
-#[derive(Debug)]
-struct TooLarge(usize);
-
-impl std::fmt::Display for TooLarge {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the request body is larger than the {} bytes this endpoint takes",
-            self.0
-        )
-    }
-}
-
-impl crate::error::ApiError for TooLarge {
-    fn status(&self) -> StatusCode {
-        StatusCode::PAYLOAD_TOO_LARGE
-    }
-
-    fn code(&self) -> &'static str {
-        "PayloadTooLarge"
-    }
-}
-
 async fn declared_length(State(max): State<usize>, req: Request, next: Next) -> Response {
     let declared = req
         .headers()
@@ -54,28 +33,13 @@ async fn declared_length(State(max): State<usize>, req: Request, next: Next) -> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
-        return crate::error::problem(&TooLarge(max));
+        return crate::error::problem(&Refusal {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "PayloadTooLarge",
+            detail: format!("the request body is larger than the {max} bytes this endpoint takes"),
+        });
     }
     next.run(req).await
-}
-
-#[derive(Debug)]
-struct Busy;
-
-impl std::fmt::Display for Busy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the server is at capacity; retry in a moment")
-    }
-}
-
-impl crate::error::ApiError for Busy {
-    fn status(&self) -> StatusCode {
-        StatusCode::SERVICE_UNAVAILABLE
-    }
-
-    fn code(&self) -> &'static str {
-        "Overloaded"
-    }
 }
 
 /// The layer behind [`crate::ListenerConfig::max_in_flight`].
@@ -85,7 +49,11 @@ pub(crate) async fn shed(
     next: Next,
 ) -> Response {
     let Ok(_permit) = slots.try_acquire() else {
-        let mut resp = crate::error::problem(&Busy);
+        let mut resp = crate::error::problem(&Refusal {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "Overloaded",
+            detail: "the server is at capacity; retry in a moment".into(),
+        });
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return resp;

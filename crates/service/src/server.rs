@@ -80,26 +80,6 @@ impl ListenerConfig {
     }
 }
 
-/// A request that outlived [`ListenerConfig::request_timeout`].
-#[derive(Debug)]
-struct RequestTimeout;
-
-impl std::fmt::Display for RequestTimeout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the request took longer than the server allows")
-    }
-}
-
-impl crate::error::ApiError for RequestTimeout {
-    fn status(&self) -> axum::http::StatusCode {
-        axum::http::StatusCode::REQUEST_TIMEOUT
-    }
-
-    fn code(&self) -> &'static str {
-        "RequestTimeout"
-    }
-}
-
 /// A task that lives as long as the server (housekeeping); aborted at shutdown, before the drain.
 pub type Background = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -156,7 +136,11 @@ pub async fn start(
         move |req: axum::extract::Request, next: axum::middleware::Next| async move {
             match tokio::time::timeout(request_timeout, next.run(req)).await {
                 Ok(resp) => resp,
-                Err(_) => crate::error::problem(&RequestTimeout),
+                Err(_) => crate::error::problem(&crate::error::Refusal {
+                    status: axum::http::StatusCode::REQUEST_TIMEOUT,
+                    code: "RequestTimeout",
+                    detail: "the request took longer than the server allows".into(),
+                }),
             }
         },
     ));

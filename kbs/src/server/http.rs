@@ -562,6 +562,34 @@ async fn get_resource_policy(
     get_policy(&kbs, &admin, Some(&repo), &format!("resource:{path}")).await
 }
 
+/// Store the appraisal policy or the reference values (`scope`) with its audit row, then put
+/// the engine compiled from them in force.
+async fn put_appraisal(
+    kbs: &Kbs,
+    actor: &str,
+    scope: &'static str,
+    text: &str,
+    engine: PolicyEngine,
+) -> Result<Response, KbsError> {
+    kbs.store
+        .admin_change(
+            AdminChange::PutPolicy { scope, body: text },
+            Some(AuditRow {
+                actor,
+                action: if scope == SCOPE_ATTESTATION {
+                    "attestation-policy.put"
+                } else {
+                    "reference-values.put"
+                },
+                subject: scope,
+                detail: &json!({"policy_id": engine.id()}),
+            }),
+        )
+        .await?;
+    kbs.attester.set_engine(engine);
+    Ok(StatusCode::OK.into_response())
+}
+
 pub(super) const SCOPE_ATTESTATION: &str = "attestation";
 pub(super) const SCOPE_REFERENCE_VALUES: &str = "reference-values";
 
@@ -584,23 +612,7 @@ async fn set_attestation_policy(
     let refs = kbs.reference_values().await?;
     let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &text, &refs)
         .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-    let id = engine.id().to_string();
-    kbs.store
-        .admin_change(
-            AdminChange::PutPolicy {
-                scope: SCOPE_ATTESTATION,
-                body: &text,
-            },
-            Some(AuditRow {
-                actor: &actor,
-                action: "attestation-policy.put",
-                subject: SCOPE_ATTESTATION,
-                detail: &json!({"policy_id": id}),
-            }),
-        )
-        .await?;
-    kbs.attester.set_engine(engine);
-    Ok(StatusCode::OK.into_response())
+    put_appraisal(&kbs, &actor, SCOPE_ATTESTATION, &text, engine).await
 }
 
 async fn get_attestation_policy(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
@@ -621,23 +633,7 @@ async fn set_reference_values(
     let policy = kbs.appraisal_policy().await?;
     let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &text)
         .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-    let id = engine.id().to_string();
-    kbs.store
-        .admin_change(
-            AdminChange::PutPolicy {
-                scope: SCOPE_REFERENCE_VALUES,
-                body: &text,
-            },
-            Some(AuditRow {
-                actor: &actor,
-                action: "reference-values.put",
-                subject: SCOPE_REFERENCE_VALUES,
-                detail: &json!({"policy_id": id}),
-            }),
-        )
-        .await?;
-    kbs.attester.set_engine(engine);
-    Ok(StatusCode::OK.into_response())
+    put_appraisal(&kbs, &actor, SCOPE_REFERENCE_VALUES, &text, engine).await
 }
 
 async fn get_reference_values(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {

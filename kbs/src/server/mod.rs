@@ -69,6 +69,8 @@ pub(crate) struct LiveSession {
 
 /// The name the KBS's appraisal policy carries in its results' policy ids.
 pub(crate) const KBS_POLICY_NAME: &str = "kbs.appraisal";
+/// How those ids start (`kbs.appraisal@sha256:…`).
+const KBS_POLICY_ID_PREFIX: &str = "kbs.appraisal@";
 
 /// Release policy rows (scope, text) read at an instant.
 type CachedPolicies = (std::time::Instant, Arc<Vec<(String, String)>>);
@@ -180,18 +182,15 @@ impl Kbs {
             config.collateral.store.is_some() && config.collateral.online,
             config.allow_sample,
         );
-        let admin_keys = AdminKeys::new(
-            config
-                .admin_keys
-                .iter()
-                .map(|k| {
-                    jwt::ed25519_key(&k.public_key)
-                        .map(|key| (key, k.repositories.clone()))
-                        .map_err(|e| KbsError::Config(format!("admin key: {e}")))
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            config.admin_token_max_ttl_secs,
-        );
+        let admin = config
+            .admin_keys
+            .iter()
+            .map(|k| {
+                jwt::ed25519_key(&k.public_key)
+                    .map(|key| (key, k.repositories.clone()))
+                    .map_err(|e| KbsError::Config(format!("admin key: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let broker_keys = config
             .broker_keys
             .iter()
@@ -199,15 +198,12 @@ impl Kbs {
             .collect::<Result<Vec<_>, _>>()?;
         // A key that may both administer and sign leases would turn any lease into an admin
         // token and back: the two roles need two keys.
-        if config
-            .admin_keys
-            .iter()
-            .any(|k| jwt::ed25519_key(&k.public_key).is_ok_and(|key| broker_keys.contains(&key)))
-        {
+        if admin.iter().any(|(key, _)| broker_keys.contains(key)) {
             return Err(KbsError::Config(
                 "a key is configured both as an admin key and as a broker key".into(),
             ));
         }
+        let admin_keys = AdminKeys::new(admin, config.admin_token_max_ttl_secs);
         Ok(Kbs {
             store,
             attester,
@@ -295,7 +291,7 @@ impl Kbs {
             && ear.submods.values().all(|a| {
                 a.policy_ids
                     .iter()
-                    .any(|p| p.starts_with(&format!("{KBS_POLICY_NAME}@")))
+                    .any(|p| p.starts_with(KBS_POLICY_ID_PREFIX))
             });
         if !ours {
             return Err(KbsError::TokenInvalid(

@@ -495,7 +495,7 @@ impl Store {
                     requires_lease,
                     ..
                 } => {
-                    let sealed = sealed.as_ref().map(|(_, b)| b.clone()).unwrap_or_default();
+                    let sealed = sealed.as_ref().map_or(&[][..], |(_, b)| b.as_slice());
                     sqlx::query(
                         "INSERT INTO resources (path, repository, sealed, requires_lease, updated_at) VALUES ($1, $2, $3, $4, $5)
                          ON CONFLICT (path) DO UPDATE SET sealed = excluded.sealed, requires_lease = excluded.requires_lease, updated_at = excluded.updated_at",
