@@ -38,6 +38,8 @@ pub mod collateral;
 pub mod crypto;
 mod der;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
 pub mod nvidia;
 pub mod results;
 pub mod sample;

@@ -126,16 +126,7 @@ impl CryptoProvider for AwsLcWithP384Tables {
     }
 
     fn prepare(&self, alg: SigAlg, public_key: &[u8]) -> Result<Box<dyn PreparedKey>, Rejected> {
-        // aws-lc parses and validates every key; a P-384 key for fixed signatures (VCEK, GPU
-        // device key) then gets tables, unless their memory budget is spent.
-        let parsed = aws_lc_rs::signature::ParsedPublicKey::new(aws_alg(alg), public_key)
-            .map_err(|_| Rejected)?;
-        if alg == SigAlg::EcdsaP384Sha384Fixed
-            && let Some(key) = p384::TabledKey::new(public_key)
-        {
-            return Ok(Box::new(key));
-        }
-        Ok(Box::new(AwsPrepared(parsed)))
+        prepare_with_tables(alg, public_key, p384::TabledKey::new)
     }
 
     fn digest(&self, alg: DigestAlg, data: &[&[u8]]) -> Vec<u8> {
@@ -151,6 +142,24 @@ impl CryptoProvider for AwsLcWithP384Tables {
         }
         ctx.finish().as_ref().to_vec()
     }
+}
+
+/// aws-lc parses and validates every key; a P-384 key for fixed signatures (VCEK, GPU device
+/// key) then gets tables from `tables`, which answers `None` once their memory budget is spent:
+/// that key verifies through aws-lc.
+pub(crate) fn prepare_with_tables(
+    alg: SigAlg,
+    public_key: &[u8],
+    tables: impl FnOnce(&[u8]) -> Option<p384::TabledKey>,
+) -> Result<Box<dyn PreparedKey>, Rejected> {
+    let parsed = aws_lc_rs::signature::ParsedPublicKey::new(aws_alg(alg), public_key)
+        .map_err(|_| Rejected)?;
+    if alg == SigAlg::EcdsaP384Sha384Fixed
+        && let Some(key) = tables(public_key)
+    {
+        return Ok(Box::new(key));
+    }
+    Ok(Box::new(AwsPrepared(parsed)))
 }
 
 /// SHA-256 with the default provider (fingerprints, cache keys).

@@ -441,6 +441,8 @@ impl Jacobian {
     /// `P + Q` for an affine `Q` (8M + 3S), with the doubling and `P = −Q` cases.
     fn add_affine(&self, q: &Affine) -> Jacobian {
         if self.is_infinity() {
+            #[cfg(test)]
+            tests::rare(2);
             return q.to_jacobian();
         }
         let z1z1 = F.sqr(&self.z);
@@ -449,6 +451,8 @@ impl Jacobian {
         let h = F.sub(&u2, &self.x);
         let r = F.sub(&s2, &self.y);
         if is_zero(&h) {
+            #[cfg(test)]
+            tests::rare(usize::from(!is_zero(&r)));
             return if is_zero(&r) { self.double() } else { INFINITY };
         }
         let hh = F.sqr(&h);
@@ -636,7 +640,11 @@ impl TabledKey {
         Self::metered(sec1, &TABLE_BYTES, TABLE_BUDGET)
     }
 
-    fn metered(sec1: &[u8], meter: &'static AtomicUsize, budget: usize) -> Option<TabledKey> {
+    pub(super) fn metered(
+        sec1: &[u8],
+        meter: &'static AtomicUsize,
+        budget: usize,
+    ) -> Option<TabledKey> {
         let (0x04, Some(x), Some(y)) = (
             *sec1.first()?,
             sec1.get(1..49).and_then(|x| <&[u8; 48]>::try_from(x).ok()),
@@ -663,6 +671,13 @@ impl TabledKey {
 
     /// ECDSA verification (FIPS 186-5 §6.4.2) of `sig = r ‖ s` over `msg`.
     pub(crate) fn verify(&self, msg: &[u8], sig: &[u8]) -> bool {
+        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, msg);
+        <&[u8; 48]>::try_from(digest.as_ref()).is_ok_and(|e| self.verify_digest(e, sig))
+    }
+
+    /// [`Self::verify`] over a SHA-384 digest `e` (the tests choose digests that drive the
+    /// table walk into its rare branches).
+    fn verify_digest(&self, e: &[u8; 48], sig: &[u8]) -> bool {
         let (Some(r), Some(s)) = (
             sig.get(..48).and_then(|r| <&[u8; 48]>::try_from(r).ok()),
             sig.get(48..).and_then(|s| <&[u8; 48]>::try_from(s).ok()),
@@ -674,10 +689,6 @@ impl TabledKey {
         if is_zero(&r) || is_zero(&s) || !less(&r, &n.m) || !less(&s, &n.m) {
             return false;
         }
-        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, msg);
-        let Ok(e) = <&[u8; 48]>::try_from(digest.as_ref()) else {
-            return false;
-        };
         let z = n.reduce(&from_be(e));
         // w = s⁻¹, taken into Montgomery form: a product of a plain residue with it is plain.
         let w = n.to_mont(&n.invert_vartime(&s));
@@ -717,6 +728,265 @@ mod tests {
         ECDSA_P384_SHA384_FIXED, ECDSA_P384_SHA384_FIXED_SIGNING, EcdsaKeyPair, KeyPair,
         UnparsedPublicKey,
     };
+
+    thread_local! {
+        /// Rare branches of `add_affine` taken on this thread: [doubling (P = Q), cancellation
+        /// (P = −Q), addition to the point at infinity].
+        static RARE: std::cell::Cell<[u32; 3]> = const { std::cell::Cell::new([0; 3]) };
+    }
+
+    pub(super) fn rare(which: usize) {
+        RARE.with(|c| {
+            let mut v = c.get();
+            v[which] += 1;
+            c.set(v);
+        });
+    }
+
+    fn rare_taken<T>(f: impl FnOnce() -> T) -> (T, [u32; 3]) {
+        RARE.with(|c| c.set([0; 3]));
+        let out = f();
+        (out, RARE.with(std::cell::Cell::get))
+    }
+
+    // Scalars mod n, as plain residues.
+    fn nmul(a: &Limbs, b: &Limbs) -> Limbs {
+        let n = &ORDER;
+        n.demont(&n.mul(&n.to_mont(a), &n.to_mont(b)))
+    }
+
+    fn ninv(a: &Limbs) -> Limbs {
+        let n = &ORDER;
+        n.demont(&n.invert(&n.to_mont(a)))
+    }
+
+    fn random_scalar() -> Limbs {
+        let mut b = [0u8; 48];
+        aws_lc_rs::rand::fill(&mut b).unwrap();
+        b[0] &= 0x7f; // below n
+        from_be(&b)
+    }
+
+    /// `k·G`, affine, SEC1 uncompressed.
+    fn times_g(k: &Limbs) -> Vec<u8> {
+        affine_be(&BASE.as_ref().unwrap().accumulate(INFINITY, k))
+    }
+
+    /// The signed base-2^w digits the table walk reads from `k` (position, digit), the same
+    /// recoding as [`Table::accumulate`], written out independently.
+    fn signed_digits(k: &Limbs, w: u32) -> Vec<(usize, i64)> {
+        let full = 1i64 << w;
+        let mut carry = 0;
+        let mut out = Vec::new();
+        for i in 0..Table::positions(w) {
+            let mut d = window(k, i * w as usize, w) as i64 + carry;
+            carry = i64::from(d >= full / 2);
+            if carry == 1 {
+                d -= full;
+            }
+            if d != 0 {
+                out.push((i, d));
+            }
+        }
+        out
+    }
+
+    /// `d·2^(w·i)` mod n, for a signed digit.
+    fn digit_value(i: usize, d: i64, w: u32) -> Limbs {
+        let n = &ORDER;
+        let mut v = n.reduce(&[d.unsigned_abs(), 0, 0, 0, 0, 0]);
+        for _ in 0..i * w as usize {
+            v = n.add(&v, &v);
+        }
+        if d < 0 { n.neg(&v) } else { v }
+    }
+
+    /// A valid signature (digest, r ‖ s) under key `d` whose verification computes exactly
+    /// `u1 = z/s` and `u2 = r/s`, built backwards: R = (u1 + u2·d)·G, r = x(R) mod n,
+    /// s = r/u2, z = u1·s. `None` when R is the point at infinity.
+    fn signature_for(d: &Limbs, u1: &Limbs, u2: &Limbs) -> Option<([u8; 48], Vec<u8>)> {
+        let n = &ORDER;
+        let k = n.add(u1, &nmul(u2, d));
+        let big_r = BASE.as_ref().unwrap().accumulate(INFINITY, &k);
+        let big_r = normalize(&[big_r])?[0];
+        let r = n.reduce(&F.demont(&big_r.x));
+        let s = nmul(&r, &ninv(u2));
+        let z = nmul(u1, &s);
+        let mut sig = to_be(&r).to_vec();
+        sig.extend_from_slice(&to_be(&s));
+        Some((to_be(&z), sig))
+    }
+
+    fn aws_verify_digest(q: &[u8], z: &[u8; 48], sig: &[u8]) -> bool {
+        let digest =
+            aws_lc_rs::digest::Digest::import_less_safe(z, &aws_lc_rs::digest::SHA384).unwrap();
+        UnparsedPublicKey::new(&ECDSA_P384_SHA384_FIXED, q)
+            .verify_digest(&digest, sig)
+            .is_ok()
+    }
+
+    /// The key walk's rare branches, forced: choose u2, read its signed digits, and pick u1
+    /// from them and the key's discrete log d so that, when the walk reaches digit position i,
+    /// the accumulator u1·G + (digits below i)·Q equals the table entry (doubling), or its
+    /// negation (the sum is the point at infinity, and the walk continues from it). Every
+    /// forced signature is valid; the tables and aws-lc must both accept it, and both refuse
+    /// it with r or s changed.
+    #[test]
+    fn table_walk_doubling_and_cancellation_agree_with_aws_lc() {
+        let n = &ORDER;
+        let mut forced = [0u32; 3];
+        for round in 0..6 {
+            let d = random_scalar();
+            let q = times_g(&d);
+            let key = TabledKey::new(&q).unwrap();
+            let u2 = random_scalar();
+            let digits = signed_digits(&u2, KEY_WINDOW);
+            // A position early, mid-walk and late.
+            for &(at, digit) in [
+                digits[1],
+                digits[digits.len() / 2],
+                digits[digits.len() - 2],
+            ]
+            .iter()
+            {
+                let below = digits
+                    .iter()
+                    .take_while(|(i, _)| *i < at)
+                    .fold([0u64; 6], |acc, (i, dd)| {
+                        n.add(&acc, &digit_value(*i, *dd, KEY_WINDOW))
+                    });
+                let entry = digit_value(at, digit, KEY_WINDOW);
+                // acc = u1 + d·below (in units of G); entry = d·entry.
+                let doubling = nmul(&d, &n.sub(&entry, &below));
+                let cancelling = n.neg(&nmul(&d, &n.add(&entry, &below)));
+                for (case, u1) in [(0, doubling), (1, cancelling)] {
+                    // Doubling makes R = (2·entry + digits above)·Q, which is the point at
+                    // infinity when the next digit is 1 and this one −32: no signature exists.
+                    let Some((z, sig)) = signature_for(&d, &u1, &u2) else {
+                        assert_eq!(case, 0, "cancelling leaves R = (digits above)·Q ≠ O");
+                        continue;
+                    };
+                    let (ok, taken) = rare_taken(|| key.verify_digest(&z, &sig));
+                    assert!(ok, "round {round} position {at} case {case}");
+                    assert!(aws_verify_digest(&q, &z, &sig));
+                    assert!(taken[case] >= 1, "case {case} at {at}: branches {taken:?}");
+                    if case == 1 {
+                        // After cancelling, the next digit is added to the point at infinity.
+                        assert!(taken[2] >= 2, "{taken:?}");
+                    }
+                    for (k, v) in taken.iter().enumerate() {
+                        forced[k] += v;
+                    }
+                    let mut bad = sig.clone();
+                    bad[47] ^= 1;
+                    assert!(!key.verify_digest(&z, &bad));
+                    assert!(!aws_verify_digest(&q, &z, &bad));
+                    let mut bad = sig.clone();
+                    bad[95] ^= 2;
+                    assert_eq!(key.verify_digest(&z, &bad), aws_verify_digest(&q, &z, &bad));
+                }
+            }
+            // u1 = −u2·d: the whole sum is the point at infinity; both refuse.
+            let u1 = n.neg(&nmul(&u2, &d));
+            assert!(signature_for(&d, &u1, &u2).is_none());
+        }
+        assert!(forced[0] >= 12 && forced[1] >= 18, "{forced:?}");
+    }
+
+    /// A few thousand signatures, valid and mutated (s → n − s, r ↔ s, bit flips, r + n,
+    /// other messages), verified by the tables and by aws-lc: the verdicts are equal.
+    #[test]
+    fn differential_against_aws_lc() {
+        let rng = aws_lc_rs::rand::SystemRandom::new();
+        let n_be = to_be(&ORDER.m);
+        let (mut cases, mut accepted) = (0, 0);
+        for round in 0..12 {
+            let kp = EcdsaKeyPair::generate(&ECDSA_P384_SHA384_FIXED_SIGNING).unwrap();
+            let pk = kp.public_key().as_ref().to_vec();
+            let key = TabledKey::new(&pk).unwrap();
+            let aws = UnparsedPublicKey::new(&ECDSA_P384_SHA384_FIXED, &pk);
+            for i in 0..24u32 {
+                let msg = format!("evidence {round}/{i}").into_bytes();
+                let sig = kp.sign(&rng, &msg).unwrap().as_ref().to_vec();
+                let s = from_be(sig[48..].try_into().unwrap());
+                let mut variants = vec![sig.clone()];
+                // s → n − s: the same signature's other half, which ECDSA accepts.
+                let mut neg = sig.clone();
+                neg[48..].copy_from_slice(&to_be(&ORDER.neg(&s)));
+                variants.push(neg);
+                let mut swapped = sig[48..].to_vec();
+                swapped.extend_from_slice(&sig[..48]);
+                variants.push(swapped);
+                for bit in [
+                    0usize,
+                    5,
+                    47 * 8 + 7,
+                    48 * 8,
+                    95 * 8 + 7,
+                    (i as usize * 37) % 768,
+                ] {
+                    let mut v = sig.clone();
+                    v[bit / 8] ^= 1 << (bit % 8);
+                    variants.push(v);
+                }
+                let mut r_plus_n = sig.clone();
+                let (rn, _) = add_carry(&from_be(sig[..48].try_into().unwrap()), &ORDER.m);
+                r_plus_n[..48].copy_from_slice(&to_be(&rn));
+                variants.push(r_plus_n);
+                let mut s_is_n = sig.clone();
+                s_is_n[48..].copy_from_slice(&n_be);
+                variants.push(s_is_n);
+                for v in &variants {
+                    for m in [&msg[..], b"other"] {
+                        let ours = key.verify(m, v);
+                        assert_eq!(ours, aws.verify(m, v).is_ok(), "round {round} sig {i}");
+                        cases += 1;
+                        accepted += usize::from(ours);
+                    }
+                }
+            }
+        }
+        // Valid and s → n − s, per signature.
+        assert_eq!(accepted, 12 * 24 * 2);
+        assert!(cases > 3000, "{cases}");
+    }
+
+    /// Past the table budget a key gets no tables and the provider verifies with aws-lc: the
+    /// verdicts are those of the tables.
+    #[test]
+    fn budget_exhausted_fallback_agrees_with_the_tables() {
+        use crate::crypto::{CryptoProvider, DEFAULT_PROVIDER, SigAlg};
+        static EMPTY: AtomicUsize = AtomicUsize::new(0);
+        let rng = aws_lc_rs::rand::SystemRandom::new();
+        let kp = EcdsaKeyPair::generate(&ECDSA_P384_SHA384_FIXED_SIGNING).unwrap();
+        let pk = kp.public_key().as_ref();
+        assert!(
+            TabledKey::metered(pk, &EMPTY, 0).is_none(),
+            "no budget, no tables"
+        );
+        let tabled = TabledKey::new(pk).unwrap();
+        let prepared = DEFAULT_PROVIDER
+            .prepare(SigAlg::EcdsaP384Sha384Fixed, pk)
+            .unwrap();
+        // The provider's own path, with the budget spent.
+        let generic = crate::crypto::prepare_with_tables(SigAlg::EcdsaP384Sha384Fixed, pk, |k| {
+            TabledKey::metered(k, &EMPTY, 0)
+        })
+        .unwrap();
+        assert_eq!(prepared.backend(), "cgx-p384-tables");
+        assert_eq!(generic.backend(), "aws-lc-rs");
+        for i in 0..64u32 {
+            let msg = format!("m{i}").into_bytes();
+            let mut sig = kp.sign(&rng, &msg).unwrap().as_ref().to_vec();
+            if i % 2 == 1 {
+                sig[(i as usize * 11) % 96] ^= 1 << (i % 8);
+            }
+            let t = tabled.verify(&msg, &sig);
+            assert_eq!(t, generic.verify(&msg, &sig).is_ok());
+            assert_eq!(t, prepared.verify(&msg, &sig).is_ok());
+            assert_eq!(t, i % 2 == 0);
+        }
+    }
 
     fn affine_be(p: &Jacobian) -> Vec<u8> {
         let a = normalize(&[*p]).unwrap()[0];

@@ -12,7 +12,7 @@
 pub mod c14n;
 pub mod ocsp;
 pub mod rim;
-mod spdm;
+pub(crate) mod spdm;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -95,7 +95,10 @@ pub(super) fn router(kbs: Arc<Kbs>) -> Router {
         .with_state(kbs)
 }
 
-fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, KbsError> {
+pub(super) fn json_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+) -> Result<T, KbsError> {
     serde_json::from_slice(body).map_err(|e| KbsError::InvalidRequest(format!("{what}: {e}")))
 }
 
@@ -121,7 +124,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// `repo/type/tag` with each part `[A-Za-z0-9._-]+` and not `.`/`..`; anything else is 404.
-fn resource_path(repo: &str, kind: &str, tag: &str) -> Result<String, KbsError> {
+pub(super) fn resource_path(repo: &str, kind: &str, tag: &str) -> Result<String, KbsError> {
     let ok = |s: &str| {
         !s.is_empty()
             && s.len() <= 128
@@ -451,7 +454,7 @@ async fn delete_resource(
 }
 
 /// `{"policy": base64(text)}` (standard or URL-safe alphabet) → the text.
-fn policy_text(body: &[u8]) -> Result<String, KbsError> {
+pub(super) fn policy_text(body: &[u8]) -> Result<String, KbsError> {
     let v: Value = json_body(body, "policy request")?;
     let b64 = v
         .get("policy")

@@ -5,6 +5,8 @@
 mod attest;
 pub mod config;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
 mod http;
 mod release;
 mod session;

@@ -122,19 +122,70 @@ fn coords(curve: Curve, point: &[u8]) -> Result<(String, String)> {
     Ok((B64.encode(&point[1..1 + n]), B64.encode(&point[1 + n..])))
 }
 
-/// RFC 7518 §4.6.2 Concat KDF with SHA-256 for a 256-bit key (one round).
+/// RFC 7518 §4.6.2 Concat KDF with SHA-256 for a 256-bit key (one round), as `ECDH-ES+A256KW`
+/// uses it: empty PartyUInfo and PartyVInfo.
 fn concat_kdf(z: &[u8], alg: &str) -> [u8; 32] {
+    concat_kdf_with(z, alg.as_bytes(), b"", b"", 256)
+}
+
+/// One round of the Concat KDF (NIST SP 800-56A §5.8.1, RFC 7518 §4.6.2): SHA-256 over
+/// `1 ‖ Z ‖ len‖alg ‖ len‖apu ‖ len‖apv ‖ keydatalen`, for `key_bits` ≤ 256 (the first
+/// `key_bits / 8` bytes are the key). Separate so RFC 7518 Appendix C's example runs through it.
+fn concat_kdf_with(z: &[u8], alg: &[u8], apu: &[u8], apv: &[u8], key_bits: u32) -> [u8; 32] {
     let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
     ctx.update(&1u32.to_be_bytes());
     ctx.update(z);
-    ctx.update(&(alg.len() as u32).to_be_bytes());
-    ctx.update(alg.as_bytes());
-    ctx.update(&0u32.to_be_bytes()); // PartyUInfo: empty
-    ctx.update(&0u32.to_be_bytes()); // PartyVInfo: empty
-    ctx.update(&256u32.to_be_bytes()); // SuppPubInfo: key length in bits
+    for field in [alg, apu, apv] {
+        ctx.update(&(field.len() as u32).to_be_bytes());
+        ctx.update(field);
+    }
+    ctx.update(&key_bits.to_be_bytes()); // SuppPubInfo: key length in bits
     let mut out = [0u8; 32];
     out.copy_from_slice(ctx.finish().as_ref());
     out
+}
+
+/// ECDH with the peer's uncompressed point, then the Concat KDF: the key-encryption key of
+/// `ECDH-ES+A256KW`. Both sides call it (the KBS with its ephemeral key and the TEE's key, the
+/// guest with its key and the `epk`); a point off the curve is refused by aws-lc.
+fn ecdh_es_kek(
+    curve: Curve,
+    private: &PrivateKey,
+    peer: &[u8],
+    refused: JweError,
+) -> Result<[u8; 32]> {
+    agreement::agree(
+        private,
+        UnparsedPublicKey::new(curve.alg(), peer),
+        refused,
+        |z| Ok(concat_kdf(z, ALG_ECDH_ES_A256KW)),
+    )
+}
+
+/// AES-256-GCM open of a JWE's content (RFC 7518 §5.3): 256-bit key, 96-bit IV, 128-bit tag,
+/// and nothing else.
+fn open_a256gcm(
+    cek: &[u8],
+    iv: &[u8],
+    aad: &[u8],
+    ciphertext: &[u8],
+    tag: &[u8],
+) -> Result<Vec<u8>> {
+    let (Ok(iv), 32, 16) = (<[u8; 12]>::try_from(iv), cek.len(), tag.len()) else {
+        return Err(JweError::Malformed("key, IV or tag length".into()));
+    };
+    let key = LessSafeKey::new(
+        UnboundKey::new(&AES_256_GCM, cek).map_err(|_| JweError::Crypto("content key"))?,
+    );
+    let mut buf = Vec::with_capacity(ciphertext.len() + tag.len());
+    buf.extend_from_slice(ciphertext);
+    buf.extend_from_slice(tag);
+    let plain = key
+        .open_in_place(Nonce::assume_unique_for_key(iv), Aad::from(aad), &mut buf)
+        .map_err(|_| JweError::Decrypt)?
+        .len();
+    buf.truncate(plain);
+    Ok(buf)
 }
 
 /// RSA SubjectPublicKeyInfo DER from big-endian modulus and exponent.
@@ -197,11 +248,11 @@ pub fn encrypt(tee: &TeePubKey, plaintext: &[u8]) -> Result<Response> {
             let eph_pub = eph
                 .compute_public_key()
                 .map_err(|_| JweError::Crypto("ephemeral key"))?;
-            let kek = agreement::agree(
+            let kek = ecdh_es_kek(
+                curve,
                 &eph,
-                UnparsedPublicKey::new(curve.alg(), &peer),
+                &peer,
                 JweError::InvalidKey("the point is not on the curve".into()),
-                |z| Ok(concat_kdf(z, ALG_ECDH_ES_A256KW)),
             )?;
             let mut wrapped = [0u8; 40];
             AesKek::new(&AES_256, &kek)
@@ -361,11 +412,11 @@ impl TeeKey {
                 }
                 let peer = point(*curve, field("x")?, field("y")?)
                     .map_err(|e| JweError::Malformed(e.to_string()))?;
-                let kek = agreement::agree(
+                let kek = ecdh_es_kek(
+                    *curve,
                     k,
-                    UnparsedPublicKey::new(curve.alg(), &peer),
+                    &peer,
                     JweError::Malformed("epk is not on the curve".into()),
-                    |z| Ok(concat_kdf(z, ALG_ECDH_ES_A256KW)),
                 )?;
                 let mut out = [0u8; 32];
                 if r.encrypted_key.len() != 40 {
@@ -390,30 +441,11 @@ impl TeeKey {
             }
             (_, alg) => return Err(JweError::Malformed(format!("alg {alg} for this key"))),
         };
-        if cek.len() != 32 || r.iv.len() != 12 || r.tag.len() != 16 {
-            return Err(JweError::Malformed("key, IV or tag length".into()));
-        }
         let aad = r
             .protected
             .generate_aad()
             .map_err(|_| JweError::Malformed("protected header".into()))?;
-        let key = LessSafeKey::new(
-            UnboundKey::new(&AES_256_GCM, &cek).map_err(|_| JweError::Crypto("content key"))?,
-        );
-        let mut iv = [0u8; 12];
-        iv.copy_from_slice(&r.iv);
-        let mut buf = r.ciphertext.clone();
-        buf.extend_from_slice(&r.tag);
-        let plain = key
-            .open_in_place(
-                Nonce::assume_unique_for_key(iv),
-                Aad::from(aad.as_slice()),
-                &mut buf,
-            )
-            .map_err(|_| JweError::Decrypt)?
-            .len();
-        buf.truncate(plain);
-        Ok(buf)
+        open_a256gcm(&cek, &r.iv, &aad, &r.ciphertext, &r.tag)
     }
 }
 
@@ -531,5 +563,216 @@ mod tests {
             k_exp: B64.encode([1, 0, 1]),
         };
         assert!(encrypt(&small, b"x").is_err());
+    }
+}
+
+/// Project Wycheproof and RFC vectors through the production functions (not through aws-lc
+/// directly): what we compose ourselves — JWK points, the Concat KDF, the AES-GCM framing, the
+/// OAEP unwrapping — must give the vectors' answers.
+#[cfg(test)]
+mod vectors {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn suite(name: &str) -> Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/wycheproof")
+            .join(name);
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    fn tests(v: &Value) -> impl Iterator<Item = (&Value, &Value)> {
+        v["testGroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["tests"].as_array().unwrap().iter().map(move |t| (g, t)))
+    }
+
+    fn hx(v: &Value) -> Vec<u8> {
+        hex::decode(v.as_str().unwrap()).unwrap()
+    }
+
+    /// The uncompressed point of a named-curve EC SubjectPublicKeyInfo, exactly encoded; `None`
+    /// for anything a JWK cannot say (explicit parameters, compressed points, bad DER), which
+    /// never reaches our code in that form.
+    fn spki_point(spki: &[u8], curve_oid: &[u8]) -> Option<Vec<u8>> {
+        use crate::kbs::der::read;
+        let (0x30, body, []) = read(spki)? else {
+            return None;
+        };
+        let (0x30, alg, rest) = read(body)? else {
+            return None;
+        };
+        let (0x03, bits, []) = read(rest)? else {
+            return None;
+        };
+        let (0x06, ec, params) = read(alg)? else {
+            return None;
+        };
+        let (0x06, oid, []) = read(params)? else {
+            return None;
+        };
+        let ec_public_key = [0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+        (ec == ec_public_key
+            && oid == curve_oid
+            && bits.first() == Some(&0)
+            && bits.get(1) == Some(&4))
+        .then(|| bits[1..].to_vec())
+    }
+
+    #[test]
+    fn ecdh_es_key_agreement_on_jwk_points() {
+        let curves: [(&str, Curve, &[u8]); 3] = [
+            (
+                "ecdh_secp256r1_test.json",
+                Curve::P256,
+                &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07],
+            ),
+            (
+                "ecdh_secp384r1_test.json",
+                Curve::P384,
+                &[0x2b, 0x81, 0x04, 0x00, 0x22],
+            ),
+            (
+                "ecdh_secp521r1_test.json",
+                Curve::P521,
+                &[0x2b, 0x81, 0x04, 0x00, 0x23],
+            ),
+        ];
+        for (file, curve, oid) in curves {
+            let (mut agreed, mut refused, mut not_jwk) = (0, 0, 0);
+            for (_, t) in tests(&suite(file)) {
+                let id = &t["tcId"];
+                let result = t["result"].as_str().unwrap();
+                let Some(peer) = spki_point(&hx(&t["public"]), oid) else {
+                    not_jwk += 1;
+                    continue;
+                };
+                // As a JWK carries it: base64url coordinates, parsed by the production code.
+                let half = (peer.len() - 1) / 2;
+                let (x, y) = (
+                    B64.encode(&peer[1..1 + half]),
+                    B64.encode(&peer[1 + half..]),
+                );
+                let Ok(point) = point(curve, &x, &y) else {
+                    assert_ne!(result, "valid", "{file} {id}: coordinates refused");
+                    refused += 1;
+                    continue;
+                };
+                // Private keys are big-endian integers, sometimes with a leading zero byte.
+                let raw = hx(&t["private"]);
+                let raw = &raw[raw.len().saturating_sub(curve.coord_len())..];
+                let mut fixed = vec![0u8; curve.coord_len() - raw.len()];
+                fixed.extend_from_slice(raw);
+                let private = PrivateKey::from_private_key(curve.alg(), &fixed).unwrap();
+                let ours = ecdh_es_kek(curve, &private, &point, JweError::Decrypt);
+                match (result, ours) {
+                    ("valid" | "acceptable", Ok(kek)) => {
+                        assert_eq!(
+                            kek,
+                            concat_kdf(&hx(&t["shared"]), ALG_ECDH_ES_A256KW),
+                            "{file} {id}"
+                        );
+                        agreed += 1;
+                    }
+                    ("invalid" | "acceptable", Err(_)) => refused += 1,
+                    (r, o) => panic!("{file} tcId {id}: expected {r}, got {o:?}"),
+                }
+                // The KBS side: encrypting to such a key is refused likewise.
+                let tee = TeePubKey::EC {
+                    crv: curve.name().into(),
+                    alg: ALG_ECDH_ES_A256KW.into(),
+                    x,
+                    y,
+                };
+                match (result, encrypt(&tee, b"k").is_ok()) {
+                    ("valid", false) | ("invalid", true) => {
+                        panic!("{file} tcId {id}: encrypt to it")
+                    }
+                    _ => {}
+                }
+            }
+            eprintln!(
+                "{file}: {agreed} agreed, {refused} refused, {not_jwk} not expressible as a JWK"
+            );
+            assert!(agreed > 50 && refused > 0, "{file}");
+        }
+    }
+
+    #[test]
+    fn aes_256_gcm_content_decryption() {
+        let (mut opened, mut refused) = (0, 0);
+        for (g, t) in tests(&suite("aes_gcm_test.json")) {
+            let ours = open_a256gcm(
+                &hx(&t["key"]),
+                &hx(&t["iv"]),
+                &hx(&t["aad"]),
+                &hx(&t["ct"]),
+                &hx(&t["tag"]),
+            );
+            let ours_sizes = g["keySize"] == 256 && g["ivSize"] == 96 && g["tagSize"] == 128;
+            match ours {
+                Ok(plain) => {
+                    assert!(ours_sizes && t["result"] == "valid", "tcId {}", t["tcId"]);
+                    assert_eq!(plain, hx(&t["msg"]));
+                    opened += 1;
+                }
+                // Other key, IV and tag sizes are not JWE A256GCM: refused whatever the vector says.
+                Err(_) => {
+                    assert!(
+                        !ours_sizes || t["result"] == "invalid",
+                        "tcId {}",
+                        t["tcId"]
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        assert!(opened > 20 && refused > 100, "{opened} {refused}");
+    }
+
+    #[test]
+    fn rsa_oaep_256_key_unwrapping() {
+        let v = suite("rsa_oaep_2048_sha256_mgf1sha256_test.json");
+        let mut checked = 0;
+        for g in v["testGroups"].as_array().unwrap() {
+            let der = hx(&g["privateKeyPkcs8"]);
+            let key = TeeKey::Rsa(PrivateDecryptingKey::from_pkcs8(&der).unwrap());
+            for t in g["tests"].as_array().unwrap() {
+                // The production unwrapping, inside a JWE whose content key is the vector's
+                // message: a 32-byte message opens (the JWE is sealed under it); anything else
+                // must be refused somewhere on the way.
+                let msg = hx(&t["msg"]);
+                let label_empty = t["label"] == "";
+                let cek: [u8; 32] = msg.clone().try_into().unwrap_or([0; 32]);
+                let protected = ProtectedHeader {
+                    alg: ALG_RSA_OAEP_256.into(),
+                    enc: ENC_A256GCM.into(),
+                    other_fields: Map::new(),
+                };
+                let mut r = seal(&cek, &protected, b"payload").unwrap();
+                r.encrypted_key = hx(&t["ct"]);
+                let opened = key.decrypt(&r);
+                let should = t["result"] == "valid" && label_empty && msg.len() == 32;
+                assert_eq!(opened.is_ok(), should, "tcId {}", t["tcId"]);
+                if should {
+                    assert_eq!(opened.unwrap(), b"payload");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 20);
+    }
+
+    /// RFC 7518 Appendix C: ECDH-ES with apu "Alice", apv "Bob", A128GCM (128-bit key).
+    #[test]
+    fn concat_kdf_rfc7518_appendix_c() {
+        let z = [
+            158, 86, 217, 29, 129, 113, 53, 211, 114, 131, 66, 131, 191, 132, 38, 156, 251, 49,
+            110, 163, 218, 128, 106, 72, 246, 218, 167, 121, 140, 254, 144, 196,
+        ];
+        let key = concat_kdf_with(&z, b"A128GCM", b"Alice", b"Bob", 128);
+        assert_eq!(B64.encode(&key[..16]), "VqqN6vgjbSBcIijNcacQGg");
     }
 }
