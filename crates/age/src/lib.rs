@@ -603,13 +603,29 @@ fn parse_header(input: &mut dyn Read) -> Result<Header> {
     }
 }
 
+/// X25519 with a stanza's ephemeral share; `None` for a share aws-lc refuses or a low-order
+/// point (an all-zero shared secret, which age requires recipients to refuse).
+fn x25519_shared(sk: &PrivateKey, share: &[u8]) -> Option<Vec<u8>> {
+    agreement::agree(sk, UnparsedPublicKey::new(&X25519, share), (), |z| {
+        Ok(z.to_vec())
+    })
+    .ok()
+    .filter(|z| z.iter().any(|&b| b != 0))
+}
+
+/// Open one STREAM chunk in place: ChaCha20-Poly1305 under the payload key, no AAD. Returns the
+/// plaintext length.
+fn open_chunk(key: &LessSafeKey, nonce: Nonce, chunk: &mut [u8]) -> std::result::Result<usize, ()> {
+    key.open_in_place(nonce, Aad::empty(), chunk)
+        .map(|p| p.len())
+        .map_err(|_| ())
+}
+
 fn unwrap_file_key(identity: &Identity, h: &Header) -> Result<[u8; 16]> {
     let sk = identity.private_key()?;
     let me = identity.recipient()?;
     for (share, body) in &h.x25519 {
-        let Ok(shared) = agreement::agree(&sk, UnparsedPublicKey::new(&X25519, share), (), |z| {
-            Ok(z.to_vec())
-        }) else {
+        let Some(shared) = x25519_shared(&sk, share) else {
             continue;
         };
         let mut salt = share.to_vec();
@@ -678,10 +694,8 @@ pub fn decrypt(
         CT_CHUNK,
         threads_or_cores(threads),
         &|slot, len, index, last| {
-            Ok(key
-                .open_in_place(stream_nonce(index, last), Aad::empty(), &mut slot[..len])
-                .map_err(|_| AgeError::Chunk(index))?
-                .len())
+            open_chunk(&key, stream_nonce(index, last), &mut slot[..len])
+                .map_err(|_| AgeError::Chunk(index))
         },
         progress,
     )?;
@@ -846,5 +860,95 @@ mod tests {
         )
         .unwrap();
         assert!(parse_header(&mut &file[..]).is_ok());
+    }
+}
+
+/// Project Wycheproof vectors through cgx-age's own functions.
+#[cfg(test)]
+mod vectors {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::Value;
+
+    fn tests(name: &str) -> Vec<(Value, Value)> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/wycheproof")
+            .join(name);
+        let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        v["testGroups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| {
+                g["tests"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(move |t| (g.clone(), t.clone()))
+            })
+            .collect()
+    }
+
+    fn hx(v: &Value) -> Vec<u8> {
+        hex::decode(v.as_str().unwrap()).unwrap()
+    }
+
+    /// Every share whose shared secret is not all zeros agrees as the vector says; low-order
+    /// shares (all-zero secret) are refused.
+    #[test]
+    fn x25519_recipient_agreement() {
+        let (mut agreed, mut refused) = (0, 0);
+        for (_, t) in tests("x25519_test.json") {
+            let sk = PrivateKey::from_private_key(&X25519, &hx(&t["private"])).unwrap();
+            let shared = hx(&t["shared"]);
+            let ours = x25519_shared(&sk, &hx(&t["public"]));
+            if shared.iter().all(|&b| b == 0) || t["result"] == "invalid" {
+                assert!(ours.is_none(), "tcId {}", t["tcId"]);
+                refused += 1;
+            } else {
+                assert_eq!(ours.as_deref(), Some(&shared[..]), "tcId {}", t["tcId"]);
+                agreed += 1;
+            }
+        }
+        assert!(agreed > 100 && refused > 10, "{agreed} {refused}");
+    }
+
+    #[test]
+    fn hkdf_sha256_key_derivation() {
+        let mut checked = 0;
+        for (_, t) in tests("hkdf_sha256_test.json") {
+            if t["size"] != 32 {
+                continue; // age derives 32-byte keys only
+            }
+            let ours = hkdf32(&hx(&t["ikm"]), &hx(&t["salt"]), &hx(&t["info"]));
+            assert_eq!(ours.is_ok(), t["result"] == "valid", "tcId {}", t["tcId"]);
+            if let Ok(k) = ours {
+                assert_eq!(k.to_vec(), hx(&t["okm"]), "tcId {}", t["tcId"]);
+            }
+            checked += 1;
+        }
+        assert!(checked > 5, "{checked}");
+    }
+
+    /// The chunk opener with the vectors' keys and nonces (no AAD: age's STREAM has none).
+    #[test]
+    fn chacha20_poly1305_chunks() {
+        let mut checked = 0;
+        for (g, t) in tests("chacha20_poly1305_test.json") {
+            if g["keySize"] != 256 || g["ivSize"] != 96 || g["tagSize"] != 128 || t["aad"] != "" {
+                continue;
+            }
+            let key: [u8; 32] = hx(&t["key"]).try_into().unwrap();
+            let nonce = Nonce::assume_unique_for_key(hx(&t["iv"]).try_into().unwrap());
+            let mut buf = hx(&t["ct"]);
+            buf.extend(hx(&t["tag"]));
+            let ours = open_chunk(&chacha(&key).unwrap(), nonce, &mut buf);
+            assert_eq!(ours.is_ok(), t["result"] == "valid", "tcId {}", t["tcId"]);
+            if let Ok(n) = ours {
+                assert_eq!(buf[..n].to_vec(), hx(&t["msg"]));
+            }
+            checked += 1;
+        }
+        assert!(checked > 30, "{checked}");
     }
 }
