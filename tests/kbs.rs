@@ -151,8 +151,18 @@ fn handshake_and_release_with_gpus_and_every_refusal() {
     let (st, b) = set_policy(&base, &s.admin, "tenant-a", "package policy\nallow if {");
     assert_eq!(st, 400, "{}", String::from_utf8_lossy(&b));
 
-    // Unknown resource: 404 for an attested session; bad paths 404; unauthenticated 401 for
-    // existing and missing alike (no leak).
+    // Unknown resource: refused like an existing one while tenant A names no requester for it
+    // (tenant isolation, before any lookup), 404 once it does; bad paths 404; unauthenticated
+    // 401 for existing and missing alike (no leak).
+    let e = c.resource("tenant-a/key/nothing", None).unwrap_err();
+    assert_eq!(e.kind(), Some("PolicyDeny"), "{e}");
+    let (st, _) = set_policy(
+        &base,
+        &s.admin,
+        "tenant-a/key/nothing",
+        cgx_policies::RELEASE_POLICY,
+    );
+    assert_eq!(st, 200);
     let e = c.resource("tenant-a/key/nothing", None).unwrap_err();
     assert_eq!(
         (e.status(), e.kind()),
@@ -239,7 +249,8 @@ fn leases_bind_job_resources_to_the_attested_node() {
     let path = "tenant-a/weights/llama";
 
     let e = c.resource(path, None).unwrap_err();
-    assert_eq!(e.kind(), Some("LeaseInvalid"), "no lease: {e}");
+    assert_eq!(e.kind(), Some("PolicyDeny"), "no lease: {e}");
+    assert!(e.to_string().contains("needs a lease"), "{e}");
     let good = lease(&s.broker, "lease-1", &[path], &me, now() + 600);
     assert_eq!(c.resource(path, Some(&good)).unwrap(), b"weights identity");
 
@@ -825,6 +836,16 @@ fn put_resource_tls(base: &str, ca: &str, admin: &Ed) {
         .send(&b"over tls"[..])
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
+    // Tenant A names its requesters: any whose every part is affirming.
+    let policy = json!({
+        "policy": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(cgx_policies::RELEASE_POLICY)
+    });
+    let r = agent
+        .post(&format!("{base}/kbs/v0/resource-policy/tenant-a"))
+        .header("authorization", &format!("Bearer {}", admin_token(admin)))
+        .send(policy.to_string().as_bytes())
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
 }
 
 #[test]
@@ -1096,6 +1117,10 @@ fn a_database_writer_cannot_weaken_move_or_roll_back_a_resource() {
     let s = setup(&[&n], None);
     let srv = Server::start(&s.config);
     let base = srv.base.clone();
+    // Tenant A names its requesters for every resource of its own, so each request below
+    // reaches the sealed value (tenant isolation would refuse it earlier).
+    let (st, _) = set_policy(&base, &s.admin, "tenant-a", cgx_policies::RELEASE_POLICY);
+    assert_eq!(st, 200);
     put_resource(&base, &s.admin, "tenant-a/weights/job", b"job key", true);
     put_resource(&base, &s.admin, "tenant-a/key/other", b"other", false);
     put_resource(&base, &s.admin, "tenant-a/key/moved", b"moved", false);
@@ -1156,6 +1181,13 @@ fn an_admin_change_lands_with_its_audit_row_or_not_at_all() {
     let n = node(0);
     let s = setup(&[&n], None);
     let srv = Server::start(&s.config);
+    let (st, _) = set_policy(
+        &srv.base,
+        &s.admin,
+        "tenant-a",
+        cgx_policies::RELEASE_POLICY,
+    );
+    assert_eq!(st, 200);
     let rt = tokio::runtime::Runtime::new().unwrap();
     sqlx::any::install_default_drivers();
     let db = rt.block_on(sqlx::AnyPool::connect(&s.database)).unwrap();
@@ -1213,5 +1245,82 @@ fn oversized_bodies_are_refused_before_parsing_or_authentication() {
     );
     assert!(upload.starts_with("HTTP/1.1 413"), "not a 401: {upload}");
     assert!(upload.contains("PayloadTooLarge"), "{upload}");
+    srv.stop();
+}
+
+/// Tenants are isolated by default: an affirming requester gets a resource only when the
+/// resource's tenant names it — a lease for it, or a release policy on its repository or on the
+/// resource. The global policy speaks for every tenant, so it names nobody, even one that allows
+/// everything. `tenant_isolation = false` is Trustee's single-tenant model.
+#[test]
+fn tenants_are_isolated_by_default() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    for (path, v) in [
+        ("tenant-a/key/k", b"a"),
+        ("tenant-b/key/k", b"b"),
+        ("tenant-c/job/w", b"w"),
+    ] {
+        put_resource_unnamed(&base, &s.admin, path, v, false);
+    }
+    let mut c = client(&base);
+    c.attest(&n).unwrap();
+    let isolated = |c: &mut KbsClient, path: &str, lease: Option<&str>| {
+        let e = c.resource(path, lease).unwrap_err();
+        assert_eq!(e.kind(), Some("PolicyDeny"), "{path}: {e}");
+        assert!(e.to_string().contains("tenant isolation"), "{path}: {e}");
+    };
+    // Affirming, no lease, no policy of the tenant's: refused, saying why.
+    isolated(&mut c, "tenant-a/key/k", None);
+    // A global policy that allows everything names nobody.
+    let (st, b) = set_policy(
+        &base,
+        &s.admin,
+        "",
+        "package policy\ndefault allow := true\n",
+    );
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    isolated(&mut c, "tenant-a/key/k", None);
+    // Tenant A's administrator names requesters for tenant A's repository: A's resource is
+    // released, B's still is not, and A's administrator cannot name requesters for B.
+    let (st, b) = set_policy(
+        &base,
+        &s.tenant_admin,
+        "tenant-a",
+        cgx_policies::RELEASE_POLICY,
+    );
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"a");
+    isolated(&mut c, "tenant-b/key/k", None);
+    for scope in ["tenant-b", "tenant-b/key/k"] {
+        let (st, _) = set_policy(&base, &s.tenant_admin, scope, cgx_policies::RELEASE_POLICY);
+        assert_ne!(st, 200, "tenant A's key on {scope}");
+    }
+    isolated(&mut c, "tenant-b/key/k", None);
+    // A policy on one resource names requesters for that resource only.
+    let (st, _) = set_policy(
+        &base,
+        &s.admin,
+        "tenant-b/key/k",
+        cgx_policies::RELEASE_POLICY,
+    );
+    assert_eq!(st, 200);
+    assert_eq!(c.resource("tenant-b/key/k", None).unwrap(), b"b");
+    // A lease names its node without any policy of the tenant's.
+    isolated(&mut c, "tenant-c/job/w", None);
+    let me = thumbprint(&c.tee_key().public().unwrap());
+    let l = lease(&s.broker, "l-1", &["tenant-c/job/w"], &me, now() + 60);
+    assert_eq!(c.resource("tenant-c/job/w", Some(&l)).unwrap(), b"w");
+    srv.stop();
+
+    // Trustee's model: the global policy alone releases (same database, isolation off).
+    let mut open = s.config.clone();
+    open.tenant_isolation = false;
+    let srv = Server::start(&open);
+    let mut c = client(&srv.base);
+    c.attest(&n).unwrap();
+    assert_eq!(c.resource("tenant-c/job/w", None).unwrap(), b"w");
     srv.stop();
 }

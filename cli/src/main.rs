@@ -242,9 +242,11 @@ enum WeightsCommand {
         /// CA certificate(s) of the KBS (PEM); default: WebPKI roots.
         #[arg(long)]
         ca: Option<PathBuf>,
-        /// Release the identity only with a lease token (job weights).
+        /// Release the identity without a lease too: then only to requesters a release policy
+        /// of the repository or of this resource names (tenant isolation). By default the
+        /// identity is a job resource, released only with a lease token.
         #[arg(long)]
-        lease_required: bool,
+        no_lease: bool,
     },
     /// Encrypt a file to an age recipient (age v1; `age -d` opens it), in parallel.
     Encrypt {
@@ -428,8 +430,8 @@ fn main() -> ExitCode {
                 path,
                 admin_key,
                 ca,
-                lease_required,
-            } => weights::keygen(&url, &path, &admin_key, ca.as_deref(), lease_required),
+                no_lease,
+            } => weights::keygen(&url, &path, &admin_key, ca.as_deref(), !no_lease),
             WeightsCommand::Encrypt {
                 recipient,
                 input,

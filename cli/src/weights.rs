@@ -39,7 +39,7 @@ pub fn keygen(
         if lease_required {
             "?lease=required"
         } else {
-            ""
+            "?lease=optional"
         }
     );
     let secret = id.to_secret_string();

@@ -75,8 +75,12 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
         &p("out0.bin"),
         "--sim",
     ]);
+    // (Tenant isolation refuses before the lookup: nothing names this requester.)
     assert!(!ok);
-    assert!(err.contains("LeaseInvalid"), "{err}");
+    assert!(
+        err.contains("PolicyDeny") && err.contains("needs a lease"),
+        "{err}"
+    );
     assert!(!Path::new(&p("out0.bin")).exists());
 
     // The node key the broker knows: a lease names it; the agent attests with it.

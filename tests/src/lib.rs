@@ -101,8 +101,25 @@ pub fn call(method: &str, url: &str, token: Option<&str>, body: Option<&[u8]>) -
     (status, resp.body_mut().read_to_vec().unwrap())
 }
 
+/// Store a resource. `lease`: a job resource (released with a lease only). Otherwise its tenant
+/// names its requesters with a policy on the resource — the shipped default, any requester
+/// whose every part is affirming — as tenant isolation requires; [`put_resource_unnamed`]
+/// stores one without.
 pub fn put_resource(base: &str, admin: &Ed, path: &str, value: &[u8], lease: bool) {
-    let q = if lease { "?lease=required" } else { "" };
+    put_resource_unnamed(base, admin, path, value, lease);
+    if !lease {
+        let (s, b) = set_policy(base, admin, path, cgx_policies::RELEASE_POLICY);
+        assert_eq!(s, 200, "{}", String::from_utf8_lossy(&b));
+    }
+}
+
+/// Store a resource with no release policy of its tenant.
+pub fn put_resource_unnamed(base: &str, admin: &Ed, path: &str, value: &[u8], lease: bool) {
+    let q = if lease {
+        "?lease=required"
+    } else {
+        "?lease=optional"
+    };
     let (s, b) = call(
         "POST",
         &format!("{base}/kbs/v0/resource/{path}{q}"),

@@ -259,6 +259,7 @@ fn setup_with(
             policy: None,
             reference_values: Some(dir.join("refs.json")),
         },
+        tenant_isolation: true,
         max_connections: 4096,
         max_in_flight: 1024,
         admin_token_max_ttl_secs: 3600,
@@ -343,7 +344,11 @@ impl Server {
         }
     }
 
-    /// Store `value` at `path` through the admin API (`lease_required`: a job resource).
+    /// Store `value` at `path` through the admin API. `lease_required`: a job resource, released
+    /// with a lease only. Otherwise the resource's tenant names its requesters with a release
+    /// policy on the resource: the shipped default (every part affirming), as a tenant that
+    /// trusts any attested node of its own would write it — without one, tenant isolation
+    /// releases it to nobody.
     pub fn put_resource(
         &self,
         admin: &Ed,
@@ -354,14 +359,35 @@ impl Server {
         let q = if lease_required {
             "?lease=required"
         } else {
-            ""
+            "?lease=optional"
         };
-        let url = format!("{}/kbs/v0/resource/{path}{q}", self.base);
+        self.admin_post(admin, &format!("/kbs/v0/resource/{path}{q}"), value)?;
+        if !lease_required {
+            self.put_resource_policy(admin, path, cgx_policies::RELEASE_POLICY)?;
+        }
+        Ok(())
+    }
+
+    /// Install `rego` as the release policy of `scope` (a repository, or `repo/type/tag`).
+    pub fn put_resource_policy(&self, admin: &Ed, scope: &str, rego: &str) -> Result<()> {
+        use base64::Engine;
+        let body = serde_json::json!({
+            "policy": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rego)
+        });
+        self.admin_post(
+            admin,
+            &format!("/kbs/v0/resource-policy/{scope}"),
+            body.to_string().as_bytes(),
+        )
+    }
+
+    fn admin_post(&self, admin: &Ed, path: &str, body: &[u8]) -> Result<()> {
+        let url = format!("{}{path}", self.base);
         let agent = cgx_kbs::client::agent(None).map_err(|e| DevnetError::Kbs(e.to_string()))?;
         let mut resp = agent
             .post(&url)
             .header("authorization", &format!("Bearer {}", admin.admin_token()?))
-            .send(value)
+            .send(body)
             .map_err(|e| DevnetError::Kbs(format!("{url}: {e}")))?;
         let status = resp.status().as_u16();
         if status != 200 {

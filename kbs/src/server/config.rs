@@ -11,7 +11,7 @@
 //!   "broker_keys": ["<base64 Ed25519>"],
 //!   "result_key": "ear-signing.pk8",
 //!   "sim_roots": [], "allow_sample": false,
-//!   "nonce_ttl_secs": 60, "session_ttl_secs": 300,
+//!   "nonce_ttl_secs": 60, "session_ttl_secs": 300, "tenant_isolation": true,
 //!   "collateral": {"store": "collateral", "online": true},
 //!   "appraisal": {"policy": null, "reference_values": null} }
 //! ```
@@ -121,6 +121,16 @@ pub struct KbsConfig {
     /// Longest lease accepted (`exp − iat`, seconds; default a day).
     #[serde(default = "default_lease_ttl")]
     pub lease_max_ttl_secs: i64,
+    /// Tenants are isolated (the default): a resource is released only to a requester its
+    /// tenant names — a lease for it, or a release policy on its repository or on the resource
+    /// itself that allows the request. `false` is Trustee's model (the global policy alone
+    /// releases every resource to any requester it allows) for single-tenant deployments.
+    #[serde(default = "default_true")]
+    pub tenant_isolation: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_max_in_flight() -> usize {

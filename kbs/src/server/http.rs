@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use cgx_service::auth::Admin;
 
 use super::error::KbsError;
-use super::release::check_lease;
+use super::release::{GLOBAL_SCOPE, check_lease};
 use super::store::{ATTESTED, AdminChange, AuditRow, FAILED};
 use super::{Kbs, LiveSession};
 
@@ -356,6 +356,17 @@ async fn release(
     input["lease"] = lease.clone().unwrap_or(Value::Null);
     let stored = kbs.release_policies(&path, repo).await?;
     kbs.release.check(&path, &stored, input)?;
+    // Tenant isolation: the global policy speaks for every tenant, so it names nobody. A lease
+    // (the broker placed this requester's job) or a policy of the resource's own tenant that
+    // allowed the request (checked above) must name the requester. Before the lookup: a denied
+    // requester learns nothing about what exists.
+    let tenant_named = lease.is_some() || stored.iter().any(|(scope, _)| scope != GLOBAL_SCOPE);
+    if kbs.tenant_isolation && !tenant_named {
+        return Err(KbsError::PolicyDeny(format!(
+            "{path}: tenant {repo} names no requester for it (tenant isolation): release needs a \
+             lease, or a release policy on {repo} or on {path}"
+        )));
+    }
     let resource = kbs
         .store
         .resource(&path)
@@ -509,7 +520,7 @@ async fn get_policy(
     admin.may(repository)?;
     let text = match kbs.store.policy(scope).await? {
         Some(t) => t,
-        None if scope == "resource:*" => cgx_policies::RELEASE_POLICY.to_string(),
+        None if scope == GLOBAL_SCOPE => cgx_policies::RELEASE_POLICY.to_string(),
         None => return Err(KbsError::NotFound(format!("no policy at {scope}"))),
     };
     Ok(Json(json!({"policy": URL_SAFE_NO_PAD.encode(text)})).into_response())
@@ -520,11 +531,11 @@ async fn set_global_policy(
     admin: Admin,
     body: Bytes,
 ) -> Result<Response, KbsError> {
-    set_policy(&kbs, &admin, None, "resource:*".into(), &body).await
+    set_policy(&kbs, &admin, None, GLOBAL_SCOPE.into(), &body).await
 }
 
 async fn get_global_policy(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
-    get_policy(&kbs, &admin, None, "resource:*").await
+    get_policy(&kbs, &admin, None, GLOBAL_SCOPE).await
 }
 
 async fn set_repo_policy(

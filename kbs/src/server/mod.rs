@@ -43,6 +43,8 @@ pub(crate) struct Kbs {
     broker_keys: Vec<[u8; 32]>,
     /// Longest accepted lease lifetime (`exp − iat`).
     lease_max_ttl: i64,
+    /// See [`KbsConfig::tenant_isolation`].
+    pub(crate) tenant_isolation: bool,
     nonce_ttl: i64,
     session_ttl: i64,
     allow_sample: bool,
@@ -206,6 +208,11 @@ impl Kbs {
             ));
         }
         let admin_keys = AdminKeys::new(admin, config.admin_token_max_ttl_secs);
+        if !config.tenant_isolation {
+            tracing::warn!(
+                "tenant isolation is off: the global release policy alone releases any resource"
+            );
+        }
         Ok(Kbs {
             store,
             attester,
@@ -215,6 +222,7 @@ impl Kbs {
             admin_keys,
             broker_keys,
             lease_max_ttl: config.lease_max_ttl_secs,
+            tenant_isolation: config.tenant_isolation,
             nonce_ttl: config.nonce_ttl_secs,
             session_ttl: config.session_ttl_secs,
             allow_sample: config.allow_sample,

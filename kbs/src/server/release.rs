@@ -40,7 +40,7 @@ impl std::fmt::Debug for ReleasePolicies {
 /// The three scopes that apply to a resource, most general first.
 pub fn scopes(path: &str, repository: &str) -> [String; 3] {
     [
-        "resource:*".to_string(),
+        GLOBAL_SCOPE.to_string(),
         format!("resource:{repository}"),
         format!("resource:{path}"),
     ]
@@ -85,7 +85,7 @@ impl ReleasePolicies {
         input: Value,
     ) -> Result<(), KbsError> {
         let input = ReleaseInput::new(input);
-        let has_global = stored.iter().any(|(s, _)| s == "resource:*");
+        let has_global = stored.iter().any(|(s, _)| s == GLOBAL_SCOPE);
         if !has_global && !self.default_global.allows(&input).map_err(invalid)? {
             return Err(KbsError::PolicyDeny(format!(
                 "{path}: the default release policy (every part affirming, no simulated evidence)"
@@ -101,6 +101,9 @@ impl ReleasePolicies {
         Ok(())
     }
 }
+
+/// The release-policy scope that applies to every resource (an unscoped administrator's).
+pub const GLOBAL_SCOPE: &str = "resource:*";
 
 /// The audience a lease names: leases are made for this KBS's release, nothing else.
 pub const LEASE_AUDIENCE: &str = "cgx-kbs";
