@@ -24,7 +24,8 @@ use super::{CollateralKey, CollateralStore, Entry, Freshness};
 use crate::error::{Error, Result};
 
 /// Vendor base URLs. A PCCS is an Intel base URL of its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Endpoints {
     /// AMD KDS, e.g. `https://kdsintf.amd.com`.
     pub amd_kds: String,
@@ -88,6 +89,14 @@ pub enum Origin {
     Vendor,
     /// The store, because the vendor failed (the reason is kept for logs and metrics).
     StaleCache { vendor_error: String },
+}
+
+/// A stored item, as [`CollateralSource::cached`] finds it.
+#[derive(Debug, Clone)]
+pub struct Cached {
+    pub bytes: Vec<u8>,
+    /// Older than the refresh interval (still valid): fetch a fresh copy when convenient.
+    pub refresh_due: bool,
 }
 
 /// A collateral item and its provenance.
@@ -257,6 +266,30 @@ impl CollateralSource {
         }
     }
 
+    /// What the store holds for `key` at `now`, without contacting any vendor: the bytes while
+    /// valid, and whether they are due for a refresh. A service answers from this on its request
+    /// path and fetches misses elsewhere, bounded ([`Self::get`] may wait on a vendor).
+    pub fn cached(&self, key: &CollateralKey, now: i64) -> Result<Option<Cached>> {
+        let cached = self
+            .store
+            .lock()
+            .map_err(|_| err("lock poisoned"))?
+            .get(&key.path(), now)?;
+        Ok(match cached {
+            Some((bytes, Freshness::Valid, entry)) => Some(Cached {
+                bytes,
+                refresh_due: !self.offline
+                    && now - entry.stored_at >= self.policy.refresh_after_secs,
+            }),
+            _ => None,
+        })
+    }
+
+    /// Whether [`Self::get`] may contact vendors.
+    pub fn is_online(&self) -> bool {
+        !self.offline
+    }
+
     /// Wait for this vendor's pacing slot (AMD) or refuse while a 429 is in force.
     fn take_turn(&self, vendor: Vendor) -> std::result::Result<(), Duration> {
         let wait = {
@@ -399,34 +432,51 @@ impl CollateralSource {
     /// Intel collateral for a TDX quote's FMSPC and PCK CA, assembled into the dcap-qvl
     /// `QuoteCollateralV3` JSON that [`crate::tdx`] verifies with.
     pub fn tdx_collateral(&self, fmspc: [u8; 6], ca: &str, now: i64) -> Result<Vec<u8>> {
-        let tcb = self.get(&CollateralKey::IntelTdxTcbInfo { fmspc }, now)?;
-        let qe = self.get(&CollateralKey::IntelTdxQeIdentity, now)?;
-        let pck_crl = self.get(&CollateralKey::IntelPckCrl { ca: ca.to_string() }, now)?;
-        let root_crl = self.get(&CollateralKey::IntelRootCaCrl, now)?;
-        let tcb: PcsDoc =
-            serde_json::from_slice(&tcb.bytes).map_err(|e| err(format!("TCB info: {e}")))?;
-        let qe: PcsDoc =
-            serde_json::from_slice(&qe.bytes).map_err(|e| err(format!("QE identity: {e}")))?;
-        let pck: PcsDoc =
-            serde_json::from_slice(&pck_crl.bytes).map_err(|e| err(format!("PCK CRL: {e}")))?;
-        let (tcb_info, tcb_sig) = split_signed(&tcb.body, "tcbInfo")?;
-        let (qe_identity, qe_sig) = split_signed(&qe.body, "enclaveIdentity")?;
-        let pck_der = base64::engine::general_purpose::STANDARD
-            .decode(&pck.body)
-            .map_err(|e| err(format!("PCK CRL: {e}")))?;
-        let json = serde_json::json!({
-            "pck_crl_issuer_chain": pck.issuer_chain,
-            "root_ca_crl": hex::encode(&root_crl.bytes),
-            "pck_crl": hex::encode(pck_der),
-            "tcb_info_issuer_chain": tcb.issuer_chain,
-            "tcb_info": tcb_info,
-            "tcb_info_signature": tcb_sig,
-            "qe_identity_issuer_chain": qe.issuer_chain,
-            "qe_identity": qe_identity,
-            "qe_identity_signature": qe_sig,
-        });
-        serde_json::to_vec(&json).map_err(|e| err(e.to_string()))
+        let [tcb, qe, pck_crl, root_crl] =
+            tdx_keys(fmspc, ca).map(|k| self.get(&k, now).map(|f| f.bytes));
+        tdx_collateral_json(&tcb?, &qe?, &pck_crl?, &root_crl?)
     }
+}
+
+/// The Intel collateral items a TDX quote with this FMSPC and PCK CA needs, in the order
+/// [`tdx_collateral_json`] takes them: TCB info, QE identity, PCK CRL, root CA CRL.
+pub fn tdx_keys(fmspc: [u8; 6], ca: &str) -> [CollateralKey; 4] {
+    [
+        CollateralKey::IntelTdxTcbInfo { fmspc },
+        CollateralKey::IntelTdxQeIdentity,
+        CollateralKey::IntelPckCrl { ca: ca.to_string() },
+        CollateralKey::IntelRootCaCrl,
+    ]
+}
+
+/// Stored Intel collateral items ([`tdx_keys`] order) assembled into the dcap-qvl
+/// `QuoteCollateralV3` JSON that [`crate::tdx`] verifies with.
+pub fn tdx_collateral_json(
+    tcb: &[u8],
+    qe: &[u8],
+    pck_crl: &[u8],
+    root_crl: &[u8],
+) -> Result<Vec<u8>> {
+    let tcb: PcsDoc = serde_json::from_slice(tcb).map_err(|e| err(format!("TCB info: {e}")))?;
+    let qe: PcsDoc = serde_json::from_slice(qe).map_err(|e| err(format!("QE identity: {e}")))?;
+    let pck: PcsDoc = serde_json::from_slice(pck_crl).map_err(|e| err(format!("PCK CRL: {e}")))?;
+    let (tcb_info, tcb_sig) = split_signed(&tcb.body, "tcbInfo")?;
+    let (qe_identity, qe_sig) = split_signed(&qe.body, "enclaveIdentity")?;
+    let pck_der = base64::engine::general_purpose::STANDARD
+        .decode(&pck.body)
+        .map_err(|e| err(format!("PCK CRL: {e}")))?;
+    let json = serde_json::json!({
+        "pck_crl_issuer_chain": pck.issuer_chain,
+        "root_ca_crl": hex::encode(root_crl),
+        "pck_crl": hex::encode(pck_der),
+        "tcb_info_issuer_chain": tcb.issuer_chain,
+        "tcb_info": tcb_info,
+        "tcb_info_signature": tcb_sig,
+        "qe_identity_issuer_chain": qe.issuer_chain,
+        "qe_identity": qe_identity,
+        "qe_identity_signature": qe_sig,
+    });
+    serde_json::to_vec(&json).map_err(|e| err(e.to_string()))
 }
 
 /// An Intel PCS answer as stored: the body and the issuer chain from its response header.

@@ -181,8 +181,8 @@ async fn accept_loop(
             c = listener.accept() => c,
             _ = &mut stopped => break,
         };
-        let stream = match conn {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match conn {
+            Ok(c) => c,
             Err(e) => {
                 // Out of file descriptors (or another accept error): the listener stays readable,
                 // so retrying at once would spin; wait a little for connections to close.
@@ -193,7 +193,15 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let svc = TowerToHyperService::new(router.clone());
+        // Handlers may ask who is calling (`ConnectInfo<SocketAddr>`): per-client budgets.
+        let svc = TowerToHyperService::new(tower::ServiceExt::map_request(
+            router.clone(),
+            move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            },
+        ));
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
         let header_timeout = config.header_timeout;

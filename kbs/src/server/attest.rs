@@ -18,7 +18,10 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use cgx_attestation::collateral::CollateralKey;
-use cgx_attestation::collateral::fetch::CollateralSource;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use cgx_attestation::collateral::fetch::{CollateralSource, tdx_collateral_json, tdx_keys};
 use cgx_attestation::results::{CPU_PART, gpu_part};
 use cgx_attestation::{Evidence, KindClaims, VerifiedClaims, nvidia, sample, snp, tdx};
 use cgx_policies::{Appraisal, Appraiser, PolicyEngine};
@@ -30,9 +33,44 @@ use super::error::KbsError;
 /// Appraiser (verifier, replaceable appraisal policy, result signer) and collateral source.
 pub(crate) struct Attester {
     appraiser: Appraiser,
-    source: Option<CollateralSource>,
-    online: bool,
+    source: Option<Arc<CollateralSource>>,
     allow_sample: bool,
+}
+
+/// One attestation's outcome, and the collateral its lookups did not find in the store (or
+/// found due for a refresh): the caller fetches those through the bounded
+/// [`super::fetch::FetchGate`] and tries again. Lookups never contact a vendor.
+#[derive(Debug)]
+pub(crate) struct Attempt {
+    pub(crate) outcome: Result<Appraisal, KbsError>,
+    pub(crate) missing: Vec<CollateralKey>,
+    pub(crate) refresh: Vec<CollateralKey>,
+}
+
+/// The store lookups of one attestation.
+struct Lookups<'a> {
+    source: Option<&'a CollateralSource>,
+    now: i64,
+    missing: RefCell<Vec<CollateralKey>>,
+    refresh: RefCell<Vec<CollateralKey>>,
+}
+
+impl Lookups<'_> {
+    fn get(&self, key: CollateralKey) -> Option<Vec<u8>> {
+        let source = self.source?;
+        match source.cached(&key, self.now) {
+            Ok(Some(c)) => {
+                if c.refresh_due {
+                    self.refresh.borrow_mut().push(key);
+                }
+                Some(c.bytes)
+            }
+            _ => {
+                self.missing.borrow_mut().push(key);
+                None
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Attester {
@@ -95,21 +133,14 @@ fn report_data(claims: &VerifiedClaims) -> &str {
 impl Attester {
     pub(crate) fn new(
         appraiser: Appraiser,
-        source: Option<CollateralSource>,
-        online: bool,
+        source: Option<Arc<CollateralSource>>,
         allow_sample: bool,
     ) -> Self {
         Attester {
             appraiser,
             source,
-            online,
             allow_sample,
         }
-    }
-
-    /// Whether attestation may wait on the network (an online collateral source).
-    pub(crate) fn may_block(&self) -> bool {
-        self.online
     }
 
     pub(crate) fn signer(&self) -> &cgx_attestation::results::ResultSigner {
@@ -119,13 +150,6 @@ impl Attester {
     /// Replace the appraisal policy (admin API, or a change another replica made).
     pub(crate) fn set_engine(&self, engine: PolicyEngine) {
         self.appraiser.set_engine(engine);
-    }
-
-    fn collateral(&self, key: &CollateralKey, now: i64) -> Option<Vec<u8>> {
-        self.source
-            .as_ref()
-            .and_then(|s| s.get(key, now).ok())
-            .map(|f| f.bytes)
     }
 
     /// Verify one part's evidence; a refusal keeps the verifier's code.
@@ -152,6 +176,28 @@ impl Attester {
         att: &Attestation,
         nonce: &str,
         now: time::OffsetDateTime,
+    ) -> Attempt {
+        let lk = Lookups {
+            source: self.source.as_deref(),
+            now: now.unix_timestamp(),
+            missing: RefCell::new(Vec::new()),
+            refresh: RefCell::new(Vec::new()),
+        };
+        let outcome = self.attest_with(tee, att, nonce, now, &lk);
+        Attempt {
+            outcome,
+            missing: lk.missing.into_inner(),
+            refresh: lk.refresh.into_inner(),
+        }
+    }
+
+    fn attest_with(
+        &self,
+        tee: Tee,
+        att: &Attestation,
+        nonce: &str,
+        now: time::OffsetDateTime,
+        lk: &Lookups<'_>,
     ) -> Result<Appraisal, KbsError> {
         if att.runtime_data.nonce != nonce {
             return Err(failed("runtime-data nonce is not this session's challenge"));
@@ -162,8 +208,8 @@ impl Attester {
         let t = now.unix_timestamp();
         let primary = &att.tee_evidence.primary_evidence;
         let cpu = match tee {
-            Tee::Snp => self.snp_claims(primary, now)?,
-            Tee::Tdx => self.tdx_claims(primary, t, now)?,
+            Tee::Snp => self.snp_claims(primary, now, lk)?,
+            Tee::Tdx => self.tdx_claims(primary, now, lk)?,
             Tee::Sample if self.allow_sample => self.sample_claims(primary, now)?,
             other => return Err(KbsError::UnsupportedTee(other.to_string())),
         };
@@ -179,7 +225,7 @@ impl Attester {
         if !additional.trim().is_empty() {
             let gpu_nonce = cgx_protocol::kbs::binding::nvidia_nonce(nonce, key);
             for (i, claims) in self
-                .gpu_claims(additional, &gpu_nonce, t, now)?
+                .gpu_claims(additional, &gpu_nonce, now, lk)?
                 .into_iter()
                 .enumerate()
             {
@@ -226,8 +272,8 @@ impl Attester {
         &self,
         primary: &Value,
         now: time::OffsetDateTime,
+        lk: &Lookups<'_>,
     ) -> Result<VerifiedClaims, KbsError> {
-        let t = now.unix_timestamp();
         let report = snp_report_bytes(
             primary
                 .get("attestation_report")
@@ -256,8 +302,8 @@ impl Attester {
                 let key = CollateralKey::vcek_for(&parsed).ok_or_else(|| {
                     failed("no VCEK in cert_chain and the report names no product")
                 })?;
-                let vcek = self
-                    .collateral(&key, t)
+                let vcek = lk
+                    .get(key)
                     .ok_or_else(|| failed("no VCEK in cert_chain or in the collateral store"))?;
                 (vcek, snp::SigningKey::Vcek)
             }
@@ -268,27 +314,21 @@ impl Attester {
                 let product = product.ok_or_else(|| {
                     failed("no ASK/ARK in cert_chain and the report names no product")
                 })?;
-                let bytes = self
-                    .collateral(
-                        &CollateralKey::AmdCertChain {
-                            product,
-                            vlek: kind == snp::SigningKey::Vlek,
-                        },
-                        t,
-                    )
+                let bytes = lk
+                    .get(CollateralKey::AmdCertChain {
+                        product,
+                        vlek: kind == snp::SigningKey::Vlek,
+                    })
                     .ok_or_else(|| failed("no ASK/ARK in cert_chain or in the collateral store"))?;
                 String::from_utf8_lossy(&bytes).into_owned()
             }
         };
         let crls: Vec<Vec<u8>> = product
             .and_then(|product| {
-                self.collateral(
-                    &CollateralKey::AmdCrl {
-                        product,
-                        vlek: kind == snp::SigningKey::Vlek,
-                    },
-                    t,
-                )
+                lk.get(CollateralKey::AmdCrl {
+                    product,
+                    vlek: kind == snp::SigningKey::Vlek,
+                })
             })
             .into_iter()
             .collect();
@@ -308,8 +348,8 @@ impl Attester {
     fn tdx_claims(
         &self,
         primary: &Value,
-        t: i64,
         now: time::OffsetDateTime,
+        lk: &Lookups<'_>,
     ) -> Result<VerifiedClaims, KbsError> {
         let quote = bytes_of(
             primary
@@ -318,12 +358,19 @@ impl Attester {
             "quote",
         )?;
         let (fmspc, ca) = tdx::collateral_ids(&quote).map_err(|e| failed(e.to_string()))?;
-        let source = self
-            .source
-            .as_ref()
-            .ok_or_else(|| failed("no collateral source configured for TDX"))?;
-        let collateral = source
-            .tdx_collateral(fmspc, ca, t)
+        if self.source.is_none() {
+            return Err(failed("no collateral source configured for TDX"));
+        }
+        // Every item is looked up, so one round of fetching brings all that are missing.
+        let [tcb, qe, pck_crl, root_crl] = tdx_keys(fmspc, ca).map(|k| lk.get(k));
+        let (Some(tcb), Some(qe), Some(pck_crl), Some(root_crl)) = (tcb, qe, pck_crl, root_crl)
+        else {
+            return Err(failed(format!(
+                "Intel collateral for FMSPC {} is not in the collateral store",
+                hex::encode(fmspc)
+            )));
+        };
+        let collateral = tdx_collateral_json(&tcb, &qe, &pck_crl, &root_crl)
             .map_err(|e| failed(format!("Intel collateral: {e}")))?;
         self.verify(
             CPU_PART,
@@ -339,8 +386,8 @@ impl Attester {
         &self,
         additional: &str,
         gpu_nonce: &[u8; 32],
-        t: i64,
         now: time::OffsetDateTime,
+        lk: &Lookups<'_>,
     ) -> Result<Vec<VerifiedClaims>, KbsError> {
         let v: Value = serde_json::from_str(additional)
             .map_err(|e| failed(format!("additional-evidence is not JSON: {e}")))?;
@@ -357,11 +404,16 @@ impl Attester {
                 .and_then(Value::as_str)
                 .and_then(|s| STANDARD.decode(s).ok())
                 .ok_or_else(|| failed(format!("GPU {i}: certificate is not base64")))?;
+            // OCSP answers for every certificate, or none (revocation then reads "not
+            // checked" in the claims, for policy to weigh); each lookup is made, so the missing
+            // ones are all fetched at once.
             let ocsp: Vec<Vec<u8>> = match &self.source {
                 Some(_) => nvidia::ocsp::chain_cert_ids(&chain)
                     .unwrap_or_default()
                     .into_iter()
-                    .map(|cert_id| self.collateral(&CollateralKey::NvidiaOcsp { cert_id }, t))
+                    .map(|cert_id| lk.get(CollateralKey::NvidiaOcsp { cert_id }))
+                    .collect::<Vec<_>>()
+                    .into_iter()
                     .collect::<Option<Vec<_>>>()
                     .unwrap_or_default(),
                 None => Vec::new(),

@@ -54,7 +54,7 @@ pub struct AdminKey {
     pub repositories: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CollateralConfig {
     /// Collateral store directory (see `cgx collateral`); none: only what evidence carries.
@@ -62,6 +62,59 @@ pub struct CollateralConfig {
     /// Fetch missing collateral from the vendors (AMD KDS, Intel PCS, NVIDIA OCSP).
     #[serde(default)]
     pub online: bool,
+    /// Vendor URLs (a PCCS, a mirror); default: the vendors' own.
+    #[serde(default)]
+    pub endpoints: Option<cgx_attestation::collateral::fetch::Endpoints>,
+    /// Least spacing of AMD KDS requests (KDS rate-limits; default 10 000 ms).
+    #[serde(default = "default_amd_interval")]
+    pub amd_min_interval_ms: u64,
+    /// Fetches one client may start: a burst of this many, then one per
+    /// `fetch_refill_secs` (the collateral of evidence nobody has verified yet).
+    #[serde(default = "default_fetch_burst")]
+    pub fetch_burst: u32,
+    #[serde(default = "default_fetch_refill")]
+    pub fetch_refill_secs: u64,
+    /// Fetches waiting at once, all clients together; past it, 503 with `Retry-After`.
+    #[serde(default = "default_fetch_queue")]
+    pub fetch_queue: usize,
+    /// How long a key whose fetch failed is refused without asking the vendor again.
+    #[serde(default = "default_negative_ttl")]
+    pub negative_ttl_secs: u64,
+}
+
+impl Default for CollateralConfig {
+    fn default() -> Self {
+        CollateralConfig {
+            store: None,
+            online: false,
+            endpoints: None,
+            amd_min_interval_ms: default_amd_interval(),
+            fetch_burst: default_fetch_burst(),
+            fetch_refill_secs: default_fetch_refill(),
+            fetch_queue: default_fetch_queue(),
+            negative_ttl_secs: default_negative_ttl(),
+        }
+    }
+}
+
+fn default_amd_interval() -> u64 {
+    10_000
+}
+
+fn default_fetch_burst() -> u32 {
+    8
+}
+
+fn default_fetch_refill() -> u64 {
+    30
+}
+
+fn default_fetch_queue() -> usize {
+    64
+}
+
+fn default_negative_ttl() -> u64 {
+    300
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

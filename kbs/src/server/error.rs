@@ -54,6 +54,12 @@ pub enum KbsError {
     Config(String),
     #[error("internal: {0}")]
     Internal(String),
+    /// A client past its budget (per-client limits on work its unverified input causes).
+    #[error("{detail}")]
+    TooManyRequests { retry_after: u64, detail: String },
+    /// The server is at a bound shared by all clients; try again later.
+    #[error("{detail}")]
+    Overloaded { retry_after: u64, detail: String },
 }
 
 impl KbsError {
@@ -76,6 +82,8 @@ impl KbsError {
             KbsError::Storage(_) => "StorageError",
             KbsError::Config(_) => "ConfigError",
             KbsError::Internal(_) => "InternalError",
+            KbsError::TooManyRequests { .. } => "TooManyRequests",
+            KbsError::Overloaded { .. } => "ServiceUnavailable",
         }
     }
 
@@ -97,6 +105,8 @@ impl KbsError {
             | KbsError::Storage(_)
             | KbsError::Config(_)
             | KbsError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            KbsError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            KbsError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -126,7 +136,16 @@ impl ApiError for KbsError {
 
 impl IntoResponse for KbsError {
     fn into_response(self) -> Response {
-        cgx_service::error::problem(&self)
+        let mut resp = cgx_service::error::problem(&self);
+        if let KbsError::TooManyRequests { retry_after, .. }
+        | KbsError::Overloaded { retry_after, .. } = &self
+        {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(*retry_after),
+            );
+        }
+        resp
     }
 }
 
@@ -148,5 +167,40 @@ impl From<sqlx::Error> for KbsError {
 impl From<AuthError> for KbsError {
     fn from(e: AuthError) -> Self {
         KbsError::AdminAuth(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn limits_say_when_to_come_back() {
+        for (e, status) in [
+            (
+                KbsError::TooManyRequests {
+                    retry_after: 7,
+                    detail: "budget".into(),
+                },
+                429,
+            ),
+            (
+                KbsError::Overloaded {
+                    retry_after: 5,
+                    detail: "queue".into(),
+                },
+                503,
+            ),
+        ] {
+            let want = match &e {
+                KbsError::TooManyRequests { retry_after, .. }
+                | KbsError::Overloaded { retry_after, .. } => retry_after.to_string(),
+                _ => unreachable!(),
+            };
+            let r = e.into_response();
+            assert_eq!(r.status().as_u16(), status);
+            assert_eq!(r.headers()[axum::http::header::RETRY_AFTER], want.as_str());
+        }
     }
 }

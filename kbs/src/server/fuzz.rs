@@ -27,7 +27,7 @@ fn attester() -> Option<&'static Attester> {
         .ok()?;
         let verifier = Verifier::new(VerifierConfig { sim: SimTrust::Any }).allowing_sample(true);
         let appraiser = Appraiser::new(verifier, engine, ResultSigner::generate().ok()?);
-        Some(Attester::new(appraiser, None, false, true))
+        Some(Attester::new(appraiser, None, true))
     })
     .as_ref()
 }

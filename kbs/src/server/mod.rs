@@ -5,6 +5,7 @@
 mod attest;
 pub mod config;
 mod error;
+mod fetch;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
 mod http;
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cgx_attestation::collateral::CollateralStore;
-use cgx_attestation::collateral::fetch::{CollateralSource, Endpoints, FetchPolicy};
+use cgx_attestation::collateral::fetch::{CollateralSource, FetchPolicy};
 use cgx_attestation::results::{Ear, ResultSigner};
 use cgx_attestation::{SimTrust, Verifier, VerifierConfig};
 use cgx_policies::{Appraiser, PolicyEngine};
@@ -29,6 +30,7 @@ pub use config::KbsConfig;
 pub use error::KbsError;
 
 use attest::Attester;
+use fetch::FetchGate;
 use release::ReleasePolicies;
 use store::Store;
 
@@ -36,6 +38,8 @@ use store::Store;
 pub(crate) struct Kbs {
     pub(crate) store: Store,
     pub(crate) attester: Attester,
+    /// Online collateral fetching, bounded; `None` offline.
+    pub(crate) fetcher: Option<FetchGate>,
     pub(crate) release: ReleasePolicies,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) clock: SharedClock,
@@ -168,13 +172,30 @@ impl Kbs {
             Some(dir) => {
                 let s = CollateralStore::open(dir)
                     .map_err(|e| KbsError::Config(format!("collateral store: {e}")))?;
-                Some(if config.collateral.online {
-                    CollateralSource::new(s, Endpoints::default(), FetchPolicy::default())
+                Some(Arc::new(if config.collateral.online {
+                    CollateralSource::new(
+                        s,
+                        config.collateral.endpoints.clone().unwrap_or_default(),
+                        FetchPolicy {
+                            amd_min_interval: Duration::from_millis(
+                                config.collateral.amd_min_interval_ms,
+                            ),
+                            ..FetchPolicy::default()
+                        },
+                    )
                 } else {
                     CollateralSource::offline(s)
-                })
+                }))
             }
             None => None,
+        };
+        let fetcher = match &source {
+            Some(s) if s.is_online() => Some(FetchGate::start(
+                s.clone(),
+                &config.collateral,
+                clock.clone(),
+            )?),
+            _ => None,
         };
         let attester = Attester::new(
             Appraiser::new(
@@ -183,7 +204,6 @@ impl Kbs {
                 signer,
             ),
             source,
-            config.collateral.store.is_some() && config.collateral.online,
             config.allow_sample,
         );
         let admin = config
@@ -216,6 +236,7 @@ impl Kbs {
         Ok(Kbs {
             store,
             attester,
+            fetcher,
             release: ReleasePolicies::new(trust_any_sim || !pins.is_empty())?,
             metrics: Arc::new(Metrics::new("cgx_kbs")),
             clock,
