@@ -1168,6 +1168,35 @@ fn a_database_writer_cannot_weaken_move_or_roll_back_a_resource() {
     assert_eq!(c.resource("tenant-a/key/other", None).unwrap(), b"other");
     rt.block_on(db.close());
     srv.stop();
+    // A restart: the new process remembers nothing, the version file (outside the database)
+    // does — the older value is still refused. The old value opens under its AAD, so the
+    // version is the only thing that refuses it: without the file it would be released.
+    let roll = |config: &cgx_kbs::server::config::KbsConfig| {
+        let srv = Server::start(config);
+        let mut c = client(&srv.base);
+        c.attest(&n).unwrap();
+        let r = c.resource("tenant-a/key/roll", None);
+        srv.stop();
+        r
+    };
+    let e = roll(&s.config).unwrap_err();
+    assert_eq!(e.kind(), Some("StorageError"), "{e}");
+    let mut forgetful = s.config.clone();
+    forgetful.version_file = Some(s.dir.join("elsewhere.versions"));
+    assert_eq!(
+        roll(&forgetful).unwrap(),
+        b"old",
+        "a replica without the marks"
+    );
+    // The marks cannot be lowered by editing the file.
+    let marks = s.dir.join("kbs.versions");
+    let text = std::fs::read_to_string(&marks).unwrap();
+    let mut lowered = json_of(text.as_bytes());
+    lowered["versions"]["tenant-a/key/roll"] = json!(1);
+    std::fs::write(&marks, lowered.to_string()).unwrap();
+    let e = rt.block_on(cgx_kbs::server::start(&s.config)).unwrap_err();
+    assert!(e.to_string().contains("MAC"), "{e}");
+    std::fs::write(&marks, text).unwrap();
     // Another KEK: the KBS does not start on this database.
     std::fs::write(s.dir.join("kek.hex"), hex::encode([0x42u8; 32])).unwrap();
     let e = rt.block_on(cgx_kbs::server::start(&s.config)).unwrap_err();

@@ -260,6 +260,7 @@ fn setup_with(
             reference_values: Some(dir.join("refs.json")),
         },
         tenant_isolation: true,
+        version_file: Some(dir.join("kbs.versions")),
         max_connections: 4096,
         max_in_flight: 1024,
         admin_token_max_ttl_secs: 3600,

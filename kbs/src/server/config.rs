@@ -174,6 +174,10 @@ pub struct KbsConfig {
     /// Longest lease accepted (`exp − iat`, seconds; default a day).
     #[serde(default = "default_lease_ttl")]
     pub lease_max_ttl_secs: i64,
+    /// This replica's record of the resource versions it has read (outside the database; see
+    /// `watermark.rs`). Default: beside a SQLite database; required with a shared one.
+    #[serde(default)]
+    pub version_file: Option<PathBuf>,
     /// Tenants are isolated (the default): a resource is released only to a requester its
     /// tenant names — a lease for it, or a release policy on its repository or on the resource
     /// itself that allows the request. `false` is Trustee's model (the global policy alone
@@ -284,7 +288,30 @@ impl KbsConfig {
                     .into(),
             ));
         }
+        // A restored backup of a shared database is the rollback the marks are for.
+        if self.version_file().is_none() {
+            return Err(KbsError::Config(
+                "a shared database needs a version_file (each replica's own, outside the \
+                 database: resource versions it has read, so a restored backup is refused)"
+                    .into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// Where resource version marks are kept: `version_file`, or beside a SQLite database.
+    pub(crate) fn version_file(&self) -> Option<PathBuf> {
+        self.version_file.clone().or_else(|| {
+            let path = self
+                .database
+                .strip_prefix("sqlite://")
+                .or_else(|| self.database.strip_prefix("sqlite:"))?;
+            let path = path
+                .split('?')
+                .next()
+                .filter(|p| !p.is_empty() && *p != ":memory:")?;
+            Some(PathBuf::from(format!("{path}.versions")))
+        })
     }
 
     /// The key-encryption key.

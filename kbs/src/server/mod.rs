@@ -12,6 +12,7 @@ mod http;
 mod release;
 mod session;
 pub mod store;
+mod watermark;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -117,6 +118,10 @@ impl Kbs {
         config.check()?;
         let kek = config.load_kek()?;
         let store = Store::open(&config.database, &kek, clock.clone()).await?;
+        let store = match config.version_file() {
+            Some(f) => store.remembering_versions(&kek, &f)?,
+            None => store,
+        };
         let trust_any_sim = config.sim_roots.iter().any(|r| r == "*");
         let pins = config
             .sim_roots

@@ -18,6 +18,7 @@
 //! that time (as release policies are).
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,7 @@ use cgx_service::db::{
 use sqlx::Row;
 
 use super::error::KbsError;
+use super::watermark::Watermarks;
 
 /// How long a sealed resource read from the database is served from memory.
 pub const RESOURCE_CACHE: Duration = Duration::from_secs(1);
@@ -193,9 +195,9 @@ pub struct Store {
     /// The connections the two writers keep (given back on [`Store::close`]).
     writers: [WriterConn; 2],
     resources: Mutex<HashMap<String, CachedResource>>,
-    /// The newest sealed version this replica has opened or written, per path: an older one
-    /// read later was put back by someone who can write the database.
-    versions: Mutex<HashMap<String, u64>>,
+    /// The newest sealed version this KBS has opened or written, per path: an older one read
+    /// later was put back by someone who can write the database.
+    versions: Watermarks,
 }
 
 impl std::fmt::Debug for Store {
@@ -211,6 +213,7 @@ impl Store {
     /// `clock` dates rows.
     pub async fn open(url: &str, kek: &[u8; 32], clock: SharedClock) -> Result<Self, KbsError> {
         let db = Database::open(url).await?;
+        let kek_bytes = kek;
         let kek = LessSafeKey::new(
             UnboundKey::new(&AES_256_GCM, kek).map_err(|_| KbsError::Config("kek".into()))?,
         );
@@ -237,7 +240,7 @@ impl Store {
             })),
             writers,
             resources: Mutex::new(HashMap::new()),
-            versions: Mutex::new(HashMap::new()),
+            versions: Watermarks::in_memory(kek_bytes),
             db,
             clock,
             kek,
@@ -275,6 +278,13 @@ impl Store {
     }
 
     /// The highest applied migration.
+    /// Keep the resource version marks in `file` too (outside the database), so a rollback
+    /// made while this KBS was stopped is refused after it starts again.
+    pub fn remembering_versions(mut self, kek: &[u8; 32], file: &Path) -> Result<Self, KbsError> {
+        self.versions = Watermarks::in_file(kek, file)?;
+        Ok(self)
+    }
+
     pub async fn schema_version(&self) -> Result<i64, KbsError> {
         Ok(self.db.schema_version().await?)
     }
@@ -411,18 +421,7 @@ impl Store {
                     "sealed value of {path} does not open: altered, moved, or sealed under another key"
                 ))
             })?;
-        let mut seen = self
-            .versions
-            .lock()
-            .map_err(|_| KbsError::Internal("version lock".into()))?;
-        let newest = seen.entry(path.to_string()).or_insert(version);
-        if version < *newest {
-            return Err(KbsError::Storage(format!(
-                "sealed value of {path} is version {version}, older than the {} this replica read: rolled back",
-                *newest
-            )));
-        }
-        *newest = version;
+        self.versions.observe(path, version)?;
         Ok(value)
     }
 
@@ -464,13 +463,7 @@ impl Store {
                 requires_lease,
                 ..
             } => {
-                let seen = self
-                    .versions
-                    .lock()
-                    .map_err(|_| KbsError::Internal("version lock".into()))?
-                    .get(*path)
-                    .copied()
-                    .unwrap_or(0);
+                let seen = self.versions.get(path)?;
                 let now_ms = u64::try_from(now).unwrap_or(0).saturating_mul(1000);
                 let version = seen.saturating_add(1).max(now_ms);
                 Some((
@@ -558,10 +551,10 @@ impl Store {
         let changed = written?;
         match change {
             AdminChange::PutResource { path, .. } => {
-                if let (Some((version, _)), Ok(mut v)) = (sealed, self.versions.lock()) {
-                    v.insert(path.to_string(), version);
-                }
                 self.forget_resource(path);
+                if let Some((version, _)) = sealed {
+                    self.versions.observe(path, version)?;
+                }
             }
             AdminChange::DeleteResource { path } => self.forget_resource(path),
             AdminChange::PutPolicy { .. } => {}
