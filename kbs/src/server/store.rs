@@ -236,7 +236,8 @@ impl Store {
             })),
             audits: GroupCommit::spawn(Box::new({
                 let w = writers[1].clone();
-                move |rows| Box::pin(insert_audits(w.clone(), rows))
+                let postgres = db.backend() == Backend::Postgres;
+                move |rows| Box::pin(insert_audits(w.clone(), postgres, rows))
             })),
             writers,
             resources: Mutex::new(HashMap::new()),
@@ -527,6 +528,13 @@ impl Store {
             {
                 tracing::info!(target: "cgx_kbs::audit", actor = %a.actor, action = %a.action,
                     subject = %a.subject, detail = %a.detail, at = now, "audit");
+                if !sqlite {
+                    // `seq` in commit order across replicas (see AUDIT_ORDER_LOCK).
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(AUDIT_ORDER_LOCK)
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 sqlx::query(
                     "INSERT INTO audit (at, actor, action, subject, detail) VALUES ($1, $2, $3, $4, $5)",
                 )
@@ -745,8 +753,17 @@ async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<boo
         .collect())
 }
 
+/// Audit rows take `seq` in commit order (PostgreSQL: under this advisory lock; SQLite has one
+/// writer at a time anyway), so `/audit?after=SEQ` pages through them missing none, whichever
+/// replica wrote them.
+const AUDIT_ORDER_LOCK: i64 = 0x6367_786b_6175;
+
 /// One statement for a batch of audit rows (their `seq` follows the batch's order).
-async fn insert_audits(w: WriterConn, rows: Vec<NewAudit>) -> Result<Vec<()>, DbError> {
+async fn insert_audits(
+    w: WriterConn,
+    postgres: bool,
+    rows: Vec<NewAudit>,
+) -> Result<Vec<()>, DbError> {
     let sql = format!(
         "INSERT INTO audit (at, actor, action, subject, detail) VALUES {}",
         placeholders(rows.len(), 5)
@@ -760,7 +777,11 @@ async fn insert_audits(w: WriterConn, rows: Vec<NewAudit>) -> Result<Vec<()>, Db
             .bind(r.subject.clone())
             .bind(r.detail.clone());
     }
-    w.fetch_all(q).await?;
+    if postgres {
+        w.fetch_all_in_lock_order(AUDIT_ORDER_LOCK, q).await?;
+    } else {
+        w.fetch_all(q).await?;
+    }
     Ok(vec![(); rows.len()])
 }
 

@@ -230,6 +230,38 @@ impl WriterConn {
         Ok(answered?)
     }
 
+    /// Run `q` on the kept connection in a transaction that first takes PostgreSQL's
+    /// transaction-scoped advisory lock `key`. Writers that all do so commit one at a time, in
+    /// the order they took the lock, across every process on the database: a sequence the
+    /// statement draws from is then in commit order, so a reader paging by it never passes a
+    /// row that commits later.
+    pub async fn fetch_all_in_lock_order(
+        &self,
+        key: i64,
+        q: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> Result<Vec<sqlx::any::AnyRow>, DbError> {
+        let mut slot = self.conn.lock().await;
+        let conn = match &mut *slot {
+            Some(c) => c,
+            empty => empty.insert(self.pool.acquire().await?),
+        };
+        let answered = async {
+            let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            let rows = q.fetch_all(&mut *tx).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(rows)
+        }
+        .await;
+        if answered.is_err() {
+            *slot = None;
+        }
+        Ok(answered?)
+    }
+
     /// Give the kept connection back (before the pool closes).
     pub async fn release(&self) {
         *self.conn.lock().await = None;
