@@ -78,4 +78,24 @@ mod tests {
             "{\"A\":\"\\u0001\",\"a\":{\"y\":true,\"z\":null},\"b\":[1,\"x\\n\"],\"\u{e9}\":1}"
         );
     }
+    /// RFC 8785 §3.2.3: properties sorted by their UTF-16 code units — the emoji (a surrogate
+    /// pair, D83D…) sorts before U+FB33, though its code point is larger.
+    #[test]
+    fn rfc8785_property_sorting() {
+        let v = serde_json::json!({
+            "\u{20ac}": "Euro Sign",
+            "\r": "Carriage Return",
+            "\u{fb33}": "Hebrew Letter Dalet With Dagesh",
+            "1": "One",
+            "\u{1f600}": "Emoji: Grinning Face",
+            "\u{80}": "Control",
+            "\u{f6}": "Latin Small Letter O With Diaeresis"
+        });
+        assert_eq!(
+            canonical(&v),
+            "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\",\
+             \"\u{f6}\":\"Latin Small Letter O With Diaeresis\",\"\u{20ac}\":\"Euro Sign\",\
+             \"\u{1f600}\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}"
+        );
+    }
 }
