@@ -1166,6 +1166,35 @@ fn a_database_writer_cannot_weaken_move_or_roll_back_a_resource() {
     }
     // Untouched values still come out.
     assert_eq!(c.resource("tenant-a/key/other", None).unwrap(), b"other");
+    // Policy rows: one written outside the KBS to name requesters for tenant B's resource (with
+    // tenant A's MAC, or none), and tenant A's policy body swapped under its MAC — refused,
+    // never obeyed.
+    put_resource_unnamed(&base, &s.admin, "tenant-b/key/b", b"b", false);
+    let e = c.resource("tenant-b/key/b", None).unwrap_err();
+    assert_eq!(e.kind(), Some("PolicyDeny"), "{e}");
+    // Release policies are cached for a second: each write below is seen after it.
+    let cache = || std::thread::sleep(std::time::Duration::from_millis(1100));
+    exec(
+        "INSERT INTO policies (scope, body, updated_at, mac) SELECT 'resource:tenant-b', \
+         'package policy\ndefault allow := true', 0, mac FROM policies WHERE scope = 'resource:tenant-a'",
+    );
+    cache();
+    let e = c.resource("tenant-b/key/b", None).unwrap_err();
+    assert_eq!(e.kind(), Some("StorageError"), "{e}");
+    exec("UPDATE policies SET mac = NULL WHERE scope = 'resource:tenant-b'");
+    cache();
+    let e = c.resource("tenant-b/key/b", None).unwrap_err();
+    assert_eq!(e.kind(), Some("StorageError"), "{e}");
+    exec("DELETE FROM policies WHERE scope = 'resource:tenant-b'");
+    exec(
+        "UPDATE policies SET body = 'package policy\ndefault allow := true' WHERE scope = 'resource:tenant-a'",
+    );
+    cache();
+    let e = c.resource("tenant-a/key/other", None).unwrap_err();
+    assert_eq!(e.kind(), Some("StorageError"), "{e}");
+    // The administrator puts it again (a MAC'd row).
+    let (st, _) = set_policy(&base, &s.admin, "tenant-a", cgx_policies::RELEASE_POLICY);
+    assert_eq!(st, 200);
     rt.block_on(db.close());
     srv.stop();
     // A restart: the new process remembers nothing, the version file (outside the database)

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+use aws_lc_rs::hmac;
 use cgx_service::SharedClock;
 use cgx_service::db::{
     Backend, Database, DbError, GroupCommit, Migration, WriterConn, placeholders,
@@ -90,6 +91,14 @@ const MIGRATIONS: &[Migration] = &[
         // the database launder an old value through it. Re-upload them.
         sqlite: "CREATE TABLE IF NOT EXISTS kbs_meta (name TEXT PRIMARY KEY, value BLOB NOT NULL)",
         postgres: "CREATE TABLE IF NOT EXISTS kbs_meta (name TEXT PRIMARY KEY, value BYTEA NOT NULL)",
+    },
+    Migration {
+        version: 4,
+        // Policy rows carry a MAC under a KEK-derived key over (scope, body): a row written
+        // outside the KBS — a permissive release policy, other reference values — is refused,
+        // not obeyed. Rows from before this version have none: re-put them.
+        sqlite: "ALTER TABLE policies ADD COLUMN mac TEXT",
+        postgres: "ALTER TABLE policies ADD COLUMN IF NOT EXISTS mac TEXT",
     },
 ];
 
@@ -198,6 +207,8 @@ pub struct Store {
     /// The newest sealed version this KBS has opened or written, per path: an older one read
     /// later was put back by someone who can write the database.
     versions: Watermarks,
+    /// MAC key of policy rows (derived from the KEK).
+    policy_key: hmac::Key,
 }
 
 impl std::fmt::Debug for Store {
@@ -242,6 +253,14 @@ impl Store {
             writers,
             resources: Mutex::new(HashMap::new()),
             versions: Watermarks::in_memory(kek_bytes),
+            policy_key: hmac::Key::new(
+                hmac::HMAC_SHA256,
+                hmac::sign(
+                    &hmac::Key::new(hmac::HMAC_SHA256, kek_bytes),
+                    b"cgx-kbs policy rows v1",
+                )
+                .as_ref(),
+            ),
             db,
             clock,
             kek,
@@ -278,7 +297,6 @@ impl Store {
         Ok(self)
     }
 
-    /// The highest applied migration.
     /// Keep the resource version marks in `file` too (outside the database), so a rollback
     /// made while this KBS was stopped is refused after it starts again.
     pub fn remembering_versions(mut self, kek: &[u8; 32], file: &Path) -> Result<Self, KbsError> {
@@ -286,6 +304,7 @@ impl Store {
         Ok(self)
     }
 
+    /// The highest applied migration.
     pub async fn schema_version(&self) -> Result<i64, KbsError> {
         Ok(self.db.schema_version().await?)
     }
@@ -512,12 +531,13 @@ impl Store {
                 }
                 AdminChange::PutPolicy { scope, body } => {
                     sqlx::query(
-                        "INSERT INTO policies (scope, body, updated_at) VALUES ($1, $2, $3)
-                         ON CONFLICT (scope) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at",
+                        "INSERT INTO policies (scope, body, updated_at, mac) VALUES ($1, $2, $3, $4)
+                         ON CONFLICT (scope) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, mac = excluded.mac",
                     )
                     .bind(*scope)
                     .bind(*body)
                     .bind(now)
+                    .bind(self.policy_mac(scope, body))
                     .execute(&mut *tx)
                     .await?
                     .rows_affected()
@@ -627,15 +647,39 @@ impl Store {
 
     // ---------------------------------------------------------------- policies
 
+    /// HMAC-SHA-256 (hex) of a policy row: `scope ‖ 0 ‖ body` under the KEK-derived key.
+    fn policy_mac(&self, scope: &str, body: &str) -> String {
+        let mut msg = scope.as_bytes().to_vec();
+        msg.push(0);
+        msg.extend_from_slice(body.as_bytes());
+        hex::encode(hmac::sign(&self.policy_key, &msg))
+    }
+
+    /// A policy row's body, once its MAC verifies: the database decides no policy.
+    fn checked_policy(&self, row: &sqlx::any::AnyRow) -> Result<(String, String), KbsError> {
+        let scope: String = row.try_get("scope")?;
+        let body: String = row.try_get("body")?;
+        let mac: Option<String> = row.try_get("mac")?;
+        let msg = [scope.as_bytes(), &[0], body.as_bytes()].concat();
+        let ok = mac
+            .and_then(|m| hex::decode(m).ok())
+            .is_some_and(|m| hmac::verify(&self.policy_key, &msg, &m).is_ok());
+        if !ok {
+            return Err(KbsError::Storage(format!(
+                "policy {scope}: its MAC does not verify (written outside this KBS, or before \
+                 policies were MAC'd: put it again)"
+            )));
+        }
+        Ok((scope, body))
+    }
+
     pub(crate) async fn policy(&self, scope: &str) -> Result<Option<String>, KbsError> {
-        let row = sqlx::query("SELECT body FROM policies WHERE scope = $1")
+        let row = sqlx::query("SELECT scope, body, mac FROM policies WHERE scope = $1")
             .bind(scope)
             .fetch_optional(self.db.pool())
             .await?;
-        Ok(match row {
-            Some(r) => Some(r.try_get("body")?),
-            None => None,
-        })
+        row.map(|r| self.checked_policy(&r).map(|(_, body)| body))
+            .transpose()
     }
 
     /// The policies among `scopes` that exist, as (scope, body).
@@ -643,16 +687,13 @@ impl Store {
         &self,
         scopes: &[&str; 3],
     ) -> Result<Vec<(String, String)>, KbsError> {
-        let rows = sqlx::query("SELECT scope, body FROM policies WHERE scope IN ($1, $2, $3)")
+        let rows = sqlx::query("SELECT scope, body, mac FROM policies WHERE scope IN ($1, $2, $3)")
             .bind(scopes[0])
             .bind(scopes[1])
             .bind(scopes[2])
             .fetch_all(self.db.pool())
             .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get("scope")?, r.try_get("body")?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(Into::into)
+        rows.iter().map(|r| self.checked_policy(r)).collect()
     }
 
     // ---------------------------------------------------------------- audit
