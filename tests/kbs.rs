@@ -1195,6 +1195,44 @@ fn a_database_writer_cannot_weaken_move_or_roll_back_a_resource() {
     // The administrator puts it again (a MAC'd row).
     let (st, _) = set_policy(&base, &s.admin, "tenant-a", cgx_policies::RELEASE_POLICY);
     assert_eq!(st, 200);
+    cache();
+    assert_eq!(c.resource("tenant-a/key/other", None).unwrap(), b"other");
+    // An older policy row put back whole (its own valid MAC), and a row removed: refused by
+    // a replica that has read the newer one (there is no API that removes a policy).
+    let row = |scope: &str| -> (String, String, i64) {
+        use sqlx::Row;
+        let r = rt
+            .block_on(
+                sqlx::query("SELECT body, mac, version FROM policies WHERE scope = $1")
+                    .bind(scope.to_string())
+                    .fetch_one(&db),
+            )
+            .unwrap();
+        (r.get("body"), r.get("mac"), r.get("version"))
+    };
+    let older = row("resource:tenant-a");
+    let tighter = "package policy\ndefault allow := false\nallow if { input.submods.cpu0.ear_status == \"affirming\" }\n";
+    let (st, _) = set_policy(&base, &s.admin, "tenant-a", tighter);
+    assert_eq!(st, 200);
+    cache();
+    assert_eq!(c.resource("tenant-a/key/other", None).unwrap(), b"other");
+    rt.block_on(
+        sqlx::query("UPDATE policies SET body = $1, mac = $2, version = $3 WHERE scope = 'resource:tenant-a'")
+            .bind(older.0.clone())
+            .bind(older.1.clone())
+            .bind(older.2)
+            .execute(&db),
+    )
+    .unwrap();
+    cache();
+    let e = c.resource("tenant-a/key/other", None).unwrap_err();
+    assert_eq!(e.kind(), Some("StorageError"), "older policy row: {e}");
+    exec("DELETE FROM policies WHERE scope = 'resource:tenant-a'");
+    cache();
+    let e = c.resource("tenant-a/key/other", None).unwrap_err();
+    assert_eq!(e.kind(), Some("StorageError"), "removed policy row: {e}");
+    let (st, _) = set_policy(&base, &s.admin, "tenant-a", cgx_policies::RELEASE_POLICY);
+    assert_eq!(st, 200);
     rt.block_on(db.close());
     srv.stop();
     // A restart: the new process remembers nothing, the version file (outside the database)
@@ -1212,10 +1250,13 @@ fn a_database_writer_cannot_weaken_move_or_roll_back_a_resource() {
     assert_eq!(e.kind(), Some("StorageError"), "{e}");
     let mut forgetful = s.config.clone();
     forgetful.version_file = Some(s.dir.join("elsewhere.versions"));
+    let e = rt.block_on(cgx_kbs::server::start(&forgetful)).unwrap_err();
+    assert!(e.to_string().contains("is missing"), "{e}");
+    forgetful.accept_new_version_file = true;
     assert_eq!(
         roll(&forgetful).unwrap(),
         b"old",
-        "a replica without the marks"
+        "a new replica, told it knows nothing"
     );
     // The marks cannot be lowered by editing the file.
     let marks = s.dir.join("kbs.versions");

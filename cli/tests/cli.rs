@@ -394,12 +394,26 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
         "kek": {"file": dir.join("kek.hex")},
     });
     std::fs::write(dir.join("kbs.json"), config.to_string()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cgx"))
-        .args(["kbs", "serve", "--insecure-dev", "--config"])
-        .arg(dir.join("kbs.json"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    /// Kills the server if the test fails before stopping it (a leaked server would hold the
+    /// test's stderr open, and `cargo test` would wait for it forever).
+    struct Reaper(std::process::Child);
+    impl Drop for Reaper {
+        fn drop(&mut self) {
+            if matches!(self.0.try_wait(), Ok(None)) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let mut child = Reaper(
+        Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args(["kbs", "serve", "--insecure-dev", "--config"])
+            .arg(dir.join("kbs.json"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let child = &mut child.0;
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -412,7 +426,7 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
     };
     let (s, body) = get("/healthz");
     assert_eq!(s, 200);
-    assert!(body.contains("\"schema_version\":3"), "{body}");
+    assert!(body.contains("\"schema_version\":5"), "{body}");
     let (s, body) = get("/metrics");
     assert_eq!(s, 200);
     assert!(

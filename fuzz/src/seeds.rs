@@ -168,6 +168,17 @@ fn simulated(out: &Out) -> Res<()> {
     let gpu = SimGpu::generate(NOW)?;
     from_bundle(out, "sim-gpu", &gpu.bundle([5; 32], 4)?)?;
 
+    // TDX: no simulator; a v4 TD quote's skeleton (header: version 4, ECDSA P-256 key,
+    // TEE type 0x81; a zero TD 1.0 body; no signature data), real quotes come from the vectors.
+    let mut quote = vec![0u8; 48 + 584 + 4];
+    quote[0..2].copy_from_slice(&4u16.to_le_bytes());
+    quote[2..4].copy_from_slice(&2u16.to_le_bytes());
+    quote[4..8].copy_from_slice(&0x81u32.to_le_bytes());
+    out.put("tdx_quote", "skeleton", &quote)?;
+    let mut ev = vec![1u8];
+    ev.extend(join(&[&quote, b"{}"]));
+    out.put("evidence", "tdx-skeleton", &ev)?;
+
     // RIM: the SWID skeleton with an enveloped signature, as NVIDIA publishes them.
     out.put("rim", "skeleton.xml", RIM_SKELETON.as_bytes())?;
 

@@ -196,6 +196,21 @@ impl CollateralSource {
     /// The item for `key` at Unix time `now`.
     pub fn get(&self, key: &CollateralKey, now: i64) -> Result<Fetched> {
         let path = key.path();
+        let got = self.get_single_flight(key, &path, now);
+        // The key's gate goes when nobody else holds it: keys named once (chips that do not
+        // exist) do not pile up.
+        if let Ok(mut inflight) = self.inflight.lock()
+            && inflight
+                .get(&path)
+                .is_some_and(|g| Arc::strong_count(g) == 1)
+        {
+            inflight.remove(&path);
+        }
+        got
+    }
+
+    fn get_single_flight(&self, key: &CollateralKey, path: &str, now: i64) -> Result<Fetched> {
+        let path = path.to_string();
         let gate = {
             let mut inflight = self.inflight.lock().map_err(|_| err("lock poisoned"))?;
             inflight

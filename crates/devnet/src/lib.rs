@@ -261,6 +261,7 @@ fn setup_with(
         },
         tenant_isolation: true,
         version_file: Some(dir.join("kbs.versions")),
+        accept_new_version_file: false,
         max_connections: 4096,
         max_in_flight: 1024,
         admin_token_max_ttl_secs: 3600,

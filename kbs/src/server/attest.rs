@@ -323,15 +323,22 @@ impl Attester {
                 String::from_utf8_lossy(&bytes).into_owned()
             }
         };
-        let crls: Vec<Vec<u8>> = product
-            .and_then(|product| {
-                lk.get(CollateralKey::AmdCrl {
-                    product,
-                    vlek: kind == snp::SigningKey::Vlek,
-                })
+        let crl = product.and_then(|product| {
+            lk.get(CollateralKey::AmdCrl {
+                product,
+                vlek: kind == snp::SigningKey::Vlek,
             })
-            .into_iter()
-            .collect();
+        });
+        // Online, the CRL is required: attesting without it would let a revoked VCEK or ASK
+        // through whenever the store lacks a current one (the caller fetches it and retries).
+        // Offline, the operator's store decides: no CRL there, no revocation check.
+        if crl.is_none() && product.is_some() && self.source.as_ref().is_some_and(|s| s.is_online())
+        {
+            return Err(failed(
+                "the AMD CRL is not in the collateral store: revocation cannot be checked",
+            ));
+        }
+        let crls: Vec<Vec<u8>> = crl.into_iter().collect();
         self.verify(
             CPU_PART,
             &Evidence::Snp(snp::SnpEvidence {

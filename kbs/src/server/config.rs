@@ -178,6 +178,11 @@ pub struct KbsConfig {
     /// `watermark.rs`). Default: beside a SQLite database; required with a shared one.
     #[serde(default)]
     pub version_file: Option<PathBuf>,
+    /// Start with no `version_file` although the database holds resources: a new replica of
+    /// an existing database (it knows no versions until it reads them). Keep the file on
+    /// another volume than the database, so one restore does not roll back both.
+    #[serde(default)]
+    pub accept_new_version_file: bool,
     /// Tenants are isolated (the default): a resource is released only to a requester its
     /// tenant names — a lease for it, or a release policy on its repository or on the resource
     /// itself that allows the request. `false` is Trustee's model (the global policy alone
@@ -285,6 +290,19 @@ impl KbsConfig {
         if self.result_key.is_none() && !self.database.starts_with("sqlite:") {
             return Err(KbsError::Config(
                 "a shared database needs a shared result_key (replicas verify each other's sessions)"
+                    .into(),
+            ));
+        }
+        let c = &self.collateral;
+        if !(1..=65_536).contains(&c.fetch_queue)
+            || !(1..=10_000).contains(&c.fetch_burst)
+            || !(1..=MAX_TTL_SECS as u64).contains(&c.fetch_refill_secs)
+            || c.negative_ttl_secs > MAX_TTL_SECS as u64
+            || c.amd_min_interval_ms > 3_600_000
+        {
+            return Err(KbsError::Config(
+                "collateral: fetch_queue 1..=65536, fetch_burst 1..=10000, fetch_refill_secs and \
+                 negative_ttl_secs at most a day, amd_min_interval_ms at most an hour"
                     .into(),
             ));
         }

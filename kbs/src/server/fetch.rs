@@ -50,6 +50,9 @@ struct State {
     /// Keys whose fetch failed: until when they are refused, and why.
     failed: HashMap<String, (Instant, String)>,
     budgets: HashMap<IpAddr, Bucket>,
+    /// When a refresh of a stored key was last queued (one try per negative interval: a
+    /// vendor that keeps failing is not asked again on every attestation).
+    refreshed: HashMap<String, Instant>,
 }
 
 /// The bounded fetcher (see the module documentation).
@@ -59,6 +62,36 @@ pub(crate) struct FetchGate {
     state: Arc<Mutex<State>>,
     burst: f64,
     refill: Duration,
+    negative: Duration,
+}
+
+/// How long a failed key is refused: the configured time for a definite answer (the vendor does
+/// not know it, or answered something unusable), a short one for what may pass (a timeout, the
+/// vendor's or our own rate limit) — so a flood that makes a vendor throttle us cannot get
+/// genuine keys refused for long.
+fn negative_for(error: &str, definite: Duration) -> Duration {
+    let is_definite = (error.contains("HTTP 4") && !error.contains("HTTP 429"))
+        || error.contains("unusable answer");
+    if is_definite {
+        definite
+    } else {
+        definite.min(Duration::from_secs(15))
+    }
+}
+
+/// Whose budget a request is charged to: its IPv4 address, or its IPv6 /64 (one host can
+/// have a whole /64 to itself).
+fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
+    }
 }
 
 fn forget_oldest<K: Clone + Eq + std::hash::Hash, V>(
@@ -91,16 +124,23 @@ impl FetchGate {
                 // Ends when the gate (the queue's sender) is dropped with the KBS.
                 for key in jobs {
                     let path = key.path();
-                    let result = source
-                        .get(&key, clock.unix())
-                        .map(|_| ())
-                        .map_err(|e| e.to_string());
-                    let Ok(mut st) = shared.lock() else { return };
+                    // A panic below (a parser bug on a vendor's answer) fails this key, not the
+                    // fetcher: its waiters get an answer, later keys are still fetched.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        source.get(&key, clock.unix())
+                    }))
+                    .map_err(|_| "the fetcher failed on this item".to_string())
+                    .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()));
+                    let mut st = shared
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     if let Err(e) = &result {
                         tracing::warn!(collateral = %path, error = %e, "collateral fetch failed");
                         forget_oldest(&mut st.failed, |(until, _)| *until);
-                        st.failed
-                            .insert(path.clone(), (Instant::now() + negative, e.clone()));
+                        st.failed.insert(
+                            path.clone(),
+                            (Instant::now() + negative_for(e, negative), e.clone()),
+                        );
                     }
                     for w in st.waiting.remove(&path).unwrap_or_default() {
                         let _ = w.send(result.clone());
@@ -113,6 +153,7 @@ impl FetchGate {
             state,
             burst: f64::from(config.fetch_burst.max(1)),
             refill: Duration::from_secs(config.fetch_refill_secs.max(1)),
+            negative,
         })
     }
 
@@ -124,8 +165,9 @@ impl FetchGate {
         keys: &[CollateralKey],
     ) -> Result<(), KbsError> {
         let waits = self.enqueue(client, keys, true)?;
+        let deadline = tokio::time::Instant::now() + WAIT;
         for (path, rx) in waits {
-            match tokio::time::timeout(WAIT, rx).await {
+            match tokio::time::timeout_at(deadline, rx).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(e))) => {
                     return Err(KbsError::AttestationFailed(format!(
@@ -153,18 +195,20 @@ impl FetchGate {
     }
 
     fn enqueue_uncharged(&self, keys: &[CollateralKey]) -> Result<(), KbsError> {
+        let now = Instant::now();
         let mut st = self.lock()?;
         for key in keys {
             let path = key.path();
-            if st.waiting.contains_key(&path)
-                || st
-                    .failed
-                    .get(&path)
-                    .is_some_and(|(u, _)| *u > Instant::now())
-            {
+            let tried = st
+                .refreshed
+                .get(&path)
+                .is_some_and(|t| now.duration_since(*t) < self.negative);
+            if tried || st.waiting.contains_key(&path) {
                 continue;
             }
             if self.queue.try_send(key.clone()).is_ok() {
+                forget_oldest(&mut st.refreshed, |t| *t);
+                st.refreshed.insert(path.clone(), now);
                 st.waiting.insert(path, Vec::new());
             }
         }
@@ -186,6 +230,10 @@ impl FetchGate {
         let now = Instant::now();
         let mut st = self.lock()?;
         let mut waits = Vec::new();
+        // Waiters per key are bounded by the requests in flight; drop those that gave up.
+        for w in st.waiting.values_mut() {
+            w.retain(|tx| !tx.is_closed());
+        }
         for key in keys {
             let path = key.path();
             if waits.iter().any(|(p, _)| *p == path) {
@@ -213,7 +261,7 @@ impl FetchGate {
             }
             let (burst, refill) = (self.burst, self.refill.as_secs_f64());
             forget_oldest(&mut st.budgets, |b| b.at);
-            let bucket = st.budgets.entry(client).or_insert(Bucket {
+            let bucket = st.budgets.entry(client_key(client)).or_insert(Bucket {
                 tokens: burst,
                 at: now,
             });

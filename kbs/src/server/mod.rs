@@ -119,7 +119,23 @@ impl Kbs {
         let kek = config.load_kek()?;
         let store = Store::open(&config.database, &kek, clock.clone()).await?;
         let store = match config.version_file() {
-            Some(f) => store.remembering_versions(&kek, &f)?,
+            Some(f) => {
+                // A missing file would forget every mark: after a restore of both (the file
+                // beside the database) or a deletion, a rollback would pass. A new replica of an
+                // existing database says so.
+                if !f.exists()
+                    && !config.accept_new_version_file
+                    && store.holds_versioned_rows().await?
+                {
+                    return Err(KbsError::Config(format!(
+                        "version_file {} is missing but the database holds resources or policies: \
+                         restore this replica's file, or set accept_new_version_file for a new \
+                         replica (it learns the versions as it reads them)",
+                        f.display()
+                    )));
+                }
+                store.remembering_versions(&kek, &f)?
+            }
             None => store,
         };
         let trust_any_sim = config.sim_roots.iter().any(|r| r == "*");

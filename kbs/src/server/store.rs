@@ -100,7 +100,20 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: "ALTER TABLE policies ADD COLUMN mac TEXT",
         postgres: "ALTER TABLE policies ADD COLUMN IF NOT EXISTS mac TEXT",
     },
+    Migration {
+        version: 5,
+        // …and a version under that MAC, so an older row put back (or a row removed: there is
+        // no API to remove one) is refused by a replica that has read a newer one
+        // (`watermark.rs`). Rows MAC'd without a version: re-put them.
+        sqlite: "ALTER TABLE policies ADD COLUMN version BIGINT",
+        postgres: "ALTER TABLE policies ADD COLUMN IF NOT EXISTS version BIGINT",
+    },
 ];
+
+/// The watermark name of a policy scope (resources use their path, which has no `:`).
+fn policy_mark(scope: &str) -> String {
+    format!("policy:{scope}")
+}
 
 /// A session row.
 #[derive(Debug, Clone)]
@@ -304,6 +317,16 @@ impl Store {
         Ok(self)
     }
 
+    /// Whether the database holds anything version marks protect (resources or policies).
+    pub async fn holds_versioned_rows(&self) -> Result<bool, KbsError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT (SELECT COUNT(*) FROM resources) + (SELECT COUNT(*) FROM policies)",
+        )
+        .fetch_one(self.db.pool())
+        .await?;
+        Ok(n > 0)
+    }
+
     /// The highest applied migration.
     pub async fn schema_version(&self) -> Result<i64, KbsError> {
         Ok(self.db.schema_version().await?)
@@ -483,13 +506,19 @@ impl Store {
                 requires_lease,
                 ..
             } => {
-                let seen = self.versions.get(path)?;
                 let now_ms = u64::try_from(now).unwrap_or(0).saturating_mul(1000);
-                let version = seen.saturating_add(1).max(now_ms);
+                let version = self.versions.reserve(path, now_ms)?;
                 Some((
                     version,
                     self.seal_with(value, &aad(path, *requires_lease), version)?,
                 ))
+            }
+            _ => None,
+        };
+        let policy_version = match &change {
+            AdminChange::PutPolicy { scope, .. } => {
+                let now_ms = u64::try_from(now).unwrap_or(0).saturating_mul(1000);
+                Some(self.versions.reserve(&policy_mark(scope), now_ms)?)
             }
             _ => None,
         };
@@ -530,14 +559,16 @@ impl Store {
                         .rows_affected()
                 }
                 AdminChange::PutPolicy { scope, body } => {
+                    let version = policy_version.unwrap_or(0);
                     sqlx::query(
-                        "INSERT INTO policies (scope, body, updated_at, mac) VALUES ($1, $2, $3, $4)
-                         ON CONFLICT (scope) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, mac = excluded.mac",
+                        "INSERT INTO policies (scope, body, updated_at, mac, version) VALUES ($1, $2, $3, $4, $5)
+                         ON CONFLICT (scope) DO UPDATE SET body = excluded.body, updated_at = excluded.updated_at, mac = excluded.mac, version = excluded.version",
                     )
                     .bind(*scope)
                     .bind(*body)
                     .bind(now)
-                    .bind(self.policy_mac(scope, body))
+                    .bind(self.policy_mac(scope, version, body))
+                    .bind(i64::try_from(version).unwrap_or(i64::MAX))
                     .execute(&mut *tx)
                     .await?
                     .rows_affected()
@@ -549,7 +580,11 @@ impl Store {
                 tracing::info!(target: "cgx_kbs::audit", actor = %a.actor, action = %a.action,
                     subject = %a.subject, detail = %a.detail, at = now, "audit");
                 if !sqlite {
-                    // `seq` in commit order across replicas (see AUDIT_ORDER_LOCK).
+                    // `seq` in commit order across replicas (see AUDIT_ORDER_LOCK); a stalled
+                    // holder fails this change after 10 s rather than holding it forever.
+                    sqlx::query("SET LOCAL lock_timeout = '10s'")
+                        .execute(&mut *tx)
+                        .await?;
                     sqlx::query("SELECT pg_advisory_xact_lock($1)")
                         .bind(AUDIT_ORDER_LOCK)
                         .execute(&mut *tx)
@@ -585,7 +620,11 @@ impl Store {
                 }
             }
             AdminChange::DeleteResource { path } => self.forget_resource(path),
-            AdminChange::PutPolicy { .. } => {}
+            AdminChange::PutPolicy { scope, .. } => {
+                if let Some(v) = policy_version {
+                    self.versions.observe(&policy_mark(scope), v)?;
+                }
+            }
         }
         Ok(changed)
     }
@@ -647,20 +686,34 @@ impl Store {
 
     // ---------------------------------------------------------------- policies
 
-    /// HMAC-SHA-256 (hex) of a policy row: `scope ‖ 0 ‖ body` under the KEK-derived key.
-    fn policy_mac(&self, scope: &str, body: &str) -> String {
-        let mut msg = scope.as_bytes().to_vec();
-        msg.push(0);
-        msg.extend_from_slice(body.as_bytes());
-        hex::encode(hmac::sign(&self.policy_key, &msg))
+    /// What a policy row's MAC covers: `scope ‖ 0 ‖ version (8, BE) ‖ body`.
+    fn policy_macced(scope: &str, version: u64, body: &str) -> Vec<u8> {
+        [
+            scope.as_bytes(),
+            &[0],
+            &version.to_be_bytes(),
+            body.as_bytes(),
+        ]
+        .concat()
     }
 
-    /// A policy row's body, once its MAC verifies: the database decides no policy.
+    /// HMAC-SHA-256 (hex) of a policy row under the KEK-derived key.
+    fn policy_mac(&self, scope: &str, version: u64, body: &str) -> String {
+        hex::encode(hmac::sign(
+            &self.policy_key,
+            &Self::policy_macced(scope, version, body),
+        ))
+    }
+
+    /// A policy row's body, once its MAC verifies and its version is not older than one this
+    /// KBS has read: the database decides no policy.
     fn checked_policy(&self, row: &sqlx::any::AnyRow) -> Result<(String, String), KbsError> {
         let scope: String = row.try_get("scope")?;
         let body: String = row.try_get("body")?;
         let mac: Option<String> = row.try_get("mac")?;
-        let msg = [scope.as_bytes(), &[0], body.as_bytes()].concat();
+        let version: Option<i64> = row.try_get("version")?;
+        let version = version.and_then(|v| u64::try_from(v).ok()).unwrap_or(0);
+        let msg = Self::policy_macced(&scope, version, &body);
         let ok = mac
             .and_then(|m| hex::decode(m).ok())
             .is_some_and(|m| hmac::verify(&self.policy_key, &msg, &m).is_ok());
@@ -670,16 +723,29 @@ impl Store {
                  policies were MAC'd: put it again)"
             )));
         }
+        self.versions.observe(&policy_mark(&scope), version)?;
         Ok((scope, body))
     }
 
+    /// A scope with no row must never have had one here (there is no API that removes one).
+    fn absent_policy(&self, scope: &str) -> Result<(), KbsError> {
+        if self.versions.get(&policy_mark(scope))? > 0 {
+            return Err(KbsError::Storage(format!(
+                "policy {scope} was removed outside this KBS"
+            )));
+        }
+        Ok(())
+    }
+
     pub(crate) async fn policy(&self, scope: &str) -> Result<Option<String>, KbsError> {
-        let row = sqlx::query("SELECT scope, body, mac FROM policies WHERE scope = $1")
+        let row = sqlx::query("SELECT scope, body, mac, version FROM policies WHERE scope = $1")
             .bind(scope)
             .fetch_optional(self.db.pool())
             .await?;
-        row.map(|r| self.checked_policy(&r).map(|(_, body)| body))
-            .transpose()
+        match row {
+            Some(r) => self.checked_policy(&r).map(|(_, body)| Some(body)),
+            None => self.absent_policy(scope).map(|()| None),
+        }
     }
 
     /// The policies among `scopes` that exist, as (scope, body).
@@ -687,13 +753,24 @@ impl Store {
         &self,
         scopes: &[&str; 3],
     ) -> Result<Vec<(String, String)>, KbsError> {
-        let rows = sqlx::query("SELECT scope, body, mac FROM policies WHERE scope IN ($1, $2, $3)")
-            .bind(scopes[0])
-            .bind(scopes[1])
-            .bind(scopes[2])
-            .fetch_all(self.db.pool())
-            .await?;
-        rows.iter().map(|r| self.checked_policy(r)).collect()
+        let rows = sqlx::query(
+            "SELECT scope, body, mac, version FROM policies WHERE scope IN ($1, $2, $3)",
+        )
+        .bind(scopes[0])
+        .bind(scopes[1])
+        .bind(scopes[2])
+        .fetch_all(self.db.pool())
+        .await?;
+        let found = rows
+            .iter()
+            .map(|r| self.checked_policy(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        for scope in scopes {
+            if !found.iter().any(|(s, _)| s == scope) {
+                self.absent_policy(scope)?;
+            }
+        }
+        Ok(found)
     }
 
     // ---------------------------------------------------------------- audit

@@ -33,6 +33,9 @@ pub(crate) struct Watermarks {
     file: Option<PathBuf>,
     key: hmac::Key,
     marks: Mutex<HashMap<String, u64>>,
+    /// Versions handed out for writes not yet committed: two writes of one path on this replica
+    /// never get the same version.
+    reserved: Mutex<HashMap<String, u64>>,
 }
 
 fn mac_of(key: &hmac::Key, versions: &BTreeMap<String, u64>) -> Result<String, KbsError> {
@@ -50,6 +53,7 @@ impl Watermarks {
                 hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, kek), MAC_LABEL).as_ref(),
             ),
             marks: Mutex::new(HashMap::new()),
+            reserved: Mutex::new(HashMap::new()),
         }
     }
 
@@ -105,20 +109,44 @@ impl Watermarks {
         Ok(self.lock()?.get(path).copied().unwrap_or(0))
     }
 
+    /// A version for a new write of `path`: past its mark, past any version this replica has
+    /// handed out for it, and at least `floor` (the clock, so replicas that never read each
+    /// other's writes still move forward).
+    pub(crate) fn reserve(&self, path: &str, floor: u64) -> Result<u64, KbsError> {
+        let mark = self.get(path)?;
+        let mut reserved = self
+            .reserved
+            .lock()
+            .map_err(|_| KbsError::Internal("version reservations lock".into()))?;
+        let last = reserved.get(path).copied().unwrap_or(0);
+        let v = mark.max(last).saturating_add(1).max(floor);
+        if reserved.len() > 100_000 {
+            reserved.clear(); // only same-replica races need it; the marks carry the rest
+        }
+        reserved.insert(path.to_string(), v);
+        Ok(v)
+    }
+
     /// `version` of `path` was just read: refused when older than the mark; otherwise the
-    /// mark rises to it (kept before the value is used).
+    /// mark rises to it, kept on disk before the value is used (a mark that could not be kept
+    /// is not raised, and the read fails).
     pub(crate) fn observe(&self, path: &str, version: u64) -> Result<(), KbsError> {
         let mut marks = self.lock()?;
         let mark = marks.get(path).copied().unwrap_or(0);
         if version < mark {
             return Err(KbsError::Storage(format!(
-                "sealed value of {path} is version {version}, older than the {mark} this KBS has \
-                 read: rolled back"
+                "{path} is version {version}, older than the {mark} this KBS has read: rolled back"
             )));
         }
         if version > mark {
-            marks.insert(path.to_string(), version);
-            self.persist(&marks)?;
+            let old = marks.insert(path.to_string(), version);
+            if let Err(e) = self.persist(&marks) {
+                match old {
+                    Some(o) => marks.insert(path.to_string(), o),
+                    None => marks.remove(path),
+                };
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -135,7 +163,7 @@ impl Watermarks {
         let io = |e: std::io::Error| {
             KbsError::Storage(format!("version watermarks {}: {e}", file.display()))
         };
-        let tmp = file.with_extension("tmp");
+        let tmp = PathBuf::from(format!("{}.tmp", file.display()));
         let mut f = std::fs::File::create(&tmp).map_err(io)?;
         f.write_all(&body).map_err(io)?;
         f.sync_all().map_err(io)?;

@@ -247,6 +247,10 @@ impl WriterConn {
         };
         let answered = async {
             let mut tx = sqlx::Connection::begin(&mut **conn).await?;
+            // A holder that never lets go (a stalled session) fails this batch, not the cluster.
+            sqlx::query("SET LOCAL lock_timeout = '10s'")
+                .execute(&mut *tx)
+                .await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(key)
                 .execute(&mut *tx)
