@@ -97,6 +97,23 @@ fn store_crl(dir: &std::path::Path, node: &SimNode) {
     store.put(&key.path(), &crl, "test", now()).unwrap();
 }
 
+/// The setup's KBS fetching collateral online into `<dir>/collateral`, from the AMD KDS at
+/// `kds`, unpaced.
+fn online(s: &Setup, kds: String) -> cgx_kbs::server::config::KbsConfig {
+    let mut config = s.config.clone();
+    config.collateral = CollateralConfig {
+        store: Some(s.dir.join("collateral")),
+        online: true,
+        endpoints: Some(Endpoints {
+            amd_kds: kds,
+            ..Endpoints::default()
+        }),
+        amd_min_interval_ms: 0,
+        ..CollateralConfig::default()
+    };
+    config
+}
+
 fn random_chip() -> [u8; 64] {
     let mut c = [0u8; 64];
     cgx_attestation::sim::fill_random(&mut c).unwrap();
@@ -129,19 +146,9 @@ fn a_flood_of_unknown_chips_is_bounded_and_known_chips_still_attest() {
     }
     store_crl(&store_dir, &n);
     let (kds, hits) = fake_kds();
-    let mut config = s.config.clone();
-    config.collateral = CollateralConfig {
-        store: Some(store_dir),
-        online: true,
-        endpoints: Some(Endpoints {
-            amd_kds: kds,
-            ..Endpoints::default()
-        }),
-        amd_min_interval_ms: 0,
-        fetch_burst: 4,
-        fetch_refill_secs: 3600,
-        ..CollateralConfig::default()
-    };
+    let mut config = online(&s, kds);
+    config.collateral.fetch_burst = 4;
+    config.collateral.fetch_refill_secs = 3600;
     let srv = Server::start(&config);
     let base = srv.base.clone();
     put_resource(&base, &s.admin, "tenant-a/key/k", b"k", false);
@@ -252,17 +259,7 @@ fn saturation_keeps_memory_bounded() {
     let s = setup(&[&n], None);
     let (kds, hits) = fake_kds();
     store_crl(&s.dir.join("collateral"), &n);
-    let mut config = s.config.clone();
-    config.collateral = CollateralConfig {
-        store: Some(s.dir.join("collateral")),
-        online: true,
-        endpoints: Some(Endpoints {
-            amd_kds: kds,
-            ..Endpoints::default()
-        }),
-        amd_min_interval_ms: 0,
-        ..CollateralConfig::default()
-    };
+    let config = online(&s, kds);
     let srv = Server::start(&config);
     let base = srv.base.clone();
     let addr = base.trim_start_matches("http://").to_string();
@@ -369,17 +366,7 @@ fn online_attestation_does_not_skip_the_amd_crl() {
     let n = node(0);
     let s = setup(&[&n], None);
     let (kds, hits) = fake_kds();
-    let mut config = s.config.clone();
-    config.collateral = CollateralConfig {
-        store: Some(s.dir.join("collateral")),
-        online: true,
-        endpoints: Some(Endpoints {
-            amd_kds: kds,
-            ..Endpoints::default()
-        }),
-        amd_min_interval_ms: 0,
-        ..CollateralConfig::default()
-    };
+    let config = online(&s, kds);
     let srv = Server::start(&config);
     let e = KbsClient::with_new_key(&srv.base, None)
         .unwrap()

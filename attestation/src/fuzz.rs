@@ -32,6 +32,15 @@ pub fn fields(data: &[u8], n: usize) -> Vec<&[u8]> {
     out
 }
 
+/// The non-empty fields, owned (CRLs, OCSP responses: as many as the input carries).
+fn owned_nonempty(fields: &[&[u8]]) -> Vec<Vec<u8>> {
+    fields
+        .iter()
+        .filter(|c| !c.is_empty())
+        .map(|c| c.to_vec())
+        .collect()
+}
+
 /// Fixed "now" (2026-01-01): inputs must replay identically, whatever the date.
 pub const NOW: i64 = 1_767_225_600;
 
@@ -145,11 +154,7 @@ pub fn evidence(data: &[u8]) {
     match kind % 3 {
         0 => {
             let f = fields(rest, 6);
-            let crls: Vec<Vec<u8>> = f[3..]
-                .iter()
-                .filter(|c| !c.is_empty())
-                .map(|c| c.to_vec())
-                .collect();
+            let crls = owned_nonempty(&f[3..]);
             let ev = snp::SnpEvidence {
                 report: f[0],
                 signing_cert: f[1],
@@ -169,11 +174,7 @@ pub fn evidence(data: &[u8]) {
         }
         _ => {
             let f = fields(rest, 5);
-            let ocsp: Vec<Vec<u8>> = f[2..]
-                .iter()
-                .filter(|c| !c.is_empty())
-                .map(|c| c.to_vec())
-                .collect();
+            let ocsp = owned_nonempty(&f[2..]);
             let ev = crate::nvidia::NvidiaEvidence {
                 report: f[0],
                 cert_chain: f[1],

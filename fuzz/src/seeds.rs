@@ -36,14 +36,6 @@ impl Out {
     }
 }
 
-fn first_pem_der(pem: &[u8]) -> Vec<u8> {
-    let text = String::from_utf8_lossy(pem);
-    cgx_protocol::kbs::der::pem_blocks(&text, "CERTIFICATE")
-        .into_iter()
-        .next()
-        .unwrap_or_default()
-}
-
 fn pem_ders(pem: &[u8]) -> Vec<Vec<u8>> {
     cgx_protocol::kbs::der::pem_blocks(&String::from_utf8_lossy(pem), "CERTIFICATE")
 }
@@ -297,6 +289,5 @@ fn main() -> Res<()> {
         Some(v) => vectors(&out, Path::new(&v))?,
         None => simulated(&out)?,
     }
-    let _ = first_pem_der;
     Ok(())
 }

@@ -373,18 +373,9 @@ async fn release(
     input["query"] = json!(query);
     input["lease"] = lease.clone().unwrap_or(Value::Null);
     let stored = kbs.release_policies(&path, repo).await?;
+    // Policies, tenant isolation included, before the lookup: a denied requester learns
+    // nothing about what exists.
     kbs.release.check(&path, &stored, input)?;
-    // Tenant isolation: the global policy speaks for every tenant, so it names nobody. A lease
-    // (the broker placed this requester's job) or a policy of the resource's own tenant that
-    // allowed the request (checked above) must name the requester. Before the lookup: a denied
-    // requester learns nothing about what exists.
-    let tenant_named = lease.is_some() || stored.iter().any(|(scope, _)| scope != GLOBAL_SCOPE);
-    if kbs.tenant_isolation && !tenant_named {
-        return Err(KbsError::PolicyDeny(format!(
-            "{path}: tenant {repo} names no requester for it (tenant isolation): release needs a \
-             lease, or a release policy on {repo} or on {path}"
-        )));
-    }
     let resource = kbs
         .store
         .resource(&path)

@@ -9,6 +9,7 @@ mod fetch;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
 mod http;
+mod keys;
 mod release;
 mod session;
 pub mod store;
@@ -48,8 +49,6 @@ pub(crate) struct Kbs {
     broker_keys: Vec<[u8; 32]>,
     /// Longest accepted lease lifetime (`exp − iat`).
     lease_max_ttl: i64,
-    /// See [`KbsConfig::tenant_isolation`].
-    pub(crate) tenant_isolation: bool,
     nonce_ttl: i64,
     session_ttl: i64,
     allow_sample: bool,
@@ -258,13 +257,15 @@ impl Kbs {
             store,
             attester,
             fetcher,
-            release: ReleasePolicies::new(trust_any_sim || !pins.is_empty())?,
+            release: ReleasePolicies::new(
+                trust_any_sim || !pins.is_empty(),
+                config.tenant_isolation,
+            )?,
             metrics: Arc::new(Metrics::new("cgx_kbs")),
             clock,
             admin_keys,
             broker_keys,
             lease_max_ttl: config.lease_max_ttl_secs,
-            tenant_isolation: config.tenant_isolation,
             nonce_ttl: config.nonce_ttl_secs,
             session_ttl: config.session_ttl_secs,
             allow_sample: config.allow_sample,

@@ -1,5 +1,8 @@
 //! The release decision after an affirming appraisal: every release policy that applies to the
 //! resource (global, its repository's, its own) must allow, and a job resource needs a lease.
+//! With tenant isolation (the default) the resource's own tenant must also name the requester:
+//! a lease for it, or an allowing policy on its repository or on it — the global policy speaks
+//! for every tenant, so it names nobody.
 //!
 //! Policies are Rego with Trustee's entry point `data.policy.allow`, compiled once per distinct
 //! text to a regorus RVM program. Scopes as stored: `resource:*`, `resource:<repo>`,
@@ -27,6 +30,7 @@ fn invalid(e: cgx_policies::Error) -> KbsError {
 /// Compiled release policies by text, and the shipped default for the global scope.
 pub(crate) struct ReleasePolicies {
     default_global: Arc<ReleasePolicy>,
+    tenant_isolation: bool,
     data: Value,
     cache: Mutex<HashMap<String, Arc<ReleasePolicy>>>,
 }
@@ -48,13 +52,15 @@ pub fn scopes(path: &str, repository: &str) -> [String; 3] {
 
 impl ReleasePolicies {
     /// `allow_sim`: the KBS trusts simulator roots (exposed to policies as `data.allow_sim`).
-    pub fn new(allow_sim: bool) -> Result<Self, KbsError> {
+    /// `tenant_isolation`: see [`super::config::KbsConfig::tenant_isolation`].
+    pub fn new(allow_sim: bool, tenant_isolation: bool) -> Result<Self, KbsError> {
         let data = serde_json::json!({"allow_sim": allow_sim});
         Ok(ReleasePolicies {
             default_global: Arc::new(
                 ReleasePolicy::compile(cgx_policies::RELEASE_POLICY, data.clone())
                     .map_err(invalid)?,
             ),
+            tenant_isolation,
             data,
             cache: Mutex::new(HashMap::new()),
         })
@@ -84,6 +90,8 @@ impl ReleasePolicies {
         stored: &[(String, String)],
         input: Value,
     ) -> Result<(), KbsError> {
+        let leased = !input["lease"].is_null();
+        let repository = input["repository"].as_str().unwrap_or_default().to_string();
         let input = ReleaseInput::new(input);
         let has_global = stored.iter().any(|(s, _)| s == GLOBAL_SCOPE);
         if !has_global && !self.default_global.allows(&input).map_err(invalid)? {
@@ -97,6 +105,14 @@ impl ReleasePolicies {
             if !self.program(text)?.allows(&input).map_err(invalid)? {
                 return Err(KbsError::PolicyDeny(format!("{path}: policy {scope}")));
             }
+        }
+        // Every stored policy allowed: one of the tenant's own, or a lease, names the requester.
+        let tenant_named = leased || stored.iter().any(|(scope, _)| scope != GLOBAL_SCOPE);
+        if self.tenant_isolation && !tenant_named {
+            return Err(KbsError::PolicyDeny(format!(
+                "{path}: tenant {repository} names no requester for it (tenant isolation): \
+                 release needs a lease, or a release policy on {repository} or on {path}"
+            )));
         }
         Ok(())
     }

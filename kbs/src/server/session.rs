@@ -35,22 +35,11 @@ pub struct Challenge {
 }
 
 impl SessionKeys {
-    /// Keys derived from the key-encryption key (HKDF-SHA256), so replicas agree without
-    /// storing another secret.
+    /// Keys derived from the key-encryption key, so replicas agree without storing another
+    /// secret.
     pub fn derive(kek: &[u8; 32]) -> Self {
-        struct Len;
-        impl aws_lc_rs::hkdf::KeyType for Len {
-            fn len(&self) -> usize {
-                32
-            }
-        }
-        let mut k = [0u8; 32];
-        let prk = aws_lc_rs::hkdf::Salt::new(aws_lc_rs::hkdf::HKDF_SHA256, b"cgx-kbs").extract(kek);
-        if let Ok(okm) = prk.expand(&[b"session-mac/v1"], Len) {
-            let _ = okm.fill(&mut k);
-        }
         SessionKeys {
-            mac: hmac::Key::new(hmac::HMAC_SHA256, &k),
+            mac: super::keys::mac_key(kek, b"session-mac/v1"),
         }
     }
 

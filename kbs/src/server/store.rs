@@ -266,14 +266,7 @@ impl Store {
             writers,
             resources: Mutex::new(HashMap::new()),
             versions: Watermarks::in_memory(kek_bytes),
-            policy_key: hmac::Key::new(
-                hmac::HMAC_SHA256,
-                hmac::sign(
-                    &hmac::Key::new(hmac::HMAC_SHA256, kek_bytes),
-                    b"cgx-kbs policy rows v1",
-                )
-                .as_ref(),
-            ),
+            policy_key: super::keys::mac_key(kek_bytes, b"policy-rows/v1"),
             db,
             clock,
             kek,
@@ -580,15 +573,8 @@ impl Store {
                 tracing::info!(target: "cgx_kbs::audit", actor = %a.actor, action = %a.action,
                     subject = %a.subject, detail = %a.detail, at = now, "audit");
                 if !sqlite {
-                    // `seq` in commit order across replicas (see AUDIT_ORDER_LOCK); a stalled
-                    // holder fails this change after 10 s rather than holding it forever.
-                    sqlx::query("SET LOCAL lock_timeout = '10s'")
-                        .execute(&mut *tx)
-                        .await?;
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(AUDIT_ORDER_LOCK)
-                        .execute(&mut *tx)
-                        .await?;
+                    // `seq` in commit order across replicas (see AUDIT_ORDER_LOCK).
+                    cgx_service::db::lock_in_commit_order(&mut tx, AUDIT_ORDER_LOCK).await?;
                 }
                 sqlx::query(
                     "INSERT INTO audit (at, actor, action, subject, detail) VALUES ($1, $2, $3, $4, $5)",

@@ -18,8 +18,8 @@ use aws_lc_rs::hmac;
 
 use super::error::KbsError;
 
-/// Domain of the file's MAC key (HMAC-SHA-256 of this label under the KEK).
-const MAC_LABEL: &[u8] = b"cgx-kbs resource version watermarks v1";
+/// The `info` of the file's MAC key ([`super::keys::mac_key`]).
+const MAC_INFO: &[u8] = b"version-marks/v1";
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct File {
@@ -48,10 +48,7 @@ impl Watermarks {
     pub(crate) fn in_memory(kek: &[u8; 32]) -> Self {
         Watermarks {
             file: None,
-            key: hmac::Key::new(
-                hmac::HMAC_SHA256,
-                hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, kek), MAC_LABEL).as_ref(),
-            ),
+            key: super::keys::mac_key(kek, MAC_INFO),
             marks: Mutex::new(HashMap::new()),
             reserved: Mutex::new(HashMap::new()),
         }

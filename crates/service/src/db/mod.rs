@@ -205,6 +205,35 @@ impl std::fmt::Debug for WriterConn {
     }
 }
 
+/// The kept connection, taking one from the pool first if there is none.
+async fn kept<'a>(
+    slot: &'a mut Option<sqlx::pool::PoolConnection<sqlx::Any>>,
+    pool: &AnyPool,
+) -> Result<&'a mut sqlx::pool::PoolConnection<sqlx::Any>, DbError> {
+    Ok(match slot {
+        Some(c) => c,
+        empty => empty.insert(pool.acquire().await?),
+    })
+}
+
+/// In a PostgreSQL transaction, take the transaction-scoped advisory lock `key`: transactions
+/// that all do so commit one at a time, in the order they took it, across every process on the
+/// database. A holder that never lets go (a stalled session) fails the waiter after 10 s rather
+/// than stalling it for good.
+pub async fn lock_in_commit_order(
+    tx: &mut sqlx::AnyConnection,
+    key: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SET LOCAL lock_timeout = '10s'")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
 impl WriterConn {
     pub fn new(db: &Database) -> Self {
         WriterConn {
@@ -219,10 +248,7 @@ impl WriterConn {
         q: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
     ) -> Result<Vec<sqlx::any::AnyRow>, DbError> {
         let mut slot = self.conn.lock().await;
-        let conn = match &mut *slot {
-            Some(c) => c,
-            empty => empty.insert(self.pool.acquire().await?),
-        };
+        let conn = kept(&mut slot, &self.pool).await?;
         let answered = q.fetch_all(&mut **conn).await;
         if answered.is_err() {
             *slot = None;
@@ -230,31 +256,19 @@ impl WriterConn {
         Ok(answered?)
     }
 
-    /// Run `q` on the kept connection in a transaction that first takes PostgreSQL's
-    /// transaction-scoped advisory lock `key`. Writers that all do so commit one at a time, in
-    /// the order they took the lock, across every process on the database: a sequence the
-    /// statement draws from is then in commit order, so a reader paging by it never passes a
-    /// row that commits later.
+    /// Run `q` on the kept connection in a transaction that first takes
+    /// [`lock_in_commit_order`]`(key)`: a sequence the statement draws from is then in commit
+    /// order, so a reader paging by it never passes a row that commits later.
     pub async fn fetch_all_in_lock_order(
         &self,
         key: i64,
         q: sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments>,
     ) -> Result<Vec<sqlx::any::AnyRow>, DbError> {
         let mut slot = self.conn.lock().await;
-        let conn = match &mut *slot {
-            Some(c) => c,
-            empty => empty.insert(self.pool.acquire().await?),
-        };
+        let conn = kept(&mut slot, &self.pool).await?;
         let answered = async {
             let mut tx = sqlx::Connection::begin(&mut **conn).await?;
-            // A holder that never lets go (a stalled session) fails this batch, not the cluster.
-            sqlx::query("SET LOCAL lock_timeout = '10s'")
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(key)
-                .execute(&mut *tx)
-                .await?;
+            lock_in_commit_order(&mut tx, key).await?;
             let rows = q.fetch_all(&mut *tx).await?;
             tx.commit().await?;
             Ok::<_, sqlx::Error>(rows)
