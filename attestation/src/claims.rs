@@ -152,6 +152,10 @@ pub struct NvidiaClaims {
     pub vbios_version: Option<String>,
     /// Device leaf certificate subject serial number (the GPU's unique id in its chain).
     pub device_serial: String,
+    /// The GPU chip the device leaf certificate names (e.g. `GH100` for H100 and H200), which
+    /// the verified chain vouches for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chip: Option<String>,
     /// Subject of the leaf certificate's issuer chain root.
     pub root: String,
     /// Revocation of the device chain: `good` (OCSP responses showed every certificate between

@@ -10,6 +10,7 @@
 //! `reference-values/`, `tests/*.rego`) so operators can read, copy and override them.
 
 pub mod appraisal;
+pub mod placement;
 mod program;
 pub mod release;
 
@@ -17,6 +18,8 @@ use std::path::Path;
 
 pub use appraisal::{Appraisal, AppraisedPart, Appraiser, PolicyEngine};
 
+/// The example placement policy (package `placement`), for tenants to copy.
+pub const PLACEMENT_POLICY: &str = include_str!("../placement.rego");
 /// The default appraisal policy.
 pub const APPRAISAL_POLICY: &str = include_str!("../appraisal.rego");
 /// The default resource release policy of the KBS (entry point `data.policy.allow`).

@@ -49,6 +49,7 @@ struct VerifiedChain {
     fwids: Vec<Vec<u8>>,
     sim: bool,
     device_serial: String,
+    chip: Option<String>,
     root: String,
     windows: Vec<(String, Window)>,
     /// The chain's certificates (DER, leaf first), for OCSP checks.
@@ -142,6 +143,7 @@ impl NvidiaVerifier {
                     .opaque(spdm::opaque_type::VBIOS_VERSION)
                     .and_then(spdm::format_vbios_version),
                 device_serial: chain.device_serial.clone(),
+                chip: chain.chip.clone(),
                 root: chain.root.clone(),
                 ocsp: ocsp.into(),
             }),
@@ -275,16 +277,32 @@ impl NvidiaVerifier {
             .and_then(|a| a.as_str().ok())
             .unwrap_or_default()
             .to_string();
+        let chip = leaf_chip(leaf, sim);
         Ok(VerifiedChain {
             key,
             fwids,
             sim,
             device_serial,
+            chip,
             root: x509::subject(root),
             windows,
             ders: ders.clone(),
         })
     }
+}
+
+/// The GPU chip the verified leaf certificate names: the first word of its common name
+/// (`GH100 A01 GSP FMC LF` → `GH100`; the simulator's prefix removed). NVIDIA names each
+/// device's attestation leaf after its silicon, and the chain above it vouches for that name.
+fn leaf_chip(leaf: &x509_parser::certificate::X509Certificate<'_>, sim: bool) -> Option<String> {
+    let cn = leaf.subject().iter_common_name().next()?.as_str().ok()?;
+    let cn = if sim {
+        cn.strip_prefix(SIM_ROOT_CN_PREFIX).unwrap_or(cn)
+    } else {
+        cn
+    };
+    let word = cn.split_whitespace().next()?;
+    (word.len() <= 16 && word.bytes().all(|b| b.is_ascii_alphanumeric())).then(|| word.to_string())
 }
 
 fn root_cn(cert: &x509_parser::certificate::X509Certificate<'_>) -> String {

@@ -459,6 +459,18 @@ impl SimAmd {
         nonce: &[u8],
         node_key: &[u8],
     ) -> Result<SimComposite> {
+        self.composite_with(gpus, nonce, node_key, &SnpReportOptions::default())
+    }
+
+    /// [`SimAmd::composite`] with the report's other fields (measurement, policy, …) from
+    /// `options`; its report data is always the binding's.
+    pub fn composite_with(
+        &self,
+        gpus: &[SimGpu],
+        nonce: &[u8],
+        node_key: &[u8],
+        options: &SnpReportOptions,
+    ) -> Result<SimComposite> {
         let gpus = gpus
             .iter()
             .enumerate()
@@ -475,7 +487,7 @@ impl SimAmd {
         );
         let cpu = self.bundle(&SnpReportOptions {
             report_data,
-            ..Default::default()
+            ..options.clone()
         })?;
         Ok(SimComposite { cpu, gpus })
     }

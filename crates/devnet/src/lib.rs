@@ -7,6 +7,8 @@
 //! exercise the KBS as it is configured in production, through its public configuration.
 //! Development only: keys are generated per setup and the folder is removed on [`Setup::cleanup`].
 
+pub mod broker;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -3,9 +3,11 @@
 //!
 //! - [`kbs`]: the Confidential Containers KBS handshake (RCAR) with the messages of
 //!   [`kbs_types`], CoCo's runtime-data binding, resource JWEs and canonical JSON.
+//! - [`broker`]: node registration, heartbeats, jobs, nodes and leases.
 //!
 //! The guest agent links this crate; keep it small.
 
+pub mod broker;
 pub mod kbs;
 
 pub use kbs_types;

@@ -91,6 +91,12 @@ impl Admin {
         format!("admin:{}", self.index)
     }
 
+    /// The scopes its key was configured with (`*`, repositories, or a service's own names
+    /// such as `tenant:acme`).
+    pub fn scopes(&self) -> &[String] {
+        &self.repositories
+    }
+
     /// May this administrator change `repository` (`None`: a global setting, which needs `*`)?
     pub fn may(&self, repository: Option<&str>) -> Result<(), AuthError> {
         let all = self.repositories.iter().any(|r| r == "*");

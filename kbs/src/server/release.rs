@@ -122,7 +122,7 @@ impl ReleasePolicies {
 pub const GLOBAL_SCOPE: &str = "resource:*";
 
 /// The audience a lease names: leases are made for this KBS's release, nothing else.
-pub const LEASE_AUDIENCE: &str = "cgx-kbs";
+pub const LEASE_AUDIENCE: &str = cgx_protocol::broker::LEASE_AUDIENCE;
 
 /// Verify a lease token for `path` and the session's TEE key at `now` (lifetime at most
 /// `max_ttl` seconds, audience [`LEASE_AUDIENCE`]); returns its claims.

@@ -55,7 +55,19 @@ pub struct Database {
 
 impl Database {
     /// Connect: `sqlite://PATH` (created if missing; WAL, mmap reads) or `postgres://…`.
+    /// SQLite commits at `synchronous=NORMAL` (a power loss may drop the last commits, never
+    /// corrupt); a service sets FULL where it needs it, or opens with [`Database::open_durable`].
     pub async fn open(url: &str) -> Result<Self, DbError> {
+        Self::open_with(url, false).await
+    }
+
+    /// [`Database::open`] with every SQLite connection at `synchronous=FULL`: an acknowledged
+    /// commit survives a power loss (for stores whose every write cannot be recomputed).
+    pub async fn open_durable(url: &str) -> Result<Self, DbError> {
+        Self::open_with(url, true).await
+    }
+
+    async fn open_with(url: &str, durable: bool) -> Result<Self, DbError> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Backend::Postgres
@@ -78,11 +90,15 @@ impl Database {
             // An embedded database does not drop connections: pinging each one before use would
             // cost every statement a second round trip to its worker thread.
             opts = opts.test_before_acquire(false);
-            opts = opts.after_connect(|conn, _| {
+            opts = opts.after_connect(move |conn, _| {
                 Box::pin(async move {
                     use sqlx::Executor;
-                    conn.execute("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;")
-                        .await?;
+                    conn.execute(if durable {
+                        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;"
+                    } else {
+                        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;"
+                    })
+                    .await?;
                     Ok(())
                 })
             });

@@ -1,0 +1,196 @@
+//! A broker client over ureq (rustls on aws-lc-rs, as the KBS client): tenants submit and
+//! watch jobs, operators register nodes and list them, nodes heartbeat. Errors keep the
+//! broker's stable problem code.
+
+use cgx_protocol::broker::{
+    HeartbeatAnswer, JobSpec, JobView, NodeView, NonceResponse, Registered, Registration,
+};
+use serde::de::DeserializeOwned;
+
+/// What went wrong talking to the broker.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error("{url}: {detail}")]
+    Transport { url: String, detail: String },
+    /// The broker refused: its HTTP status, problem `code` and `detail`.
+    #[error("HTTP {status} {code}: {detail}")]
+    Refused {
+        status: u16,
+        code: String,
+        detail: String,
+    },
+    #[error("unexpected answer: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    /// The broker's problem code, if it refused.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Refused { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ClientError>;
+
+/// A client for one broker.
+pub struct BrokerClient {
+    base: String,
+    agent: ureq::Agent,
+    /// Bearer API token (tenant, operator, auditor).
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for BrokerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerClient")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BrokerClient {
+    /// `base`: `https://…` (or `http://127.0.0.1:…` in development); `ca_pem`: the broker's CA
+    /// (WebPKI roots when `None`); `token`: an API token.
+    pub fn new(base: &str, ca_pem: Option<&[u8]>, token: Option<String>) -> Result<Self> {
+        let agent = cgx_kbs::client::agent(ca_pem).map_err(|e| ClientError::Transport {
+            url: base.to_string(),
+            detail: e.to_string(),
+        })?;
+        Ok(BrokerClient {
+            base: base.trim_end_matches('/').to_string(),
+            agent,
+            token,
+        })
+    }
+
+    /// The same broker with another API token.
+    pub fn with_token(&self, token: Option<String>) -> Self {
+        BrokerClient {
+            base: self.base.clone(),
+            agent: self.agent.clone(),
+            token,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        bearer: Option<&str>,
+    ) -> Result<T> {
+        let url = format!("{}{path}", self.base);
+        let transport = |e: &dyn std::fmt::Display| ClientError::Transport {
+            url: url.clone(),
+            detail: e.to_string(),
+        };
+        let bearer = bearer.or(self.token.as_deref());
+        let mut resp = match method {
+            "GET" => {
+                let mut r = self.agent.get(&url);
+                if let Some(t) = bearer {
+                    r = r.header("authorization", &format!("Bearer {t}"));
+                }
+                r.call()
+            }
+            _ => {
+                let mut r = self
+                    .agent
+                    .post(&url)
+                    .header("content-type", "application/json");
+                if let Some(t) = bearer {
+                    r = r.header("authorization", &format!("Bearer {t}"));
+                }
+                r.send(body.unwrap_or_default())
+            }
+        }
+        .map_err(|e| transport(&e))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_vec()
+            .map_err(|e| transport(&e))?;
+        if !(200..300).contains(&status) {
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            return Err(ClientError::Refused {
+                status,
+                code: v["code"].as_str().unwrap_or("unknown").to_string(),
+                detail: v["detail"]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(200).collect()),
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    fn post<T: DeserializeOwned>(&self, path: &str, body: &impl serde::Serialize) -> Result<T> {
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        self.call("POST", path, Some(body), None)
+    }
+
+    pub fn nonce(&self) -> Result<NonceResponse> {
+        self.call("POST", "/v1/nodes/nonce", None, None)
+    }
+
+    pub fn register(&self, reg: &Registration) -> Result<Registered> {
+        self.post("/v1/nodes", reg)
+    }
+
+    /// A heartbeat: `token` is the node's signed heartbeat
+    /// ([`cgx_protocol::broker::heartbeat_token`]).
+    pub fn heartbeat(&self, node_id: &str, token: &str) -> Result<HeartbeatAnswer> {
+        self.call(
+            "POST",
+            &format!("/v1/nodes/{node_id}/heartbeat"),
+            None,
+            Some(token),
+        )
+    }
+
+    pub fn nodes(&self) -> Result<Vec<NodeView>> {
+        #[derive(serde::Deserialize)]
+        struct Nodes {
+            nodes: Vec<NodeView>,
+        }
+        Ok(self.call::<Nodes>("GET", "/v1/nodes", None, None)?.nodes)
+    }
+
+    pub fn node(&self, id: &str) -> Result<NodeView> {
+        self.call("GET", &format!("/v1/nodes/{id}"), None, None)
+    }
+
+    pub fn submit(&self, spec: &JobSpec) -> Result<JobView> {
+        self.post("/v1/jobs", spec)
+    }
+
+    pub fn job(&self, id: &str) -> Result<JobView> {
+        self.call("GET", &format!("/v1/jobs/{id}"), None, None)
+    }
+
+    pub fn jobs(&self, tenant: Option<&str>) -> Result<Vec<JobView>> {
+        #[derive(serde::Deserialize)]
+        struct Jobs {
+            jobs: Vec<JobView>,
+        }
+        let path = match tenant {
+            Some(t) => format!("/v1/jobs?tenant={t}"),
+            None => "/v1/jobs".into(),
+        };
+        Ok(self.call::<Jobs>("GET", &path, None, None)?.jobs)
+    }
+
+    pub fn cancel(&self, id: &str) -> Result<JobView> {
+        self.call("POST", &format!("/v1/jobs/{id}/cancel"), None, None)
+    }
+}

@@ -1,0 +1,214 @@
+//! Broker configuration (`cgx broker serve --config F`): TOML (`.toml`) or JSON, then
+//! environment overrides `CGX_BROKER__<KEY>[__<KEY>]`.
+//!
+//! ```toml
+//! listen = "0.0.0.0:8444"
+//! tls = { cert = "broker.crt", key = "broker.key" }
+//! database = "sqlite://broker.db"          # postgres://… for several replicas
+//! signing_key = "broker-ed25519.pk8"       # signs leases and node records; the KBS's broker_keys
+//! result_key = "ear-signing.pk8"           # EAR signing key (P-256), shared by replicas
+//! sim_roots = []                           # development only
+//! reattest_secs = 600
+//! heartbeat_secs = 5
+//! missed_heartbeats = 3
+//! lease_ttl_secs = 120
+//! api_keys = [{ public_key = "<base64 Ed25519>", scopes = ["tenant:acme"] },
+//!             { public_key = "<base64 Ed25519>", scopes = ["operator:op1"] },
+//!             { public_key = "<base64 Ed25519>", scopes = ["auditor"] }]
+//! [collateral]
+//! store = "collateral"
+//! [appraisal]
+//! reference_values = "reference-values.json"
+//! ```
+//! Every replica of one broker shares `database`, `signing_key` and `result_key`.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::error::BrokerError;
+
+/// The environment prefix of configuration overrides.
+pub(crate) const ENV_PREFIX: &str = "CGX_BROKER";
+
+/// A caller's Ed25519 public key and what it may do: `tenant:<name>` (submit and see that
+/// tenant's jobs), `operator:<name>` (register that operator's nodes, see them), `auditor`
+/// (read every node and job), `*` (everything).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    /// Raw 32-byte Ed25519 public key, base64 (standard or URL-safe), or a PEM SPKI file path.
+    pub public_key: String,
+    pub scopes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollateralConfig {
+    /// Collateral store directory (`cgx collateral`); none: only what evidence carries.
+    pub store: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppraisalConfig {
+    /// Appraisal policy (Rego); default: the shipped one.
+    pub policy: Option<PathBuf>,
+    /// Reference values (JSON); default: the shipped defaults.
+    pub reference_values: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    pub listen: String,
+    #[serde(default)]
+    pub tls: Option<cgx_service::tls::TlsFiles>,
+    /// Plain HTTP (only on a loopback address).
+    #[serde(default)]
+    pub insecure_dev: bool,
+    pub database: String,
+    /// Ed25519 PKCS#8 (DER) that signs lease tokens and node records; its public key is in the
+    /// KBS's `broker_keys`.
+    pub signing_key: PathBuf,
+    /// EAR signing key (PKCS#8 DER, P-256); a fresh key per process when absent (single
+    /// replica on SQLite only).
+    #[serde(default)]
+    pub result_key: Option<PathBuf>,
+    #[serde(default)]
+    pub api_keys: Vec<ApiKey>,
+    /// SPKI SHA-256 pins (hex) of simulator roots to trust, or `*` (development only).
+    #[serde(default)]
+    pub sim_roots: Vec<String>,
+    #[serde(default)]
+    pub collateral: CollateralConfig,
+    #[serde(default)]
+    pub appraisal: AppraisalConfig,
+    /// A node's result counts this long (default 10 min); it re-attests before.
+    #[serde(default = "default_reattest")]
+    pub reattest_secs: i64,
+    /// Nodes heartbeat this often (default 5 s).
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_secs: i64,
+    /// Heartbeats a node may miss before its leases end (default 3).
+    #[serde(default = "default_missed")]
+    pub missed_heartbeats: i64,
+    /// Lifetime of a lease token (renewed through heartbeats while the node stays fresh).
+    #[serde(default = "default_lease_ttl")]
+    pub lease_ttl_secs: i64,
+    /// Lifetime of a registration nonce.
+    #[serde(default = "default_nonce_ttl")]
+    pub nonce_ttl_secs: i64,
+    /// How often the monitor checks freshness, heartbeats, completed jobs and pending jobs,
+    /// milliseconds (default 500).
+    #[serde(default = "default_monitor_ms")]
+    pub monitor_interval_ms: u64,
+    /// Longest API token accepted (`exp − iat`, seconds).
+    #[serde(default = "default_token_ttl")]
+    pub api_token_max_ttl_secs: i64,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+}
+
+fn default_reattest() -> i64 {
+    600
+}
+fn default_heartbeat() -> i64 {
+    5
+}
+fn default_missed() -> i64 {
+    3
+}
+fn default_lease_ttl() -> i64 {
+    120
+}
+fn default_nonce_ttl() -> i64 {
+    60
+}
+fn default_monitor_ms() -> u64 {
+    500
+}
+fn default_token_ttl() -> i64 {
+    cgx_service::auth::DEFAULT_ADMIN_TOKEN_TTL
+}
+fn default_max_connections() -> usize {
+    4096
+}
+fn default_max_in_flight() -> usize {
+    1024
+}
+
+impl BrokerConfig {
+    /// Read, let the caller override (command-line flags), then check.
+    pub fn from_file_with(
+        path: &std::path::Path,
+        adjust: impl FnOnce(&mut BrokerConfig),
+    ) -> Result<Self, BrokerError> {
+        let env = cgx_service::config::env_vars(ENV_PREFIX)
+            .map_err(|e| BrokerError::Config(e.to_string()))?;
+        let mut c: BrokerConfig = cgx_service::config::load(path, ENV_PREFIX, env)
+            .map_err(|e| BrokerError::Config(e.to_string()))?;
+        adjust(&mut c);
+        c.check()?;
+        Ok(c)
+    }
+
+    pub(crate) fn listener(&self) -> cgx_service::ListenerConfig {
+        let mut l = cgx_service::ListenerConfig::new(
+            self.listen.clone(),
+            self.tls.clone(),
+            self.insecure_dev,
+        );
+        l.max_connections = self.max_connections;
+        l.max_in_flight = self.max_in_flight;
+        l
+    }
+
+    /// Refuse configurations that cannot be served safely.
+    pub fn check(&self) -> Result<(), BrokerError> {
+        let bad = |m: &str| Err(BrokerError::Config(m.into()));
+        self.listener()
+            .check()
+            .map_err(|e| BrokerError::Config(e.to_string().replace("configuration: ", "")))?;
+        if !(60..=86_400).contains(&self.reattest_secs) {
+            return bad("reattest_secs must be 60 to 86400");
+        }
+        if !(1..=300).contains(&self.heartbeat_secs) || !(1..=100).contains(&self.missed_heartbeats)
+        {
+            return bad("heartbeat_secs must be 1 to 300 and missed_heartbeats 1 to 100");
+        }
+        if !(10..=86_400).contains(&self.lease_ttl_secs)
+            || !(1..=3600).contains(&self.nonce_ttl_secs)
+            || !(1..=86_400).contains(&self.api_token_max_ttl_secs)
+        {
+            return bad(
+                "lease_ttl_secs 10 to 86400, nonce_ttl_secs 1 to 3600, api_token_max_ttl_secs 1 to 86400",
+            );
+        }
+        // A lease must outlive the gaps between the heartbeats that renew it.
+        if self.lease_ttl_secs <= self.heartbeat_secs * self.missed_heartbeats {
+            return bad("lease_ttl_secs must exceed heartbeat_secs × missed_heartbeats");
+        }
+        if !(50..=60_000).contains(&self.monitor_interval_ms) {
+            return bad("monitor_interval_ms must be 50 to 60000");
+        }
+        if self.api_keys.iter().any(|k| k.scopes.is_empty()) {
+            return bad("an API key names no scopes");
+        }
+        let loopback = self
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        if !self.sim_roots.is_empty() && !loopback {
+            return bad("sim_roots are for development: listen on loopback");
+        }
+        if self.result_key.is_none() && !self.database.starts_with("sqlite:") {
+            return bad(
+                "a shared database needs a shared result_key (replicas verify each other's EARs)",
+            );
+        }
+        Ok(())
+    }
+}

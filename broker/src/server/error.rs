@@ -1,0 +1,117 @@
+//! The broker's errors, each with an HTTP status and a stable code (RFC 9457 problem details
+//! through `cgx-service`).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use cgx_service::error::ApiError;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("authentication: {0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("nonce: {0}")]
+    Nonce(String),
+    /// The evidence was refused by the verifier or its binding; `code` is the verifier's.
+    #[error("evidence refused: {detail}")]
+    Evidence { code: &'static str, detail: String },
+    /// The offer claims what the evidence does not prove.
+    #[error("inventory: {0}")]
+    Inventory(String),
+    #[error("heartbeat: {0}")]
+    Heartbeat(String),
+    #[error("budget: {0}")]
+    Budget(String),
+    #[error("placement policy: {0}")]
+    PlacementPolicy(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<cgx_service::db::DbError> for BrokerError {
+    fn from(e: cgx_service::db::DbError) -> Self {
+        BrokerError::Storage(e.to_string())
+    }
+}
+
+impl From<sqlx::Error> for BrokerError {
+    fn from(e: sqlx::Error) -> Self {
+        BrokerError::Storage(e.to_string())
+    }
+}
+
+impl From<cgx_service::auth::AuthError> for BrokerError {
+    fn from(e: cgx_service::auth::AuthError) -> Self {
+        match e {
+            cgx_service::auth::AuthError::OutOfScope { .. } => {
+                BrokerError::Forbidden(e.to_string())
+            }
+            other => BrokerError::Unauthorized(other.to_string()),
+        }
+    }
+}
+
+impl ApiError for BrokerError {
+    fn status(&self) -> StatusCode {
+        match self {
+            BrokerError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            BrokerError::Unauthorized(_) | BrokerError::Heartbeat(_) => StatusCode::UNAUTHORIZED,
+            BrokerError::Forbidden(_) => StatusCode::FORBIDDEN,
+            BrokerError::NotFound(_) => StatusCode::NOT_FOUND,
+            BrokerError::Nonce(_)
+            | BrokerError::Evidence { .. }
+            | BrokerError::Inventory(_)
+            | BrokerError::Budget(_)
+            | BrokerError::PlacementPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            BrokerError::Conflict(_) => StatusCode::CONFLICT,
+            BrokerError::Config(_) | BrokerError::Storage(_) | BrokerError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            BrokerError::Config(_) => "Config",
+            BrokerError::BadRequest(_) => "BadRequest",
+            BrokerError::Unauthorized(_) => "Unauthorized",
+            BrokerError::Forbidden(_) => "Forbidden",
+            BrokerError::NotFound(_) => "NotFound",
+            BrokerError::Nonce(_) => "NonceInvalid",
+            BrokerError::Evidence { .. } => "EvidenceRefused",
+            BrokerError::Inventory(_) => "InventoryNotProven",
+            BrokerError::Heartbeat(_) => "HeartbeatInvalid",
+            BrokerError::Budget(_) => "BudgetTooSmall",
+            BrokerError::PlacementPolicy(_) => "PlacementPolicyInvalid",
+            BrokerError::Conflict(_) => "Conflict",
+            BrokerError::Storage(_) => "StorageError",
+            BrokerError::Internal(_) => "InternalError",
+        }
+    }
+
+    fn extensions(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        if let BrokerError::Evidence { code, .. } = self {
+            m.insert("evidence_code".into(), (*code).into());
+        }
+        m
+    }
+}
+
+impl IntoResponse for BrokerError {
+    fn into_response(self) -> Response {
+        cgx_service::error::problem(&self)
+    }
+}

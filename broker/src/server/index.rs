@@ -1,0 +1,647 @@
+//! The in-memory index placement decides on: every registered node's verified record, its
+//! freshness, its free GPUs, and per GPU model an ordered set by (price, reputation, id). Pure
+//! data and functions of `now` — no I/O, no clock — so the rules are tested directly and the
+//! benchmark measures them alone. The database is the truth: a replica rebuilds this index from
+//! it at start and keeps it in step (`store.rs`, `sync`).
+//!
+//! A node is **placeable** while its appraisal is affirming, its result is younger than the
+//! re-attestation interval (and its EAR unexpired), and its last signed heartbeat is at most
+//! `missed_heartbeats` intervals old. A job **fits** a placeable node with the job's GPU model,
+//! enough free GPUs with enough memory, an allowed TEE kind and region, a price at most the
+//! job's, and no refusal from the job's placement policy. Among fitting nodes the cheapest wins,
+//! then the higher reputation (node + operator), then the region earlier in the job's
+//! preference list, then the smaller node id: deterministic.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use cgx_policies::placement::PlacementPolicy;
+use serde::Serialize;
+
+/// Prices and budgets in millionths of the marketplace's currency unit.
+pub type Micros = u64;
+
+/// Convert a wire price (currency units, at most 10⁶) to [`Micros`].
+pub fn micros(v: f64) -> Option<Micros> {
+    (v.is_finite() && (0.0..=1e9).contains(&v)).then(|| (v * 1e6).round() as Micros)
+}
+
+/// A CPU TEE kind a node runs and a job may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TeeKind {
+    Snp,
+    Tdx,
+}
+
+impl TeeKind {
+    pub fn parse(s: &str) -> Option<TeeKind> {
+        match s {
+            "snp" => Some(TeeKind::Snp),
+            "tdx" => Some(TeeKind::Tdx),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TeeKind::Snp => "snp",
+            TeeKind::Tdx => "tdx",
+        }
+    }
+}
+
+/// What a registration established, from verified evidence and a checked offer. Signed by the
+/// broker in the database (`store.rs`), so a row alone never makes a node.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize)]
+pub struct NodeRecord {
+    pub id: String,
+    /// Ed25519 public key, base64url: signs heartbeats.
+    pub node_key: String,
+    /// RFC 7638 thumbprint of the TEE key the node presents to the KBS.
+    pub tee_thumbprint: String,
+    pub operator: String,
+    pub region: String,
+    pub tee: TeeKind,
+    pub sim: bool,
+    pub gpu_model: String,
+    pub gpu_chip: String,
+    pub gpu_count: u32,
+    pub gpu_memory_gib: u32,
+    pub price: Micros,
+    /// `affirming`, `warning`, `contraindicated`, `none`.
+    pub status: String,
+    pub violations: Vec<String>,
+    pub attested_at: i64,
+    pub ear_expires_at: i64,
+    /// The EAR (signed JWT) the registration answered with.
+    pub ear: String,
+    /// `{"cpu": claims, "gpus": [claims…]}` as the verifier produced them.
+    pub claims: serde_json::Value,
+}
+
+/// Freshness rules.
+#[derive(Debug, Clone, Copy)]
+pub struct Freshness {
+    pub reattest_secs: i64,
+    pub heartbeat_secs: i64,
+    pub missed_heartbeats: i64,
+}
+
+/// Why a node is not placeable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unplaceable {
+    #[error("appraisal is {status}, not affirming: {detail}")]
+    NotAffirming { status: String, detail: String },
+    #[error("attestation lapsed at {at} (re-attestation due every {every} s)")]
+    AttestationLapsed { at: i64, every: i64 },
+    #[error("missed heartbeats: last at {last}, {missed} intervals of {every} s allowed")]
+    HeartbeatsMissed { last: i64, every: i64, missed: i64 },
+}
+
+/// Why a job does not fit a node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Misfit {
+    #[error("not placeable: {0}")]
+    Unplaceable(Unplaceable),
+    #[error("GPU model {has}, the job needs {wants}")]
+    GpuModel { has: String, wants: String },
+    #[error("{has} GiB per GPU, the job needs {wants}")]
+    GpuMemory { has: u32, wants: u32 },
+    #[error("TEE {has}, the job allows {allowed}")]
+    Tee { has: &'static str, allowed: String },
+    #[error("region {has}, the job allows {allowed}")]
+    Region { has: String, allowed: String },
+    #[error("price {price} per GPU-hour over the job's {max} (millionths)")]
+    OverPrice { price: Micros, max: Micros },
+    #[error("{free} GPUs free, the job needs {wants}")]
+    Full { free: u32, wants: u32 },
+    #[error("placement policy: {}", .0.join("; "))]
+    Policy(Vec<String>),
+    #[error("placement policy failed: {0}")]
+    PolicyError(String),
+}
+
+impl Misfit {
+    /// A stable short name (counts in a pending job's reason, test assertions).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Misfit::Unplaceable(Unplaceable::NotAffirming { .. }) => "not_affirming",
+            Misfit::Unplaceable(Unplaceable::AttestationLapsed { .. }) => "attestation_lapsed",
+            Misfit::Unplaceable(Unplaceable::HeartbeatsMissed { .. }) => "heartbeats_missed",
+            Misfit::GpuModel { .. } => "gpu_model",
+            Misfit::GpuMemory { .. } => "gpu_memory",
+            Misfit::Tee { .. } => "tee",
+            Misfit::Region { .. } => "region",
+            Misfit::OverPrice { .. } => "over_price",
+            Misfit::Full { .. } => "full",
+            Misfit::Policy(_) => "placement_policy",
+            Misfit::PolicyError(_) => "placement_policy_error",
+        }
+    }
+}
+
+/// A job's requirements as placement reads them (parsed and checked at submission).
+#[derive(Debug, Clone)]
+pub struct Requirements {
+    pub gpu_model: String,
+    pub gpu_count: u32,
+    pub min_gpu_memory_gib: u32,
+    /// Empty: any.
+    pub tee: Vec<TeeKind>,
+    /// Empty: any; otherwise in order of preference.
+    pub regions: Vec<String>,
+    pub max_price: Micros,
+    pub policy: Option<Arc<PlacementPolicy>>,
+    /// The spec as submitted (the policy's `input.job`).
+    pub spec: Arc<serde_json::Value>,
+}
+
+/// A placement decision: the node and the GPUs reserved on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    pub node_id: String,
+    pub gpus: Vec<u32>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    record: Arc<NodeRecord>,
+    /// The signed record this entry was built from (a changed row is re-verified).
+    record_token: String,
+    node_reputation: i64,
+    last_heartbeat: i64,
+    heartbeat_seq: i64,
+    /// Bit i set: GPU i is allocated.
+    used: u64,
+    /// The ordering key it sits under in `by_model`.
+    key: RankKey,
+}
+
+type RankKey = (Micros, Reverse<i64>, String);
+
+/// The index. Not thread-safe by itself: the service keeps it behind a lock.
+#[derive(Debug)]
+pub struct Index {
+    freshness: Freshness,
+    nodes: HashMap<String, Entry>,
+    operators: HashMap<String, i64>,
+    by_model: HashMap<String, BTreeSet<RankKey>>,
+}
+
+/// Most GPUs one node may offer (the allocation bitmap's width).
+pub const MAX_GPUS: u32 = 64;
+
+fn mask_count(m: u64) -> u32 {
+    m.count_ones()
+}
+
+impl Index {
+    pub fn new(freshness: Freshness) -> Self {
+        Index {
+            freshness,
+            nodes: HashMap::new(),
+            operators: HashMap::new(),
+            by_model: HashMap::new(),
+        }
+    }
+
+    pub fn freshness(&self) -> Freshness {
+        self.freshness
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn reputation_of(&self, e: &Entry) -> i64 {
+        e.node_reputation
+            .saturating_add(self.operators.get(&e.record.operator).copied().unwrap_or(0))
+    }
+
+    fn rank_key(&self, record: &NodeRecord, node_reputation: i64) -> RankKey {
+        let rep = node_reputation
+            .saturating_add(self.operators.get(&record.operator).copied().unwrap_or(0));
+        (record.price, Reverse(rep), record.id.clone())
+    }
+
+    /// The signed record token an entry was built from (`None`: not indexed).
+    pub fn record_token(&self, id: &str) -> Option<&str> {
+        self.nodes.get(id).map(|e| e.record_token.as_str())
+    }
+
+    /// Insert or replace a node (registration, re-attestation, a row another replica wrote).
+    /// `used`: its allocated GPUs (bit i: GPU i).
+    pub fn upsert(
+        &mut self,
+        record: NodeRecord,
+        record_token: String,
+        node_reputation: i64,
+        last_heartbeat: i64,
+        heartbeat_seq: i64,
+        used: u64,
+    ) {
+        self.remove(&record.id);
+        let key = self.rank_key(&record, node_reputation);
+        self.by_model
+            .entry(record.gpu_model.clone())
+            .or_default()
+            .insert(key.clone());
+        let used = used & full_mask(record.gpu_count);
+        self.nodes.insert(
+            record.id.clone(),
+            Entry {
+                record: Arc::new(record),
+                record_token,
+                node_reputation,
+                last_heartbeat,
+                heartbeat_seq,
+                used,
+                key,
+            },
+        );
+    }
+
+    pub fn remove(&mut self, id: &str) -> bool {
+        let Some(e) = self.nodes.remove(id) else {
+            return false;
+        };
+        if let Some(set) = self.by_model.get_mut(&e.record.gpu_model) {
+            set.remove(&e.key);
+        }
+        true
+    }
+
+    /// Set an operator's reputation (every one of its nodes is re-ranked).
+    pub fn set_operator_reputation(&mut self, operator: &str, reputation: i64) {
+        if self.operators.get(operator) == Some(&reputation) {
+            return;
+        }
+        self.operators.insert(operator.to_string(), reputation);
+        let ids: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|e| e.record.operator == operator)
+            .map(|e| e.record.id.clone())
+            .collect();
+        for id in ids {
+            self.rerank(&id);
+        }
+    }
+
+    /// Set a node's own reputation.
+    pub fn set_node_reputation(&mut self, id: &str, reputation: i64) {
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.node_reputation = reputation;
+        }
+        self.rerank(id);
+    }
+
+    fn rerank(&mut self, id: &str) {
+        let Some(e) = self.nodes.get(id) else { return };
+        let new = self.rank_key(&e.record, e.node_reputation);
+        let old = e.key.clone();
+        let model = e.record.gpu_model.clone();
+        if let Some(set) = self.by_model.get_mut(&model) {
+            set.remove(&old);
+            set.insert(new.clone());
+        }
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.key = new;
+        }
+    }
+
+    pub fn record(&self, id: &str) -> Option<Arc<NodeRecord>> {
+        self.nodes.get(id).map(|e| e.record.clone())
+    }
+
+    /// A signed heartbeat arrived: `seq` must exceed the last one seen (a replayed heartbeat
+    /// changes nothing). Returns whether it was taken.
+    pub fn heartbeat(&mut self, id: &str, seq: i64, at: i64) -> bool {
+        match self.nodes.get_mut(id) {
+            Some(e) if seq > e.heartbeat_seq => {
+                e.heartbeat_seq = seq;
+                e.last_heartbeat = e.last_heartbeat.max(at);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The last heartbeat and its sequence number.
+    pub fn last_heartbeat(&self, id: &str) -> Option<(i64, i64)> {
+        self.nodes
+            .get(id)
+            .map(|e| (e.last_heartbeat, e.heartbeat_seq))
+    }
+
+    /// Heartbeat state another replica wrote (never moves backwards).
+    pub fn observe_heartbeat(&mut self, id: &str, last: i64, seq: i64) {
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.last_heartbeat = e.last_heartbeat.max(last);
+            e.heartbeat_seq = e.heartbeat_seq.max(seq);
+        }
+    }
+
+    /// Whether node `id` is placeable at `now`, and why not.
+    pub fn placeable(&self, id: &str, now: i64) -> Option<Result<(), Unplaceable>> {
+        self.nodes.get(id).map(|e| self.entry_placeable(e, now))
+    }
+
+    /// Until when the node's attestation counts (min of the re-attestation deadline and the
+    /// EAR's expiry).
+    pub fn fresh_until(&self, record: &NodeRecord) -> i64 {
+        record
+            .attested_at
+            .saturating_add(self.freshness.reattest_secs)
+            .min(record.ear_expires_at)
+    }
+
+    fn entry_placeable(&self, e: &Entry, now: i64) -> Result<(), Unplaceable> {
+        let r = &e.record;
+        if r.status != "affirming" {
+            return Err(Unplaceable::NotAffirming {
+                status: r.status.clone(),
+                detail: if r.violations.is_empty() {
+                    "no violation reported".into()
+                } else {
+                    r.violations.join("; ")
+                },
+            });
+        }
+        let until = self.fresh_until(r);
+        if now >= until {
+            return Err(Unplaceable::AttestationLapsed {
+                at: until,
+                every: self.freshness.reattest_secs,
+            });
+        }
+        let f = &self.freshness;
+        if now > e.last_heartbeat + f.heartbeat_secs * f.missed_heartbeats {
+            return Err(Unplaceable::HeartbeatsMissed {
+                last: e.last_heartbeat,
+                every: f.heartbeat_secs,
+                missed: f.missed_heartbeats,
+            });
+        }
+        Ok(())
+    }
+
+    /// Free GPUs of node `id`.
+    pub fn free_gpus(&self, id: &str) -> Option<u32> {
+        self.nodes
+            .get(id)
+            .map(|e| e.record.gpu_count - mask_count(e.used))
+    }
+
+    /// The cheap requirements (everything but the policy) of `req` on `e`.
+    fn cheap_fit(&self, e: &Entry, req: &Requirements, now: i64) -> Result<(), Misfit> {
+        let r = &e.record;
+        self.entry_placeable(e, now).map_err(Misfit::Unplaceable)?;
+        if r.gpu_model != req.gpu_model {
+            return Err(Misfit::GpuModel {
+                has: r.gpu_model.clone(),
+                wants: req.gpu_model.clone(),
+            });
+        }
+        if r.gpu_memory_gib < req.min_gpu_memory_gib {
+            return Err(Misfit::GpuMemory {
+                has: r.gpu_memory_gib,
+                wants: req.min_gpu_memory_gib,
+            });
+        }
+        if !req.tee.is_empty() && !req.tee.contains(&r.tee) {
+            return Err(Misfit::Tee {
+                has: r.tee.as_str(),
+                allowed: req
+                    .tee
+                    .iter()
+                    .map(|t| t.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            });
+        }
+        if !req.regions.is_empty() && !req.regions.contains(&r.region) {
+            return Err(Misfit::Region {
+                has: r.region.clone(),
+                allowed: req.regions.join(","),
+            });
+        }
+        if r.price > req.max_price {
+            return Err(Misfit::OverPrice {
+                price: r.price,
+                max: req.max_price,
+            });
+        }
+        let free = r.gpu_count - mask_count(e.used);
+        if free < req.gpu_count {
+            return Err(Misfit::Full {
+                free,
+                wants: req.gpu_count,
+            });
+        }
+        Ok(())
+    }
+
+    /// The policy's input for a node: its verified claims and its offer.
+    pub fn policy_input(
+        &self,
+        record: &NodeRecord,
+        reputation: i64,
+        job: &serde_json::Value,
+    ) -> serde_json::Value {
+        serde_json::json!({
+            "node": {
+                "id": record.id, "operator": record.operator, "region": record.region,
+                "tee": record.tee.as_str(), "sim": record.sim, "gpu_model": record.gpu_model,
+                "gpu_chip": record.gpu_chip, "gpu_count": record.gpu_count,
+                "gpu_memory_gib": record.gpu_memory_gib,
+                "price_per_gpu_hour": record.price as f64 / 1e6,
+                "reputation": reputation, "claims": record.claims,
+            },
+            "job": job,
+        })
+    }
+
+    fn policy_fit(&self, e: &Entry, req: &Requirements) -> Result<(), Misfit> {
+        let Some(policy) = &req.policy else {
+            return Ok(());
+        };
+        let input = self.policy_input(&e.record, self.reputation_of(e), &req.spec);
+        match policy.refusals(&input) {
+            Ok(r) if r.is_empty() => Ok(()),
+            Ok(r) => Err(Misfit::Policy(r)),
+            Err(err) => Err(Misfit::PolicyError(err.to_string())),
+        }
+    }
+
+    /// Does `req` fit node `id` at `now`? (`None`: no such node.)
+    pub fn fit(&self, id: &str, req: &Requirements, now: i64) -> Option<Result<(), Misfit>> {
+        let e = self.nodes.get(id)?;
+        Some(
+            self.cheap_fit(e, req, now)
+                .and_then(|()| self.policy_fit(e, req)),
+        )
+    }
+
+    /// The best fitting node for `req` at `now` and the GPUs it would get (lowest free
+    /// indices), or `None`. Walks the job's model in rank order and stops at the first price
+    /// over the job's maximum; the policy runs only on nodes that pass every cheap filter.
+    pub fn choose(&self, req: &Requirements, now: i64) -> Option<Choice> {
+        let set = self.by_model.get(&req.gpu_model)?;
+        let mut best: Option<(&RankKey, usize, &Entry)> = None;
+        for key in set.iter() {
+            if key.0 > req.max_price {
+                break;
+            }
+            if let Some((bk, _, _)) = best
+                && (bk.0, bk.1) != (key.0, key.1)
+            {
+                break;
+            }
+            let Some(e) = self.nodes.get(&key.2) else {
+                continue;
+            };
+            if self.cheap_fit(e, req, now).is_err() {
+                continue;
+            }
+            let region_rank = req
+                .regions
+                .iter()
+                .position(|r| *r == e.record.region)
+                .unwrap_or(0);
+            if best.is_some_and(|(_, br, _)| br <= region_rank) {
+                continue;
+            }
+            if self.policy_fit(e, req).is_err() {
+                continue;
+            }
+            best = Some((key, region_rank, e));
+        }
+        let (_, _, e) = best?;
+        Some(Choice {
+            node_id: e.record.id.clone(),
+            gpus: free_indices(e.used, e.record.gpu_count, req.gpu_count),
+        })
+    }
+
+    /// Why each node does (`Ok`) or does not fit `req` — `cgx job status` for a pending job and
+    /// the tests. O(nodes).
+    pub fn explain(&self, req: &Requirements, now: i64) -> Vec<(String, Result<(), Misfit>)> {
+        let mut out: Vec<(String, Result<(), Misfit>)> = self
+            .nodes
+            .values()
+            .map(|e| {
+                (
+                    e.record.id.clone(),
+                    self.cheap_fit(e, req, now)
+                        .and_then(|()| self.policy_fit(e, req)),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// A one-line summary of why no node fits (`3 full, 1 region`).
+    pub fn why_none(&self, req: &Requirements, now: i64) -> String {
+        let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
+        for (_, r) in self.explain(req, now) {
+            if let Err(m) = r {
+                *counts.entry(m.code()).or_default() += 1;
+            }
+        }
+        if counts.is_empty() {
+            return "no node is registered".into();
+        }
+        let parts: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        format!("no node fits ({})", parts.join(", "))
+    }
+
+    /// Mark `gpus` of `id` allocated; false (and nothing changed) if one is already taken.
+    pub fn reserve(&mut self, id: &str, gpus: &[u32]) -> bool {
+        let Some(e) = self.nodes.get_mut(id) else {
+            return false;
+        };
+        let mask = gpus_mask(gpus);
+        if e.used & mask != 0 || mask & !full_mask(e.record.gpu_count) != 0 {
+            return false;
+        }
+        e.used |= mask;
+        true
+    }
+
+    /// Free `gpus` of `id`.
+    pub fn release(&mut self, id: &str, gpus: &[u32]) {
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.used &= !gpus_mask(gpus);
+        }
+    }
+
+    /// Replace the allocation bitmap of `id` with the database's.
+    pub fn set_used(&mut self, id: &str, used: u64) {
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.used = used & full_mask(e.record.gpu_count);
+        }
+    }
+
+    /// Nodes with allocated GPUs that are no longer placeable: their leases end and their jobs
+    /// move (failover).
+    pub fn failing(&self, now: i64) -> Vec<(String, Unplaceable)> {
+        let mut out: Vec<(String, Unplaceable)> = self
+            .nodes
+            .values()
+            .filter(|e| e.used != 0)
+            .filter_map(|e| {
+                self.entry_placeable(e, now)
+                    .err()
+                    .map(|u| (e.record.id.clone(), u))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Every node id, sorted.
+    pub fn ids(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.nodes.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// The node's own reputation (without its operator's).
+    pub fn node_reputation(&self, id: &str) -> Option<i64> {
+        self.nodes.get(id).map(|e| e.node_reputation)
+    }
+
+    /// Combined reputation (node + operator) of `id`.
+    pub fn reputation(&self, id: &str) -> Option<i64> {
+        self.nodes.get(id).map(|e| self.reputation_of(e))
+    }
+}
+
+pub fn gpus_mask(gpus: &[u32]) -> u64 {
+    gpus.iter()
+        .filter(|g| **g < MAX_GPUS)
+        .fold(0u64, |m, g| m | (1u64 << g))
+}
+
+fn full_mask(count: u32) -> u64 {
+    if count >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << count) - 1
+    }
+}
+
+fn free_indices(used: u64, count: u32, want: u32) -> Vec<u32> {
+    (0..count.min(MAX_GPUS))
+        .filter(|i| used & (1u64 << i) == 0)
+        .take(want as usize)
+        .collect()
+}

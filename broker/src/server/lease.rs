@@ -1,0 +1,143 @@
+//! What the broker signs with its Ed25519 key (the key the KBS lists in `broker_keys`):
+//!
+//! - **node records** — `{"aud": "cgx-broker/node", "iat": attested_at, "exp": EAR expiry,
+//!   "node": NodeRecord}`: what a registration established, stored in the node's row; a replica
+//!   builds its index only from records whose signature verifies;
+//! - **lease tokens** — `{"lease", "job", "node", "gpus", "resources", "node_key": <RFC 7638
+//!   thumbprint of the node's TEE key>, "aud": "cgx-kbs", "iss": "cgx-broker", "iat", "exp"}`:
+//!   the token the KBS checks (`kbs/src/server/release.rs`). The thumbprint is the one the
+//!   node's hardware evidence bound at registration (`cgx_protocol::broker::node_identity`), so
+//!   the KBS releases only to a session that attested that very TEE key. Short-lived; renewed
+//!   in heartbeat answers from the signed copy kept in the lease row, never from the row's
+//!   columns.
+
+use std::path::Path;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use cgx_protocol::broker::LeaseGrant;
+use cgx_service::jwt;
+use serde_json::{Value, json};
+
+use super::error::BrokerError;
+use super::index::NodeRecord;
+use super::store::LeaseRow;
+
+/// Audience of node records (never accepted as a lease or an API token).
+const RECORD_AUDIENCE: &str = "cgx-broker/node";
+
+/// The broker's signing key.
+pub(crate) struct Keys {
+    pkcs8: Vec<u8>,
+    pub public: [u8; 32],
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys")
+            .field("public", &hex::encode(self.public))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Claims of a token this broker signed, whatever its age: the signature is checked with the
+/// token's own `iat` as "now" (the caller applies its own time rules to what it reads).
+fn verify_signed(token: &str, key: &[u8; 32]) -> Option<Value> {
+    let payload = token.split('.').nth(1)?;
+    let claims: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).ok()?).ok()?;
+    let iat = claims.get("iat")?.as_i64()?;
+    jwt::verify_eddsa(token, std::slice::from_ref(key), iat, i64::MAX)
+        .ok()
+        .map(|(_, c)| c)
+}
+
+impl Keys {
+    pub(crate) fn load(path: &Path) -> Result<Self, BrokerError> {
+        let pkcs8 = std::fs::read(path)
+            .map_err(|e| BrokerError::Config(format!("signing_key {}: {e}", path.display())))?;
+        Self::from_pkcs8(pkcs8)
+    }
+
+    pub(crate) fn from_pkcs8(pkcs8: Vec<u8>) -> Result<Self, BrokerError> {
+        use aws_lc_rs::signature::KeyPair;
+        let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(&pkcs8)
+            .map_err(|_| BrokerError::Config("signing_key is not an Ed25519 PKCS#8 key".into()))?;
+        let public = kp
+            .public_key()
+            .as_ref()
+            .try_into()
+            .map_err(|_| BrokerError::Config("signing_key: public key".into()))?;
+        Ok(Keys { pkcs8, public })
+    }
+
+    fn sign(&self, claims: &Value) -> Result<String, BrokerError> {
+        jwt::sign_eddsa(&self.pkcs8, claims).map_err(BrokerError::Internal)
+    }
+
+    pub(crate) fn sign_record(&self, record: &NodeRecord) -> Result<String, BrokerError> {
+        self.sign(&json!({
+            "aud": RECORD_AUDIENCE,
+            "iat": record.attested_at,
+            "exp": record.ear_expires_at.max(record.attested_at),
+            "node": record,
+        }))
+    }
+
+    /// A node record from a row: signed by this broker, as a record.
+    pub(crate) fn verify_record(&self, token: &str) -> Result<NodeRecord, BrokerError> {
+        let claims = verify_signed(token, &self.public)
+            .ok_or_else(|| BrokerError::Internal("node record signature".into()))?;
+        if claims.get("aud").and_then(Value::as_str) != Some(RECORD_AUDIENCE) {
+            return Err(BrokerError::Internal("not a node record".into()));
+        }
+        serde_json::from_value(claims.get("node").cloned().unwrap_or(Value::Null))
+            .map_err(|e| BrokerError::Internal(format!("node record: {e}")))
+    }
+
+    /// A lease token for `record`'s VM.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lease_token(
+        &self,
+        lease: &str,
+        job: &str,
+        record: &NodeRecord,
+        gpus: &[u32],
+        resources: &[String],
+        now: i64,
+        ttl: i64,
+    ) -> Result<String, BrokerError> {
+        self.sign(&json!({
+            "lease": lease, "job": job, "node": record.id, "gpus": gpus,
+            "resources": resources, "node_key": record.tee_thumbprint,
+            "aud": cgx_protocol::broker::LEASE_AUDIENCE, "iss": "cgx-broker",
+            "iat": now, "exp": now + ttl,
+        }))
+    }
+
+    /// A fresh token for an open lease, from the signed copy in its row (`None`: the row's token
+    /// is not this broker's, or does not match the row).
+    pub(crate) fn renew(&self, row: &LeaseRow, now: i64, ttl: i64) -> Option<LeaseGrant> {
+        let mut claims = verify_signed(&row.token, &self.public)?;
+        let matches = claims.get("lease").and_then(Value::as_str) == Some(row.id.as_str())
+            && claims.get("job").and_then(Value::as_str) == Some(row.job_id.as_str())
+            && claims.get("node").and_then(Value::as_str) == Some(row.node_id.as_str());
+        if !matches {
+            return None;
+        }
+        let gpus: Vec<u32> = serde_json::from_value(claims.get("gpus")?.clone()).ok()?;
+        let resources: Vec<String> =
+            serde_json::from_value(claims.get("resources")?.clone()).ok()?;
+        let obj = claims.as_object_mut()?;
+        obj.insert("iat".into(), now.into());
+        obj.insert("exp".into(), (now + ttl).into());
+        let token = self.sign(&claims).ok()?;
+        Some(LeaseGrant {
+            lease_id: row.id.clone(),
+            job_id: row.job_id.clone(),
+            gpus,
+            resources,
+            token,
+            expires_at: now + ttl,
+        })
+    }
+}

@@ -1,0 +1,1082 @@
+//! The broker service: configuration → state ([`Broker`]) → router (`http`) → `cgx-service`'s
+//! listener, with the monitor (freshness, failover, completion, pending placement, replica
+//! sync) as a background task.
+//!
+//! - `index.rs`: the in-memory registry placement decides on (pure, time-explicit);
+//! - `register.rs`: registration on composite evidence and the inventory check;
+//! - `store.rs`: the database (the truth), atomic capacity;
+//! - `lease.rs`: signed records and lease tokens;
+//! - `http.rs`: routes and handlers that validate and delegate here.
+
+pub mod config;
+mod error;
+mod http;
+pub mod index;
+mod lease;
+mod register;
+pub mod store;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cgx_attestation::collateral::CollateralStore;
+use cgx_attestation::collateral::fetch::CollateralSource;
+use cgx_attestation::results::ResultSigner;
+use cgx_attestation::{SimTrust, Verifier, VerifierConfig};
+use cgx_policies::placement::PlacementPolicy;
+use cgx_policies::{Appraiser, PolicyEngine};
+use cgx_protocol::broker::{HeartbeatAnswer, JobSpec, JobView, NodeView, Registered, Registration};
+use cgx_service::auth::{Admin, AdminKeys, AdminState};
+use cgx_service::metrics::Metrics;
+use cgx_service::{Background, SharedClock, jwt};
+
+pub use config::BrokerConfig;
+pub use error::BrokerError;
+
+use index::{Freshness, Index, NodeRecord, Requirements, TeeKind};
+use store::{JobRow, PlaceOutcome, Placement, Store, state};
+
+/// The most jobs one listing returns.
+pub const MAX_LIST: i64 = 1000;
+
+/// The state every handler shares.
+pub(crate) struct Broker {
+    pub(crate) store: Store,
+    appraiser: Arc<Appraiser>,
+    source: Option<Arc<CollateralSource>>,
+    pub(crate) index: Mutex<Index>,
+    pub(crate) keys: lease::Keys,
+    api_keys: AdminKeys,
+    pub(crate) clock: SharedClock,
+    pub(crate) metrics: Arc<Metrics>,
+    config: BrokerConfig,
+    /// Compiled placement policies of pending jobs, by job id.
+    policies: Mutex<HashMap<String, Arc<PlacementPolicy>>>,
+    /// One placement pass at a time on this replica (placements inside it are serialized by
+    /// the index lock and the database).
+    placing: tokio::sync::Mutex<()>,
+    /// The `updated_ms` this replica has read node rows up to.
+    sync_cursor: Mutex<i64>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker").finish_non_exhaustive()
+    }
+}
+
+impl AdminState for Broker {
+    type Rejection = BrokerError;
+
+    fn admin_keys(&self) -> &AdminKeys {
+        &self.api_keys
+    }
+
+    fn unix_now(&self) -> i64 {
+        self.clock.unix()
+    }
+}
+
+fn read(path: &std::path::Path) -> Result<String, BrokerError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| BrokerError::Config(format!("{}: {e}", path.display())))
+}
+
+/// Sim trust from configured pins (`*`: any simulator root).
+fn sim_trust(roots: &[String]) -> Result<SimTrust, BrokerError> {
+    if roots.iter().any(|r| r == "*") {
+        tracing::warn!("trusting every simulator root (sim_roots: \"*\"): development only");
+        return Ok(SimTrust::Any);
+    }
+    let pins = roots
+        .iter()
+        .map(|h| {
+            hex::decode(h)
+                .ok()
+                .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                .ok_or_else(|| {
+                    BrokerError::Config(format!("sim root pin '{h}' is not 32 bytes hex"))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(if pins.is_empty() {
+        SimTrust::Refuse
+    } else {
+        SimTrust::Pinned(pins)
+    })
+}
+
+/// The tenant a caller acts for: `wanted` if its token has that scope, else its only tenant.
+fn tenant_of(admin: &Admin, wanted: Option<&str>) -> Result<String, BrokerError> {
+    if let Some(t) = wanted {
+        register::check_name(t, "tenant")?;
+        admin.may(Some(&format!("tenant:{t}")))?;
+        return Ok(t.to_string());
+    }
+    let tenants: Vec<&str> = admin
+        .scopes()
+        .iter()
+        .filter_map(|s| s.strip_prefix("tenant:"))
+        .collect();
+    match tenants.as_slice() {
+        [one] => Ok(one.to_string()),
+        [] => Err(BrokerError::Forbidden(
+            "this token names no tenant (scope tenant:<name>)".into(),
+        )),
+        _ => Err(BrokerError::BadRequest(
+            "this token names several tenants: say which (tenant)".into(),
+        )),
+    }
+}
+
+/// May `admin` read every node and job?
+fn auditor(admin: &Admin) -> bool {
+    admin.scopes().iter().any(|s| s == "*" || s == "auditor")
+}
+
+fn random_id(prefix: &str) -> Result<String, BrokerError> {
+    let mut b = [0u8; 12];
+    aws_lc_rs::rand::fill(&mut b).map_err(|_| BrokerError::Internal("random".into()))?;
+    Ok(format!("{prefix}{}", hex::encode(b)))
+}
+
+impl Broker {
+    async fn new(config: &BrokerConfig, clock: SharedClock) -> Result<Self, BrokerError> {
+        config.check()?;
+        let store = Store::open(&config.database, clock.unix()).await?;
+        let policy = match &config.appraisal.policy {
+            Some(p) => read(p)?,
+            None => cgx_policies::APPRAISAL_POLICY.to_string(),
+        };
+        let refs = match &config.appraisal.reference_values {
+            Some(p) => read(p)?,
+            None => cgx_policies::DEFAULT_REFERENCE_VALUES.to_string(),
+        };
+        let engine = PolicyEngine::new("broker.appraisal", &policy, &refs)
+            .map_err(|e| BrokerError::Config(format!("appraisal policy: {e}")))?;
+        let mut signer = match &config.result_key {
+            Some(p) => {
+                let der = std::fs::read(p)
+                    .map_err(|e| BrokerError::Config(format!("{}: {e}", p.display())))?;
+                ResultSigner::from_pkcs8(&der)
+            }
+            None => ResultSigner::generate(),
+        }
+        .map_err(|e| BrokerError::Config(format!("result key: {e}")))?;
+        // The EAR outlives the re-attestation interval a little: freshness is the broker's
+        // rule, the EAR's expiry is its outer bound.
+        signer.ttl_secs = config.reattest_secs + 60;
+        let source = match &config.collateral.store {
+            Some(dir) => Some(Arc::new(CollateralSource::offline(
+                CollateralStore::open(dir)
+                    .map_err(|e| BrokerError::Config(format!("collateral store: {e}")))?,
+            ))),
+            None => None,
+        };
+        let appraiser = Appraiser::new(
+            Verifier::new(VerifierConfig {
+                sim: sim_trust(&config.sim_roots)?,
+            }),
+            engine,
+            signer,
+        );
+        let api = config
+            .api_keys
+            .iter()
+            .map(|k| {
+                jwt::ed25519_key(&k.public_key)
+                    .map(|key| (key, k.scopes.clone()))
+                    .map_err(|e| BrokerError::Config(format!("api key: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let keys = lease::Keys::load(&config.signing_key)?;
+        if api.iter().any(|(k, _)| *k == keys.public) {
+            return Err(BrokerError::Config(
+                "the signing key is also an API key: leases and API tokens need two keys".into(),
+            ));
+        }
+        let broker = Broker {
+            store,
+            appraiser: Arc::new(appraiser),
+            source,
+            index: Mutex::new(Index::new(Freshness {
+                reattest_secs: config.reattest_secs,
+                heartbeat_secs: config.heartbeat_secs,
+                missed_heartbeats: config.missed_heartbeats,
+            })),
+            keys,
+            api_keys: AdminKeys::new(api, config.api_token_max_ttl_secs),
+            clock,
+            metrics: Arc::new(Metrics::new("cgx_broker")),
+            config: config.clone(),
+            policies: Mutex::new(HashMap::new()),
+            placing: tokio::sync::Mutex::new(()),
+            sync_cursor: Mutex::new(0),
+        };
+        broker.sync().await?;
+        Ok(broker)
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        // The index is rebuilt from the database; a panic mid-update leaves at worst a stale
+        // entry that the next sync replaces.
+        match self.index.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Wall-clock milliseconds: row change marks for replica sync (replication order, not
+    /// business time, so not the injected clock).
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0)
+    }
+
+    // --- registry
+
+    pub(crate) async fn nonce(&self) -> Result<cgx_protocol::broker::NonceResponse, BrokerError> {
+        let mut n = [0u8; 32];
+        aws_lc_rs::rand::fill(&mut n).map_err(|_| BrokerError::Internal("random".into()))?;
+        let nonce = cgx_protocol::broker::b64(&n);
+        let expires_at = self.clock.unix() + self.config.nonce_ttl_secs;
+        self.store.put_nonce(&nonce, expires_at).await?;
+        Ok(cgx_protocol::broker::NonceResponse { nonce, expires_at })
+    }
+
+    /// Register (or re-attest) a node. `admin` must hold `operator:<the offer's operator>`.
+    pub(crate) async fn register(
+        &self,
+        admin: &Admin,
+        reg: Registration,
+    ) -> Result<Registered, BrokerError> {
+        register::check_offer(&reg.offer)?;
+        admin.may(Some(&format!("operator:{}", reg.offer.operator)))?;
+        let now = self.clock.unix();
+        let decoded = register::decode(&reg, self.source.as_deref(), now)?;
+        // Single use, before the costly part: a replay is refused at once.
+        if !self.store.take_nonce(&reg.nonce, now).await? {
+            return Err(BrokerError::Nonce(
+                "unknown, used or expired: ask for a new one".into(),
+            ));
+        }
+        let appraiser = self.appraiser.clone();
+        let at = time::OffsetDateTime::from_unix_timestamp(now)
+            .map_err(|e| BrokerError::Internal(e.to_string()))?;
+        let (decoded, appraisal) = tokio::task::spawn_blocking(move || {
+            let a = register::appraise(&appraiser, &decoded, at);
+            (decoded, a)
+        })
+        .await
+        .map_err(|e| BrokerError::Internal(format!("appraisal task: {e}")))?;
+        let appraisal = appraisal?;
+        let proven = register::check_inventory(&reg.offer, &appraisal)?;
+        let id = cgx_protocol::broker::node_id(&decoded.node_key);
+        let parts = appraisal.parts();
+        let claims = serde_json::json!({
+            "cpu": parts.first().map(|p| &p.claims),
+            "gpus": parts.iter().skip(1).map(|p| &p.claims).collect::<Vec<_>>(),
+        });
+        let record = NodeRecord {
+            id: id.clone(),
+            node_key: reg.node_key.clone(),
+            tee_thumbprint: decoded.tee_thumbprint.clone(),
+            operator: reg.offer.operator.clone(),
+            region: reg.offer.region.clone(),
+            tee: proven.tee,
+            sim: proven.sim,
+            gpu_model: reg.offer.gpu_model.clone(),
+            gpu_chip: proven.chip,
+            gpu_count: reg.offer.gpu_count,
+            gpu_memory_gib: reg.offer.gpu_memory_gib,
+            price: index::micros(reg.offer.price_per_gpu_hour).unwrap_or(u64::MAX),
+            status: appraisal.status().as_str().to_string(),
+            violations: appraisal.violations(),
+            attested_at: now,
+            ear_expires_at: appraisal.ear().exp.unwrap_or(now),
+            ear: appraisal.token().to_string(),
+            claims,
+        };
+        let token = self.keys.sign_record(&record)?;
+        self.store
+            .put_node(&id, &record.operator, &token, now, self.now_ms())
+            .await?;
+        let used = self
+            .store
+            .allocations(Some(std::slice::from_ref(&id)))
+            .await?
+            .get(&id)
+            .copied()
+            .unwrap_or(0);
+        let fresh_until;
+        {
+            let mut idx = self.index();
+            let (last, seq) = idx.last_heartbeat(&id).unwrap_or((now, 0));
+            let reputation = idx.node_reputation(&id).unwrap_or(0);
+            idx.upsert(record.clone(), token, reputation, last.max(now), seq, used);
+            fresh_until = idx.fresh_until(&record);
+        }
+        self.metrics.event(
+            "register",
+            if record.status == "affirming" {
+                "affirming"
+            } else {
+                "not_affirming"
+            },
+        );
+        tracing::info!(node = %id, status = %record.status, operator = %record.operator, gpus = record.gpu_count, "node attested");
+        self.place_pending().await;
+        Ok(Registered {
+            node_id: id,
+            status: record.status,
+            ear: record.ear,
+            violations: record.violations,
+            attested_at: now,
+            fresh_until,
+            heartbeat_secs: self.config.heartbeat_secs as u64,
+        })
+    }
+
+    /// A signed heartbeat from node `id` (`token`: EdDSA JWS under its attested key).
+    pub(crate) async fn heartbeat(
+        &self,
+        id: &str,
+        token: &str,
+    ) -> Result<HeartbeatAnswer, BrokerError> {
+        let now = self.clock.unix();
+        let record = self
+            .index()
+            .record(id)
+            .ok_or_else(|| BrokerError::NotFound(format!("node {id}")))?;
+        let key: [u8; 32] = cgx_protocol::broker::unb64(&record.node_key)
+            .and_then(|k| k.try_into().ok())
+            .ok_or_else(|| BrokerError::Internal("stored node key".into()))?;
+        let (_, claims) = jwt::verify_eddsa(token, &[key], now, 60).map_err(|e| {
+            BrokerError::Heartbeat(format!("not signed by node {id}'s attested key: {e}"))
+        })?;
+        if claims.get("aud").and_then(|a| a.as_str())
+            != Some(cgx_protocol::broker::HEARTBEAT_AUDIENCE)
+            || claims.get("sub").and_then(|s| s.as_str()) != Some(id)
+        {
+            return Err(BrokerError::Heartbeat(format!(
+                "the token is not a heartbeat of node {id}"
+            )));
+        }
+        let seq = claims
+            .get("seq")
+            .and_then(serde_json::Value::as_i64)
+            .filter(|s| *s > 0)
+            .ok_or_else(|| BrokerError::Heartbeat("no positive seq".into()))?;
+        if !self.store.heartbeat(id, seq, now, self.now_ms()).await? {
+            return Err(BrokerError::Heartbeat(format!(
+                "sequence {seq} is not past the last one (replayed?)"
+            )));
+        }
+        let placeable = {
+            let mut idx = self.index();
+            idx.heartbeat(id, seq, now);
+            idx.placeable(id, now)
+        };
+        let fresh_until = self.index().fresh_until(&record);
+        let unplaceable = match &placeable {
+            Some(Err(u)) => Some(u.to_string()),
+            _ => None,
+        };
+        // Re-attest in the last fifth of the interval, or at once when not placeable for a
+        // reason re-attestation can fix.
+        let reattest = now >= fresh_until - self.config.reattest_secs / 5
+            || matches!(
+                placeable,
+                Some(Err(index::Unplaceable::AttestationLapsed { .. }))
+            );
+        let mut leases = Vec::new();
+        if placeable == Some(Ok(())) {
+            for l in self.store.open_leases(Some(id)).await? {
+                // Only a lease this broker signed is renewed: a row alone proves nothing.
+                let Some(grant) = self.keys.renew(&l, now, self.config.lease_ttl_secs) else {
+                    tracing::error!(lease = %l.id, "an open lease row carries no valid broker signature; not renewed");
+                    continue;
+                };
+                if self
+                    .store
+                    .transition(
+                        &l.job_id,
+                        &[state::PLACED],
+                        state::RUNNING,
+                        &format!("node {id} took the lease"),
+                        now,
+                    )
+                    .await?
+                {
+                    tracing::info!(job = %l.job_id, node = %id, "job running");
+                }
+                leases.push(grant);
+            }
+        }
+        Ok(HeartbeatAnswer {
+            reattest,
+            unplaceable,
+            leases,
+        })
+    }
+
+    /// A node as `cgx node show` reports it.
+    pub(crate) fn node_view(&self, id: &str, with_claims: bool) -> Option<NodeView> {
+        let now = self.clock.unix();
+        let idx = self.index();
+        let r = idx.record(id)?;
+        let placeable = idx.placeable(id, now)?;
+        let (last, _) = idx.last_heartbeat(id)?;
+        Some(NodeView {
+            id: r.id.clone(),
+            operator: r.operator.clone(),
+            region: r.region.clone(),
+            tee: r.tee.as_str().into(),
+            sim: r.sim,
+            gpu_model: r.gpu_model.clone(),
+            gpu_chip: r.gpu_chip.clone(),
+            gpu_count: r.gpu_count,
+            gpu_memory_gib: r.gpu_memory_gib,
+            free_gpus: idx.free_gpus(id).unwrap_or(0),
+            price_per_gpu_hour: r.price as f64 / 1e6,
+            reputation: idx.reputation(id).unwrap_or(0),
+            status: r.status.clone(),
+            placeable: placeable.is_ok(),
+            reason: placeable.err().map(|u| u.to_string()).unwrap_or_default(),
+            violations: r.violations.clone(),
+            attested_at: r.attested_at,
+            fresh_until: idx.fresh_until(&r),
+            last_heartbeat: last,
+            claims: with_claims.then(|| r.claims.clone()),
+        })
+    }
+
+    /// The nodes `admin` may see.
+    pub(crate) fn nodes(&self, admin: &Admin) -> Vec<NodeView> {
+        let all = auditor(admin);
+        let ids = self.index().ids();
+        ids.iter()
+            .filter_map(|id| self.node_view(id, false))
+            .filter(|n| all || admin.may(Some(&format!("operator:{}", n.operator))).is_ok())
+            .collect()
+    }
+
+    pub(crate) fn node_for(&self, admin: &Admin, id: &str) -> Result<NodeView, BrokerError> {
+        let n = self
+            .node_view(id, true)
+            .ok_or_else(|| BrokerError::NotFound(format!("node {id}")))?;
+        if auditor(admin) || admin.may(Some(&format!("operator:{}", n.operator))).is_ok() {
+            Ok(n)
+        } else {
+            // Not someone else's node to this caller: the same answer as no node at all.
+            Err(BrokerError::NotFound(format!("node {id}")))
+        }
+    }
+
+    // --- jobs
+
+    /// Parse and check a job's requirements (submission and every placement attempt).
+    fn requirements(&self, job_id: &str, spec: &JobSpec) -> Result<Requirements, BrokerError> {
+        let bad = |m: String| Err(BrokerError::BadRequest(m));
+        register::check_name(&spec.gpu_model, "gpu_model")?;
+        if spec.gpu_count == 0 || spec.gpu_count > index::MAX_GPUS {
+            return bad(format!("gpu_count must be 1 to {}", index::MAX_GPUS));
+        }
+        let tee = spec
+            .tee
+            .iter()
+            .map(|t| TeeKind::parse(t).ok_or(()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| BrokerError::BadRequest("tee must list snp and/or tdx".into()))?;
+        if spec.regions.len() > 32 {
+            return bad("at most 32 regions".into());
+        }
+        for r in &spec.regions {
+            register::check_name(r, "region")?;
+        }
+        let Some(max_price) = index::micros(spec.max_price_per_gpu_hour) else {
+            return bad("max_price_per_gpu_hour must be a finite number from 0 to 10^9".into());
+        };
+        let policy = match &spec.placement_policy {
+            None => None,
+            Some(text) => {
+                let cached = self
+                    .policies
+                    .lock()
+                    .ok()
+                    .and_then(|p| p.get(job_id).cloned());
+                match cached {
+                    Some(p) => Some(p),
+                    None => {
+                        if text.len() > 64 << 10 {
+                            return Err(BrokerError::PlacementPolicy("larger than 64 KiB".into()));
+                        }
+                        let p = Arc::new(
+                            PlacementPolicy::compile(text)
+                                .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?,
+                        );
+                        if let Ok(mut c) = self.policies.lock() {
+                            if c.len() > 10_000 {
+                                c.clear();
+                            }
+                            c.insert(job_id.to_string(), p.clone());
+                        }
+                        Some(p)
+                    }
+                }
+            }
+        };
+        Ok(Requirements {
+            gpu_model: spec.gpu_model.clone(),
+            gpu_count: spec.gpu_count,
+            min_gpu_memory_gib: spec.min_gpu_memory_gib,
+            tee,
+            regions: spec.regions.clone(),
+            max_price,
+            policy,
+            spec: Arc::new(serde_json::to_value(spec).unwrap_or_default()),
+        })
+    }
+
+    /// Submit a job for `admin`'s tenant: checked, stored pending, placed at once if a node fits.
+    pub(crate) async fn submit(
+        &self,
+        admin: &Admin,
+        spec: JobSpec,
+    ) -> Result<JobView, BrokerError> {
+        let tenant = tenant_of(admin, spec.tenant.as_deref())?;
+        if spec.duration_secs == 0 || spec.duration_secs > 30 * 86_400 {
+            return Err(BrokerError::BadRequest(
+                "duration_secs must be 1 to 2592000 (30 days)".into(),
+            ));
+        }
+        if spec.resources.len() > 32 {
+            return Err(BrokerError::BadRequest("at most 32 resources".into()));
+        }
+        for r in &spec.resources {
+            let parts: Vec<&str> = r.split('/').collect();
+            if parts.len() != 3
+                || parts
+                    .iter()
+                    .any(|p| register::check_name(p, "resource").is_err())
+            {
+                return Err(BrokerError::BadRequest(format!(
+                    "resource '{r}' is not repository/type/tag"
+                )));
+            }
+        }
+        let id = random_id("j")?;
+        let req = self.requirements(&id, &spec)?;
+        let Some(budget) = index::micros(spec.budget) else {
+            return Err(BrokerError::BadRequest(
+                "budget must be a finite number from 0 to 10^9".into(),
+            ));
+        };
+        // max price × GPUs × hours, in millionths, rounded up.
+        let cost =
+            u128::from(req.max_price) * u128::from(spec.gpu_count) * u128::from(spec.duration_secs);
+        let needed = cost.div_ceil(3600);
+        if u128::from(budget) < needed {
+            return Err(BrokerError::Budget(format!(
+                "a budget of {:.6} does not cover {} GPUs × {} s at up to {:.6} per GPU-hour ({:.6})",
+                spec.budget,
+                spec.gpu_count,
+                spec.duration_secs,
+                spec.max_price_per_gpu_hour,
+                needed as f64 / 1e6
+            )));
+        }
+        let now = self.clock.unix();
+        let spec = JobSpec {
+            tenant: Some(tenant.clone()),
+            ..spec
+        };
+        let row = JobRow {
+            id: id.clone(),
+            tenant,
+            spec: serde_json::to_string(&spec).map_err(|e| BrokerError::Internal(e.to_string()))?,
+            state: state::PENDING.into(),
+            reason: "submitted".into(),
+            node_id: None,
+            lease_id: None,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store.insert_job(&row).await?;
+        self.metrics.event("job", "submitted");
+        self.place_job(&row, Some(req)).await?;
+        self.job_view_by_id(&id).await
+    }
+
+    /// Try to place one pending job. `Ok(true)`: placed.
+    async fn place_job(
+        &self,
+        job: &JobRow,
+        req: Option<Requirements>,
+    ) -> Result<bool, BrokerError> {
+        let spec: JobSpec = serde_json::from_str(&job.spec)
+            .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
+        let req = match req {
+            Some(r) => r,
+            None => self.requirements(&job.id, &spec)?,
+        };
+        for _attempt in 0..8 {
+            let now = self.clock.unix();
+            let choice = {
+                let mut idx = self.index();
+                match idx.choose(&req, now) {
+                    Some(c) if idx.reserve(&c.node_id, &c.gpus) => {
+                        let record = idx.record(&c.node_id);
+                        Some((c, record))
+                    }
+                    _ => None,
+                }
+            };
+            let Some((choice, Some(record))) = choice else {
+                return Ok(false);
+            };
+            let lease_id = random_id("l")?;
+            let ends_at = now.saturating_add(i64::try_from(spec.duration_secs).unwrap_or(i64::MAX));
+            let token = self.keys.lease_token(
+                &lease_id,
+                &job.id,
+                &record,
+                &choice.gpus,
+                &spec.resources,
+                now,
+                self.config.lease_ttl_secs,
+            )?;
+            let reason = format!(
+                "placed on {} (GPUs {}), lease {lease_id}",
+                choice.node_id,
+                store::gpus_text(&choice.gpus)
+            );
+            let outcome = self
+                .store
+                .place(
+                    &Placement {
+                        job_id: &job.id,
+                        node_id: &choice.node_id,
+                        lease_id: &lease_id,
+                        gpus: &choice.gpus,
+                        token: &token,
+                        started_at: now,
+                        ends_at,
+                        reason: &reason,
+                    },
+                    self.now_ms(),
+                )
+                .await;
+            match outcome {
+                Ok(PlaceOutcome::Placed) => {
+                    self.metrics.event("job", "placed");
+                    tracing::info!(job = %job.id, node = %choice.node_id, lease = %lease_id, "job placed");
+                    if let Ok(mut p) = self.policies.lock() {
+                        p.remove(&job.id);
+                    }
+                    return Ok(true);
+                }
+                Ok(PlaceOutcome::GpuTaken) => {
+                    // Another replica took one of these GPUs: learn its allocations, choose again.
+                    self.metrics.event("placement", "conflict");
+                    let used = self
+                        .store
+                        .allocations(Some(std::slice::from_ref(&choice.node_id)))
+                        .await?;
+                    self.index().set_used(
+                        &choice.node_id,
+                        used.get(&choice.node_id).copied().unwrap_or(0),
+                    );
+                }
+                Ok(PlaceOutcome::JobNotPending) => {
+                    self.index().release(&choice.node_id, &choice.gpus);
+                    return Ok(false);
+                }
+                Err(e) => {
+                    self.index().release(&choice.node_id, &choice.gpus);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Place every pending job that fits now, oldest first.
+    pub(crate) async fn place_pending(&self) {
+        let Ok(_one) = self.placing.try_lock() else {
+            return;
+        };
+        let jobs = match self.store.pending_jobs(MAX_LIST).await {
+            Ok(j) => j,
+            Err(e) => {
+                tracing::warn!(error = %e, "pending jobs");
+                return;
+            }
+        };
+        for job in jobs {
+            if let Err(e) = self.place_job(&job, None).await {
+                tracing::warn!(job = %job.id, error = %e, "placement failed");
+                if matches!(
+                    e,
+                    BrokerError::PlacementPolicy(_) | BrokerError::BadRequest(_)
+                ) {
+                    let _ = self
+                        .store
+                        .transition(
+                            &job.id,
+                            &[state::PENDING],
+                            state::FAILED,
+                            &e.to_string(),
+                            self.clock.unix(),
+                        )
+                        .await;
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn job_view_by_id(&self, id: &str) -> Result<JobView, BrokerError> {
+        let row = self
+            .store
+            .job(id)
+            .await?
+            .ok_or_else(|| BrokerError::NotFound(format!("job {id}")))?;
+        self.job_view(row, true).await
+    }
+
+    async fn job_view(&self, row: JobRow, events: bool) -> Result<JobView, BrokerError> {
+        let spec: JobSpec = serde_json::from_str(&row.spec)
+            .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
+        let mut reason = row.reason.clone();
+        if row.state == state::PENDING
+            && let Ok(req) = self.requirements(&row.id, &spec)
+        {
+            reason = format!(
+                "{reason}; {}",
+                self.index().why_none(&req, self.clock.unix())
+            );
+        }
+        let gpus = match &row.lease_id {
+            Some(_) if !state::is_final(&row.state) && row.state != state::PENDING => self
+                .store
+                .open_leases(row.node_id.as_deref())
+                .await?
+                .into_iter()
+                .find(|l| Some(&l.id) == row.lease_id.as_ref())
+                .map(|l| l.gpus)
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        Ok(JobView {
+            events: if events {
+                self.store.events(&row.id).await?
+            } else {
+                Vec::new()
+            },
+            id: row.id,
+            tenant: row.tenant,
+            state: row.state,
+            reason,
+            spec,
+            node_id: row.node_id,
+            lease_id: row.lease_id,
+            gpus,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        })
+    }
+
+    /// A job `admin` may see (its tenant's, or an auditor's).
+    pub(crate) async fn job_for(&self, admin: &Admin, id: &str) -> Result<JobView, BrokerError> {
+        let view = self.job_view_by_id(id).await?;
+        if auditor(admin) || admin.may(Some(&format!("tenant:{}", view.tenant))).is_ok() {
+            Ok(view)
+        } else {
+            Err(BrokerError::NotFound(format!("job {id}")))
+        }
+    }
+
+    pub(crate) async fn jobs(
+        &self,
+        admin: &Admin,
+        tenant: Option<&str>,
+    ) -> Result<Vec<JobView>, BrokerError> {
+        let rows = if auditor(admin) && tenant.is_none() {
+            self.store.jobs(None, MAX_LIST).await?
+        } else {
+            let t = tenant_of(admin, tenant)?;
+            self.store.jobs(Some(&t), MAX_LIST).await?
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            out.push(self.job_view(r, false).await?);
+        }
+        Ok(out)
+    }
+
+    /// Cancel a job: its lease ends (no renewal) and its GPUs are free at once.
+    pub(crate) async fn cancel(&self, admin: &Admin, id: &str) -> Result<JobView, BrokerError> {
+        let view = self.job_for(admin, id).await?;
+        if state::is_final(&view.state) {
+            return Err(BrokerError::Conflict(format!(
+                "job {id} is already {}",
+                view.state
+            )));
+        }
+        let now = self.clock.unix();
+        let reason = format!("cancelled by {}", admin.actor());
+        match &view.lease_id {
+            Some(lease) if view.state != state::PENDING => {
+                if let Some(l) = self
+                    .store
+                    .end_lease(
+                        lease,
+                        &[state::PLACED, state::RUNNING],
+                        state::CANCELLED,
+                        &reason,
+                        now,
+                        self.now_ms(),
+                    )
+                    .await?
+                {
+                    self.index().release(&l.node_id, &l.gpus);
+                }
+            }
+            _ => {
+                self.store
+                    .transition(id, &[state::PENDING], state::CANCELLED, &reason, now)
+                    .await?;
+            }
+        }
+        self.metrics.event("job", "cancelled");
+        self.place_pending().await;
+        self.job_view_by_id(id).await
+    }
+
+    // --- the monitor
+
+    /// Read node rows other replicas (or this one) changed since the last sync into the index;
+    /// each record's signature is checked before it counts.
+    pub(crate) async fn sync(&self) -> Result<(), BrokerError> {
+        let cursor = self.sync_cursor.lock().map(|c| *c).unwrap_or(0);
+        // Overlap by two seconds: a row committed late with an earlier `updated_ms` is still
+        // seen.
+        let rows = self.store.nodes_since((cursor - 2000).max(0)).await?;
+        let operators = self.store.operators().await?;
+        let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+        let used = self.store.allocations(Some(&ids)).await?;
+        let mut max_ms = cursor;
+        let mut idx = self.index();
+        for (name, rep) in operators {
+            idx.set_operator_reputation(&name, rep);
+        }
+        for row in rows {
+            max_ms = max_ms.max(row.updated_ms);
+            let same = idx.record_token(&row.id) == Some(row.record.as_str());
+            if !same {
+                match self.keys.verify_record(&row.record) {
+                    Ok(record) if record.id == row.id => {
+                        idx.upsert(
+                            record,
+                            row.record.clone(),
+                            row.reputation,
+                            row.last_heartbeat,
+                            row.heartbeat_seq,
+                            0,
+                        );
+                    }
+                    _ => {
+                        tracing::error!(node = %row.id, "a node row without a valid broker signature; ignored");
+                        idx.remove(&row.id);
+                        continue;
+                    }
+                }
+            } else {
+                idx.set_node_reputation(&row.id, row.reputation);
+            }
+            idx.observe_heartbeat(&row.id, row.last_heartbeat, row.heartbeat_seq);
+            idx.set_used(&row.id, used.get(&row.id).copied().unwrap_or(0));
+        }
+        drop(idx);
+        if let Ok(mut c) = self.sync_cursor.lock() {
+            *c = max_ms;
+        }
+        Ok(())
+    }
+
+    /// One monitor pass: sync, fail over nodes that stopped proving themselves, complete leases
+    /// that ran their duration, place pending jobs.
+    pub(crate) async fn tick(&self) -> Result<(), BrokerError> {
+        self.sync().await?;
+        let now = self.clock.unix();
+        let failing = self.index().failing(now);
+        for (node, why) in failing {
+            let started = std::time::Instant::now();
+            let reason = format!("node {node} stopped proving itself ({why}); re-placing");
+            for l in self.store.open_leases(Some(&node)).await? {
+                if let Some(l) = self
+                    .store
+                    .end_lease(
+                        &l.id,
+                        &[state::PLACED, state::RUNNING],
+                        state::PENDING,
+                        &reason,
+                        now,
+                        self.now_ms(),
+                    )
+                    .await?
+                {
+                    self.index().release(&l.node_id, &l.gpus);
+                    self.metrics.event("failover", "lease_ended");
+                    tracing::warn!(node = %node, lease = %l.id, job = %l.job_id, %why, "lease ended; job re-placed");
+                }
+            }
+            // Leases another replica ended: the allocation rows are gone.
+            let used = self
+                .store
+                .allocations(Some(std::slice::from_ref(&node)))
+                .await?;
+            self.index()
+                .set_used(&node, used.get(&node).copied().unwrap_or(0));
+            tracing::debug!(node = %node, elapsed = ?started.elapsed(), "failover pass");
+        }
+        for l in self.store.open_leases(None).await? {
+            if l.ends_at <= now
+                && let Some(l) = self
+                    .store
+                    .end_lease(
+                        &l.id,
+                        &[state::PLACED, state::RUNNING],
+                        state::COMPLETED,
+                        "ran its duration",
+                        now,
+                        self.now_ms(),
+                    )
+                    .await?
+            {
+                self.index().release(&l.node_id, &l.gpus);
+                self.metrics.event("job", "completed");
+            }
+        }
+        self.place_pending().await;
+        Ok(())
+    }
+
+    /// Reputation (tests; later work feeds it from metering and proofs).
+    pub async fn set_reputation(
+        &self,
+        node: Option<(&str, i64)>,
+        operator: Option<(&str, i64)>,
+    ) -> Result<(), BrokerError> {
+        self.store
+            .set_reputation(node, operator, self.now_ms())
+            .await?;
+        self.sync().await
+    }
+}
+
+/// A running broker (tests, `cgx up` and `cgx bench broker` start one on port 0).
+#[derive(Debug)]
+pub struct Running {
+    pub addr: SocketAddr,
+    broker: Arc<Broker>,
+    server: cgx_service::Running,
+}
+
+impl Running {
+    /// Stop accepting and the monitor, let open requests finish, close the database.
+    pub async fn shutdown(self) {
+        self.server.shutdown().await;
+        self.broker.store.close().await;
+    }
+
+    /// Run one monitor pass now (tests drive time with a manual clock).
+    pub async fn tick(&self) -> Result<(), BrokerError> {
+        self.broker.tick().await
+    }
+
+    /// Set reputations (tests; the ledger feeds them later).
+    pub async fn set_reputation(
+        &self,
+        node: Option<(&str, i64)>,
+        operator: Option<(&str, i64)>,
+    ) -> Result<(), BrokerError> {
+        self.broker.set_reputation(node, operator).await
+    }
+}
+
+/// Bind and serve on the system clock.
+pub async fn start(config: &BrokerConfig) -> Result<Running, BrokerError> {
+    start_with_clock(config, cgx_service::clock::system()).await
+}
+
+/// [`start`] on `clock`.
+pub async fn start_with_clock(
+    config: &BrokerConfig,
+    clock: SharedClock,
+) -> Result<Running, BrokerError> {
+    let broker = Arc::new(Broker::new(config, clock).await?);
+    let mut background: Vec<Background> = vec![Box::pin(monitor(
+        broker.clone(),
+        Duration::from_millis(config.monitor_interval_ms),
+    ))];
+    if broker.store.is_sqlite() {
+        background.push(Box::pin(checkpoints(broker.clone())));
+    }
+    let server =
+        cgx_service::server::start(&config.listener(), http::router(broker.clone()), background)
+            .await
+            .map_err(|e| BrokerError::Config(e.to_string()))?;
+    Ok(Running {
+        addr: server.addr(),
+        broker,
+        server,
+    })
+}
+
+async fn monitor(broker: Arc<Broker>, every: Duration) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n: u64 = 0;
+    loop {
+        ticker.tick().await;
+        n += 1;
+        if let Err(e) = broker.tick().await {
+            tracing::warn!(error = %e, "monitor pass deferred");
+        }
+        if n.is_multiple_of(120)
+            && let Err(e) = broker.store.sweep_nonces(broker.clock.unix()).await
+        {
+            tracing::debug!(error = %e, "nonce sweep deferred");
+        }
+    }
+}
+
+async fn checkpoints(broker: Arc<Broker>) {
+    let mut every = tokio::time::interval(Duration::from_millis(500));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if let Err(e) = broker.store.checkpoint().await {
+            tracing::debug!(error = %e, "WAL checkpoint deferred");
+        }
+    }
+}
+
+/// Serve `config` until `shutdown` completes, then drain and close.
+pub async fn run(
+    config: &BrokerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+    on_listen: impl FnOnce(SocketAddr),
+) -> Result<(), BrokerError> {
+    let running = start(config).await?;
+    on_listen(running.addr);
+    shutdown.await;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,342 @@
+//! Registration on composite evidence: decode the node's message, take missing collateral
+//! from the store (never fetched here), verify every piece and the binding between them and the
+//! node identity (Ed25519 key + KBS TEE key) through the `Appraiser`, then check that what the
+//! node *offers* is what its evidence *proves*: GPU count = GPU reports, the offered model is one
+//! of the chip the GPU certificates name, the TEE kind is the report's.
+
+use cgx_attestation::collateral::CollateralKey;
+use cgx_attestation::collateral::fetch::{CollateralSource, tdx_collateral_json, tdx_keys};
+use cgx_attestation::{Evidence, EvidenceKind, KindClaims, nvidia, snp, tdx};
+use cgx_policies::{Appraisal, Appraiser};
+use cgx_protocol::broker::{CpuEvidence, Offer, Registration, unb64};
+
+use super::error::BrokerError;
+use super::index::{MAX_GPUS, TeeKind};
+
+/// GPU models the broker knows: the chip their certificates name and their largest memory.
+pub const GPU_MODELS: &[(&str, &str, u32)] = &[
+    ("H100", "GH100", 96),
+    ("H800", "GH100", 80),
+    ("H200", "GH100", 141),
+    ("H20", "GH100", 96),
+    ("B200", "GB100", 192),
+];
+
+/// A registration's evidence, decoded into owned bytes.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    pub node_key: [u8; 32],
+    pub tee_thumbprint: String,
+    pub nonce: Vec<u8>,
+    cpu: Cpu,
+    gpus: Vec<Gpu>,
+}
+
+/// One GPU's (SPDM report, PEM chain, DER OCSP responses).
+type Gpu = (Vec<u8>, Vec<u8>, Vec<Vec<u8>>);
+
+#[derive(Debug)]
+enum Cpu {
+    Snp {
+        report: Vec<u8>,
+        cert: Vec<u8>,
+        kind: snp::SigningKey,
+        chain: Vec<u8>,
+        crls: Vec<Vec<u8>>,
+    },
+    Tdx {
+        quote: Vec<u8>,
+        collateral: Vec<u8>,
+    },
+}
+
+fn bytes(text: &str, what: &str) -> Result<Vec<u8>, BrokerError> {
+    unb64(text).ok_or_else(|| BrokerError::BadRequest(format!("{what} is not base64")))
+}
+
+fn missing(what: &str) -> BrokerError {
+    BrokerError::Evidence {
+        code: "collateral_missing",
+        detail: format!("{what}: not sent and not in the collateral store"),
+    }
+}
+
+/// A short printable name (region, operator, GPU model, a resource path's part): 1–64 of
+/// `[A-Za-z0-9._-]`, starting with a letter or digit (no `..`).
+pub(crate) fn check_name(v: &str, what: &str) -> Result<(), BrokerError> {
+    let ok = v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && v.len() <= 64
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(BrokerError::BadRequest(format!(
+            "{what} must be 1 to 64 of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+        )))
+    }
+}
+
+/// Shape checks on the offer, before any evidence is looked at.
+pub(crate) fn check_offer(o: &Offer) -> Result<(), BrokerError> {
+    check_name(&o.gpu_model, "gpu_model")?;
+    check_name(&o.region, "region")?;
+    check_name(&o.operator, "operator")?;
+    if o.gpu_count == 0 || o.gpu_count > MAX_GPUS {
+        return Err(BrokerError::BadRequest(format!(
+            "gpu_count must be 1 to {MAX_GPUS}"
+        )));
+    }
+    if super::index::micros(o.price_per_gpu_hour).is_none() {
+        return Err(BrokerError::BadRequest(
+            "price_per_gpu_hour must be a finite number from 0 to 10^9".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Decode `reg`; collateral the node did not send comes from `source` (as of `now`).
+pub(crate) fn decode(
+    reg: &Registration,
+    source: Option<&CollateralSource>,
+    now: i64,
+) -> Result<Decoded, BrokerError> {
+    let key = bytes(&reg.node_key, "node_key")?;
+    let node_key: [u8; 32] = key
+        .try_into()
+        .map_err(|_| BrokerError::BadRequest("node_key must be a 32-byte Ed25519 key".into()))?;
+    let nonce = bytes(&reg.nonce, "nonce")?;
+    if reg.gpus.len() > MAX_GPUS as usize {
+        return Err(BrokerError::BadRequest(format!(
+            "at most {MAX_GPUS} GPU reports"
+        )));
+    }
+    let tee_thumbprint = cgx_protocol::kbs::jwe::thumbprint(&reg.tee_pubkey);
+    let lookup = |key: CollateralKey| -> Option<Vec<u8>> {
+        source
+            .and_then(|s| s.cached(&key, now).ok().flatten())
+            .map(|c| c.bytes)
+    };
+    let cpu = match &reg.cpu {
+        CpuEvidence::Snp {
+            report,
+            signing_cert,
+            signing_key,
+            cert_chain,
+            crls,
+        } => {
+            let report = bytes(report, "cpu.report")?;
+            let parsed =
+                snp::AttestationReport::parse(&report).map_err(|e| BrokerError::Evidence {
+                    code: e.code(),
+                    detail: e.to_string(),
+                })?;
+            let kind = match signing_key.as_deref() {
+                None | Some("vcek") => snp::SigningKey::Vcek,
+                Some("vlek") => snp::SigningKey::Vlek,
+                Some(other) => {
+                    return Err(BrokerError::BadRequest(format!(
+                        "cpu.signing_key must be vcek or vlek, not {other}"
+                    )));
+                }
+            };
+            let cert = match signing_cert {
+                Some(c) => bytes(c, "cpu.signing_cert")?,
+                None => CollateralKey::vcek_for(&parsed)
+                    .and_then(lookup)
+                    .ok_or_else(|| missing("VCEK"))?,
+            };
+            let product = parsed.cpuid_product();
+            let vlek = kind == snp::SigningKey::Vlek;
+            let chain = match cert_chain {
+                Some(c) => c.clone().into_bytes(),
+                None => product
+                    .and_then(|product| lookup(CollateralKey::AmdCertChain { product, vlek }))
+                    .ok_or_else(|| missing("AMD ASK/ARK chain"))?,
+            };
+            let mut crls = crls
+                .iter()
+                .map(|c| bytes(c, "cpu.crls"))
+                .collect::<Result<Vec<_>, _>>()?;
+            if crls.is_empty()
+                && let Some(crl) =
+                    product.and_then(|product| lookup(CollateralKey::AmdCrl { product, vlek }))
+            {
+                crls.push(crl);
+            }
+            Cpu::Snp {
+                report,
+                cert,
+                kind,
+                chain,
+                crls,
+            }
+        }
+        CpuEvidence::Tdx { quote, collateral } => {
+            let quote = bytes(quote, "cpu.quote")?;
+            let collateral = match collateral {
+                Some(c) => c.clone().into_bytes(),
+                None => {
+                    let (fmspc, ca) =
+                        tdx::collateral_ids(&quote).map_err(|e| BrokerError::Evidence {
+                            code: e.code(),
+                            detail: e.to_string(),
+                        })?;
+                    let [a, b, c, d] = tdx_keys(fmspc, ca).map(lookup);
+                    let (Some(a), Some(b), Some(c), Some(d)) = (a, b, c, d) else {
+                        return Err(missing("Intel collateral"));
+                    };
+                    tdx_collateral_json(&a, &b, &c, &d).map_err(|e| BrokerError::Evidence {
+                        code: e.code(),
+                        detail: e.to_string(),
+                    })?
+                }
+            };
+            Cpu::Tdx { quote, collateral }
+        }
+    };
+    let gpus = reg
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            Ok((
+                bytes(&g.report, &format!("gpus[{i}].report"))?,
+                g.cert_chain.clone().into_bytes(),
+                g.ocsp
+                    .iter()
+                    .map(|o| bytes(o, &format!("gpus[{i}].ocsp")))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ))
+        })
+        .collect::<Result<Vec<_>, BrokerError>>()?;
+    Ok(Decoded {
+        node_key,
+        tee_thumbprint,
+        nonce,
+        cpu,
+        gpus,
+    })
+}
+
+/// Verify, bind and appraise (CPU-heavy: the caller runs it off the async threads).
+pub(crate) fn appraise(
+    appraiser: &Appraiser,
+    d: &Decoded,
+    now: time::OffsetDateTime,
+) -> Result<Appraisal, BrokerError> {
+    let identity = cgx_protocol::broker::node_identity(&d.node_key, &d.tee_thumbprint);
+    let cpu = match &d.cpu {
+        Cpu::Snp {
+            report,
+            cert,
+            kind,
+            chain,
+            crls,
+        } => Evidence::Snp(snp::SnpEvidence {
+            report,
+            signing_cert: cert,
+            signing_cert_kind: Some(*kind),
+            cert_chain: chain,
+            crls,
+        }),
+        Cpu::Tdx { quote, collateral } => Evidence::Tdx(tdx::TdxEvidence {
+            quote,
+            collateral_json: collateral,
+        }),
+    };
+    let ev = cgx_attestation::binding::CompositeEvidence {
+        cpu,
+        gpus: d
+            .gpus
+            .iter()
+            .map(|(report, chain, ocsp)| nvidia::NvidiaEvidence {
+                report,
+                cert_chain: chain,
+                expected_nonce: None,
+                ocsp,
+            })
+            .collect(),
+        nonce: &d.nonce,
+        node_pubkey: &identity,
+    };
+    appraiser
+        .appraise_composite(&ev, now, now.unix_timestamp())
+        .map_err(|e| match e {
+            cgx_policies::Error::Attestation(error) => BrokerError::Evidence {
+                code: error.code(),
+                detail: error.to_string(),
+            },
+            other => BrokerError::Internal(format!("appraisal: {other}")),
+        })
+}
+
+/// What the evidence proves about the hardware.
+#[derive(Debug, Clone)]
+pub(crate) struct Proven {
+    pub tee: TeeKind,
+    pub chip: String,
+    pub sim: bool,
+}
+
+/// The offer must claim only what the appraisal's verified claims prove.
+pub(crate) fn check_inventory(offer: &Offer, a: &Appraisal) -> Result<Proven, BrokerError> {
+    let parts = a.parts();
+    let Some(cpu) = parts.first() else {
+        return Err(BrokerError::Internal("an appraisal without parts".into()));
+    };
+    let tee = match cpu.claims.kind {
+        EvidenceKind::Snp => TeeKind::Snp,
+        EvidenceKind::Tdx => TeeKind::Tdx,
+        other => {
+            return Err(BrokerError::Inventory(format!(
+                "the CPU evidence is {}, not an SNP report or TDX quote",
+                other.as_str()
+            )));
+        }
+    };
+    let gpus = &parts[1..];
+    if gpus.len() != offer.gpu_count as usize {
+        return Err(BrokerError::Inventory(format!(
+            "the offer claims {} GPUs, the evidence carries {} GPU reports",
+            offer.gpu_count,
+            gpus.len()
+        )));
+    }
+    let Some((_, chip, max_mem)) = GPU_MODELS.iter().find(|(m, _, _)| *m == offer.gpu_model) else {
+        return Err(BrokerError::Inventory(format!(
+            "GPU model {} is not one the broker knows ({})",
+            offer.gpu_model,
+            GPU_MODELS
+                .iter()
+                .map(|m| m.0)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    };
+    for (i, g) in gpus.iter().enumerate() {
+        let KindClaims::Nvidia(n) = &g.claims.detail else {
+            return Err(BrokerError::Inventory(format!(
+                "GPU {i}'s evidence is not an NVIDIA report"
+            )));
+        };
+        if n.chip.as_deref() != Some(*chip) {
+            return Err(BrokerError::Inventory(format!(
+                "the offer claims {} ({chip}), GPU {i}'s certificate names {}",
+                offer.gpu_model,
+                n.chip.as_deref().unwrap_or("no chip")
+            )));
+        }
+    }
+    if offer.gpu_memory_gib == 0 || offer.gpu_memory_gib > *max_mem {
+        return Err(BrokerError::Inventory(format!(
+            "{} GiB per GPU: a {} has 1 to {max_mem} GiB",
+            offer.gpu_memory_gib, offer.gpu_model
+        )));
+    }
+    Ok(Proven {
+        tee,
+        chip: chip.to_string(),
+        sim: parts.iter().any(|p| p.claims.sim),
+    })
+}

@@ -1,0 +1,420 @@
+//! The development network's broker and simulated nodes: a broker on `127.0.0.1:0` whose
+//! signing key is the KBS setup's broker key (so the KBS honours its leases), with API keys for
+//! two tenants, an operator and an auditor; and simulated nodes that register on composite
+//! evidence, heartbeat with their node key, and attest to the KBS with the TEE key their
+//! registration bound.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cgx_attestation::bundle::Bundle;
+use cgx_attestation::sim::SnpReportOptions;
+use cgx_broker::client::BrokerClient;
+use cgx_broker::server::config::{ApiKey, AppraisalConfig, BrokerConfig};
+use cgx_kbs::client::KbsClient;
+use cgx_kbs::sim::SimNode;
+use cgx_protocol::broker::{
+    CpuEvidence, GpuEvidence, HeartbeatAnswer, Offer, Registered, Registration, b64,
+};
+use cgx_protocol::kbs::jwe::{Curve, TeeKey};
+use serde_json::json;
+
+use crate::{DevnetError, Ed, Result, Setup, io, now, temp_dir};
+
+/// Tenants and roles the development broker knows.
+pub const TENANT_A: &str = "acme";
+pub const TENANT_B: &str = "globex";
+pub const OPERATOR: &str = "op1";
+
+/// A broker configuration beside a KBS setup.
+#[derive(Debug)]
+pub struct BrokerSetup {
+    pub dir: PathBuf,
+    pub config: BrokerConfig,
+    /// `tenant:acme`.
+    pub tenant: Ed,
+    /// `tenant:globex`.
+    pub other_tenant: Ed,
+    /// `operator:op1` and `operator:op2`.
+    pub operator: Ed,
+    /// `auditor`.
+    pub auditor: Ed,
+}
+
+impl Ed {
+    /// A bearer API token for the broker (five minutes).
+    pub fn api_token(&self) -> Result<String> {
+        self.api_token_at(now())
+    }
+
+    /// An API token issued at `t` (a broker on a manual clock), valid five minutes.
+    pub fn api_token_at(&self, t: i64) -> Result<String> {
+        cgx_service::jwt::sign_eddsa(&self.pkcs8, &json!({"iat": t, "exp": t + 300}))
+            .map_err(DevnetError::Kbs)
+    }
+}
+
+/// A broker that signs leases with `kbs.broker` and trusts `sim_roots` (hex pins, or `*`), on
+/// SQLite in its own folder unless `database` is given (a PostgreSQL URL shared by replicas).
+pub fn broker_setup(
+    kbs: &Setup,
+    sim_roots: Vec<String>,
+    database: Option<String>,
+) -> Result<BrokerSetup> {
+    let dir = temp_dir("broker")?;
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).map_err(|e| io(&p, e))
+    };
+    write("signing.pk8", &kbs.broker.pkcs8)?;
+    let result_key = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
+        &aws_lc_rs::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        &aws_lc_rs::rand::SystemRandom::new(),
+    )
+    .map_err(|_| DevnetError::Keys)?;
+    write("ear.pk8", result_key.as_ref())?;
+    let tenant = Ed::generate()?;
+    let other_tenant = Ed::generate()?;
+    let operator = Ed::generate()?;
+    let auditor = Ed::generate()?;
+    let key = |e: &Ed, scopes: &[&str]| ApiKey {
+        public_key: e.public_b64.clone(),
+        scopes: scopes.iter().map(|s| s.to_string()).collect(),
+    };
+    let config = BrokerConfig {
+        listen: "127.0.0.1:0".into(),
+        tls: None,
+        insecure_dev: true,
+        database: database
+            .unwrap_or_else(|| format!("sqlite://{}", dir.join("broker.db").display())),
+        signing_key: dir.join("signing.pk8"),
+        result_key: Some(dir.join("ear.pk8")),
+        api_keys: vec![
+            key(&tenant, &[&format!("tenant:{TENANT_A}")]),
+            key(&other_tenant, &[&format!("tenant:{TENANT_B}")]),
+            key(
+                &operator,
+                &[&format!("operator:{OPERATOR}"), "operator:op2"],
+            ),
+            key(&auditor, &["auditor"]),
+        ],
+        sim_roots,
+        collateral: Default::default(),
+        appraisal: AppraisalConfig {
+            policy: None,
+            reference_values: Some(kbs.dir.join("refs.json")),
+        },
+        reattest_secs: 600,
+        heartbeat_secs: 5,
+        missed_heartbeats: 3,
+        lease_ttl_secs: 120,
+        nonce_ttl_secs: 60,
+        monitor_interval_ms: 250,
+        api_token_max_ttl_secs: 3600,
+        max_connections: 4096,
+        max_in_flight: 1024,
+    };
+    Ok(BrokerSetup {
+        dir,
+        config,
+        tenant,
+        other_tenant,
+        operator,
+        auditor,
+    })
+}
+
+impl BrokerSetup {
+    pub fn cleanup(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// A client of `base` with `who`'s API token.
+    pub fn client(&self, base: &str, who: &Ed) -> Result<BrokerClient> {
+        self.client_at(base, who, now())
+    }
+
+    /// A client whose token is issued at `t` (a broker on a manual clock).
+    pub fn client_at(&self, base: &str, who: &Ed, t: i64) -> Result<BrokerClient> {
+        BrokerClient::new(base, None, Some(who.api_token_at(t)?))
+            .map_err(|e| DevnetError::Kbs(e.to_string()))
+    }
+}
+
+/// A broker on its own runtime; stopped gracefully on [`BrokerServer::stop`] or drop.
+pub struct BrokerServer {
+    pub base: String,
+    pub addr: std::net::SocketAddr,
+    rt: tokio::runtime::Runtime,
+    running: Option<cgx_broker::server::Running>,
+}
+
+impl std::fmt::Debug for BrokerServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerServer")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BrokerServer {
+    pub fn start(config: &BrokerConfig) -> Result<Self> {
+        Self::start_with_clock(config, cgx_service::clock::system())
+    }
+
+    pub fn start_with_clock(
+        config: &BrokerConfig,
+        clock: cgx_service::SharedClock,
+    ) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("broker-server")
+            .enable_all()
+            .build()
+            .map_err(|e| DevnetError::Kbs(e.to_string()))?;
+        let running = rt
+            .block_on(cgx_broker::server::start_with_clock(config, clock))
+            .map_err(|e| DevnetError::Kbs(format!("broker: {e}")))?;
+        Ok(BrokerServer {
+            base: format!("http://{}", running.addr),
+            addr: running.addr,
+            rt,
+            running: Some(running),
+        })
+    }
+
+    /// One monitor pass now (with a manual clock: after moving it).
+    pub fn tick(&self) -> Result<()> {
+        match &self.running {
+            Some(r) => self
+                .rt
+                .block_on(r.tick())
+                .map_err(|e| DevnetError::Kbs(format!("broker: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Set a node's and/or an operator's reputation.
+    pub fn set_reputation(
+        &self,
+        node: Option<(&str, i64)>,
+        operator: Option<(&str, i64)>,
+    ) -> Result<()> {
+        match &self.running {
+            Some(r) => self
+                .rt
+                .block_on(r.set_reputation(node, operator))
+                .map_err(|e| DevnetError::Kbs(format!("broker: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    pub fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            self.rt.block_on(r.shutdown());
+        }
+    }
+}
+
+impl Drop for BrokerServer {
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            self.rt.block_on(r.shutdown());
+        }
+    }
+}
+
+/// A simulated node as the broker sees it: a simulated CVM ([`SimNode`]: SNP report and GPUs),
+/// an Ed25519 node key, the EC TEE key it attests to the KBS with, and its offer.
+pub struct SimBrokerNode {
+    pub sim: SimNode,
+    pub node_key: Ed,
+    node_key_raw: [u8; 32],
+    tee_pkcs8: Vec<u8>,
+    pub offer: Offer,
+    pub id: String,
+    /// The SNP guest policy its reports carry (tests set the debug bit, 1 << 19).
+    pub snp_policy: u64,
+    seq: AtomicU64,
+}
+
+impl std::fmt::Debug for SimBrokerNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimBrokerNode")
+            .field("id", &self.id)
+            .field("offer", &self.offer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An offer of `gpus` simulated H100s (80 GiB) in `region` at `price` per GPU-hour.
+pub fn offer(gpus: u32, region: &str, price: f64) -> Offer {
+    Offer {
+        gpu_model: "H100".into(),
+        gpu_count: gpus,
+        gpu_memory_gib: 80,
+        region: region.into(),
+        price_per_gpu_hour: price,
+        operator: OPERATOR.into(),
+    }
+}
+
+fn sim_err(e: impl std::fmt::Display) -> DevnetError {
+    DevnetError::Simulator(e.to_string())
+}
+
+impl SimBrokerNode {
+    /// A simulated node with `sim`'s hardware making `offer`.
+    pub fn new(sim: SimNode, offer: Offer) -> Result<Self> {
+        use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+        let node_key = Ed::generate()?;
+        let kp = Ed25519KeyPair::from_pkcs8(&node_key.pkcs8).map_err(|_| DevnetError::Keys)?;
+        let node_key_raw: [u8; 32] = kp
+            .public_key()
+            .as_ref()
+            .try_into()
+            .map_err(|_| DevnetError::Keys)?;
+        let tee = TeeKey::generate_ec(Curve::P256).map_err(sim_err)?;
+        Ok(SimBrokerNode {
+            id: cgx_protocol::broker::node_id(&node_key_raw),
+            sim,
+            node_key,
+            node_key_raw,
+            tee_pkcs8: tee.ec_pkcs8().map_err(sim_err)?,
+            offer,
+            snp_policy: SnpReportOptions::default().policy,
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    /// A node with `gpus` simulated H100s measured as [`crate::MEASUREMENT`].
+    pub fn generate(gpus: usize, offer: Offer) -> Result<Self> {
+        Self::new(crate::node(gpus)?, offer)
+    }
+
+    pub fn tee_key(&self) -> Result<TeeKey> {
+        TeeKey::ec_from_der(Curve::P256, &self.tee_pkcs8).map_err(sim_err)
+    }
+
+    /// The RFC 7638 thumbprint of the TEE key.
+    pub fn tee_thumbprint(&self) -> Result<String> {
+        Ok(cgx_protocol::kbs::jwe::thumbprint(
+            &self.tee_key()?.public().map_err(sim_err)?,
+        ))
+    }
+
+    /// A registration for `nonce` (base64url) binding `identity_key` and `tee` (tests pass
+    /// another node's values to bind the evidence to the wrong identity).
+    pub fn registration_with(
+        &self,
+        nonce: &str,
+        bound_nonce: &[u8],
+        bound_node_key: &[u8; 32],
+        bound_tee_thumbprint: &str,
+    ) -> Result<Registration> {
+        let identity = cgx_protocol::broker::node_identity(bound_node_key, bound_tee_thumbprint);
+        let composite = self
+            .sim
+            .amd
+            .composite_with(
+                &self.sim.gpus,
+                bound_nonce,
+                &identity,
+                &SnpReportOptions {
+                    measurement: self.sim.measurement,
+                    policy: self.snp_policy,
+                    ..Default::default()
+                },
+            )
+            .map_err(sim_err)?;
+        let Bundle::Snp {
+            report,
+            signing_cert,
+            cert_chain,
+            ..
+        } = &composite.cpu
+        else {
+            return Err(sim_err("the simulator made no SNP bundle"));
+        };
+        let gpus = composite
+            .gpus
+            .iter()
+            .filter_map(|g| match g {
+                Bundle::Nvidia {
+                    report,
+                    cert_chain,
+                    ocsp,
+                } => Some(GpuEvidence {
+                    report: b64(report),
+                    cert_chain: String::from_utf8_lossy(cert_chain).into_owned(),
+                    ocsp: ocsp.iter().map(|o| b64(o)).collect(),
+                }),
+                _ => None,
+            })
+            .collect();
+        Ok(Registration {
+            nonce: nonce.to_string(),
+            node_key: b64(&self.node_key_raw),
+            tee_pubkey: self.tee_key()?.public().map_err(sim_err)?,
+            cpu: CpuEvidence::Snp {
+                report: b64(report),
+                signing_cert: Some(b64(signing_cert)),
+                signing_key: Some("vcek".into()),
+                cert_chain: Some(String::from_utf8_lossy(cert_chain).into_owned()),
+                crls: Vec::new(),
+            },
+            gpus,
+            offer: self.offer.clone(),
+        })
+    }
+
+    /// A registration for `nonce` binding this node's own keys.
+    pub fn registration(&self, nonce: &str) -> Result<Registration> {
+        let raw = cgx_protocol::broker::unb64(nonce).ok_or_else(|| sim_err("nonce"))?;
+        self.registration_with(nonce, &raw, &self.node_key_raw, &self.tee_thumbprint()?)
+    }
+
+    /// Ask for a nonce and register through `operator` (a client with an operator token).
+    pub fn register(
+        &self,
+        operator: &BrokerClient,
+    ) -> std::result::Result<Registered, cgx_broker::client::ClientError> {
+        let n = operator.nonce()?;
+        let reg = self
+            .registration(&n.nonce)
+            .map_err(|e| cgx_broker::client::ClientError::Decode(e.to_string()))?;
+        operator.register(&reg)
+    }
+
+    /// A signed heartbeat token with the next sequence number.
+    pub fn heartbeat_token(&self, at: i64) -> Result<String> {
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        cgx_protocol::broker::heartbeat_token(&self.node_key.pkcs8, &self.id, seq, at)
+            .map_err(DevnetError::Kbs)
+    }
+
+    /// Heartbeat now (wall clock) through `client`.
+    pub fn heartbeat(
+        &self,
+        client: &BrokerClient,
+    ) -> std::result::Result<HeartbeatAnswer, cgx_broker::client::ClientError> {
+        let t = self
+            .heartbeat_token(now())
+            .map_err(|e| cgx_broker::client::ClientError::Decode(e.to_string()))?;
+        client.heartbeat(&self.id, &t)
+    }
+
+    /// A KBS client holding this node's TEE key (the key its registration bound).
+    pub fn kbs_client(&self, base: &str) -> Result<KbsClient> {
+        KbsClient::new(base, None, self.tee_key()?).map_err(|e| DevnetError::Kbs(e.to_string()))
+    }
+}
+
+/// Reference values for a broker that accepts sim evidence measured as `measurements`.
+pub fn reference_values(measurements: &[[u8; 48]]) -> serde_json::Value {
+    json!({
+        "allow_sim": "affirming",
+        "snp": {"measurements": measurements.iter().map(hex::encode).collect::<Vec<_>>()},
+        "nvidia": {"require_ocsp": false}
+    })
+}

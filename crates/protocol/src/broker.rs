@@ -1,0 +1,319 @@
+//! The broker's wire protocol: node registration on composite evidence, signed heartbeats,
+//! jobs, nodes and leases as JSON messages, and the few computations both ends must agree on
+//! (the node identity the evidence binds, a node's id, the heartbeat token). No I/O.
+//!
+//! ```text
+//! node                                   broker
+//!  │ POST /v1/nodes/nonce ───────────────► nonce (single use, expires)
+//!  │ POST /v1/nodes  Registration ───────► verify + bind + appraise + inventory check
+//!  │ ◄──────────────────────────────────── Registered {node_id, EAR, fresh_until}
+//!  │ POST /v1/nodes/{id}/heartbeat  (EdDSA JWT under the node key, every 5 s)
+//!  │ ◄──────────────────────────────────── HeartbeatAnswer {reattest, leases: [LeaseGrant]}
+//! ```
+//!
+//! The identity the CPU report binds ([`node_identity`]) is the node's Ed25519 key *and* the
+//! RFC 7638 thumbprint of the TEE key it later presents to the KBS: the broker attests both in
+//! one piece of hardware evidence, and the lease it issues names that thumbprint, so the KBS
+//! releases a job's keys only to the VM the broker attested (DESIGN.md, "Leases").
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use serde::{Deserialize, Serialize};
+
+use crate::kbs_types::TeePubKey;
+
+/// The audience of a heartbeat token: a heartbeat is made for the broker, nothing else.
+pub const HEARTBEAT_AUDIENCE: &str = "cgx-broker/heartbeat";
+
+/// The audience of a lease token: made for the KBS's release, nothing else.
+pub const LEASE_AUDIENCE: &str = "cgx-kbs";
+
+/// Label of [`node_identity`].
+const IDENTITY_LABEL: &[u8] = b"cgx/node-identity/v1";
+
+fn lp(out: &mut Vec<u8>, x: &[u8]) {
+    out.extend_from_slice(&(x.len() as u32).to_be_bytes());
+    out.extend_from_slice(x);
+}
+
+/// The bytes a node's composite evidence binds as its "node key"
+/// (`cgx_attestation::binding`'s `node_pubkey`):
+/// `"cgx/node-identity/v1" ‖ lp(ed25519 public key) ‖ lp(TEE key thumbprint)`. Evidence bound to
+/// another Ed25519 key or another TEE key does not match.
+pub fn node_identity(node_key: &[u8; 32], tee_thumbprint: &str) -> Vec<u8> {
+    let mut m = IDENTITY_LABEL.to_vec();
+    lp(&mut m, node_key);
+    lp(&mut m, tee_thumbprint.as_bytes());
+    m
+}
+
+/// A node's id: `n` and the first 16 bytes of SHA-256 of its Ed25519 key, in hex. Stable across
+/// re-attestation; a new key is a new node.
+pub fn node_id(node_key: &[u8; 32]) -> String {
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, node_key);
+    format!("n{}", hex::encode(&d.as_ref()[..16]))
+}
+
+/// Bytes as unpadded base64url (how every binary field of these messages travels).
+pub fn b64(bytes: &[u8]) -> String {
+    B64.encode(bytes)
+}
+
+/// Bytes from base64url (padded or not) or standard base64.
+pub fn unb64(text: &str) -> Option<Vec<u8>> {
+    B64.decode(text.trim_end_matches('='))
+        .ok()
+        .or_else(|| base64::engine::general_purpose::STANDARD.decode(text).ok())
+}
+
+/// A heartbeat: an EdDSA compact JWS under the node key with `{"sub": node id, "aud":
+/// HEARTBEAT_AUDIENCE, "seq", "iat", "exp": iat + 30}`. `seq` only grows (replays are refused).
+pub fn heartbeat_token(pkcs8: &[u8], node_id: &str, seq: u64, now: i64) -> Result<String, String> {
+    let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(pkcs8)
+        .map_err(|_| "not an Ed25519 PKCS#8 key".to_string())?;
+    let claims = serde_json::json!({
+        "sub": node_id, "aud": HEARTBEAT_AUDIENCE, "seq": seq, "iat": now, "exp": now + 30,
+    });
+    let signing_input = format!(
+        "{}.{}",
+        B64.encode(br#"{"alg":"EdDSA","typ":"JWT"}"#),
+        B64.encode(claims.to_string())
+    );
+    let sig = kp.sign(signing_input.as_bytes());
+    Ok(format!("{signing_input}.{}", B64.encode(sig.as_ref())))
+}
+
+/// `POST /v1/nodes/nonce` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NonceResponse {
+    /// 32 random bytes, base64url.
+    pub nonce: String,
+    /// Unix seconds after which the broker no longer accepts it.
+    pub expires_at: i64,
+}
+
+/// The CPU report of a registration, as the node's TEE produced it; collateral the node does
+/// not send comes from the broker's collateral store.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum CpuEvidence {
+    Snp {
+        /// The 1184-byte ATTESTATION_REPORT, base64url.
+        report: String,
+        /// The VCEK or VLEK certificate (DER, base64url), if the node has it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signing_cert: Option<String>,
+        /// `vcek` or `vlek` (what `signing_cert` is).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signing_key: Option<String>,
+        /// ASK/ASVK and ARK, PEM.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cert_chain: Option<String>,
+        /// DER CRLs, base64url.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        crls: Vec<String>,
+    },
+    Tdx {
+        /// The quote, base64url.
+        quote: String,
+        /// Intel collateral as JSON text (dcap-qvl's `QuoteCollateralV3`), if the node has it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        collateral: Option<String>,
+    },
+}
+
+/// One GPU's SPDM evidence, in the order the CPU report's binding lists them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GpuEvidence {
+    /// GET_MEASUREMENTS ‖ MEASUREMENTS, base64url.
+    pub report: String,
+    /// The device certificate chain, PEM.
+    pub cert_chain: String,
+    /// DER OCSP responses for the chain, base64url.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ocsp: Vec<String>,
+}
+
+/// What a node offers: checked against what its evidence proves.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Offer {
+    /// GPU model, e.g. `H100` or `H200`; must be a model of the chip the GPUs' certificates name.
+    pub gpu_model: String,
+    /// GPUs offered: must equal the number of GPU reports.
+    pub gpu_count: u32,
+    /// Memory per GPU, GiB; at most the model's.
+    pub gpu_memory_gib: u32,
+    pub region: String,
+    /// Price per GPU-hour (the marketplace's currency unit; six decimals kept).
+    pub price_per_gpu_hour: f64,
+    /// The operator (provider) the node belongs to.
+    pub operator: String,
+}
+
+/// `POST /v1/nodes` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registration {
+    /// The nonce from `POST /v1/nodes/nonce`, base64url.
+    pub nonce: String,
+    /// The node's Ed25519 public key, base64url: it signs heartbeats and metering records.
+    pub node_key: String,
+    /// The TEE key the node will present to the KBS (a JWK as CoCo sends it).
+    pub tee_pubkey: TeePubKey,
+    pub cpu: CpuEvidence,
+    pub gpus: Vec<GpuEvidence>,
+    pub offer: Offer,
+}
+
+/// `POST /v1/nodes` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Registered {
+    pub node_id: String,
+    /// `affirming`, `warning`, `contraindicated` or `none`.
+    pub status: String,
+    /// The signed EAR.
+    pub ear: String,
+    /// The policy's violations, readable.
+    pub violations: Vec<String>,
+    pub attested_at: i64,
+    /// Placeable until then at the latest (re-attest before).
+    pub fresh_until: i64,
+    pub heartbeat_secs: u64,
+}
+
+/// A lease as the node sees it: the token it presents to the KBS, renewed through heartbeats.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LeaseGrant {
+    pub lease_id: String,
+    pub job_id: String,
+    pub gpus: Vec<u32>,
+    pub resources: Vec<String>,
+    /// The lease token (EdDSA JWT, audience `cgx-kbs`, naming the node's TEE key thumbprint).
+    pub token: String,
+    pub expires_at: i64,
+}
+
+/// `POST /v1/nodes/{id}/heartbeat` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HeartbeatAnswer {
+    /// Re-attest now (the result lapses soon, or the broker asks early).
+    pub reattest: bool,
+    /// Why the node is not placeable, if it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unplaceable: Option<String>,
+    /// The node's open leases with fresh tokens.
+    pub leases: Vec<LeaseGrant>,
+}
+
+/// A job as a tenant submits it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// The tenant the job is billed to; defaults to the token's only tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub gpu_model: String,
+    pub gpu_count: u32,
+    #[serde(default)]
+    pub min_gpu_memory_gib: u32,
+    /// TEE kinds allowed (`snp`, `tdx`); empty: any.
+    #[serde(default)]
+    pub tee: Vec<String>,
+    /// Regions allowed, in order of preference; empty: any.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    pub max_price_per_gpu_hour: f64,
+    pub duration_secs: u64,
+    /// What the tenant escrows: at least `max price × GPUs × hours`.
+    pub budget: f64,
+    /// KBS resource paths the job's lease covers (`repo/type/tag`).
+    #[serde(default)]
+    pub resources: Vec<String>,
+    /// Rego, package `placement`: `deny` is a set of readable reasons (empty: the node fits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_policy: Option<String>,
+}
+
+/// One state change of a job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JobEvent {
+    pub at: i64,
+    pub from: Option<String>,
+    pub to: String,
+    pub reason: String,
+}
+
+/// A job as the broker reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobView {
+    pub id: String,
+    pub tenant: String,
+    /// `pending`, `placed`, `running`, `completed`, `failed` or `cancelled`.
+    pub state: String,
+    pub reason: String,
+    pub spec: JobSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<JobEvent>,
+}
+
+/// A node as the broker reports it (`cgx node ls|show`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodeView {
+    pub id: String,
+    pub operator: String,
+    pub region: String,
+    pub tee: String,
+    pub sim: bool,
+    pub gpu_model: String,
+    pub gpu_chip: String,
+    pub gpu_count: u32,
+    pub gpu_memory_gib: u32,
+    pub free_gpus: u32,
+    pub price_per_gpu_hour: f64,
+    pub reputation: i64,
+    /// The appraisal's status.
+    pub status: String,
+    pub placeable: bool,
+    /// Why the node is not placeable (empty when it is).
+    pub reason: String,
+    pub violations: Vec<String>,
+    pub attested_at: i64,
+    pub fresh_until: i64,
+    pub last_heartbeat: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claims: Option<serde_json::Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn identity_separates_its_inputs() {
+        let a = node_identity(&[1; 32], "abc");
+        assert_ne!(a, node_identity(&[2; 32], "abc"));
+        assert_ne!(a, node_identity(&[1; 32], "abd"));
+        assert!(a.starts_with(IDENTITY_LABEL));
+        assert_eq!(node_id(&[1; 32]).len(), 33);
+        assert_ne!(node_id(&[1; 32]), node_id(&[2; 32]));
+    }
+
+    #[test]
+    fn messages_refuse_unknown_fields() {
+        let bad = r#"{"kind":"tdx","quote":"AA","extra":1}"#;
+        assert!(serde_json::from_str::<CpuEvidence>(bad).is_err());
+        let ok = r#"{"kind":"tdx","quote":"AA"}"#;
+        assert!(serde_json::from_str::<CpuEvidence>(ok).is_ok());
+    }
+}

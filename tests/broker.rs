@@ -1,0 +1,650 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The broker end to end on loopback: registration on composite evidence and every refusal,
+//! heartbeats, freshness, jobs and placement over HTTP, leases the KBS honours for the attested
+//! VM only, cancellation, failover with a measured time, restart, the database as an untrusted
+//! store, and two replicas on one PostgreSQL without a double-booked GPU.
+
+use std::time::{Duration, Instant};
+
+use cgx_broker::client::{BrokerClient, ClientError};
+use cgx_devnet::broker::{
+    BrokerServer, BrokerSetup, OPERATOR, SimBrokerNode, TENANT_A, broker_setup, offer,
+};
+use cgx_protocol::broker::JobSpec;
+use cgx_service::clock::{Clock, ManualClock};
+
+/// A KBS and a broker on loopback, trusting `nodes`' simulator roots.
+struct Net {
+    kbs: cgx_devnet::Setup,
+    broker: BrokerSetup,
+}
+
+impl Net {
+    fn new(nodes: &[&SimBrokerNode], database: Option<String>) -> Net {
+        Self::with(nodes, &[], database)
+    }
+
+    /// `nodes` measured as the reference values accept; `also_trusted`'s roots trusted too.
+    fn with(
+        nodes: &[&SimBrokerNode],
+        also_trusted: &[&SimBrokerNode],
+        database: Option<String>,
+    ) -> Net {
+        let sims: Vec<&cgx_kbs::sim::SimNode> = nodes.iter().map(|n| &n.sim).collect();
+        let kbs = cgx_devnet::setup(&sims, None).unwrap();
+        let mut pins: Vec<String> = kbs.pins.iter().map(hex::encode).collect();
+        for n in also_trusted {
+            pins.extend(n.sim.root_pins().iter().map(hex::encode));
+        }
+        let broker = broker_setup(&kbs, pins, database).unwrap();
+        Net { kbs, broker }
+    }
+
+    fn operator(&self, s: &BrokerServer) -> BrokerClient {
+        self.broker.client(&s.base, &self.broker.operator).unwrap()
+    }
+
+    fn tenant(&self, s: &BrokerServer) -> BrokerClient {
+        self.broker.client(&s.base, &self.broker.tenant).unwrap()
+    }
+
+    fn auditor(&self, s: &BrokerServer) -> BrokerClient {
+        self.broker.client(&s.base, &self.broker.auditor).unwrap()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.kbs.cleanup();
+        self.broker.cleanup();
+    }
+}
+
+fn job(gpus: u32) -> JobSpec {
+    JobSpec {
+        tenant: None,
+        gpu_model: "H100".into(),
+        gpu_count: gpus,
+        min_gpu_memory_gib: 40,
+        tee: vec!["snp".into()],
+        regions: Vec::new(),
+        max_price_per_gpu_hour: 4.0,
+        duration_secs: 3600,
+        budget: 4.0 * f64::from(gpus),
+        resources: Vec::new(),
+        placement_policy: None,
+    }
+}
+
+fn code(r: Result<impl std::fmt::Debug, ClientError>) -> (String, String) {
+    match r {
+        Err(ClientError::Refused { code, detail, .. }) => (code, detail),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn node(gpus: usize, region: &str, price: f64) -> SimBrokerNode {
+    SimBrokerNode::generate(gpus, offer(gpus as u32, region, price)).unwrap()
+}
+
+#[test]
+fn a_job_is_placed_on_the_right_node_and_only_that_vm_gets_its_key() {
+    let a = node(2, "eu-west", 2.0);
+    let b = node(1, "us-east", 1.0);
+    let cheap_far = node(2, "us-east", 0.5);
+    let net = Net::new(&[&a, &b, &cheap_far], None);
+    let kbs = cgx_devnet::Server::start(&net.kbs.config).unwrap();
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.operator(&broker);
+    for n in [&a, &b, &cheap_far] {
+        let r = n.register(&op).unwrap();
+        assert_eq!(r.status, "affirming", "{:?}", r.violations);
+        assert_eq!(r.node_id, n.id);
+    }
+    // The weights key: a job resource, released only with a lease.
+    let path = "acme/weights/llama";
+    kbs.put_resource(&net.kbs.admin, path, b"the weights key", true)
+        .unwrap();
+    let tenant = net.tenant(&broker);
+    let mut spec = job(2);
+    spec.regions = vec!["eu-west".into()];
+    spec.resources = vec![path.into()];
+    let placed = tenant.submit(&spec).unwrap();
+    assert_eq!(placed.state, "placed", "{}", placed.reason);
+    assert_eq!(
+        placed.node_id.as_deref(),
+        Some(a.id.as_str()),
+        "eu-west only"
+    );
+    assert_eq!(placed.gpus, vec![0, 1]);
+    assert_eq!(placed.tenant, TENANT_A);
+    // The node learns its lease through its heartbeat; the job is running.
+    let hb = a.heartbeat(&op).unwrap();
+    assert_eq!(hb.leases.len(), 1);
+    let lease = &hb.leases[0];
+    assert_eq!(lease.job_id, placed.id);
+    assert_eq!(lease.resources, vec![path.to_string()]);
+    assert_eq!(tenant.job(&placed.id).unwrap().state, "running");
+    // That VM (the TEE key its registration bound) gets the key with the lease.
+    let mut vm = a.kbs_client(&kbs.base).unwrap();
+    vm.attest(&a.sim).unwrap();
+    assert_eq!(
+        vm.resource(path, Some(&lease.token)).unwrap(),
+        b"the weights key"
+    );
+    // Another attested VM with the same lease token gets nothing.
+    let mut other = b.kbs_client(&kbs.base).unwrap();
+    other.attest(&b.sim).unwrap();
+    let refused = other.resource(path, Some(&lease.token)).unwrap_err();
+    assert!(refused.to_string().contains("node key"), "{refused}");
+    // Without the lease, the right VM gets nothing either.
+    assert!(vm.resource(path, None).is_err());
+    // Cheapest first when the region allows: a second job with no region goes to the 0.5 node.
+    let second = tenant.submit(&job(2)).unwrap();
+    assert_eq!(second.node_id.as_deref(), Some(cheap_far.id.as_str()));
+    // The events say what happened, in order.
+    let events = tenant.job(&placed.id).unwrap().events;
+    let states: Vec<&str> = events.iter().map(|e| e.to.as_str()).collect();
+    assert_eq!(states, ["pending", "placed", "running"]);
+    // Node views for operators and auditors; tenants see none.
+    let nodes = net.auditor(&broker).nodes().unwrap();
+    assert_eq!(nodes.len(), 3);
+    let view = op.node(&a.id).unwrap();
+    assert!(view.placeable && view.free_gpus == 0 && view.gpu_chip == "GH100");
+    assert!(view.claims.is_some());
+    assert_eq!(code(tenant.node(&a.id)).0, "NotFound");
+    broker.stop();
+    kbs.stop();
+}
+
+#[test]
+fn registration_refuses_what_the_evidence_does_not_prove() {
+    let a = node(2, "eu-west", 2.0);
+    let other = node(1, "eu-west", 2.0);
+    let mut lying = node(2, "eu-west", 2.0);
+    let net = Net::new(&[&a, &other, &lying], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.operator(&broker);
+    // A replayed nonce.
+    let n = op.nonce().unwrap();
+    let reg = a.registration(&n.nonce).unwrap();
+    op.register(&reg).unwrap();
+    let (c, d) = code(op.register(&reg));
+    assert_eq!(c, "NonceInvalid", "{d}");
+    // A nonce never issued.
+    let forged = a
+        .registration(&cgx_protocol::broker::b64(&[7; 32]))
+        .unwrap();
+    assert_eq!(code(op.register(&forged)).0, "NonceInvalid");
+    // Evidence bound to another node key (or TEE key): the binding breaks.
+    let n = op.nonce().unwrap();
+    let raw = cgx_protocol::broker::unb64(&n.nonce).unwrap();
+    let reg = a
+        .registration_with(&n.nonce, &raw, &[9; 32], &a.tee_thumbprint().unwrap())
+        .unwrap();
+    let (c, d) = code(op.register(&reg));
+    assert_eq!(c, "EvidenceRefused", "{d}");
+    assert!(d.contains("binding"), "{d}");
+    let n = op.nonce().unwrap();
+    let raw = cgx_protocol::broker::unb64(&n.nonce).unwrap();
+    let mut reg = a.registration(&n.nonce).unwrap();
+    reg.tee_pubkey = other.tee_key().unwrap().public().unwrap();
+    let (c, d) = code(op.register(&reg));
+    assert_eq!(
+        c, "EvidenceRefused",
+        "another TEE key than the evidence binds: {d}"
+    );
+    // Evidence bound to another nonce.
+    let n2 = op.nonce().unwrap();
+    let reg = a.registration_with(&n2.nonce, &raw, &[0; 32], "x").unwrap();
+    assert_eq!(code(op.register(&reg)).0, "EvidenceRefused");
+    // Inventory the evidence does not prove: 8 GPUs offered with 2 reports; another model.
+    lying.offer.gpu_count = 8;
+    let (c, d) = code(lying.register(&op));
+    assert_eq!(c, "InventoryNotProven", "{d}");
+    assert!(d.contains("8 GPUs") && d.contains("2 GPU reports"), "{d}");
+    lying.offer.gpu_count = 2;
+    lying.offer.gpu_model = "B200".into();
+    let (c, d) = code(lying.register(&op));
+    assert_eq!(c, "InventoryNotProven", "{d}");
+    assert!(d.contains("GH100"), "{d}");
+    lying.offer.gpu_model = "H100".into();
+    lying.offer.gpu_memory_gib = 200;
+    assert_eq!(code(lying.register(&op)).0, "InventoryNotProven");
+    // Sim evidence whose roots the broker does not trust (this node's were not pinned).
+    let untrusted = node(1, "eu-west", 2.0);
+    let (c, d) = code(untrusted.register(&op));
+    assert_eq!(c, "EvidenceRefused", "{d}");
+    assert!(d.contains("sim"), "{d}");
+    // Operators register their own operator's nodes only; tenants register none.
+    let mut foreign = node(1, "eu-west", 1.0);
+    foreign.offer.operator = "someone-else".into();
+    assert_eq!(code(foreign.register(&op)).0, "Forbidden");
+    assert_eq!(code(net.tenant(&broker).nonce()).0, "Forbidden");
+    // No token at all.
+    let anon = BrokerClient::new(&broker.base, None, None).unwrap();
+    assert_eq!(code(anon.nonce()).0, "Unauthorized");
+    assert_eq!(code(anon.nodes()).0, "Unauthorized");
+    broker.stop();
+}
+
+#[test]
+fn contraindicated_evidence_registers_but_is_never_placed_and_says_why() {
+    let good = node(1, "eu-west", 3.0);
+    // A debug guest: the appraisal policy contraindicates it.
+    let mut bad = node(1, "eu-west", 0.1);
+    bad.snp_policy |= 1 << 19;
+    let net = Net::with(&[&good], &[&bad], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.operator(&broker);
+    let r = bad.register(&op).unwrap();
+    assert_eq!(r.status, "contraindicated");
+    assert!(!r.violations.is_empty());
+    let view = op.node(&bad.id).unwrap();
+    assert!(!view.placeable);
+    assert!(view.reason.contains("not affirming"), "{}", view.reason);
+    // A job the cheap contraindicated node would win on price waits, saying why…
+    let tenant = net.tenant(&broker);
+    let pending = tenant.submit(&job(1)).unwrap();
+    assert_eq!(pending.state, "pending");
+    assert!(
+        pending.reason.contains("1 not_affirming"),
+        "{}",
+        pending.reason
+    );
+    // …and goes to the good node once it registers.
+    good.register(&op).unwrap();
+    let placed = tenant.job(&pending.id).unwrap();
+    assert_eq!(placed.state, "placed", "{}", placed.reason);
+    assert_eq!(placed.node_id.as_deref(), Some(good.id.as_str()));
+    broker.stop();
+}
+
+#[test]
+fn heartbeats_are_signed_monotonic_and_freshness_lapses() {
+    let a = node(1, "eu-west", 1.0);
+    let b = node(1, "eu-west", 1.0);
+    let net = Net::new(&[&a, &b], None);
+    let clock = ManualClock::default();
+    let broker = BrokerServer::start_with_clock(&net.broker.config, clock.shared()).unwrap();
+    let op = net.operator(&broker);
+    a.register(&op).unwrap();
+    b.register(&op).unwrap();
+    let t = clock.unix();
+    let op_at = |t: i64| {
+        net.broker
+            .client_at(&broker.base, &net.broker.operator, t)
+            .unwrap()
+    };
+    // Signed by another node's key.
+    let forged = cgx_protocol::broker::heartbeat_token(&b.node_key.pkcs8, &a.id, 1, t).unwrap();
+    let (c, d) = code(op.heartbeat(&a.id, &forged));
+    assert_eq!(c, "HeartbeatInvalid", "{d}");
+    // Another node's heartbeat sent for this node.
+    let theirs = b.heartbeat_token(t).unwrap();
+    assert_eq!(code(op.heartbeat(&a.id, &theirs)).0, "HeartbeatInvalid");
+    // A replay.
+    let hb = a.heartbeat_token(t).unwrap();
+    assert!(!op.heartbeat(&a.id, &hb).unwrap().reattest);
+    assert_eq!(code(op.heartbeat(&a.id, &hb)).0, "HeartbeatInvalid");
+    // Missed heartbeats: 3 × 5 s later, unplaceable with the reason.
+    clock.advance(16);
+    let view = op.node(&a.id).unwrap();
+    assert!(!view.placeable);
+    assert!(view.reason.contains("missed heartbeats"), "{}", view.reason);
+    // A heartbeat brings it back.
+    op.heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    assert!(op.node(&a.id).unwrap().placeable);
+    // Near the end of the re-attestation interval the answer asks for re-attestation; past
+    // it, the node is unplaceable until it re-attests.
+    for _ in 0..100 {
+        clock.advance(5);
+        let ans = op_at(clock.unix())
+            .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+            .unwrap();
+        if ans.reattest {
+            break;
+        }
+    }
+    assert!(clock.unix() - t >= 480, "asked only in the last fifth");
+    clock.advance(130);
+    let op = op_at(clock.unix());
+    let ans = op
+        .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    assert!(ans.reattest);
+    assert!(
+        ans.unplaceable
+            .as_deref()
+            .unwrap_or("")
+            .contains("attestation lapsed"),
+        "{ans:?}"
+    );
+    // Re-attesting (the broker's clock is ahead of the simulator's certificates: fine).
+    let r = a.register(&op).unwrap();
+    assert_eq!(r.status, "affirming");
+    assert!(op.node(&a.id).unwrap().placeable);
+    broker.stop();
+}
+
+#[test]
+fn budgets_policies_tenants_and_cancellation() {
+    let a = node(2, "eu-west", 2.0);
+    let net = Net::new(&[&a], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.operator(&broker);
+    a.register(&op).unwrap();
+    let tenant = net.tenant(&broker);
+    // The budget must cover max price × GPUs × hours.
+    let mut spec = job(2);
+    spec.budget = 7.99;
+    let (c, d) = code(tenant.submit(&spec));
+    assert_eq!(c, "BudgetTooSmall", "{d}");
+    // A placement policy that does not compile is refused at submission.
+    let mut spec = job(1);
+    spec.placement_policy = Some("package placement\ndeny contains".into());
+    assert_eq!(code(tenant.submit(&spec)).0, "PlacementPolicyInvalid");
+    // One that refuses the node keeps the job pending, with its reason.
+    spec.placement_policy = Some(cgx_policies::PLACEMENT_POLICY.replace("eu-", "ap-"));
+    let held = tenant.submit(&spec).unwrap();
+    assert_eq!(held.state, "pending");
+    assert!(held.reason.contains("placement_policy"), "{}", held.reason);
+    tenant.cancel(&held.id).unwrap();
+    // Bad shapes.
+    let mut spec = job(0);
+    assert_eq!(code(tenant.submit(&spec)).0, "BadRequest");
+    spec = job(1);
+    spec.tee = vec!["sgx".into()];
+    assert_eq!(code(tenant.submit(&spec)).0, "BadRequest");
+    spec = job(1);
+    spec.resources = vec!["../etc/passwd".into()];
+    assert_eq!(code(tenant.submit(&spec)).0, "BadRequest");
+    // Two GPUs: the first job takes both, the second waits, cancelling frees them.
+    let first = tenant.submit(&job(2)).unwrap();
+    assert_eq!(first.state, "placed");
+    let second = tenant.submit(&job(1)).unwrap();
+    assert_eq!(second.state, "pending");
+    assert!(second.reason.contains("1 full"), "{}", second.reason);
+    // Another tenant neither sees nor cancels it.
+    let other = net
+        .broker
+        .client(&broker.base, &net.broker.other_tenant)
+        .unwrap();
+    assert_eq!(code(other.job(&first.id)).0, "NotFound");
+    assert_eq!(code(other.cancel(&first.id)).0, "NotFound");
+    assert!(other.jobs(None).unwrap().is_empty());
+    assert_eq!(code(other.jobs(Some(TENANT_A))).0, "Forbidden");
+    let cancelled = tenant.cancel(&first.id).unwrap();
+    assert_eq!(cancelled.state, "cancelled");
+    assert_eq!(code(tenant.cancel(&first.id)).0, "Conflict");
+    let second = tenant.job(&second.id).unwrap();
+    assert_eq!(second.state, "placed", "capacity freed: {}", second.reason);
+    // A cancelled lease gets no renewal: only the second job's lease comes back.
+    let hb = a.heartbeat(&op).unwrap();
+    assert_eq!(hb.leases.len(), 1);
+    assert_eq!(hb.leases[0].job_id, second.id);
+    assert_eq!(tenant.jobs(None).unwrap().len(), 3);
+    broker.stop();
+}
+
+#[test]
+fn failover_moves_the_job_within_a_measured_time() {
+    let a = node(1, "eu-west", 1.0);
+    let b = node(1, "eu-west", 2.0);
+    let mut net = Net::new(&[&a, &b], None);
+    // The default monitor interval, as production runs it.
+    net.broker.config.monitor_interval_ms = 500;
+    let clock = ManualClock::default();
+    let broker = BrokerServer::start_with_clock(&net.broker.config, clock.shared()).unwrap();
+    let op = net.operator(&broker);
+    a.register(&op).unwrap();
+    b.register(&op).unwrap();
+    let tenant = net.tenant(&broker);
+    let j = tenant.submit(&job(1)).unwrap();
+    assert_eq!(j.node_id.as_deref(), Some(a.id.as_str()), "cheapest first");
+    op.heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    // A keeps silent; B heartbeats. 15 s is the allowance (3 × 5 s); one more second passes it.
+    clock.advance(10);
+    op.heartbeat(&b.id, &b.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    clock.advance(6);
+    op.heartbeat(&b.id, &b.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    let overdue = Instant::now();
+    if let Err(e) = broker.tick() {
+        panic!("{e}");
+    }
+    let moved = loop {
+        let v = tenant.job(&j.id).unwrap();
+        if v.node_id.as_deref() == Some(b.id.as_str()) && v.state == "placed" {
+            break v;
+        }
+        assert!(
+            overdue.elapsed() < Duration::from_secs(10),
+            "not moved: {v:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = overdue.elapsed();
+    println!(
+        "failover: detected and re-placed {took:?} after the heartbeat deadline (monitor every 500 ms); \
+         with default intervals a node is declared gone 15 s after its last heartbeat"
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    let states: Vec<String> = moved.events.iter().map(|e| e.to.clone()).collect();
+    assert_eq!(
+        states,
+        ["pending", "placed", "running", "pending", "placed"]
+    );
+    assert!(
+        moved.events[3].reason.contains("missed heartbeats"),
+        "{:?}",
+        moved.events[3]
+    );
+    // A's lease is gone: its heartbeat (when it comes back) renews nothing.
+    let hb = op
+        .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    assert!(hb.leases.is_empty());
+    broker.stop();
+}
+
+#[test]
+fn a_restarted_broker_rebuilds_from_the_database_and_trusts_no_row_by_itself() {
+    let a = node(2, "eu-west", 2.0);
+    let net = Net::new(&[&a], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.operator(&broker);
+    a.register(&op).unwrap();
+    let tenant = net.tenant(&broker);
+    let j = tenant.submit(&job(1)).unwrap();
+    assert_eq!(j.state, "placed");
+    broker.stop();
+    // Restarted: the node, its allocation and the job are back.
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.operator(&broker);
+    let tenant = net.tenant(&broker);
+    let view = op.node(&a.id).unwrap();
+    assert!(view.placeable, "{}", view.reason);
+    assert_eq!(view.free_gpus, 1);
+    assert_eq!(tenant.job(&j.id).unwrap().state, "placed");
+    broker.stop();
+    // A database writer changes the node's record (more GPUs) and forges a lease row: the
+    // record's signature fails, so the node is not loaded; the forged lease is never renewed.
+    let db = net.broker.config.database.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&db).await.unwrap();
+        let row = sqlx::query("SELECT record FROM nodes")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let record: String = sqlx::Row::get(&row, "record");
+        let mut parts: Vec<String> = record.split('.').map(str::to_string).collect();
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let payload = String::from_utf8(b64.decode(&parts[1]).unwrap()).unwrap();
+        parts[1] = b64.encode(payload.replace("\"gpu_count\":2", "\"gpu_count\":8"));
+        sqlx::query("UPDATE nodes SET record = $1")
+            .bind(parts.join("."))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    });
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.operator(&broker);
+    assert_eq!(
+        code(op.node(&a.id)).0,
+        "NotFound",
+        "a tampered record is no node"
+    );
+    // Re-registering makes it a node again (its evidence is verified anew).
+    a.register(&op).unwrap();
+    let view = op.node(&a.id).unwrap();
+    assert_eq!(view.gpu_count, 2);
+    broker.stop();
+}
+
+/// Two replicas on one PostgreSQL, 200 concurrent submissions for fewer GPUs than they ask:
+/// exactly the capacity is placed and no GPU is given to two leases.
+#[test]
+fn two_replicas_never_double_book_a_gpu() {
+    let Ok(url) = std::env::var("CGX_TEST_DATABASE_URL") else {
+        eprintln!(
+            "SKIPPED two_replicas_never_double_book_a_gpu: CGX_TEST_DATABASE_URL is not set (CI sets it to a local PostgreSQL)"
+        );
+        return;
+    };
+    let nodes: Vec<SimBrokerNode> = (0..5)
+        .map(|i| node(8, "eu-west", 1.0 + f64::from(i) * 0.1))
+        .collect();
+    let refs: Vec<&SimBrokerNode> = nodes.iter().collect();
+    let db = cgx_devnet::fresh_postgres(&url).unwrap();
+    let net = Net::new(&refs, Some(db));
+    let r1 = BrokerServer::start(&net.broker.config).unwrap();
+    let r2 = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.operator(&r1);
+    for n in &nodes {
+        n.register(&op).unwrap();
+    }
+    // Replica 2 learns the nodes through its sync.
+    r2.tick().unwrap();
+    assert_eq!(net.auditor(&r2).nodes().unwrap().len(), 5);
+    let capacity = 40;
+    let started = Instant::now();
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let base = if t % 2 == 0 {
+                r1.base.clone()
+            } else {
+                r2.base.clone()
+            };
+            let tenant = net.broker.tenant.api_token().unwrap();
+            std::thread::spawn(move || {
+                let c = BrokerClient::new(&base, None, Some(tenant)).unwrap();
+                (0..25)
+                    .map(|_| c.submit(&job(1)).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let submitted: Vec<_> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    println!("200 submissions over 2 replicas in {:?}", started.elapsed());
+    assert_eq!(submitted.len(), 200);
+    // Let both monitors settle pending jobs.
+    r1.tick().unwrap();
+    r2.tick().unwrap();
+    let jobs = net.auditor(&r1).jobs(None).unwrap();
+    let placed: Vec<_> = jobs.iter().filter(|j| j.state == "placed").collect();
+    assert_eq!(placed.len(), capacity, "exactly the capacity is placed");
+    let mut seen = std::collections::HashSet::new();
+    for j in &placed {
+        let view = net.auditor(&r1).job(&j.id).unwrap();
+        for g in &view.gpus {
+            assert!(
+                seen.insert((view.node_id.clone().unwrap(), *g)),
+                "GPU {g} of {:?} given twice",
+                view.node_id
+            );
+        }
+    }
+    assert_eq!(seen.len(), capacity);
+    assert_eq!(
+        jobs.iter().filter(|j| j.state == "pending").count(),
+        200 - capacity
+    );
+    r1.stop();
+    r2.stop();
+}
+
+#[test]
+fn the_broker_serves_its_contract() {
+    let net = Net::new(&[], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let (s, body) =
+        cgx_system_tests::call("GET", &format!("{}/openapi.json", broker.base), None, None);
+    assert_eq!(s, 200);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for p in [
+        "/v1/nodes",
+        "/v1/nodes/{id}/heartbeat",
+        "/v1/jobs",
+        "/v1/jobs/{id}/cancel",
+    ] {
+        assert!(doc["paths"][p].is_object(), "{p}");
+    }
+    let (s, _) = cgx_system_tests::call("GET", &format!("{}/healthz", broker.base), None, None);
+    assert_eq!(s, 200);
+    let (s, body) = cgx_system_tests::call("GET", &format!("{}/metrics", broker.base), None, None);
+    assert_eq!(s, 200);
+    assert!(String::from_utf8_lossy(&body).contains("cgx_broker_requests_total"));
+    // Problem details with a stable code; oversized bodies refused before authentication.
+    let (s, body) = cgx_system_tests::call("GET", &format!("{}/v1/nope", broker.base), None, None);
+    assert_eq!(s, 404);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["code"],
+        "NotFound"
+    );
+    let ask = |head: String| {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(broker.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(head.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    };
+    for (path, len) in [
+        ("/v1/jobs", 200 << 10),
+        ("/v1/nodes", 3 << 20),
+        ("/v1/nodes/nonce", 8192),
+    ] {
+        let out = ask(format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {len}\r\n\r\n"
+        ));
+        assert!(out.starts_with("HTTP/1.1 413"), "{path}: not a 401: {out}");
+        assert!(out.contains("PayloadTooLarge"), "{out}");
+    }
+    // Plain HTTP only on loopback; a signing key that is also an API key is refused.
+    let mut bad = net.broker.config.clone();
+    bad.listen = "0.0.0.0:0".into();
+    assert!(bad.check().is_err());
+    let mut bad = net.broker.config.clone();
+    bad.api_keys.push(cgx_broker::server::config::ApiKey {
+        public_key: net.kbs.broker.public_b64.clone(),
+        scopes: vec!["*".into()],
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt.block_on(cgx_broker::server::start(&bad)).unwrap_err();
+    assert!(err.to_string().contains("signing key"), "{err}");
+    let _ = OPERATOR;
+    broker.stop();
+}
