@@ -5,6 +5,7 @@
 
 mod appraise;
 mod bench;
+mod broker;
 mod collateral;
 mod kbs;
 mod output;
@@ -103,6 +104,26 @@ enum Command {
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// The broker: registry, placement, leases (`serve`).
+    Broker {
+        #[command(subcommand)]
+        command: BrokerCommand,
+    },
+    /// Tenants' jobs on the broker: submit, status, cancel, ls.
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+        #[command(flatten)]
+        conn: broker::Conn,
+    },
+    /// Nodes registered with the broker: ls, show (claims, result, freshness, why a node is or
+    /// is not placeable).
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+        #[command(flatten)]
+        conn: broker::Conn,
     },
     /// The key broker service.
     Kbs {
@@ -224,6 +245,42 @@ enum KbsCommand {
         #[arg(long, default_value_t = 300)]
         ttl: i64,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum BrokerCommand {
+    /// Run the broker until SIGINT/SIGTERM.
+    Serve {
+        /// Configuration (TOML or JSON; see broker/src/server/config.rs).
+        #[arg(long)]
+        config: PathBuf,
+        /// Plain HTTP instead of the configured TLS (refused unless listening on loopback).
+        #[arg(long)]
+        insecure_dev: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum JobCommand {
+    /// Submit a job; it is placed at once if an attested, fresh node fits.
+    Submit(Box<broker::SubmitArgs>),
+    /// A job's state, node, lease and events.
+    Status { id: String },
+    /// Cancel a job: its lease ends and is never renewed; its GPUs are free at once.
+    Cancel { id: String },
+    /// Jobs of the key's tenant (auditors: every tenant's).
+    Ls {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCommand {
+    /// Nodes the key may see.
+    Ls,
+    /// One node.
+    Show { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -415,6 +472,22 @@ fn main() -> ExitCode {
                 ignore_signer_expiry,
                 json,
             } => rim::verify(&files, at.as_deref(), ignore_signer_expiry, json),
+        },
+        Command::Broker { command } => match command {
+            BrokerCommand::Serve {
+                config,
+                insecure_dev,
+            } => broker::serve(&config, insecure_dev),
+        },
+        Command::Job { command, conn } => match command {
+            JobCommand::Submit(args) => broker::job_submit(&conn, &args),
+            JobCommand::Status { id } => broker::job_status(&conn, &id),
+            JobCommand::Cancel { id } => broker::job_cancel(&conn, &id),
+            JobCommand::Ls { tenant } => broker::job_ls(&conn, tenant.as_deref()),
+        },
+        Command::Node { command, conn } => match command {
+            NodeCommand::Ls => broker::node_ls(&conn),
+            NodeCommand::Show { id } => broker::node_show(&conn, &id),
         },
         Command::Kbs { command } => match command {
             KbsCommand::Serve {

@@ -1,152 +1,295 @@
-//! `cgx up`: the whole path on embedded defaults, no hardware needed — simulated SNP and GPU
-//! evidence verified as real evidence is, then a job's weights key released from a loopback KBS
-//! (the development network's) into the simulated VM only with its lease.
+//! `cgx up`: the network on embedded defaults, no hardware needed — a broker, a KBS and several
+//! simulated confidential VMs on loopback. The nodes register on composite evidence (one
+//! contraindicated), a tenant's job is placed on the right node with a lease, the weights key is
+//! released into that VM only through that lease, then the node stops and its job moves. Every
+//! piece runs the production code path; only the evidence is simulated (its claims say so).
 
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use cgx_age::Identity;
-use cgx_attestation::sim::{SimAmd, SimGpu, SnpReportOptions, default_tcb};
-use cgx_attestation::snp::{Product, SigningKey};
-use cgx_attestation::{SimTrust, Verifier, VerifierConfig};
-use cgx_kbs::client::KbsClient;
-use time::OffsetDateTime;
+use cgx_attestation::{Verifier, VerifierConfig};
+use cgx_broker::client::BrokerClient;
+use cgx_devnet::broker::{BrokerServer, SimBrokerNode, broker_setup, offer};
+use cgx_protocol::broker::JobSpec;
 
-use crate::output::{CliResult, summary};
-use crate::sim::aws_lc_rs_fill;
+use crate::output::CliResult;
 
-fn now() -> i64 {
-    OffsetDateTime::now_utc().unix_timestamp()
+fn s(e: impl std::fmt::Display) -> String {
+    e.to_string()
 }
 
-/// `cgx up`: the whole attestation path on embedded defaults, no hardware needed.
-pub fn up() -> CliResult {
-    let now = OffsetDateTime::now_utc();
-    let t = now.unix_timestamp();
-    println!(
-        "cgx up: simulated confidential VM with one GPU (evidence is simulated; claims say so)"
-    );
-    let mut chip = [0u8; 64];
-    aws_lc_rs_fill(&mut chip)?;
-    let snp = SimAmd::generate(
-        Product::Genoa,
-        SigningKey::Vcek,
-        default_tcb(Product::Genoa),
-        chip,
-        t,
-    )
-    .map_err(|e| e.to_string())?;
-    let gpu = SimGpu::generate(t).map_err(|e| e.to_string())?;
-    let mut nonce = [0u8; 32];
-    aws_lc_rs_fill(&mut nonce)?;
-    let gpu_bundle = gpu.bundle(nonce, 64).map_err(|e| e.to_string())?;
-    let mut report_data = [0u8; 64];
-    report_data[..32].copy_from_slice(&nonce);
-    let snp_bundle = snp
-        .bundle(&SnpReportOptions {
-            report_data,
-            ..Default::default()
-        })
-        .map_err(|e| e.to_string())?;
-    let production = Verifier::new(VerifierConfig::default());
-    let dev = Verifier::new(VerifierConfig {
-        sim: SimTrust::Pinned(vec![snp.root_pin(), gpu.root_pin()]),
-    });
-    for (name, b) in [("CPU", &snp_bundle), ("GPU", &gpu_bundle)] {
-        match production.verify(&b.evidence(), now) {
-            Err(e) => println!(
-                "[production trust] {name}: refused as it must be: {} ({})",
-                e,
-                e.code()
-            ),
-            Ok(_) => return Err(format!("{name}: sim evidence passed production trust")),
+/// Heartbeats every second from each node until told to stop (the host agents' job).
+struct Beats {
+    stop: Vec<Arc<AtomicBool>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Beats {
+    fn start(nodes: &[Arc<SimBrokerNode>], client: &BrokerClient) -> Beats {
+        let mut stop = Vec::new();
+        let mut threads = Vec::new();
+        for n in nodes {
+            let flag = Arc::new(AtomicBool::new(false));
+            let (n, c, f) = (n.clone(), client.with_token(None), flag.clone());
+            threads.push(std::thread::spawn(move || {
+                while !f.load(Ordering::SeqCst) {
+                    let _ = n.heartbeat(&c);
+                    std::thread::sleep(Duration::from_millis(1000));
+                }
+            }));
+            stop.push(flag);
         }
-        match dev.verify(&b.evidence(), now) {
-            Ok(c) => println!("[sim roots pinned] {name}: VALID {}", summary(c.claims())),
-            Err(e) => {
-                println!("[sim roots pinned] {name}: REFUSED {e}");
-                return Ok(ExitCode::from(1));
-            }
+        Beats { stop, threads }
+    }
+
+    fn stop_one(&self, i: usize) {
+        if let Some(f) = self.stop.get(i) {
+            f.store(true, Ordering::SeqCst);
         }
     }
-    println!("ok: both verified through the same code path real evidence takes");
-    let node = cgx_kbs::sim::SimNode {
-        amd: snp,
-        gpus: vec![gpu],
-        measurement: [0x2A; 48],
-    };
-    up_release(&node)?;
-    println!("ok: key released only into the attested VM, only with its lease");
+
+    fn stop_all(self) {
+        for f in &self.stop {
+            f.store(true, Ordering::SeqCst);
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `cgx up`.
+pub fn up() -> CliResult {
+    let started = Instant::now();
+    println!(
+        "cgx up: a broker, a KBS and 4 simulated confidential VMs on loopback (evidence is simulated; claims say so)"
+    );
+    let mut debug_node = SimBrokerNode::generate(4, offer(4, "eu-west", 0.90)).map_err(s)?;
+    debug_node.snp_policy |= 1 << 19;
+    let nodes: Vec<Arc<SimBrokerNode>> = vec![
+        Arc::new(SimBrokerNode::generate(8, offer(8, "eu-west", 2.10)).map_err(s)?),
+        Arc::new(SimBrokerNode::generate(4, offer(4, "eu-west", 2.40)).map_err(s)?),
+        Arc::new(SimBrokerNode::generate(2, offer(2, "us-east", 1.20)).map_err(s)?),
+        Arc::new(debug_node),
+    ];
+    let names = ["node-1", "node-2", "node-3", "node-4"];
+    // Production trust refuses simulated evidence outright; the network pins the sim roots.
+    let production = Verifier::new(VerifierConfig::default());
+    let probe = nodes[0].sim.amd.bundle(&Default::default()).map_err(s)?;
+    match production.verify(&probe.evidence(), time::OffsetDateTime::now_utc()) {
+        Err(e) => println!(
+            "[trust] production roots: simulated evidence refused as it must be ({})",
+            e.code()
+        ),
+        Ok(_) => return Err("simulated evidence passed production trust".into()),
+    }
+    let sims: Vec<&cgx_kbs::sim::SimNode> = nodes.iter().map(|n| &n.sim).collect();
+    let kbs_setup = cgx_devnet::setup(&sims, None).map_err(s)?;
+    let mut broker_cfg = broker_setup(
+        &kbs_setup,
+        kbs_setup.pins.iter().map(hex::encode).collect(),
+        None,
+    )
+    .map_err(s)?;
+    // One-second heartbeats so the failover below shows in seconds (default: 5 s × 3).
+    broker_cfg.config.heartbeat_secs = 1;
+    broker_cfg.config.monitor_interval_ms = 200;
+    let result = run(&nodes, &names, &kbs_setup, &broker_cfg);
+    kbs_setup.cleanup();
+    broker_cfg.cleanup();
+    result?;
+    println!(
+        "ok: cgx up finished in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
-/// `cgx up`, KBS part: a job's weights key released into the simulated VM only with a lease
-/// for its key, and the weights decrypted with it.
-fn up_release(node: &cgx_kbs::sim::SimNode) -> Result<(), String> {
-    let setup = cgx_devnet::setup(&[node], None).map_err(|e| e.to_string())?;
-    let result = (|| {
-        let local = cgx_devnet::Server::start(&setup.config).map_err(|e| e.to_string())?;
-        let id = Identity::generate().map_err(|e| e.to_string())?;
-        let path = "acme/weights/llama";
-        local
-            .put_resource(&setup.admin, path, id.to_secret_string().as_bytes(), true)
-            .map_err(|e| e.to_string())?;
-        let weights: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
-        let mut file = Vec::new();
-        cgx_age::encrypt(
-            &id.recipient().map_err(|e| e.to_string())?,
-            &mut &weights[..],
-            weights.len() as u64,
-            &mut file,
-            0,
-            &mut |_| {},
-        )
-        .map_err(|e| e.to_string())?;
+fn run(
+    nodes: &[Arc<SimBrokerNode>],
+    names: &[&str],
+    kbs_setup: &cgx_devnet::Setup,
+    b: &cgx_devnet::broker::BrokerSetup,
+) -> Result<(), String> {
+    let kbs = cgx_devnet::Server::start(&kbs_setup.config).map_err(s)?;
+    let broker = BrokerServer::start(&b.config).map_err(s)?;
+    println!("[kbs]    {} up (CoCo KBS protocol)", kbs.base);
+    println!(
+        "[broker] {} up (re-attestation every {} s, heartbeats every {} s, {} missed = gone)",
+        broker.base, b.config.reattest_secs, b.config.heartbeat_secs, b.config.missed_heartbeats
+    );
+    let op = b.client(&broker.base, &b.operator).map_err(s)?;
+    let name_of = |id: &str| {
+        nodes
+            .iter()
+            .position(|n| n.id == id)
+            .map_or(id.to_string(), |i| names[i].to_string())
+    };
+    for (n, name) in nodes.iter().zip(names) {
+        let t = Instant::now();
+        let r = n.register(&op).map_err(s)?;
         println!(
-            "[kbs] {} up; weights identity stored at {path} (job resource: lease required); 4 MiB of weights age-encrypted to it",
-            local.base
+            "[node]   {name} {} registered in {:.0} ms: SNP report + {} GPU SPDM reports bound to the broker nonce, node key and KBS TEE key → {}{}",
+            n.id,
+            t.elapsed().as_secs_f64() * 1e3,
+            n.offer.gpu_count,
+            r.status.to_uppercase(),
+            r.violations
+                .first()
+                .map(|v| format!(" ({v})"))
+                .unwrap_or_default()
         );
-        let mut c = KbsClient::with_new_key(&local.base, None).map_err(|e| e.to_string())?;
-        c.attest(node).map_err(|e| e.to_string())?;
-        println!(
-            "[kbs] attested: SNP report + {} GPU report(s) bound to the KBS nonce and TEE key; EAR issued",
-            node.gpus.len()
-        );
-        match c.resource(path, None) {
-            Err(e) => println!("[kbs] without a lease: refused as it must be: {e}"),
-            Ok(_) => return Err("released without a lease".into()),
+    }
+    let beats = Beats::start(nodes, &op);
+    let auditor = b.client(&broker.base, &b.auditor).map_err(s)?;
+    println!("[broker] cgx node ls:");
+    for line in crate::broker::node_table(&auditor.nodes().map_err(s)?) {
+        println!("           {line}");
+    }
+    // The tenant's weights: an age identity in the KBS, released only with a lease.
+    let path = "acme/weights/llama";
+    let id = Identity::generate().map_err(s)?;
+    kbs.put_resource(
+        &kbs_setup.admin,
+        path,
+        id.to_secret_string().as_bytes(),
+        true,
+    )
+    .map_err(s)?;
+    let weights: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let mut file = Vec::new();
+    cgx_age::encrypt(
+        &id.recipient().map_err(s)?,
+        &mut &weights[..],
+        weights.len() as u64,
+        &mut file,
+        0,
+        &mut |_| {},
+    )
+    .map_err(s)?;
+    println!(
+        "[tenant] 4 MiB of weights age-encrypted; identity stored in the KBS at {path} (lease required)"
+    );
+    let tenant = b.client(&broker.base, &b.tenant).map_err(s)?;
+    let spec = JobSpec {
+        tenant: None,
+        gpu_model: "H100".into(),
+        gpu_count: 4,
+        min_gpu_memory_gib: 80,
+        tee: vec!["snp".into()],
+        regions: vec!["eu-west".into()],
+        max_price_per_gpu_hour: 3.0,
+        duration_secs: 3600,
+        budget: 12.0,
+        resources: vec![path.into()],
+        placement_policy: None,
+    };
+    let t = Instant::now();
+    let job = tenant.submit(&spec).map_err(s)?;
+    let first = job.node_id.clone().ok_or("the job was not placed")?;
+    println!(
+        "[tenant] job {} (4 × H100, eu-west, ≤ 3.00/GPU-h) → {} on {} GPUs {:?} in {:.1} ms, lease {}",
+        job.id,
+        job.state.to_uppercase(),
+        name_of(&first),
+        job.gpus,
+        t.elapsed().as_secs_f64() * 1e3,
+        job.lease_id.as_deref().unwrap_or("-")
+    );
+    println!("         (node-4 is cheaper but contraindicated; node-3 is in us-east)");
+    if first != nodes[0].id {
+        return Err(format!("placed on {first}, expected node-1"));
+    }
+    // The node learns its lease from its heartbeat answer; its VM fetches the key with it.
+    let grant = nodes[0]
+        .heartbeat(&op.with_token(None))
+        .map_err(s)?
+        .leases
+        .into_iter()
+        .next()
+        .ok_or("node-1's heartbeat carried no lease")?;
+    let fetch = |n: &SimBrokerNode, lease: &str| -> Result<Vec<u8>, String> {
+        let mut vm = n.kbs_client(&kbs.base).map_err(s)?;
+        vm.attest(&n.sim).map_err(s)?;
+        vm.resource(path, Some(lease)).map_err(s)
+    };
+    let secret = fetch(&nodes[0], &grant.token)?;
+    let identity = Identity::parse(&String::from_utf8_lossy(&secret)).map_err(s)?;
+    let mut plain = Vec::new();
+    cgx_age::decrypt(
+        &identity,
+        &mut &file[..],
+        file.len() as u64,
+        &mut plain,
+        0,
+        &mut |_| {},
+    )
+    .map_err(s)?;
+    if plain != weights {
+        return Err("decrypted weights differ".into());
+    }
+    println!(
+        "[kbs]    node-1's VM attested with the TEE key its registration bound: weights key released through the lease; weights decrypted and equal"
+    );
+    match fetch(&nodes[1], &grant.token) {
+        Err(e) => println!("[kbs]    node-2's VM with node-1's lease: refused as it must be ({e})"),
+        Ok(_) => return Err("another VM got the key with node-1's lease".into()),
+    }
+    // node-1 stops: no more heartbeats.
+    beats.stop_one(0);
+    let stopped = Instant::now();
+    println!("[node]   node-1 stops (no more heartbeats)…");
+    let moved = loop {
+        let j = tenant.job(&job.id).map_err(s)?;
+        if let Some(n) = &j.node_id
+            && *n != first
+            && j.state != "pending"
+        {
+            break j;
         }
-        let tee = c.tee_key().public().map_err(|e| e.to_string())?;
-        let lease = setup
-            .broker
-            .lease(
-                "lease-1",
-                &[path],
-                &cgx_protocol::kbs::jwe::thumbprint(&tee),
-                now() + 600,
-            )
-            .map_err(|e| e.to_string())?;
-        let secret = c.resource(path, Some(&lease)).map_err(|e| e.to_string())?;
-        let identity =
-            Identity::parse(&String::from_utf8_lossy(&secret)).map_err(|e| e.to_string())?;
-        let mut plain = Vec::new();
-        cgx_age::decrypt(
-            &identity,
-            &mut &file[..],
-            file.len() as u64,
-            &mut plain,
-            0,
-            &mut |_| {},
-        )
-        .map_err(|e| e.to_string())?;
-        if plain != weights {
-            return Err("decrypted weights differ".into());
+        if stopped.elapsed() > Duration::from_secs(20) {
+            return Err(format!("the job did not move: {} {}", j.state, j.reason));
         }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let to = moved.node_id.clone().unwrap_or_default();
+    for e in moved.events.iter().skip(3) {
         println!(
-            "[kbs] with the broker's lease for this node's key: identity released as a JWE to the TEE key; weights decrypted and equal"
+            "[broker] job {} {} → {}: {}",
+            job.id,
+            e.from.as_deref().unwrap_or("-"),
+            e.to,
+            e.reason
         );
-        local.stop();
-        Ok(())
-    })();
-    setup.cleanup();
-    result
+    }
+    println!(
+        "[broker] job moved to {} {:.1} s after node-1's last heartbeat (allowance {} × {} s)",
+        name_of(&to),
+        stopped.elapsed().as_secs_f64(),
+        b.config.missed_heartbeats,
+        b.config.heartbeat_secs
+    );
+    let idx = nodes
+        .iter()
+        .position(|n| n.id == to)
+        .ok_or("moved to an unknown node")?;
+    let grant = nodes[idx]
+        .heartbeat(&op.with_token(None))
+        .map_err(s)?
+        .leases
+        .into_iter()
+        .find(|l| l.job_id == job.id)
+        .ok_or("the new node's heartbeat carried no lease")?;
+    fetch(&nodes[idx], &grant.token)?;
+    println!(
+        "[kbs]    {}'s VM fetched the weights key through its new lease",
+        name_of(&to)
+    );
+    beats.stop_all();
+    broker.stop();
+    kbs.stop();
+    Ok(())
 }

@@ -134,8 +134,22 @@ fn usage_errors_exit_2_with_a_message() {
 fn up_runs_on_embedded_defaults() {
     let (code, out, err) = cgx(&["up"]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("refused as it must be"));
-    assert!(out.contains("ok: both verified"));
+    assert!(
+        out.contains("simulated evidence refused as it must be"),
+        "{out}"
+    );
+    assert!(out.contains("→ CONTRAINDICATED"), "{out}");
+    assert!(out.contains("→ PLACED on node-1"), "{out}");
+    assert!(out.contains("weights decrypted and equal"), "{out}");
+    assert!(
+        out.contains("node-2's VM with node-1's lease: refused as it must be"),
+        "{out}"
+    );
+    assert!(out.contains("job moved to node-2"), "{out}");
+    assert!(
+        out.contains("fetched the weights key through its new lease"),
+        "{out}"
+    );
 }
 
 fn vectors() -> Option<PathBuf> {
@@ -534,4 +548,139 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("dev.key"), "{err}");
+}
+
+/// `cgx broker serve` as a process, and the tenant's and auditor's commands against it:
+/// `job submit|ls|status|cancel`, `node ls|show`, tables by default, `--json`, refusals with
+/// their codes (exit 1), SIGTERM stops it (exit 0).
+#[test]
+fn broker_serve_and_the_job_and_node_commands() {
+    use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+    use base64::Engine;
+    use std::io::BufRead;
+    let dir = tmp("broker-serve");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = |name: &str| {
+        let doc = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new()).unwrap();
+        let kp = Ed25519KeyPair::from_pkcs8(doc.as_ref()).unwrap();
+        std::fs::write(dir.join(name), doc.as_ref()).unwrap();
+        base64::engine::general_purpose::STANDARD.encode(kp.public_key().as_ref())
+    };
+    let (tenant, auditor) = (key("tenant.pk8"), key("auditor.pk8"));
+    key("signing.pk8");
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\ninsecure_dev = true\ndatabase = \"sqlite://{}\"\nsigning_key = \"{}\"\n\
+         api_keys = [{{ public_key = \"{tenant}\", scopes = [\"tenant:acme\"] }}, {{ public_key = \"{auditor}\", scopes = [\"auditor\"] }}]\n",
+        dir.join("broker.db").display(),
+        dir.join("signing.pk8").display()
+    );
+    std::fs::write(dir.join("broker.toml"), toml).unwrap();
+    struct Reaper(std::process::Child);
+    impl Drop for Reaper {
+        fn drop(&mut self) {
+            if matches!(self.0.try_wait(), Ok(None)) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+    let mut child = Reaper(
+        Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args(["broker", "serve", "--config"])
+            .arg(dir.join("broker.toml"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(base.starts_with("http://127.0.0.1:"), "{line}");
+    let tk = dir.join("tenant.pk8");
+    let ak = dir.join("auditor.pk8");
+    let as_tenant = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--broker", &base, "--key", tk.to_str().unwrap()]);
+        cgx(&a)
+    };
+    let (code, out, err) = as_tenant(&[
+        "job",
+        "submit",
+        "--gpus",
+        "2",
+        "--max-price",
+        "2.5",
+        "--duration",
+        "30m",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("PENDING") && out.contains("no node is registered"),
+        "{out}"
+    );
+    let (code, out, _) = as_tenant(&["job", "ls", "--json"]);
+    assert_eq!(code, 0);
+    let jobs = json(&out);
+    let id = jobs[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(jobs[0]["spec"]["duration_secs"], 1800);
+    assert_eq!(jobs[0]["spec"]["budget"], 2.5);
+    let (code, out, _) = as_tenant(&["job", "status", &id]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("pending → ") || out.contains("- → pending"),
+        "{out}"
+    );
+    let (code, out, _) = as_tenant(&["job", "cancel", &id]);
+    assert_eq!(code, 0);
+    assert!(out.contains("CANCELLED"), "{out}");
+    // Refusals: exit 1 with the code.
+    let (code, _, err) = as_tenant(&["job", "submit", "--max-price", "2", "--budget", "0.1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("BudgetTooSmall"), "{err}");
+    let (code, out, _) = as_tenant(&["job", "cancel", &id, "--json"]);
+    assert_eq!(code, 1);
+    assert_eq!(json(&out)["error"]["code"], "Conflict");
+    // The auditor sees the node table (empty) and every job.
+    let (code, out, _) = cgx(&[
+        "node",
+        "ls",
+        "--broker",
+        &base,
+        "--key",
+        ak.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("NODE"), "{out}");
+    let (code, _, err) = cgx(&[
+        "node",
+        "show",
+        "n00",
+        "--broker",
+        &base,
+        "--key",
+        ak.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("NotFound"), "{err}");
+    // No key: refused by the broker, not a crash.
+    let (code, _, err) = cgx(&["job", "ls", "--broker", &base]);
+    assert_eq!(code, 1);
+    assert!(err.contains("Unauthorized"), "{err}");
+    let st = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(t.elapsed().as_secs() < 15, "did not stop on SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -645,3 +645,209 @@ fn free_indices(used: u64, count: u32, want: u32) -> Vec<u32> {
         .take(want as usize)
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const NOW: i64 = 1_000_000;
+    const F: Freshness = Freshness {
+        reattest_secs: 600,
+        heartbeat_secs: 5,
+        missed_heartbeats: 3,
+    };
+
+    fn record(id: &str, region: &str, price: f64, gpus: u32) -> NodeRecord {
+        NodeRecord {
+            id: id.into(),
+            node_key: String::new(),
+            tee_thumbprint: String::new(),
+            operator: "op".into(),
+            region: region.into(),
+            tee: TeeKind::Snp,
+            sim: false,
+            gpu_model: "H100".into(),
+            gpu_chip: "GH100".into(),
+            gpu_count: gpus,
+            gpu_memory_gib: 80,
+            price: micros(price).unwrap(),
+            status: "affirming".into(),
+            violations: Vec::new(),
+            attested_at: NOW - 10,
+            ear_expires_at: NOW + 3600,
+            ear: String::new(),
+            claims: serde_json::json!({"cpu": {"debug": false}, "gpus": []}),
+        }
+    }
+
+    fn req(gpus: u32) -> Requirements {
+        Requirements {
+            gpu_model: "H100".into(),
+            gpu_count: gpus,
+            min_gpu_memory_gib: 0,
+            tee: Vec::new(),
+            regions: Vec::new(),
+            max_price: micros(10.0).unwrap(),
+            policy: None,
+            spec: Arc::new(serde_json::json!({})),
+        }
+    }
+
+    fn index(records: Vec<NodeRecord>) -> Index {
+        let mut i = Index::new(F);
+        for r in records {
+            i.upsert(r, String::new(), 0, NOW - 1, 1, 0);
+        }
+        i
+    }
+
+    fn misfit(i: &Index, id: &str, r: &Requirements, now: i64) -> &'static str {
+        i.fit(id, r, now).unwrap().unwrap_err().code()
+    }
+
+    #[test]
+    fn every_misfit_is_refused_with_its_reason() {
+        let mut contra = record("contra", "eu", 1.0, 8);
+        contra.status = "contraindicated".into();
+        contra.violations = vec!["cpu0: debug_forbidden".into()];
+        let mut expired = record("expired", "eu", 1.0, 8);
+        expired.attested_at = NOW - 601;
+        let mut ear_expired = record("ear-expired", "eu", 1.0, 8);
+        ear_expired.ear_expires_at = NOW;
+        let mut tdx = record("tdx", "eu", 1.0, 8);
+        tdx.tee = TeeKind::Tdx;
+        let mut h200 = record("h200", "eu", 1.0, 8);
+        h200.gpu_model = "H200".into();
+        let mut small = record("small", "eu", 1.0, 8);
+        small.gpu_memory_gib = 40;
+        let mut sim = record("sim", "eu", 1.0, 8);
+        sim.sim = true;
+        let mut i = index(vec![
+            record("good", "eu", 1.0, 8),
+            contra,
+            expired,
+            ear_expired,
+            tdx,
+            h200,
+            small,
+            record("far", "us", 1.0, 8),
+            record("pricey", "eu", 20.0, 8),
+            record("busy", "eu", 1.0, 2),
+            sim,
+        ]);
+        i.upsert(
+            record("silent", "eu", 1.0, 8),
+            String::new(),
+            0,
+            NOW - 16,
+            1,
+            0,
+        );
+        assert!(i.reserve("busy", &[0]));
+        let mut r = req(2);
+        r.tee = vec![TeeKind::Snp];
+        r.regions = vec!["eu".into()];
+        r.min_gpu_memory_gib = 80;
+        r.policy = Some(Arc::new(
+            PlacementPolicy::compile(
+                "package placement\ndeny contains \"simulated hardware\" if input.node.sim",
+            )
+            .unwrap(),
+        ));
+        assert_eq!(i.fit("good", &r, NOW), Some(Ok(())));
+        for (id, code) in [
+            ("contra", "not_affirming"),
+            ("expired", "attestation_lapsed"),
+            ("ear-expired", "attestation_lapsed"),
+            ("silent", "heartbeats_missed"),
+            ("tdx", "tee"),
+            ("h200", "gpu_model"),
+            ("small", "gpu_memory"),
+            ("far", "region"),
+            ("pricey", "over_price"),
+            ("busy", "full"),
+            ("sim", "placement_policy"),
+        ] {
+            assert_eq!(misfit(&i, id, &r, NOW), code, "{id}");
+        }
+        // Reasons anyone can read.
+        let why = i.fit("contra", &r, NOW).unwrap().unwrap_err().to_string();
+        assert!(
+            why.contains("contraindicated") && why.contains("debug_forbidden"),
+            "{why}"
+        );
+        let why = i.fit("sim", &r, NOW).unwrap().unwrap_err().to_string();
+        assert!(why.contains("simulated hardware"), "{why}");
+        // Only the good node is chosen, whatever the ranks of the others.
+        assert_eq!(i.choose(&r, NOW).unwrap().node_id, "good");
+        let summary = i.why_none(&req(64), NOW);
+        assert!(summary.starts_with("no node fits ("), "{summary}");
+        assert!(i.fit("nobody", &r, NOW).is_none());
+    }
+
+    #[test]
+    fn ranking_is_price_then_reputation_then_region_then_id() {
+        let mut i = index(vec![
+            record("b", "us", 2.0, 8),
+            record("a", "us", 2.0, 8),
+            record("c", "eu", 2.0, 8),
+            record("d", "eu", 3.0, 8),
+        ]);
+        let mut r = req(1);
+        // Same price and reputation: smallest id.
+        assert_eq!(i.choose(&r, NOW).unwrap().node_id, "a");
+        // A preferred region wins among equals.
+        r.regions = vec!["eu".into(), "us".into()];
+        assert_eq!(i.choose(&r, NOW).unwrap().node_id, "c");
+        // Reputation beats region; price beats reputation.
+        i.set_node_reputation("b", 5);
+        assert_eq!(i.choose(&r, NOW).unwrap().node_id, "b");
+        i.set_node_reputation("d", 100);
+        assert_eq!(i.choose(&r, NOW).unwrap().node_id, "b");
+        // Operator reputation counts for every node of the operator.
+        i.set_operator_reputation("op", 7);
+        assert_eq!(i.reputation("b"), Some(12));
+        // Over the job's price: stop walking.
+        r.max_price = micros(1.0).unwrap();
+        assert!(i.choose(&r, NOW).is_none());
+    }
+
+    #[test]
+    fn capacity_heartbeats_and_failing_nodes() {
+        let mut i = index(vec![record("n", "eu", 1.0, 4)]);
+        let c = i.choose(&req(3), NOW).unwrap();
+        assert_eq!(c.gpus, vec![0, 1, 2]);
+        assert!(i.reserve("n", &c.gpus));
+        assert!(!i.reserve("n", &[2]), "a GPU is reserved once");
+        assert!(!i.reserve("n", &[4]), "no such GPU");
+        assert_eq!(i.free_gpus("n"), Some(1));
+        assert!(i.choose(&req(2), NOW).is_none());
+        assert_eq!(i.choose(&req(1), NOW).unwrap().gpus, vec![3]);
+        // Heartbeats: a sequence at or below the last is a replay.
+        assert!(i.heartbeat("n", 2, NOW));
+        assert!(!i.heartbeat("n", 2, NOW + 1));
+        assert!(i.failing(NOW + 15).is_empty());
+        let failing = i.failing(NOW + 16);
+        assert_eq!(failing.len(), 1);
+        assert!(matches!(failing[0].1, Unplaceable::HeartbeatsMissed { .. }));
+        i.release("n", &c.gpus);
+        assert!(
+            i.failing(NOW + 16).is_empty(),
+            "no allocations: nothing to move"
+        );
+        assert_eq!(i.free_gpus("n"), Some(4));
+        assert!(i.remove("n"));
+        assert!(i.choose(&req(1), NOW).is_none());
+        assert!(i.is_empty());
+    }
+
+    #[test]
+    fn prices_convert_exactly_and_refuse_nonsense() {
+        assert_eq!(micros(2.5), Some(2_500_000));
+        assert_eq!(micros(0.000001), Some(1));
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 1e10] {
+            assert_eq!(micros(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! `cgx broker serve`, `cgx job submit|status|cancel|ls`, `cgx node ls|show`: run the broker,
+//! and speak to it as a tenant, an operator or an auditor. Human tables by default, `--json`
+//! for scripts; a refusal prints the broker's stable code and exits 1.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use cgx_broker::client::{BrokerClient, ClientError};
+use cgx_broker::server::config::BrokerConfig;
+use cgx_protocol::broker::{JobSpec, JobView, NodeView};
+
+use crate::output::{CliResult, print_json, read_text};
+
+/// Where the broker is and who is asking.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Conn {
+    /// Broker base URL.
+    #[arg(
+        long,
+        global = true,
+        env = "CGX_BROKER",
+        default_value = "https://127.0.0.1:8444"
+    )]
+    pub broker: String,
+    /// Ed25519 PKCS#8 key (DER or PEM) of an API key the broker knows (its scopes decide).
+    #[arg(long, global = true, env = "CGX_BROKER_KEY")]
+    pub key: Option<PathBuf>,
+    /// CA certificate(s) of the broker (PEM); default: WebPKI roots.
+    #[arg(long, global = true)]
+    pub ca: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+impl Conn {
+    fn client(&self) -> Result<BrokerClient, String> {
+        let token = match &self.key {
+            Some(k) => Some(crate::kbs::admin_token(k, 300)?),
+            None => None,
+        };
+        let ca = match &self.ca {
+            Some(p) => Some(std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?),
+            None => None,
+        };
+        BrokerClient::new(&self.broker, ca.as_deref(), token).map_err(|e| e.to_string())
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// `cgx broker serve --config F`.
+pub fn serve(config: &Path, insecure_dev: bool) -> CliResult {
+    let cfg = BrokerConfig::from_file_with(config, |c| {
+        if insecure_dev {
+            c.insecure_dev = true;
+            c.tls = None;
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if insecure_dev {
+        eprintln!("cgx broker: plain HTTP (--insecure-dev): development on loopback only");
+    }
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    let shutdown = async {
+        if let Err(e) = cgx_service::server::shutdown_signal().await {
+            eprintln!("cgx broker: {e}; stopping");
+        }
+    };
+    runtime()?
+        .block_on(cgx_broker::server::run(&cfg, shutdown, |addr| {
+            println!("cgx broker listening on {scheme}://{addr}");
+            let _ = std::io::stdout().flush();
+        }))
+        .map_err(|e| e.to_string())?;
+    eprintln!("cgx broker: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A refusal: the code and detail (JSON with `--json`), exit 1. Transport problems are usage
+/// errors (exit 2).
+fn answer<T>(r: Result<T, ClientError>, json: bool) -> Result<Result<T, ExitCode>, String> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(ClientError::Refused {
+            status,
+            code,
+            detail,
+        }) => {
+            if json {
+                print_json(
+                    &serde_json::json!({"error": {"code": code, "status": status, "detail": detail}}),
+                )?;
+            } else {
+                eprintln!("refused ({code}, HTTP {status}): {detail}");
+            }
+            Ok(Err(ExitCode::from(1)))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Duration `90`, `90s`, `15m`, `2h`, `1d` → seconds.
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let (num, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("duration '{s}': a number then s, m, h or d"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("duration '{s}': unit must be s, m, h or d")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("duration '{s}' is too long"))
+}
+
+/// What `cgx job submit` asks for.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SubmitArgs {
+    /// The whole job as JSON (the broker's JobSpec); flags below are ignored with it.
+    #[arg(long)]
+    pub spec: Option<PathBuf>,
+    #[arg(long, default_value = "H100")]
+    pub gpu_model: String,
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// Minimum memory per GPU, GiB.
+    #[arg(long, default_value_t = 0)]
+    pub min_memory: u32,
+    /// TEE kinds allowed (snp, tdx); repeat or comma-separate. Default: any.
+    #[arg(long, value_delimiter = ',')]
+    pub tee: Vec<String>,
+    /// Regions allowed, in order of preference; repeat or comma-separate. Default: any.
+    #[arg(long = "region", value_delimiter = ',')]
+    pub regions: Vec<String>,
+    /// Highest price per GPU-hour.
+    #[arg(long)]
+    pub max_price: Option<f64>,
+    /// How long the job runs: 90s, 15m, 2h, 1d.
+    #[arg(long, default_value = "1h")]
+    pub duration: String,
+    /// Escrowed budget; default: exactly max price × GPUs × hours.
+    #[arg(long)]
+    pub budget: Option<f64>,
+    /// KBS resources the lease covers (repo/type/tag); repeat.
+    #[arg(long = "resource")]
+    pub resources: Vec<String>,
+    /// Placement policy (Rego, package placement).
+    #[arg(long)]
+    pub placement_policy: Option<PathBuf>,
+    /// Tenant (default: the key's only tenant).
+    #[arg(long)]
+    pub tenant: Option<String>,
+}
+
+impl SubmitArgs {
+    fn spec(&self) -> Result<JobSpec, String> {
+        if let Some(p) = &self.spec {
+            return serde_json::from_str(&read_text(p)?)
+                .map_err(|e| format!("{}: {e}", p.display()));
+        }
+        let max_price = self
+            .max_price
+            .ok_or("--max-price is required (or --spec FILE)")?;
+        let duration_secs = parse_duration(&self.duration)?;
+        let budget = self.budget.unwrap_or_else(|| {
+            // Rounded up to the micro-unit the broker counts in.
+            (max_price * f64::from(self.gpus) * duration_secs as f64 / 3600.0 * 1e6).ceil() / 1e6
+        });
+        Ok(JobSpec {
+            tenant: self.tenant.clone(),
+            gpu_model: self.gpu_model.clone(),
+            gpu_count: self.gpus,
+            min_gpu_memory_gib: self.min_memory,
+            tee: self.tee.clone(),
+            regions: self.regions.clone(),
+            max_price_per_gpu_hour: max_price,
+            duration_secs,
+            budget,
+            resources: self.resources.clone(),
+            placement_policy: self
+                .placement_policy
+                .as_deref()
+                .map(read_text)
+                .transpose()?,
+        })
+    }
+}
+
+fn time_of(t: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(t)
+        .ok()
+        .and_then(|d| {
+            d.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| t.to_string())
+}
+
+fn print_job(j: &JobView) {
+    println!("job      {}", j.id);
+    println!("tenant   {}", j.tenant);
+    println!("state    {}", j.state.to_uppercase());
+    println!("reason   {}", j.reason);
+    println!(
+        "asks     {} × {} (≥ {} GiB), ≤ {:.4}/GPU-h, {} s, TEE {}, regions {}",
+        j.spec.gpu_count,
+        j.spec.gpu_model,
+        j.spec.min_gpu_memory_gib,
+        j.spec.max_price_per_gpu_hour,
+        j.spec.duration_secs,
+        if j.spec.tee.is_empty() {
+            "any".into()
+        } else {
+            j.spec.tee.join(",")
+        },
+        if j.spec.regions.is_empty() {
+            "any".into()
+        } else {
+            j.spec.regions.join(",")
+        },
+    );
+    if let Some(n) = &j.node_id {
+        println!("node     {n} (GPUs {:?})", j.gpus);
+    }
+    if let Some(l) = &j.lease_id {
+        println!("lease    {l}");
+    }
+    for e in &j.events {
+        println!(
+            "  {}  {} → {}  {}",
+            time_of(e.at),
+            e.from.as_deref().unwrap_or("-"),
+            e.to,
+            e.reason
+        );
+    }
+}
+
+pub fn job_submit(conn: &Conn, args: &SubmitArgs) -> CliResult {
+    let spec = args.spec()?;
+    let c = conn.client()?;
+    let j = match answer(c.submit(&spec), conn.json)? {
+        Ok(j) => j,
+        Err(code) => return Ok(code),
+    };
+    if conn.json {
+        print_json(&j)?;
+    } else {
+        print_job(&j);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn job_status(conn: &Conn, id: &str) -> CliResult {
+    let c = conn.client()?;
+    let j = match answer(c.job(id), conn.json)? {
+        Ok(j) => j,
+        Err(code) => return Ok(code),
+    };
+    if conn.json {
+        print_json(&j)?;
+    } else {
+        print_job(&j);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn job_cancel(conn: &Conn, id: &str) -> CliResult {
+    let c = conn.client()?;
+    let j = match answer(c.cancel(id), conn.json)? {
+        Ok(j) => j,
+        Err(code) => return Ok(code),
+    };
+    if conn.json {
+        print_json(&j)?;
+    } else {
+        println!("{} {}", j.id, j.state.to_uppercase());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn job_ls(conn: &Conn, tenant: Option<&str>) -> CliResult {
+    let c = conn.client()?;
+    let jobs = match answer(c.jobs(tenant), conn.json)? {
+        Ok(j) => j,
+        Err(code) => return Ok(code),
+    };
+    if conn.json {
+        print_json(&jobs)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<26} {:<10} {:<10} {:>4} {:<34} REASON",
+        "JOB", "TENANT", "STATE", "GPUS", "NODE"
+    );
+    for j in &jobs {
+        println!(
+            "{:<26} {:<10} {:<10} {:>4} {:<34} {}",
+            j.id,
+            j.tenant,
+            j.state,
+            j.spec.gpu_count,
+            j.node_id.as_deref().unwrap_or("-"),
+            j.reason
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line per node: the table `cgx node ls` prints.
+pub fn node_table(nodes: &[NodeView]) -> Vec<String> {
+    let mut out = vec![format!(
+        "{:<34} {:<10} {:<9} {:<4} {:<9} {:>9} {:>8} {:<15} WHY NOT",
+        "NODE", "OPERATOR", "REGION", "TEE", "GPUS", "FREE", "PRICE", "STATUS"
+    )];
+    for n in nodes {
+        out.push(format!(
+            "{:<34} {:<10} {:<9} {:<4} {:<9} {:>9} {:>8.4} {:<15} {}",
+            n.id,
+            n.operator,
+            n.region,
+            n.tee,
+            format!("{}×{}", n.gpu_count, n.gpu_model),
+            n.free_gpus,
+            n.price_per_gpu_hour,
+            if n.placeable {
+                "placeable".to_string()
+            } else {
+                n.status.clone()
+            },
+            if n.placeable { "" } else { n.reason.as_str() }
+        ));
+    }
+    out
+}
+
+pub fn node_ls(conn: &Conn) -> CliResult {
+    let c = conn.client()?;
+    let nodes = match answer(c.nodes(), conn.json)? {
+        Ok(n) => n,
+        Err(code) => return Ok(code),
+    };
+    if conn.json {
+        print_json(&nodes)?;
+    } else {
+        for l in node_table(&nodes) {
+            println!("{l}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn node_show(conn: &Conn, id: &str) -> CliResult {
+    let c = conn.client()?;
+    let n = match answer(c.node(id), conn.json)? {
+        Ok(n) => n,
+        Err(code) => return Ok(code),
+    };
+    if conn.json {
+        print_json(&n)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("node         {}", n.id);
+    println!("operator     {}  region {}", n.operator, n.region);
+    println!(
+        "hardware     {} × {} ({}, {} GiB), TEE {}{}",
+        n.gpu_count,
+        n.gpu_model,
+        n.gpu_chip,
+        n.gpu_memory_gib,
+        n.tee,
+        if n.sim { " [SIMULATED]" } else { "" }
+    );
+    println!("free GPUs    {}", n.free_gpus);
+    println!(
+        "price        {:.6} per GPU-hour; reputation {}",
+        n.price_per_gpu_hour, n.reputation
+    );
+    println!("appraisal    {}", n.status.to_uppercase());
+    for v in &n.violations {
+        println!("  {v}");
+    }
+    println!("attested     {}", time_of(n.attested_at));
+    println!("fresh until  {}", time_of(n.fresh_until));
+    println!("heartbeat    {}", time_of(n.last_heartbeat));
+    if n.placeable {
+        println!("placeable    yes");
+    } else {
+        println!("placeable    NO: {}", n.reason);
+    }
+    Ok(ExitCode::SUCCESS)
+}
