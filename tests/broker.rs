@@ -216,6 +216,25 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
     let (c, d) = code(untrusted.register(&op));
     assert_eq!(c, "EvidenceRefused", "{d}");
     assert!(d.contains("sim"), "{d}");
+    // The same GPUs offered again under another node's keys while their node is live.
+    let n = op.nonce().unwrap();
+    let raw = cgx_protocol::broker::unb64(&n.nonce).unwrap();
+    let mut twice = a
+        .registration_with(
+            &n.nonce,
+            &raw,
+            &other.node_key_raw(),
+            &other.tee_thumbprint().unwrap(),
+        )
+        .unwrap();
+    twice.node_key = cgx_protocol::broker::b64(&other.node_key_raw());
+    twice.tee_pubkey = other.tee_key().unwrap().public().unwrap();
+    let (c, d) = code(op.register(&twice));
+    assert_eq!(c, "InventoryNotProven", "{d}");
+    assert!(
+        d.contains("already offered by node") && d.contains(&a.id),
+        "{d}"
+    );
     // Operators register their own operator's nodes only; tenants register none.
     let mut foreign = node(1, "eu-west", 1.0);
     foreign.offer.operator = "someone-else".into();
@@ -325,6 +344,20 @@ fn heartbeats_are_signed_monotonic_and_freshness_lapses() {
     let r = a.register(&op).unwrap();
     assert_eq!(r.status, "affirming");
     assert!(op.node(&a.id).unwrap().placeable);
+    // A nonce past its lifetime, and one whose MAC does not match.
+    let n = op.nonce().unwrap();
+    clock.advance(61);
+    let op = op_at(clock.unix());
+    let (c, d) = code(op.register(&a.registration(&n.nonce).unwrap()));
+    assert_eq!(c, "NonceInvalid");
+    assert!(d.contains("expired"), "{d}");
+    let n = op.nonce().unwrap();
+    let mut raw = cgx_protocol::broker::unb64(&n.nonce).unwrap();
+    raw[20] ^= 1;
+    let forged = cgx_protocol::broker::b64(&raw);
+    let (c, d) = code(op.register(&a.registration(&forged).unwrap()));
+    assert_eq!(c, "NonceInvalid");
+    assert!(d.contains("not a nonce of this broker"), "{d}");
     broker.stop();
 }
 
@@ -580,6 +613,19 @@ fn two_replicas_never_double_book_a_gpu() {
         jobs.iter().filter(|j| j.state == "pending").count(),
         200 - capacity
     );
+    // How often a replica's choice met the other's commit (and chose again).
+    let conflicts: u64 = [&r1.base, &r2.base]
+        .iter()
+        .map(|b| {
+            let (_, m) = cgx_system_tests::call("GET", &format!("{b}/metrics"), None, None);
+            String::from_utf8_lossy(&m)
+                .lines()
+                .find(|l| l.contains("event=\"placement\",outcome=\"conflict\""))
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    println!("placement conflicts between the replicas (resolved by choosing again): {conflicts}");
     r1.stop();
     r2.stop();
 }

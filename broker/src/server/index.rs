@@ -188,6 +188,22 @@ pub struct Index {
     nodes: HashMap<String, Entry>,
     operators: HashMap<String, i64>,
     by_model: HashMap<String, BTreeSet<RankKey>>,
+    /// GPU device serial → the node whose evidence carried it.
+    gpu_owner: HashMap<String, String>,
+}
+
+/// The device serials of a record's GPUs (from the verified claims).
+fn serials(record: &NodeRecord) -> Vec<String> {
+    record.claims["gpus"]
+        .as_array()
+        .map(|g| {
+            g.iter()
+                .filter_map(|c| c["device_serial"].as_str())
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Most GPUs one node may offer (the allocation bitmap's width).
@@ -204,7 +220,18 @@ impl Index {
             nodes: HashMap::new(),
             operators: HashMap::new(),
             by_model: HashMap::new(),
+            gpu_owner: HashMap::new(),
         }
+    }
+
+    /// Another node, placeable at `now`, whose evidence carries one of `record`'s GPUs: a GPU
+    /// is passed through to one VM at a time, so the same device offered twice is refused.
+    pub fn gpu_claimed_elsewhere(&self, record: &NodeRecord, now: i64) -> Option<(String, String)> {
+        serials(record).into_iter().find_map(|serial| {
+            let owner = self.gpu_owner.get(&serial)?;
+            let live = owner != &record.id && self.placeable(owner, now).is_some_and(|p| p.is_ok());
+            live.then(|| (serial, owner.clone()))
+        })
     }
 
     pub fn freshness(&self) -> Freshness {
@@ -253,6 +280,9 @@ impl Index {
             .or_default()
             .insert(key.clone());
         let used = used & full_mask(record.gpu_count);
+        for serial in serials(&record) {
+            self.gpu_owner.insert(serial, record.id.clone());
+        }
         self.nodes.insert(
             record.id.clone(),
             Entry {
@@ -271,6 +301,11 @@ impl Index {
         let Some(e) = self.nodes.remove(id) else {
             return false;
         };
+        for serial in serials(&e.record) {
+            if self.gpu_owner.get(&serial).is_some_and(|o| o == id) {
+                self.gpu_owner.remove(&serial);
+            }
+        }
         if let Some(set) = self.by_model.get_mut(&e.record.gpu_model) {
             set.remove(&e.key);
         }

@@ -26,11 +26,17 @@ use super::store::LeaseRow;
 /// Audience of node records (never accepted as a lease or an API token).
 const RECORD_AUDIENCE: &str = "cgx-broker/node";
 
-/// The broker's signing key.
+/// The broker's signing key, and the nonce MAC key derived from it (replicas share both).
 pub(crate) struct Keys {
     pkcs8: Vec<u8>,
     pub public: [u8; 32],
+    nonce_mac: aws_lc_rs::hmac::Key,
 }
+
+/// A registration nonce: 16 random bytes ‖ expiry (u64 BE) ‖ 16 bytes of
+/// HMAC-SHA-256(nonce key, the first 24). Issuing one writes nothing; using one records it
+/// (`store.rs`).
+const NONCE_LEN: usize = 40;
 
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -67,7 +73,47 @@ impl Keys {
             .as_ref()
             .try_into()
             .map_err(|_| BrokerError::Config("signing_key: public key".into()))?;
-        Ok(Keys { pkcs8, public })
+        // The nonce key: a hash of the signing key under its own label (never used to sign).
+        let mut m = b"cgx/broker/nonce-mac/v1".to_vec();
+        m.extend_from_slice(&pkcs8);
+        let k = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &m);
+        let nonce_mac = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, k.as_ref());
+        Ok(Keys {
+            pkcs8,
+            public,
+            nonce_mac,
+        })
+    }
+
+    /// A new nonce valid until `expires_at`.
+    pub(crate) fn make_nonce(&self, expires_at: i64) -> Result<(String, i64), BrokerError> {
+        let mut n = [0u8; NONCE_LEN];
+        aws_lc_rs::rand::fill(&mut n[..16]).map_err(|_| BrokerError::Internal("random".into()))?;
+        n[16..24].copy_from_slice(&expires_at.to_be_bytes());
+        let tag = aws_lc_rs::hmac::sign(&self.nonce_mac, &n[..24]);
+        n[24..].copy_from_slice(&tag.as_ref()[..16]);
+        Ok((cgx_protocol::broker::b64(&n), expires_at))
+    }
+
+    /// A nonce this broker issued, unexpired at `now`: its expiry.
+    pub(crate) fn check_nonce(&self, nonce: &str, now: i64) -> Result<i64, BrokerError> {
+        let bad = |m: &str| Err(BrokerError::Nonce(m.into()));
+        let Some(n) = cgx_protocol::broker::unb64(nonce).filter(|n| n.len() == NONCE_LEN) else {
+            return bad("not a nonce of this broker: ask for a new one");
+        };
+        let tag = aws_lc_rs::hmac::sign(&self.nonce_mac, &n[..24]);
+        // Constant-time comparison: the tag is a MAC.
+        if aws_lc_rs::constant_time::verify_slices_are_equal(&tag.as_ref()[..16], &n[24..]).is_err()
+        {
+            return bad("not a nonce of this broker: ask for a new one");
+        }
+        let mut e = [0u8; 8];
+        e.copy_from_slice(&n[16..24]);
+        let expires_at = i64::from_be_bytes(e);
+        if now >= expires_at {
+            return bad("expired: ask for a new one");
+        }
+        Ok(expires_at)
     }
 
     fn sign(&self, claims: &Value) -> Result<String, BrokerError> {

@@ -36,7 +36,7 @@ pub use config::BrokerConfig;
 pub use error::BrokerError;
 
 use index::{Freshness, Index, NodeRecord, Requirements, TeeKind};
-use store::{JobRow, PlaceOutcome, Placement, Store, state};
+use store::{JobRow, LeaseRow, Outcome, PlacementRow, Refusal, Store, Write, state};
 
 /// The most jobs one listing returns.
 pub const MAX_LIST: i64 = 1000;
@@ -59,6 +59,8 @@ pub(crate) struct Broker {
     placing: tokio::sync::Mutex<()>,
     /// The `updated_ms` this replica has read node rows up to.
     sync_cursor: Mutex<i64>,
+    /// Leases whose job this replica saw move to running (heartbeats skip that write after).
+    running: Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -214,6 +216,7 @@ impl Broker {
             policies: Mutex::new(HashMap::new()),
             placing: tokio::sync::Mutex::new(()),
             sync_cursor: Mutex::new(0),
+            running: Mutex::new(std::collections::HashSet::new()),
         };
         broker.sync().await?;
         Ok(broker)
@@ -240,12 +243,59 @@ impl Broker {
     // --- registry
 
     pub(crate) async fn nonce(&self) -> Result<cgx_protocol::broker::NonceResponse, BrokerError> {
-        let mut n = [0u8; 32];
-        aws_lc_rs::rand::fill(&mut n).map_err(|_| BrokerError::Internal("random".into()))?;
-        let nonce = cgx_protocol::broker::b64(&n);
-        let expires_at = self.clock.unix() + self.config.nonce_ttl_secs;
-        self.store.put_nonce(&nonce, expires_at).await?;
+        let (nonce, expires_at) = self
+            .keys
+            .make_nonce(self.clock.unix() + self.config.nonce_ttl_secs)?;
         Ok(cgx_protocol::broker::NonceResponse { nonce, expires_at })
+    }
+
+    /// End lease `lease`, moving its job `from` → `to`; the lease if this call ended it.
+    async fn end_lease(
+        &self,
+        lease: &str,
+        from: &'static [&'static str],
+        to: &'static str,
+        reason: &str,
+    ) -> Result<Option<LeaseRow>, BrokerError> {
+        let out = self
+            .store
+            .write(Write::EndLease {
+                lease: lease.to_string(),
+                job_from: from,
+                job_to: to,
+                reason: reason.to_string(),
+                now: self.clock.unix(),
+                now_ms: self.now_ms(),
+            })
+            .await?;
+        Ok(match out {
+            Outcome::Ended(l) => {
+                self.index().release(&l.node_id, &l.gpus);
+                Some(l)
+            }
+            _ => None,
+        })
+    }
+
+    /// Move a job `from` → `to`; whether it moved.
+    async fn transition(
+        &self,
+        job_id: &str,
+        from: &'static [&'static str],
+        to: &'static str,
+        reason: &str,
+    ) -> Result<bool, BrokerError> {
+        let out = self
+            .store
+            .write(Write::Transition {
+                job_id: job_id.to_string(),
+                from,
+                to,
+                reason: reason.to_string(),
+                now: self.clock.unix(),
+            })
+            .await?;
+        Ok(matches!(out, Outcome::Done))
     }
 
     /// Register (or re-attest) a node. `admin` must hold `operator:<the offer's operator>`.
@@ -257,12 +307,11 @@ impl Broker {
         register::check_offer(&reg.offer)?;
         admin.may(Some(&format!("operator:{}", reg.offer.operator)))?;
         let now = self.clock.unix();
+        let nonce_expires_at = self.keys.check_nonce(&reg.nonce, now)?;
         let decoded = register::decode(&reg, self.source.as_deref(), now)?;
-        // Single use, before the costly part: a replay is refused at once.
-        if !self.store.take_nonce(&reg.nonce, now).await? {
-            return Err(BrokerError::Nonce(
-                "unknown, used or expired: ask for a new one".into(),
-            ));
+        // A replay is refused before the costly part; the write below decides for good.
+        if self.store.nonce_used(&reg.nonce).await? {
+            return Err(BrokerError::Nonce("already used: ask for a new one".into()));
         }
         let appraiser = self.appraiser.clone();
         let at = time::OffsetDateTime::from_unix_timestamp(now)
@@ -301,10 +350,27 @@ impl Broker {
             ear: appraisal.token().to_string(),
             claims,
         };
+        if let Some((serial, owner)) = self.index().gpu_claimed_elsewhere(&record, now) {
+            return Err(BrokerError::Inventory(format!(
+                "GPU {serial} is already offered by node {owner}, which is attested and live"
+            )));
+        }
         let token = self.keys.sign_record(&record)?;
-        self.store
-            .put_node(&id, &record.operator, &token, now, self.now_ms())
+        let written = self
+            .store
+            .write(Write::Register {
+                nonce: reg.nonce.clone(),
+                nonce_expires_at,
+                id: id.clone(),
+                operator: record.operator.clone(),
+                record: token.clone(),
+                attested_at: now,
+                now_ms: self.now_ms(),
+            })
             .await?;
+        if matches!(written, Outcome::Refused(Refusal::NonceUsed)) {
+            return Err(BrokerError::Nonce("already used: ask for a new one".into()));
+        }
         let used = self
             .store
             .allocations(Some(std::slice::from_ref(&id)))
@@ -371,7 +437,16 @@ impl Broker {
             .and_then(serde_json::Value::as_i64)
             .filter(|s| *s > 0)
             .ok_or_else(|| BrokerError::Heartbeat("no positive seq".into()))?;
-        if !self.store.heartbeat(id, seq, now, self.now_ms()).await? {
+        let written = self
+            .store
+            .write(Write::Heartbeat {
+                id: id.to_string(),
+                seq,
+                at: now,
+                now_ms: self.now_ms(),
+            })
+            .await?;
+        if !matches!(written, Outcome::Done) {
             return Err(BrokerError::Heartbeat(format!(
                 "sequence {seq} is not past the last one (replayed?)"
             )));
@@ -401,18 +476,24 @@ impl Broker {
                     tracing::error!(lease = %l.id, "an open lease row carries no valid broker signature; not renewed");
                     continue;
                 };
-                if self
-                    .store
-                    .transition(
-                        &l.job_id,
-                        &[state::PLACED],
-                        state::RUNNING,
-                        &format!("node {id} took the lease"),
-                        now,
-                    )
-                    .await?
+                let known = self.running.lock().is_ok_and(|r| r.contains(&l.id));
+                if !known
+                    && self
+                        .transition(
+                            &l.job_id,
+                            &[state::PLACED],
+                            state::RUNNING,
+                            &format!("node {id} took the lease"),
+                        )
+                        .await?
                 {
                     tracing::info!(job = %l.job_id, node = %id, "job running");
+                }
+                if !known && let Ok(mut r) = self.running.lock() {
+                    if r.len() > 100_000 {
+                        r.clear();
+                    }
+                    r.insert(l.id.clone());
                 }
                 leases.push(grant);
             }
@@ -606,18 +687,65 @@ impl Broker {
             created_at: now,
             updated_at: now,
         };
-        self.store.insert_job(&row).await?;
         self.metrics.event("job", "submitted");
-        self.place_job(&row, Some(req)).await?;
-        self.job_view_by_id(&id).await
+        let placed = self.place_job(&row, Some(req), true).await?;
+        let mut events = vec![cgx_protocol::broker::JobEvent {
+            at: now,
+            from: None,
+            to: state::PENDING.into(),
+            reason: row.reason.clone(),
+        }];
+        let (state_now, reason, node_id, lease_id, gpus) = match placed {
+            Some(p) => {
+                events.push(cgx_protocol::broker::JobEvent {
+                    at: p.started_at,
+                    from: Some(state::PENDING.into()),
+                    to: state::PLACED.into(),
+                    reason: p.reason.clone(),
+                });
+                (
+                    state::PLACED,
+                    p.reason,
+                    Some(p.node_id),
+                    Some(p.lease_id),
+                    p.gpus,
+                )
+            }
+            None => {
+                let why = self.index().why_none(&self.requirements(&id, &spec)?, now);
+                (
+                    state::PENDING,
+                    format!("submitted; {why}"),
+                    None,
+                    None,
+                    Vec::new(),
+                )
+            }
+        };
+        // Built from what was just committed: no read back.
+        Ok(JobView {
+            id,
+            tenant: row.tenant,
+            state: state_now.into(),
+            reason,
+            spec,
+            node_id,
+            lease_id,
+            gpus,
+            created_at: now,
+            updated_at: now,
+            events,
+        })
     }
 
-    /// Try to place one pending job. `Ok(true)`: placed.
+    /// Try to place one job (`new`: not stored yet — it is stored with its placement, or
+    /// pending without one). The placement that committed, if any.
     async fn place_job(
         &self,
         job: &JobRow,
         req: Option<Requirements>,
-    ) -> Result<bool, BrokerError> {
+        new: bool,
+    ) -> Result<Option<PlacementRow>, BrokerError> {
         let spec: JobSpec = serde_json::from_str(&job.spec)
             .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
         let req = match req {
@@ -637,7 +765,7 @@ impl Broker {
                 }
             };
             let Some((choice, Some(record))) = choice else {
-                return Ok(false);
+                break;
             };
             let lease_id = random_id("l")?;
             let ends_at = now.saturating_add(i64::try_from(spec.duration_secs).unwrap_or(i64::MAX));
@@ -650,37 +778,31 @@ impl Broker {
                 now,
                 self.config.lease_ttl_secs,
             )?;
-            let reason = format!(
-                "placed on {} (GPUs {}), lease {lease_id}",
-                choice.node_id,
-                store::gpus_text(&choice.gpus)
-            );
-            let outcome = self
-                .store
-                .place(
-                    &Placement {
-                        job_id: &job.id,
-                        node_id: &choice.node_id,
-                        lease_id: &lease_id,
-                        gpus: &choice.gpus,
-                        token: &token,
-                        started_at: now,
-                        ends_at,
-                        reason: &reason,
-                    },
-                    self.now_ms(),
-                )
-                .await;
-            match outcome {
-                Ok(PlaceOutcome::Placed) => {
-                    self.metrics.event("job", "placed");
-                    tracing::info!(job = %job.id, node = %choice.node_id, lease = %lease_id, "job placed");
-                    if let Ok(mut p) = self.policies.lock() {
-                        p.remove(&job.id);
-                    }
-                    return Ok(true);
+            let placement = PlacementRow {
+                reason: format!(
+                    "placed on {} (GPUs {}), lease {lease_id}",
+                    choice.node_id,
+                    store::gpus_text(&choice.gpus)
+                ),
+                job_id: job.id.clone(),
+                node_id: choice.node_id.clone(),
+                lease_id: lease_id.clone(),
+                gpus: choice.gpus.clone(),
+                token,
+                started_at: now,
+                ends_at,
+                now_ms: self.now_ms(),
+            };
+            let write = if new {
+                Write::Submit {
+                    job: job.clone(),
+                    placement: Some(placement.clone()),
                 }
-                Ok(PlaceOutcome::GpuTaken) => {
+            } else {
+                Write::Place(placement.clone())
+            };
+            match self.store.write(write).await {
+                Ok(Outcome::Refused(Refusal::GpuTaken)) => {
                     // Another replica took one of these GPUs: learn its allocations, choose again.
                     self.metrics.event("placement", "conflict");
                     let used = self
@@ -692,9 +814,17 @@ impl Broker {
                         used.get(&choice.node_id).copied().unwrap_or(0),
                     );
                 }
-                Ok(PlaceOutcome::JobNotPending) => {
+                Ok(Outcome::Refused(_)) => {
                     self.index().release(&choice.node_id, &choice.gpus);
-                    return Ok(false);
+                    return Ok(None);
+                }
+                Ok(_) => {
+                    self.metrics.event("job", "placed");
+                    tracing::info!(job = %job.id, node = %choice.node_id, lease = %lease_id, "job placed");
+                    if let Ok(mut p) = self.policies.lock() {
+                        p.remove(&job.id);
+                    }
+                    return Ok(Some(placement));
                 }
                 Err(e) => {
                     self.index().release(&choice.node_id, &choice.gpus);
@@ -702,7 +832,15 @@ impl Broker {
                 }
             }
         }
-        Ok(false)
+        if new {
+            self.store
+                .write(Write::Submit {
+                    job: job.clone(),
+                    placement: None,
+                })
+                .await?;
+        }
+        Ok(None)
     }
 
     /// Place every pending job that fits now, oldest first.
@@ -718,21 +856,14 @@ impl Broker {
             }
         };
         for job in jobs {
-            if let Err(e) = self.place_job(&job, None).await {
+            if let Err(e) = self.place_job(&job, None, false).await {
                 tracing::warn!(job = %job.id, error = %e, "placement failed");
                 if matches!(
                     e,
                     BrokerError::PlacementPolicy(_) | BrokerError::BadRequest(_)
                 ) {
                     let _ = self
-                        .store
-                        .transition(
-                            &job.id,
-                            &[state::PENDING],
-                            state::FAILED,
-                            &e.to_string(),
-                            self.clock.unix(),
-                        )
+                        .transition(&job.id, &[state::PENDING], state::FAILED, &e.to_string())
                         .await;
                 }
             }
@@ -827,28 +958,19 @@ impl Broker {
                 view.state
             )));
         }
-        let now = self.clock.unix();
         let reason = format!("cancelled by {}", admin.actor());
         match &view.lease_id {
             Some(lease) if view.state != state::PENDING => {
-                if let Some(l) = self
-                    .store
-                    .end_lease(
-                        lease,
-                        &[state::PLACED, state::RUNNING],
-                        state::CANCELLED,
-                        &reason,
-                        now,
-                        self.now_ms(),
-                    )
-                    .await?
-                {
-                    self.index().release(&l.node_id, &l.gpus);
-                }
+                self.end_lease(
+                    lease,
+                    &[state::PLACED, state::RUNNING],
+                    state::CANCELLED,
+                    &reason,
+                )
+                .await?;
             }
             _ => {
-                self.store
-                    .transition(id, &[state::PENDING], state::CANCELLED, &reason, now)
+                self.transition(id, &[state::PENDING], state::CANCELLED, &reason)
                     .await?;
             }
         }
@@ -915,22 +1037,17 @@ impl Broker {
         let now = self.clock.unix();
         let failing = self.index().failing(now);
         for (node, why) in failing {
-            let started = std::time::Instant::now();
             let reason = format!("node {node} stopped proving itself ({why}); re-placing");
             for l in self.store.open_leases(Some(&node)).await? {
                 if let Some(l) = self
-                    .store
                     .end_lease(
                         &l.id,
                         &[state::PLACED, state::RUNNING],
                         state::PENDING,
                         &reason,
-                        now,
-                        self.now_ms(),
                     )
                     .await?
                 {
-                    self.index().release(&l.node_id, &l.gpus);
                     self.metrics.event("failover", "lease_ended");
                     tracing::warn!(node = %node, lease = %l.id, job = %l.job_id, %why, "lease ended; job re-placed");
                 }
@@ -942,23 +1059,18 @@ impl Broker {
                 .await?;
             self.index()
                 .set_used(&node, used.get(&node).copied().unwrap_or(0));
-            tracing::debug!(node = %node, elapsed = ?started.elapsed(), "failover pass");
         }
-        for l in self.store.open_leases(None).await? {
-            if l.ends_at <= now
-                && let Some(l) = self
-                    .store
-                    .end_lease(
-                        &l.id,
-                        &[state::PLACED, state::RUNNING],
-                        state::COMPLETED,
-                        "ran its duration",
-                        now,
-                        self.now_ms(),
-                    )
-                    .await?
+        for l in self.store.due_leases(now).await? {
+            if self
+                .end_lease(
+                    &l.id,
+                    &[state::PLACED, state::RUNNING],
+                    state::COMPLETED,
+                    "ran its duration",
+                )
+                .await?
+                .is_some()
             {
-                self.index().release(&l.node_id, &l.gpus);
                 self.metrics.event("job", "completed");
             }
         }
@@ -973,7 +1085,11 @@ impl Broker {
         operator: Option<(&str, i64)>,
     ) -> Result<(), BrokerError> {
         self.store
-            .set_reputation(node, operator, self.now_ms())
+            .write(Write::Reputation {
+                node: node.map(|(n, r)| (n.to_string(), r)),
+                operator: operator.map(|(n, r)| (n.to_string(), r)),
+                now_ms: self.now_ms(),
+            })
             .await?;
         self.sync().await
     }
@@ -1049,7 +1165,12 @@ async fn monitor(broker: Arc<Broker>, every: Duration) {
             tracing::warn!(error = %e, "monitor pass deferred");
         }
         if n.is_multiple_of(120)
-            && let Err(e) = broker.store.sweep_nonces(broker.clock.unix()).await
+            && let Err(e) = broker
+                .store
+                .write(Write::SweepNonces {
+                    now: broker.clock.unix(),
+                })
+                .await
         {
             tracing::debug!(error = %e, "nonce sweep deferred");
         }

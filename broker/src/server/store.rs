@@ -5,16 +5,21 @@
 //!   pair as its primary key; a placement inserts its rows, its lease and the job's state change
 //!   in one transaction, and commits only if every row went in and the job was still pending. Two
 //!   replicas that chose the same GPU cannot both commit: no GPU is ever given to two leases.
-//! - **Durability.** Every write runs at SQLite's `synchronous=FULL` (`BEGIN IMMEDIATE`, one
-//!   writer at a time in this process): a placement, a lease and a job's events cannot be
-//!   recomputed.
+//! - **Durability, in batches.** Every write goes through one writer task (`GroupCommit`) that
+//!   commits whatever is queued as one transaction, each write in its own savepoint: at SQLite's
+//!   `synchronous=FULL` (a placement, a lease and a job's events cannot be recomputed) the fsync
+//!   is shared, and one write's refusal undoes only that write. Callers still wait for their own
+//!   commit.
+//! - **Nonces are single use across replicas**: a nonce is MAC'd by the broker (no write to
+//!   issue one); registering inserts it into `used_nonces` in the same savepoint as the node's
+//!   record, so a second use finds it there and nothing of it commits.
 //! - **A row proves nothing by itself.** Node rows carry the registration as a record signed by
 //!   the broker's key, lease rows the lease token it signed; both are verified when read
 //!   (`mod.rs`).
 
 use std::collections::HashMap;
 
-use cgx_service::db::{Backend, Database, Migration};
+use cgx_service::db::{Backend, Database, DbError, GroupCommit, Migration};
 use sqlx::Row;
 
 use super::error::BrokerError;
@@ -24,7 +29,7 @@ const MIGRATION_LOCK: i64 = 0x6367_7842;
 
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
-    sqlite: "CREATE TABLE nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
+    sqlite: "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
      CREATE TABLE nodes (
         id TEXT PRIMARY KEY, operator TEXT NOT NULL, record TEXT NOT NULL,
         attested_at BIGINT NOT NULL, last_heartbeat BIGINT NOT NULL,
@@ -50,7 +55,7 @@ const MIGRATIONS: &[Migration] = &[Migration {
      CREATE TABLE allocations (
         node_id TEXT NOT NULL, gpu BIGINT NOT NULL, lease_id TEXT NOT NULL,
         PRIMARY KEY (node_id, gpu))",
-    postgres: "CREATE TABLE nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
+    postgres: "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
      CREATE TABLE nodes (
         id TEXT PRIMARY KEY, operator TEXT NOT NULL, record TEXT NOT NULL,
         attested_at BIGINT NOT NULL, last_heartbeat BIGINT NOT NULL,
@@ -130,29 +135,6 @@ pub struct LeaseRow {
     pub ends_at: i64,
 }
 
-/// What a placement writes.
-#[derive(Debug)]
-pub struct Placement<'a> {
-    pub job_id: &'a str,
-    pub node_id: &'a str,
-    pub lease_id: &'a str,
-    pub gpus: &'a [u32],
-    pub token: &'a str,
-    pub started_at: i64,
-    pub ends_at: i64,
-    pub reason: &'a str,
-}
-
-/// Why a placement did not commit.
-#[derive(Debug, PartialEq, Eq)]
-pub enum PlaceOutcome {
-    Placed,
-    /// A GPU was taken meanwhile (another replica): reload the node's allocations, try again.
-    GpuTaken,
-    /// The job is no longer pending (cancelled, or placed by another replica).
-    JobNotPending,
-}
-
 pub(crate) fn gpus_text(gpus: &[u32]) -> String {
     gpus.iter()
         .map(u32::to_string)
@@ -195,17 +177,112 @@ const JOB_COLUMNS: &str =
 const LEASE_COLUMNS: &str = "id, job_id, node_id, gpus, token, started_at, ends_at";
 
 /// The broker's store.
-#[derive(Debug)]
 pub struct Store {
     db: Database,
-    /// SQLite has one writer: this process's writes queue here instead of spinning on
-    /// `SQLITE_BUSY`.
-    write_lock: tokio::sync::Mutex<()>,
+    /// Every write goes through one writer that commits batches: many requests' writes share
+    /// one transaction (and on SQLite one fsync at `synchronous=FULL`), each in its own
+    /// savepoint, so one write's refusal (a GPU taken, a job no longer pending) undoes only it.
+    writer: GroupCommit<Write, Outcome>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.db.backend())
+            .finish_non_exhaustive()
+    }
 }
 
 type Tx = sqlx::Transaction<'static, sqlx::Any>;
 
+/// One write, owned (it waits in the writer's queue).
+#[derive(Debug)]
+pub(crate) enum Write {
+    /// A registration: use the nonce (single use across replicas) and store the node's record.
+    Register {
+        nonce: String,
+        nonce_expires_at: i64,
+        id: String,
+        operator: String,
+        record: String,
+        attested_at: i64,
+        now_ms: i64,
+    },
+    Heartbeat {
+        id: String,
+        seq: i64,
+        at: i64,
+        now_ms: i64,
+    },
+    /// A new job, and its placement when one was found at once.
+    Submit {
+        job: JobRow,
+        placement: Option<PlacementRow>,
+    },
+    Place(PlacementRow),
+    EndLease {
+        lease: String,
+        job_from: &'static [&'static str],
+        job_to: &'static str,
+        reason: String,
+        now: i64,
+        now_ms: i64,
+    },
+    Transition {
+        job_id: String,
+        from: &'static [&'static str],
+        to: &'static str,
+        reason: String,
+        now: i64,
+    },
+    Reputation {
+        node: Option<(String, i64)>,
+        operator: Option<(String, i64)>,
+        now_ms: i64,
+    },
+    SweepNonces {
+        now: i64,
+    },
+}
+
+/// What a write did.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Done,
+    /// Not applied (and undone): why.
+    Refused(Refusal),
+    /// The lease a [`Write::EndLease`] ended.
+    Ended(LeaseRow),
+}
+
+/// Why a write was not applied.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    NonceUsed,
+    StaleHeartbeat,
+    GpuTaken,
+    JobNotPending,
+    NoSuchLease,
+    /// A statement failed (logged); the write was undone.
+    Failed,
+}
+
+/// A placement, owned.
+#[derive(Debug, Clone)]
+pub struct PlacementRow {
+    pub job_id: String,
+    pub node_id: String,
+    pub lease_id: String,
+    pub gpus: Vec<u32>,
+    pub token: String,
+    pub started_at: i64,
+    pub ends_at: i64,
+    pub reason: String,
+    pub now_ms: i64,
+}
+
 /// A job's state change inside a transaction: conditional on `from` (one of), with its event.
+/// Returns the state it left, or `None` if the job was not in one of `from`.
 async fn transition(
     tx: &mut Tx,
     job_id: &str,
@@ -253,27 +330,293 @@ async fn transition(
     if changed.rows_affected() != 1 {
         return Ok(None);
     }
+    event(tx, job_id, now, Some(&current), to, reason).await?;
+    Ok(Some(current))
+}
+
+async fn event(
+    tx: &mut Tx,
+    job_id: &str,
+    at: i64,
+    from: Option<&str>,
+    to: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO job_events (job_id, at, from_state, to_state, reason) VALUES ($1, $2, $3, $4, $5)",
     )
     .bind(job_id)
-    .bind(now)
-    .bind(&current)
+    .bind(at)
+    .bind(from.map(str::to_string))
     .bind(to)
     .bind(reason)
     .execute(&mut **tx)
     .await?;
-    Ok(Some(current))
+    Ok(())
+}
+
+/// Take the GPUs, open the lease, move the job pending → placed.
+async fn place(tx: &mut Tx, p: &PlacementRow) -> Result<Outcome, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO allocations (node_id, gpu, lease_id) VALUES {} ON CONFLICT (node_id, gpu) DO NOTHING",
+        cgx_service::db::placeholders(p.gpus.len(), 3)
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for g in &p.gpus {
+        q = q.bind(&p.node_id).bind(i64::from(*g)).bind(&p.lease_id);
+    }
+    if q.execute(&mut **tx).await?.rows_affected() != p.gpus.len() as u64 {
+        return Ok(Outcome::Refused(Refusal::GpuTaken));
+    }
+    if transition(
+        tx,
+        &p.job_id,
+        &[state::PENDING],
+        state::PLACED,
+        &p.reason,
+        p.started_at,
+        Some((Some(&p.node_id), Some(&p.lease_id))),
+    )
+    .await?
+    .is_none()
+    {
+        return Ok(Outcome::Refused(Refusal::JobNotPending));
+    }
+    sqlx::query(
+        "INSERT INTO leases (id, job_id, node_id, gpus, token, started_at, ends_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(&p.lease_id)
+    .bind(&p.job_id)
+    .bind(&p.node_id)
+    .bind(gpus_text(&p.gpus))
+    .bind(&p.token)
+    .bind(p.started_at)
+    .bind(p.ends_at)
+    .execute(&mut **tx)
+    .await?;
+    touch(tx, &p.node_id, p.now_ms).await?;
+    Ok(Outcome::Done)
+}
+
+/// One write inside the batch's transaction.
+async fn apply(tx: &mut Tx, w: &Write) -> Result<Outcome, sqlx::Error> {
+    match w {
+        Write::Register {
+            nonce,
+            nonce_expires_at,
+            id,
+            operator,
+            record,
+            attested_at,
+            now_ms,
+        } => {
+            let used = sqlx::query(
+                "INSERT INTO used_nonces (nonce, expires_at) VALUES ($1, $2) ON CONFLICT (nonce) DO NOTHING",
+            )
+            .bind(nonce)
+            .bind(nonce_expires_at)
+            .execute(&mut **tx)
+            .await?;
+            if used.rows_affected() != 1 {
+                return Ok(Outcome::Refused(Refusal::NonceUsed));
+            }
+            sqlx::query(
+                "INSERT INTO nodes (id, operator, record, attested_at, last_heartbeat, heartbeat_seq, updated_ms)
+                 VALUES ($1, $2, $3, $4, $4, 0, $5)
+                 ON CONFLICT (id) DO UPDATE SET operator = excluded.operator, record = excluded.record,
+                   attested_at = excluded.attested_at,
+                   last_heartbeat = CASE WHEN nodes.last_heartbeat > excluded.attested_at THEN nodes.last_heartbeat ELSE excluded.attested_at END,
+                   updated_ms = excluded.updated_ms",
+            )
+            .bind(id)
+            .bind(operator)
+            .bind(record)
+            .bind(attested_at)
+            .bind(now_ms)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query("INSERT INTO operators (name) VALUES ($1) ON CONFLICT (name) DO NOTHING")
+                .bind(operator)
+                .execute(&mut **tx)
+                .await?;
+            Ok(Outcome::Done)
+        }
+        Write::Heartbeat {
+            id,
+            seq,
+            at,
+            now_ms,
+        } => {
+            let r = sqlx::query(
+                "UPDATE nodes SET last_heartbeat = $1, heartbeat_seq = $2, updated_ms = $3
+                 WHERE id = $4 AND heartbeat_seq < $2",
+            )
+            .bind(at)
+            .bind(seq)
+            .bind(now_ms)
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+            Ok(if r.rows_affected() == 1 {
+                Outcome::Done
+            } else {
+                Outcome::Refused(Refusal::StaleHeartbeat)
+            })
+        }
+        Write::Submit { job, placement } => {
+            sqlx::query(
+                "INSERT INTO jobs (id, tenant, spec, state, reason, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6)",
+            )
+            .bind(&job.id)
+            .bind(&job.tenant)
+            .bind(&job.spec)
+            .bind(&job.state)
+            .bind(&job.reason)
+            .bind(job.created_at)
+            .execute(&mut **tx)
+            .await?;
+            event(tx, &job.id, job.created_at, None, &job.state, &job.reason).await?;
+            match placement {
+                Some(p) => place(tx, p).await,
+                None => Ok(Outcome::Done),
+            }
+        }
+        Write::Place(p) => place(tx, p).await,
+        Write::EndLease {
+            lease,
+            job_from,
+            job_to,
+            reason,
+            now,
+            now_ms,
+        } => {
+            let sql =
+                format!("SELECT {LEASE_COLUMNS} FROM leases WHERE id = $1 AND ended_at IS NULL");
+            let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(lease)
+                .fetch_optional(&mut **tx)
+                .await?
+            else {
+                return Ok(Outcome::Refused(Refusal::NoSuchLease));
+            };
+            let l = lease_row(&row)?;
+            sqlx::query(
+                "UPDATE leases SET ended_at = $1, end_reason = $2 WHERE id = $3 AND ended_at IS NULL",
+            )
+            .bind(now)
+            .bind(reason)
+            .bind(lease)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query("DELETE FROM allocations WHERE lease_id = $1")
+                .bind(lease)
+                .execute(&mut **tx)
+                .await?;
+            let node_lease = (*job_to == state::PENDING).then_some((None, None));
+            transition(tx, &l.job_id, job_from, job_to, reason, *now, node_lease).await?;
+            touch(tx, &l.node_id, *now_ms).await?;
+            Ok(Outcome::Ended(l))
+        }
+        Write::Transition {
+            job_id,
+            from,
+            to,
+            reason,
+            now,
+        } => Ok(
+            match transition(tx, job_id, from, to, reason, *now, None).await? {
+                Some(_) => Outcome::Done,
+                None => Outcome::Refused(Refusal::JobNotPending),
+            },
+        ),
+        Write::Reputation {
+            node,
+            operator,
+            now_ms,
+        } => {
+            if let Some((id, r)) = node {
+                sqlx::query("UPDATE nodes SET reputation = $1, updated_ms = $2 WHERE id = $3")
+                    .bind(r)
+                    .bind(now_ms)
+                    .bind(id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            if let Some((name, r)) = operator {
+                sqlx::query(
+                    "INSERT INTO operators (name, reputation) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET reputation = excluded.reputation",
+                )
+                .bind(name)
+                .bind(r)
+                .execute(&mut **tx)
+                .await?;
+                sqlx::query("UPDATE nodes SET updated_ms = $1 WHERE operator = $2")
+                    .bind(now_ms)
+                    .bind(name)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Ok(Outcome::Done)
+        }
+        Write::SweepNonces { now } => {
+            sqlx::query("DELETE FROM used_nonces WHERE expires_at <= $1")
+                .bind(now)
+                .execute(&mut **tx)
+                .await?;
+            Ok(Outcome::Done)
+        }
+    }
+}
+
+/// One batch: one transaction, a savepoint per write.
+async fn write_batch(db: &Database, writes: Vec<Write>) -> Result<Vec<Outcome>, sqlx::Error> {
+    let mut tx = match db.backend() {
+        // Take the write lock up front: a deferred transaction that read first could not write
+        // after another process's commit.
+        Backend::Sqlite => db.pool().begin_with("BEGIN IMMEDIATE").await?,
+        Backend::Postgres => db.pool().begin().await?,
+    };
+    let mut out = Vec::with_capacity(writes.len());
+    for w in &writes {
+        sqlx::query("SAVEPOINT w").execute(&mut *tx).await?;
+        match apply(&mut tx, w).await {
+            Ok(Outcome::Refused(r)) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT w")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("RELEASE SAVEPOINT w").execute(&mut *tx).await?;
+                out.push(Outcome::Refused(r));
+            }
+            Ok(o) => {
+                sqlx::query("RELEASE SAVEPOINT w").execute(&mut *tx).await?;
+                out.push(o);
+            }
+            // A statement failed: undo this write; the others commit. (PostgreSQL needs the
+            // rollback to go on at all.)
+            Err(e) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT w")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("RELEASE SAVEPOINT w").execute(&mut *tx).await?;
+                tracing::warn!(error = %e, "a write failed and was undone");
+                out.push(Outcome::Refused(Refusal::Failed));
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(out)
 }
 
 impl Store {
     pub async fn open(url: &str, now: i64) -> Result<Self, BrokerError> {
         let db = Database::open_durable(url).await?;
         db.migrate(MIGRATION_LOCK, MIGRATIONS, now).await?;
-        Ok(Store {
-            db,
-            write_lock: tokio::sync::Mutex::new(()),
-        })
+        let batch_db = db.clone();
+        let writer = GroupCommit::spawn(Box::new(move |writes: Vec<Write>| {
+            let db = batch_db.clone();
+            Box::pin(async move { write_batch(&db, writes).await.map_err(DbError::from) })
+        }));
+        Ok(Store { db, writer })
     }
 
     pub fn is_sqlite(&self) -> bool {
@@ -288,114 +631,25 @@ impl Store {
         Ok(self.db.checkpoint().await?)
     }
 
-    /// A write transaction: on SQLite, this process's one writer (`synchronous=FULL` on every
-    /// connection, [`Database::open_durable`]) with the write lock taken up front
-    /// (`BEGIN IMMEDIATE`).
-    async fn begin(&self) -> Result<(Option<tokio::sync::MutexGuard<'_, ()>>, Tx), BrokerError> {
-        if self.is_sqlite() {
-            let guard = self.write_lock.lock().await;
-            let tx = self.db.pool().begin_with("BEGIN IMMEDIATE").await?;
-            Ok((Some(guard), tx))
-        } else {
-            Ok((None, self.db.pool().begin().await?))
+    /// Queue a write and wait for its batch to commit.
+    pub(crate) async fn write(&self, w: Write) -> Result<Outcome, BrokerError> {
+        match self.writer.write(w).await? {
+            Outcome::Refused(Refusal::Failed) => {
+                Err(BrokerError::Storage("a write failed; see the log".into()))
+            }
+            o => Ok(o),
         }
     }
 
-    // --- nonces
-
-    pub async fn put_nonce(&self, nonce: &str, expires_at: i64) -> Result<(), BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        sqlx::query("INSERT INTO nonces (nonce, expires_at) VALUES ($1, $2)")
-            .bind(nonce)
-            .bind(expires_at)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Use `nonce` once: true if it existed and was unexpired at `now` (it is gone either way).
-    pub async fn take_nonce(&self, nonce: &str, now: i64) -> Result<bool, BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        let row = sqlx::query("DELETE FROM nonces WHERE nonce = $1 RETURNING expires_at")
-            .bind(nonce)
-            .fetch_optional(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(match row {
-            Some(r) => r.try_get::<i64, _>("expires_at")? > now,
-            None => false,
-        })
-    }
-
-    pub async fn sweep_nonces(&self, now: i64) -> Result<(), BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        sqlx::query("DELETE FROM nonces WHERE expires_at <= $1")
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    // --- nodes
-
-    /// Insert or replace a node's signed record (registration or re-attestation). A
-    /// re-attestation keeps the heartbeat sequence (replays stay refused).
-    pub async fn put_node(
-        &self,
-        id: &str,
-        operator: &str,
-        record: &str,
-        attested_at: i64,
-        now_ms: i64,
-    ) -> Result<(), BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO nodes (id, operator, record, attested_at, last_heartbeat, heartbeat_seq, updated_ms)
-             VALUES ($1, $2, $3, $4, $4, 0, $5)
-             ON CONFLICT (id) DO UPDATE SET operator = excluded.operator, record = excluded.record,
-               attested_at = excluded.attested_at,
-               last_heartbeat = CASE WHEN nodes.last_heartbeat > excluded.attested_at THEN nodes.last_heartbeat ELSE excluded.attested_at END,
-               updated_ms = excluded.updated_ms",
+    /// Has `nonce` been used (a cheap check before verifying; the write decides)?
+    pub async fn nonce_used(&self, nonce: &str) -> Result<bool, BrokerError> {
+        Ok(
+            sqlx::query("SELECT 1 AS x FROM used_nonces WHERE nonce = $1")
+                .bind(nonce)
+                .fetch_optional(self.db.pool())
+                .await?
+                .is_some(),
         )
-        .bind(id)
-        .bind(operator)
-        .bind(record)
-        .bind(attested_at)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("INSERT INTO operators (name) VALUES ($1) ON CONFLICT (name) DO NOTHING")
-            .bind(operator)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Record a heartbeat if `seq` is past the stored one (across replicas: a replayed
-    /// heartbeat changes nothing). Returns whether it was taken.
-    pub async fn heartbeat(
-        &self,
-        id: &str,
-        seq: i64,
-        at: i64,
-        now_ms: i64,
-    ) -> Result<bool, BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        let r = sqlx::query(
-            "UPDATE nodes SET last_heartbeat = $1, heartbeat_seq = $2, updated_ms = $3
-             WHERE id = $4 AND heartbeat_seq < $2",
-        )
-        .bind(at)
-        .bind(seq)
-        .bind(now_ms)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(r.rows_affected() == 1)
     }
 
     /// Nodes changed at or after `since_ms` (every node for 0).
@@ -468,34 +722,6 @@ impl Store {
         Ok(out)
     }
 
-    // --- jobs
-
-    pub async fn insert_job(&self, job: &JobRow) -> Result<(), BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        sqlx::query(
-            "INSERT INTO jobs (id, tenant, spec, state, reason, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6)",
-        )
-        .bind(&job.id)
-        .bind(&job.tenant)
-        .bind(&job.spec)
-        .bind(&job.state)
-        .bind(&job.reason)
-        .bind(job.created_at)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO job_events (job_id, at, from_state, to_state, reason) VALUES ($1, $2, NULL, $3, $4)",
-        )
-        .bind(&job.id)
-        .bind(job.created_at)
-        .bind(&job.state)
-        .bind(&job.reason)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     pub async fn job(&self, id: &str) -> Result<Option<JobRow>, BrokerError> {
         let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -566,55 +792,6 @@ impl Store {
             .map_err(Into::into)
     }
 
-    /// Open the lease, take its GPUs and move the job pending → placed, all or nothing.
-    pub async fn place(&self, p: &Placement<'_>, now_ms: i64) -> Result<PlaceOutcome, BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        let rows = p.gpus.len() as u64;
-        let sql = format!(
-            "INSERT INTO allocations (node_id, gpu, lease_id) VALUES {} ON CONFLICT (node_id, gpu) DO NOTHING",
-            cgx_service::db::placeholders(p.gpus.len(), 3)
-        );
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for g in p.gpus {
-            q = q.bind(p.node_id).bind(i64::from(*g)).bind(p.lease_id);
-        }
-        if q.execute(&mut *tx).await?.rows_affected() != rows {
-            tx.rollback().await?;
-            return Ok(PlaceOutcome::GpuTaken);
-        }
-        let now = p.started_at;
-        if transition(
-            &mut tx,
-            p.job_id,
-            &[state::PENDING],
-            state::PLACED,
-            p.reason,
-            now,
-            Some((Some(p.node_id), Some(p.lease_id))),
-        )
-        .await?
-        .is_none()
-        {
-            tx.rollback().await?;
-            return Ok(PlaceOutcome::JobNotPending);
-        }
-        sqlx::query(
-            "INSERT INTO leases (id, job_id, node_id, gpus, token, started_at, ends_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(p.lease_id)
-        .bind(p.job_id)
-        .bind(p.node_id)
-        .bind(gpus_text(p.gpus))
-        .bind(p.token)
-        .bind(p.started_at)
-        .bind(p.ends_at)
-        .execute(&mut *tx)
-        .await?;
-        touch(&mut tx, p.node_id, now_ms).await?;
-        tx.commit().await?;
-        Ok(PlaceOutcome::Placed)
-    }
-
     /// Open leases of `node` (every node for `None`).
     pub async fn open_leases(&self, node: Option<&str>) -> Result<Vec<LeaseRow>, BrokerError> {
         let rows = match node {
@@ -639,100 +816,16 @@ impl Store {
         Ok(rows.iter().map(lease_row).collect::<Result<_, _>>()?)
     }
 
-    /// End lease `lease`: free its GPUs, and move its job to `job_state` (from `job_from`) with
-    /// `reason`. Returns the lease (node and GPUs) if this call ended it.
-    pub async fn end_lease(
-        &self,
-        lease: &str,
-        job_from: &[&str],
-        job_state: &str,
-        reason: &str,
-        now: i64,
-        now_ms: i64,
-    ) -> Result<Option<LeaseRow>, BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE id = $1 AND ended_at IS NULL");
-        let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(lease)
-            .fetch_optional(&mut *tx)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let l = lease_row(&row)?;
-        let ended = sqlx::query(
-            "UPDATE leases SET ended_at = $1, end_reason = $2 WHERE id = $3 AND ended_at IS NULL",
-        )
-        .bind(now)
-        .bind(reason)
-        .bind(lease)
-        .execute(&mut *tx)
-        .await?;
-        if ended.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        sqlx::query("DELETE FROM allocations WHERE lease_id = $1")
-            .bind(lease)
-            .execute(&mut *tx)
+    /// Open leases whose job ran its duration by `now`.
+    pub async fn due_leases(&self, now: i64) -> Result<Vec<LeaseRow>, BrokerError> {
+        let sql = format!(
+            "SELECT {LEASE_COLUMNS} FROM leases WHERE ended_at IS NULL AND ends_at <= $1 ORDER BY id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(now)
+            .fetch_all(self.db.pool())
             .await?;
-        let node_lease = (job_state == state::PENDING).then_some((None, None));
-        transition(
-            &mut tx, &l.job_id, job_from, job_state, reason, now, node_lease,
-        )
-        .await?;
-        touch(&mut tx, &l.node_id, now_ms).await?;
-        tx.commit().await?;
-        Ok(Some(l))
-    }
-
-    /// Move a job `from` → `to` (no lease change); true if it moved.
-    pub async fn transition(
-        &self,
-        job_id: &str,
-        from: &[&str],
-        to: &str,
-        reason: &str,
-        now: i64,
-    ) -> Result<bool, BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        let moved = transition(&mut tx, job_id, from, to, reason, now, None).await?;
-        tx.commit().await?;
-        Ok(moved.is_some())
-    }
-
-    /// Set reputations (tests and operators' tooling; later work feeds them).
-    pub async fn set_reputation(
-        &self,
-        node: Option<(&str, i64)>,
-        operator: Option<(&str, i64)>,
-        now_ms: i64,
-    ) -> Result<(), BrokerError> {
-        let (_g, mut tx) = self.begin().await?;
-        if let Some((id, r)) = node {
-            sqlx::query("UPDATE nodes SET reputation = $1, updated_ms = $2 WHERE id = $3")
-                .bind(r)
-                .bind(now_ms)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if let Some((name, r)) = operator {
-            sqlx::query(
-                "INSERT INTO operators (name, reputation) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET reputation = excluded.reputation",
-            )
-            .bind(name)
-            .bind(r)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query("UPDATE nodes SET updated_ms = $1 WHERE operator = $2")
-                .bind(now_ms)
-                .bind(name)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        Ok(rows.iter().map(lease_row).collect::<Result<_, _>>()?)
     }
 }
 

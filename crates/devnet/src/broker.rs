@@ -292,6 +292,11 @@ impl SimBrokerNode {
         Self::new(crate::node(gpus)?, offer)
     }
 
+    /// The raw Ed25519 node key.
+    pub fn node_key_raw(&self) -> [u8; 32] {
+        self.node_key_raw
+    }
+
     pub fn tee_key(&self) -> Result<TeeKey> {
         TeeKey::ec_from_der(Curve::P256, &self.tee_pkcs8).map_err(sim_err)
     }
