@@ -282,7 +282,7 @@ const BENCH_VALUE: [u8; 32] = [7u8; 32];
 /// each answer parsed with `httparse` (what hyper itself parses with) into one reused buffer,
 /// so the load generator leaves as much of the shared cores as it can to the KBS it measures.
 /// It reads what the KBS sends: `Content-Length` bodies, no pipelining.
-struct Conn {
+pub(crate) struct Conn {
     addr: std::net::SocketAddr,
     stream: Option<tokio::net::TcpStream>,
     buf: Vec<u8>,
@@ -292,7 +292,7 @@ struct Conn {
 type Answer = (u16, Vec<u8>, Option<String>);
 
 impl Conn {
-    fn new(addr: std::net::SocketAddr) -> Self {
+    pub(crate) fn new(addr: std::net::SocketAddr) -> Self {
         Conn {
             addr,
             stream: None,
@@ -308,7 +308,20 @@ impl Conn {
         cookie: Option<&str>,
         body: &[u8],
     ) -> Result<Answer, String> {
-        let answer = self.exchange(method, path, cookie, body).await;
+        let extra = cookie.map(|c| ("cookie", c));
+        self.request_with(method, path, extra.as_slice(), body)
+            .await
+    }
+
+    /// One request with extra headers (e.g. `authorization`).
+    pub(crate) async fn request_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Answer, String> {
+        let answer = self.exchange(method, path, headers, body).await;
         if answer.is_err() {
             self.stream = None;
         }
@@ -319,7 +332,7 @@ impl Conn {
         &mut self,
         method: &str,
         path: &str,
-        cookie: Option<&str>,
+        headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<Answer, String> {
         use tokio::io::AsyncWriteExt;
@@ -334,8 +347,8 @@ impl Conn {
             )
             .map_err(|e| e.to_string())?;
         }
-        if let Some(c) = cookie {
-            write!(req, "cookie: {c}\r\n").map_err(|e| e.to_string())?;
+        for (name, value) in headers {
+            write!(req, "{name}: {value}\r\n").map_err(|e| e.to_string())?;
         }
         req.extend_from_slice(b"\r\n");
         req.extend_from_slice(body);

@@ -4,6 +4,7 @@
 //! linked here only, never into the user's `cgx`.
 
 mod attestation;
+mod broker;
 mod kbs;
 
 // The KBS under `cgx bench kbs` runs in this process: the same allocator as `cgx kbs serve`.
@@ -57,6 +58,26 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// The broker: placement decisions on a 100 000-node index, submit → placed over HTTP,
+    /// registrations over HTTP against in-process appraisal.
+    Broker {
+        #[arg(long, default_value_t = 100_000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 200_000)]
+        decisions: usize,
+        #[arg(long, default_value_t = 64)]
+        tenants: usize,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Registrations posted (each with its own nonce and evidence).
+        #[arg(long, default_value_t = 300)]
+        registrations: usize,
+        /// Run one part only: placement, submit or registration.
+        #[arg(long)]
+        only: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Full appraisals per second (verify + policy + sign) against verification alone.
     Appraise {
         #[arg(long)]
@@ -102,6 +123,23 @@ fn main() -> ExitCode {
             seconds,
             vectors,
         } => attestation::appraise(json, seconds, vectors),
+        BenchWhat::Broker {
+            nodes,
+            decisions,
+            tenants,
+            seconds,
+            registrations,
+            only,
+            json,
+        } => broker::bench(
+            nodes,
+            decisions,
+            tenants,
+            seconds,
+            registrations,
+            only.as_deref(),
+            json,
+        ),
         BenchWhat::Verify {
             json,
             seconds,

@@ -175,11 +175,32 @@ struct Entry {
     heartbeat_seq: i64,
     /// Bit i set: GPU i is allocated.
     used: u64,
-    /// The ordering key it sits under in `by_model`.
+    /// The ordering key it sits under in its partition.
     key: RankKey,
+    /// Its partition (`None`: no free GPU, so in none).
+    part: Option<Part>,
 }
 
 type RankKey = (Micros, Reverse<i64>, String);
+
+/// A partition of placeable capacity: (GPU model, TEE, region, free-GPU bucket). A job walks
+/// only the partitions that can hold it — its model, its TEEs, its regions, buckets with room
+/// enough — each in rank order, and merges them: a decision costs the partitions it may use,
+/// not the fleet.
+type Part = (String, TeeKind, String, u32);
+
+/// Free-GPU buckets: exact up to 8, then 16, 32, 64 (a bucket holds free counts down to the
+/// previous bucket + 1).
+fn bucket(free: u32) -> u32 {
+    match free {
+        0..=8 => free,
+        9..=16 => 16,
+        17..=32 => 32,
+        _ => 64,
+    }
+}
+
+const BUCKETS: [u32; 11] = [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64];
 
 /// The index. Not thread-safe by itself: the service keeps it behind a lock.
 #[derive(Debug)]
@@ -187,7 +208,9 @@ pub struct Index {
     freshness: Freshness,
     nodes: HashMap<String, Entry>,
     operators: HashMap<String, i64>,
-    by_model: HashMap<String, BTreeSet<RankKey>>,
+    parts: HashMap<Part, BTreeSet<RankKey>>,
+    /// Every region a node has offered (the partitions a job without regions walks).
+    regions: BTreeSet<String>,
     /// GPU device serial → the node whose evidence carried it.
     gpu_owner: HashMap<String, String>,
 }
@@ -206,6 +229,9 @@ fn serials(record: &NodeRecord) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Nodes [`Index::why_none`] examines at most.
+pub const WHY_NONE_SAMPLE: usize = 4096;
+
 /// Most GPUs one node may offer (the allocation bitmap's width).
 pub const MAX_GPUS: u32 = 64;
 
@@ -219,7 +245,8 @@ impl Index {
             freshness,
             nodes: HashMap::new(),
             operators: HashMap::new(),
-            by_model: HashMap::new(),
+            parts: HashMap::new(),
+            regions: BTreeSet::new(),
             gpu_owner: HashMap::new(),
         }
     }
@@ -275,16 +302,14 @@ impl Index {
     ) {
         self.remove(&record.id);
         let key = self.rank_key(&record, node_reputation);
-        self.by_model
-            .entry(record.gpu_model.clone())
-            .or_default()
-            .insert(key.clone());
         let used = used & full_mask(record.gpu_count);
         for serial in serials(&record) {
             self.gpu_owner.insert(serial, record.id.clone());
         }
+        self.regions.insert(record.region.clone());
+        let id = record.id.clone();
         self.nodes.insert(
-            record.id.clone(),
+            id.clone(),
             Entry {
                 record: Arc::new(record),
                 record_token,
@@ -293,8 +318,39 @@ impl Index {
                 heartbeat_seq,
                 used,
                 key,
+                part: None,
             },
         );
+        self.repartition(&id);
+    }
+
+    /// Put node `id` under the partition its free GPUs call for (and its current rank key).
+    fn repartition(&mut self, id: &str) {
+        let Some(e) = self.nodes.get(id) else { return };
+        let free = e.record.gpu_count - mask_count(e.used);
+        let want = (free > 0).then(|| {
+            (
+                e.record.gpu_model.clone(),
+                e.record.tee,
+                e.record.region.clone(),
+                bucket(free),
+            )
+        });
+        let (old, key) = (e.part.clone(), e.key.clone());
+        if let Some(p) = &old
+            && let Some(set) = self.parts.get_mut(p)
+        {
+            set.remove(&key);
+            if set.is_empty() {
+                self.parts.remove(p);
+            }
+        }
+        if let Some(p) = &want {
+            self.parts.entry(p.clone()).or_default().insert(key);
+        }
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.part = want;
+        }
     }
 
     pub fn remove(&mut self, id: &str) -> bool {
@@ -306,8 +362,13 @@ impl Index {
                 self.gpu_owner.remove(&serial);
             }
         }
-        if let Some(set) = self.by_model.get_mut(&e.record.gpu_model) {
+        if let Some(p) = &e.part
+            && let Some(set) = self.parts.get_mut(p)
+        {
             set.remove(&e.key);
+            if set.is_empty() {
+                self.parts.remove(p);
+            }
         }
         true
     }
@@ -340,15 +401,16 @@ impl Index {
     fn rerank(&mut self, id: &str) {
         let Some(e) = self.nodes.get(id) else { return };
         let new = self.rank_key(&e.record, e.node_reputation);
-        let old = e.key.clone();
-        let model = e.record.gpu_model.clone();
-        if let Some(set) = self.by_model.get_mut(&model) {
-            set.remove(&old);
-            set.insert(new.clone());
+        if let Some(p) = &e.part
+            && let Some(set) = self.parts.get_mut(p)
+        {
+            set.remove(&e.key);
         }
         if let Some(e) = self.nodes.get_mut(id) {
             e.key = new;
+            e.part = None;
         }
+        self.repartition(id);
     }
 
     pub fn record(&self, id: &str) -> Option<Arc<NodeRecord>> {
@@ -525,40 +587,92 @@ impl Index {
     }
 
     /// The best fitting node for `req` at `now` and the GPUs it would get (lowest free
-    /// indices), or `None`. Walks the job's model in rank order and stops at the first price
-    /// over the job's maximum; the policy runs only on nodes that pass every cheap filter.
+    /// indices), or `None`. Walks, in rank order, only the partitions that can hold the job
+    /// (its model, TEEs, regions, free-GPU buckets with room), each up to the job's price, and
+    /// merges their heads; the policy runs only on the best remaining head. Equal to
+    /// [`Index::scan_choose`] (the property tests hold them to it).
     pub fn choose(&self, req: &Requirements, now: i64) -> Option<Choice> {
-        let set = self.by_model.get(&req.gpu_model)?;
-        let mut best: Option<(&RankKey, usize, &Entry)> = None;
-        for key in set.iter() {
-            if key.0 > req.max_price {
-                break;
+        let tees: &[TeeKind] = if req.tee.is_empty() {
+            &[TeeKind::Snp, TeeKind::Tdx]
+        } else {
+            &req.tee
+        };
+        let any_region = req.regions.is_empty();
+        let regions: Vec<&String> = if any_region {
+            self.regions.iter().collect()
+        } else {
+            req.regions.iter().collect()
+        };
+        type Walk<'a> = (std::collections::btree_set::Iter<'a, RankKey>, usize);
+        let mut walks: Vec<Walk<'_>> = Vec::new();
+        for tee in tees {
+            for (rank, region) in regions.iter().enumerate() {
+                for b in BUCKETS.iter().filter(|b| **b >= req.gpu_count) {
+                    let part = (req.gpu_model.clone(), *tee, (*region).clone(), *b);
+                    if let Some(set) = self.parts.get(&part) {
+                        walks.push((set.iter(), if any_region { 0 } else { rank }));
+                    }
+                }
             }
-            if let Some((bk, _, _)) = best
-                && (bk.0, bk.1) != (key.0, key.1)
-            {
-                break;
-            }
-            let Some(e) = self.nodes.get(&key.2) else {
-                continue;
-            };
-            if self.cheap_fit(e, req, now).is_err() {
-                continue;
-            }
-            let region_rank = req
-                .regions
-                .iter()
-                .position(|r| *r == e.record.region)
-                .unwrap_or(0);
-            if best.is_some_and(|(_, br, _)| br <= region_rank) {
-                continue;
-            }
-            if self.policy_fit(e, req).is_err() {
-                continue;
-            }
-            best = Some((key, region_rank, e));
         }
-        let (_, _, e) = best?;
+        // Each walk's head: its first node passing the cheap filters.
+        let head = |w: &mut Walk<'_>| -> Option<(&Entry, usize)> {
+            for key in w.0.by_ref() {
+                if key.0 > req.max_price {
+                    return None;
+                }
+                if let Some(e) = self.nodes.get(&key.2)
+                    && self.cheap_fit(e, req, now).is_ok()
+                {
+                    return Some((e, w.1));
+                }
+            }
+            None
+        };
+        let mut heads: Vec<(Option<(&Entry, usize)>, Walk<'_>)> =
+            walks.into_iter().map(|mut w| (head(&mut w), w)).collect();
+        loop {
+            let best = heads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (h, _))| h.map(|(e, r)| (i, e, r)))
+                .min_by(|a, b| {
+                    (a.1.key.0, a.1.key.1, a.2, &a.1.key.2)
+                        .cmp(&(b.1.key.0, b.1.key.1, b.2, &b.1.key.2))
+                })?;
+            let (i, e, _) = best;
+            if self.policy_fit(e, req).is_ok() {
+                return Some(Choice {
+                    node_id: e.record.id.clone(),
+                    gpus: free_indices(e.used, e.record.gpu_count, req.gpu_count),
+                });
+            }
+            let (h, w) = &mut heads[i];
+            *h = head(w);
+        }
+    }
+
+    /// The same decision by scanning every node: the oracle `choose` is tested against, and
+    /// what the benchmark compares the partitioned walk with.
+    pub fn scan_choose(&self, req: &Requirements, now: i64) -> Option<Choice> {
+        let rank = |e: &Entry| {
+            let region = if req.regions.is_empty() {
+                0
+            } else {
+                req.regions
+                    .iter()
+                    .position(|r| *r == e.record.region)
+                    .unwrap_or(usize::MAX)
+            };
+            (e.key.0, e.key.1, region, e.key.2.clone())
+        };
+        let mut fits: Vec<&Entry> = self
+            .nodes
+            .values()
+            .filter(|e| self.cheap_fit(e, req, now).is_ok())
+            .collect();
+        fits.sort_by_key(|e| rank(e));
+        let e = fits.into_iter().find(|e| self.policy_fit(e, req).is_ok())?;
         Some(Choice {
             node_id: e.record.id.clone(),
             gpus: free_indices(e.used, e.record.gpu_count, req.gpu_count),
@@ -583,19 +697,30 @@ impl Index {
         out
     }
 
-    /// A one-line summary of why no node fits (`3 full, 1 region`).
+    /// A one-line summary of why no node fits (`3 full, 1 region`), from at most
+    /// [`WHY_NONE_SAMPLE`] nodes (a pending job's answer stays cheap on a large fleet).
     pub fn why_none(&self, req: &Requirements, now: i64) -> String {
         let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
-        for (_, r) in self.explain(req, now) {
-            if let Err(m) = r {
+        let mut seen = 0;
+        for e in self.nodes.values().take(WHY_NONE_SAMPLE) {
+            seen += 1;
+            if let Err(m) = self
+                .cheap_fit(e, req, now)
+                .and_then(|()| self.policy_fit(e, req))
+            {
                 *counts.entry(m.code()).or_default() += 1;
             }
         }
-        if counts.is_empty() {
+        if seen == 0 {
             return "no node is registered".into();
         }
         let parts: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
-        format!("no node fits ({})", parts.join(", "))
+        let of = if self.nodes.len() > seen {
+            format!(" of {seen} examined")
+        } else {
+            String::new()
+        };
+        format!("no node fits{of} ({})", parts.join(", "))
     }
 
     /// Mark `gpus` of `id` allocated; false (and nothing changed) if one is already taken.
@@ -608,6 +733,7 @@ impl Index {
             return false;
         }
         e.used |= mask;
+        self.repartition(id);
         true
     }
 
@@ -616,6 +742,7 @@ impl Index {
         if let Some(e) = self.nodes.get_mut(id) {
             e.used &= !gpus_mask(gpus);
         }
+        self.repartition(id);
     }
 
     /// Replace the allocation bitmap of `id` with the database's.
@@ -623,6 +750,7 @@ impl Index {
         if let Some(e) = self.nodes.get_mut(id) {
             e.used = used & full_mask(e.record.gpu_count);
         }
+        self.repartition(id);
     }
 
     /// Nodes with allocated GPUs that are no longer placeable: their leases end and their jobs
@@ -875,6 +1003,92 @@ mod tests {
         assert!(i.remove("n"));
         assert!(i.choose(&req(1), NOW).is_none());
         assert!(i.is_empty());
+    }
+
+    /// The partitioned walk decides exactly as a scan of every node, over random fleets, jobs
+    /// (regions, TEEs, memory, prices, policies), allocations, reputations and lapses.
+    #[test]
+    fn choose_equals_a_full_scan() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut rnd = |n: u64| {
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            seed.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+        };
+        let regions = ["eu", "us", "ap"];
+        let models = ["H100", "H200"];
+        let policy = Arc::new(
+            PlacementPolicy::compile(
+                "package placement\ndeny contains \"odd\" if endswith(input.node.id, \"7\")",
+            )
+            .unwrap(),
+        );
+        for round in 0..30 {
+            let mut i = Index::new(F);
+            for n in 0..150 {
+                let mut r = record(
+                    &format!("n{n:03}"),
+                    regions[rnd(3) as usize],
+                    1.0 + rnd(5) as f64 * 0.5,
+                    [1, 2, 4, 8, 12, 64][rnd(6) as usize],
+                );
+                r.gpu_model = models[rnd(2) as usize].into();
+                r.tee = if rnd(3) == 0 {
+                    TeeKind::Tdx
+                } else {
+                    TeeKind::Snp
+                };
+                r.gpu_memory_gib = [40, 80][rnd(2) as usize];
+                if rnd(20) == 0 {
+                    r.status = "warning".into();
+                }
+                if rnd(20) == 0 {
+                    r.attested_at = NOW - 700;
+                }
+                let hb = if rnd(20) == 0 { NOW - 30 } else { NOW };
+                i.upsert(r, String::new(), rnd(4) as i64, hb, 1, 0);
+            }
+            if round % 3 == 0 {
+                i.set_operator_reputation("op", 3);
+            }
+            for step in 0..200 {
+                let mut q = req([1, 1, 2, 3, 4, 8, 9, 16][rnd(8) as usize]);
+                q.gpu_model = models[rnd(2) as usize].into();
+                q.max_price = micros(1.0 + rnd(6) as f64 * 0.5).unwrap();
+                q.min_gpu_memory_gib = [0, 40, 80][rnd(3) as usize];
+                q.tee = match rnd(3) {
+                    0 => vec![TeeKind::Tdx],
+                    1 => vec![TeeKind::Snp, TeeKind::Tdx],
+                    _ => Vec::new(),
+                };
+                q.regions = match rnd(3) {
+                    0 => Vec::new(),
+                    1 => vec![regions[rnd(3) as usize].into()],
+                    _ => vec![
+                        regions[rnd(3) as usize].into(),
+                        regions[rnd(3) as usize].into(),
+                    ],
+                };
+                if rnd(4) == 0 {
+                    q.policy = Some(policy.clone());
+                }
+                let a = i.choose(&q, NOW);
+                assert_eq!(
+                    a,
+                    i.scan_choose(&q, NOW),
+                    "round {round} step {step}: {q:?}"
+                );
+                if let Some(c) = a {
+                    assert!(i.reserve(&c.node_id, &c.gpus));
+                }
+                if rnd(5) == 0 {
+                    let id = format!("n{:03}", rnd(150));
+                    i.set_used(&id, 0);
+                    i.set_node_reputation(&id, rnd(6) as i64);
+                }
+            }
+        }
     }
 
     #[test]

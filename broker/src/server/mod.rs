@@ -59,6 +59,9 @@ pub(crate) struct Broker {
     placing: tokio::sync::Mutex<()>,
     /// The `updated_ms` this replica has read node rows up to.
     sync_cursor: Mutex<i64>,
+    /// Pending jobs this replica knows of (a hint: when zero, a placement pass skips its read;
+    /// the monitor reads anyway, for jobs another replica left pending).
+    pending: std::sync::atomic::AtomicI64,
     /// Leases whose job this replica saw move to running (heartbeats skip that write after).
     running: Mutex<std::collections::HashSet<String>>,
 }
@@ -217,6 +220,7 @@ impl Broker {
             placing: tokio::sync::Mutex::new(()),
             sync_cursor: Mutex::new(0),
             running: Mutex::new(std::collections::HashSet::new()),
+            pending: std::sync::atomic::AtomicI64::new(1),
         };
         broker.sync().await?;
         Ok(broker)
@@ -712,6 +716,8 @@ impl Broker {
                 )
             }
             None => {
+                self.pending
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let why = self.index().why_none(&self.requirements(&id, &spec)?, now);
                 (
                     state::PENDING,
@@ -843,8 +849,17 @@ impl Broker {
         Ok(None)
     }
 
-    /// Place every pending job that fits now, oldest first.
+    /// Place every pending job that fits now, oldest first (nothing to read when this replica
+    /// knows of none).
     pub(crate) async fn place_pending(&self) {
+        if self.pending.load(std::sync::atomic::Ordering::Relaxed) <= 0 {
+            return;
+        }
+        self.place_pending_all().await;
+    }
+
+    /// [`Broker::place_pending`] whatever the hint says (the monitor: another replica's jobs).
+    async fn place_pending_all(&self) {
         let Ok(_one) = self.placing.try_lock() else {
             return;
         };
@@ -855,19 +870,28 @@ impl Broker {
                 return;
             }
         };
+        let mut left = jobs.len() as i64;
         for job in jobs {
-            if let Err(e) = self.place_job(&job, None, false).await {
-                tracing::warn!(job = %job.id, error = %e, "placement failed");
-                if matches!(
-                    e,
-                    BrokerError::PlacementPolicy(_) | BrokerError::BadRequest(_)
-                ) {
-                    let _ = self
+            match self.place_job(&job, None, false).await {
+                Ok(Some(_)) => left -= 1,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(job = %job.id, error = %e, "placement failed");
+                    if matches!(
+                        e,
+                        BrokerError::PlacementPolicy(_) | BrokerError::BadRequest(_)
+                    ) && self
                         .transition(&job.id, &[state::PENDING], state::FAILED, &e.to_string())
-                        .await;
+                        .await
+                        .unwrap_or(false)
+                    {
+                        left -= 1;
+                    }
                 }
             }
         }
+        self.pending
+            .store(left, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(crate) async fn job_view_by_id(&self, id: &str) -> Result<JobView, BrokerError> {
@@ -950,33 +974,73 @@ impl Broker {
     }
 
     /// Cancel a job: its lease ends (no renewal) and its GPUs are free at once.
+    /// A job row `admin` may see (one read; others' jobs are "not found").
+    async fn job_row_for(&self, admin: &Admin, id: &str) -> Result<JobRow, BrokerError> {
+        let row = self
+            .store
+            .job(id)
+            .await?
+            .ok_or_else(|| BrokerError::NotFound(format!("job {id}")))?;
+        if auditor(admin) || admin.may(Some(&format!("tenant:{}", row.tenant))).is_ok() {
+            Ok(row)
+        } else {
+            Err(BrokerError::NotFound(format!("job {id}")))
+        }
+    }
+
     pub(crate) async fn cancel(&self, admin: &Admin, id: &str) -> Result<JobView, BrokerError> {
-        let view = self.job_for(admin, id).await?;
-        if state::is_final(&view.state) {
+        let row = self.job_row_for(admin, id).await?;
+        if state::is_final(&row.state) {
             return Err(BrokerError::Conflict(format!(
                 "job {id} is already {}",
-                view.state
+                row.state
             )));
         }
         let reason = format!("cancelled by {}", admin.actor());
-        match &view.lease_id {
-            Some(lease) if view.state != state::PENDING => {
-                self.end_lease(
+        let done = match &row.lease_id {
+            Some(lease) if row.state != state::PENDING => self
+                .end_lease(
                     lease,
                     &[state::PLACED, state::RUNNING],
                     state::CANCELLED,
                     &reason,
                 )
-                .await?;
-            }
+                .await?
+                .is_some(),
             _ => {
-                self.transition(id, &[state::PENDING], state::CANCELLED, &reason)
+                let moved = self
+                    .transition(id, &[state::PENDING], state::CANCELLED, &reason)
                     .await?;
+                if moved {
+                    self.pending
+                        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                moved
             }
+        };
+        if !done {
+            return Err(BrokerError::Conflict(format!(
+                "job {id} changed meanwhile; see its status"
+            )));
         }
         self.metrics.event("job", "cancelled");
         self.place_pending().await;
-        self.job_view_by_id(id).await
+        let now = self.clock.unix();
+        let spec: JobSpec = serde_json::from_str(&row.spec)
+            .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
+        Ok(JobView {
+            id: row.id,
+            tenant: row.tenant,
+            state: state::CANCELLED.into(),
+            reason,
+            spec,
+            node_id: row.node_id,
+            lease_id: row.lease_id,
+            gpus: Vec::new(),
+            created_at: row.created_at,
+            updated_at: now,
+            events: Vec::new(),
+        })
     }
 
     // --- the monitor
@@ -1048,6 +1112,8 @@ impl Broker {
                     )
                     .await?
                 {
+                    self.pending
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.metrics.event("failover", "lease_ended");
                     tracing::warn!(node = %node, lease = %l.id, job = %l.job_id, %why, "lease ended; job re-placed");
                 }
@@ -1074,7 +1140,7 @@ impl Broker {
                 self.metrics.event("job", "completed");
             }
         }
-        self.place_pending().await;
+        self.place_pending_all().await;
         Ok(())
     }
 

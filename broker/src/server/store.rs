@@ -6,10 +6,11 @@
 //!   in one transaction, and commits only if every row went in and the job was still pending. Two
 //!   replicas that chose the same GPU cannot both commit: no GPU is ever given to two leases.
 //! - **Durability, in batches.** Every write goes through one writer task (`GroupCommit`) that
-//!   commits whatever is queued as one transaction, each write in its own savepoint: at SQLite's
-//!   `synchronous=FULL` (a placement, a lease and a job's events cannot be recomputed) the fsync
-//!   is shared, and one write's refusal undoes only that write. Callers still wait for their own
-//!   commit.
+//!   commits whatever is queued as one transaction: at SQLite's `synchronous=FULL` (a
+//!   placement, a lease and a job's events cannot be recomputed) the fsync is shared. A write
+//!   refused for a reason checks before it changes anything (or undoes its own rows), so the
+//!   others commit without it; a failing statement makes the writer retry the batch's writes
+//!   one by one. Callers still wait for their own commit.
 //! - **Nonces are single use across replicas**: a nonce is MAC'd by the broker (no write to
 //!   issue one); registering inserts it into `used_nonces` in the same savepoint as the node's
 //!   record, so a second use finds it there and nothing of it commits.
@@ -175,6 +176,7 @@ fn lease_row(r: &sqlx::any::AnyRow) -> Result<LeaseRow, sqlx::Error> {
 const JOB_COLUMNS: &str =
     "id, tenant, spec, state, reason, node_id, lease_id, created_at, updated_at";
 const LEASE_COLUMNS: &str = "id, job_id, node_id, gpus, token, started_at, ends_at";
+const LEASE_COLUMNS_L: &str = "l.id AS id, l.job_id AS job_id, l.node_id AS node_id, l.gpus AS gpus, l.token AS token, l.started_at AS started_at, l.ends_at AS ends_at";
 
 /// The broker's store.
 pub struct Store {
@@ -281,8 +283,8 @@ pub struct PlacementRow {
     pub now_ms: i64,
 }
 
-/// A job's state change inside a transaction: conditional on `from` (one of), with its event.
-/// Returns the state it left, or `None` if the job was not in one of `from`.
+/// A job's state change inside a transaction, conditional on its state being `from` (one
+/// of), with its event; the state it left, or `None` (nothing written) if it was in none.
 async fn transition(
     tx: &mut Tx,
     job_id: &str,
@@ -290,48 +292,51 @@ async fn transition(
     to: &str,
     reason: &str,
     now: i64,
-    node_lease: Option<(Option<&str>, Option<&str>)>,
+    clear_placement: bool,
 ) -> Result<Option<String>, sqlx::Error> {
-    let current = sqlx::query("SELECT state FROM jobs WHERE id = $1")
+    let Some(current) = sqlx::query("SELECT state FROM jobs WHERE id = $1")
         .bind(job_id)
         .fetch_optional(&mut **tx)
-        .await?;
-    let Some(current) = current else {
+        .await?
+    else {
         return Ok(None);
     };
     let current: String = current.try_get("state")?;
     if !from.contains(&current.as_str()) {
         return Ok(None);
     }
-    let changed = match node_lease {
-        Some((node, lease)) => sqlx::query(
-            "UPDATE jobs SET state = $1, reason = $2, updated_at = $3, node_id = $4, lease_id = $5 WHERE id = $6 AND state = $7",
-        )
-        .bind(to)
-        .bind(reason)
-        .bind(now)
-        .bind(node.map(str::to_string))
-        .bind(lease.map(str::to_string))
-        .bind(job_id)
-        .bind(&current)
-        .execute(&mut **tx)
-        .await?,
-        None => sqlx::query(
-            "UPDATE jobs SET state = $1, reason = $2, updated_at = $3 WHERE id = $4 AND state = $5",
-        )
-        .bind(to)
-        .bind(reason)
-        .bind(now)
-        .bind(job_id)
-        .bind(&current)
-        .execute(&mut **tx)
-        .await?,
+    move_job(tx, job_id, &current, to, reason, now, clear_placement).await
+}
+
+/// Move a job known to be in `current` to `to` (conditional on it still being there), with its
+/// event.
+async fn move_job(
+    tx: &mut Tx,
+    job_id: &str,
+    current: &str,
+    to: &str,
+    reason: &str,
+    now: i64,
+    clear_placement: bool,
+) -> Result<Option<String>, sqlx::Error> {
+    let sql = if clear_placement {
+        "UPDATE jobs SET state = $1, reason = $2, updated_at = $3, node_id = NULL, lease_id = NULL WHERE id = $4 AND state = $5"
+    } else {
+        "UPDATE jobs SET state = $1, reason = $2, updated_at = $3 WHERE id = $4 AND state = $5"
     };
+    let changed = sqlx::query(sql)
+        .bind(to)
+        .bind(reason)
+        .bind(now)
+        .bind(job_id)
+        .bind(current)
+        .execute(&mut **tx)
+        .await?;
     if changed.rows_affected() != 1 {
         return Ok(None);
     }
-    event(tx, job_id, now, Some(&current), to, reason).await?;
-    Ok(Some(current))
+    event(tx, job_id, now, Some(current), to, reason).await?;
+    Ok(Some(current.to_string()))
 }
 
 async fn event(
@@ -355,8 +360,8 @@ async fn event(
     Ok(())
 }
 
-/// Take the GPUs, open the lease, move the job pending → placed.
-async fn place(tx: &mut Tx, p: &PlacementRow) -> Result<Outcome, sqlx::Error> {
+/// Take `p`'s GPUs: all or none (a GPU another lease holds undoes this lease's rows).
+async fn take_gpus(tx: &mut Tx, p: &PlacementRow) -> Result<bool, sqlx::Error> {
     let sql = format!(
         "INSERT INTO allocations (node_id, gpu, lease_id) VALUES {} ON CONFLICT (node_id, gpu) DO NOTHING",
         cgx_service::db::placeholders(p.gpus.len(), 3)
@@ -365,23 +370,22 @@ async fn place(tx: &mut Tx, p: &PlacementRow) -> Result<Outcome, sqlx::Error> {
     for g in &p.gpus {
         q = q.bind(&p.node_id).bind(i64::from(*g)).bind(&p.lease_id);
     }
-    if q.execute(&mut **tx).await?.rows_affected() != p.gpus.len() as u64 {
-        return Ok(Outcome::Refused(Refusal::GpuTaken));
+    if q.execute(&mut **tx).await?.rows_affected() == p.gpus.len() as u64 {
+        return Ok(true);
     }
-    if transition(
-        tx,
-        &p.job_id,
-        &[state::PENDING],
-        state::PLACED,
-        &p.reason,
-        p.started_at,
-        Some((Some(&p.node_id), Some(&p.lease_id))),
-    )
-    .await?
-    .is_none()
-    {
-        return Ok(Outcome::Refused(Refusal::JobNotPending));
-    }
+    free_gpus(tx, &p.lease_id).await?;
+    Ok(false)
+}
+
+async fn free_gpus(tx: &mut Tx, lease: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM allocations WHERE lease_id = $1")
+        .bind(lease)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn open_lease(tx: &mut Tx, p: &PlacementRow, sqlite: bool) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO leases (id, job_id, node_id, gpus, token, started_at, ends_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
@@ -394,12 +398,14 @@ async fn place(tx: &mut Tx, p: &PlacementRow) -> Result<Outcome, sqlx::Error> {
     .bind(p.ends_at)
     .execute(&mut **tx)
     .await?;
-    touch(tx, &p.node_id, p.now_ms).await?;
-    Ok(Outcome::Done)
+    touch(tx, &p.node_id, p.now_ms, sqlite).await
 }
 
-/// One write inside the batch's transaction.
-async fn apply(tx: &mut Tx, w: &Write) -> Result<Outcome, sqlx::Error> {
+/// One write inside the batch's transaction. A write refused for a reason (a used nonce, a
+/// GPU taken, a job no longer pending) checks before it changes anything, or undoes what it
+/// changed, so the batch's other writes commit without it; a failed statement fails the batch
+/// (`write_batch` then runs its writes one by one).
+async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Error> {
     match w {
         Write::Register {
             nonce,
@@ -464,24 +470,86 @@ async fn apply(tx: &mut Tx, w: &Write) -> Result<Outcome, sqlx::Error> {
             })
         }
         Write::Submit { job, placement } => {
+            // GPUs first: a refusal then leaves nothing behind.
+            if let Some(p) = placement
+                && !take_gpus(tx, p).await?
+            {
+                return Ok(Outcome::Refused(Refusal::GpuTaken));
+            }
+            let (state_now, reason, node, lease) = match placement {
+                Some(p) => (
+                    state::PLACED,
+                    p.reason.as_str(),
+                    Some(&p.node_id),
+                    Some(&p.lease_id),
+                ),
+                None => (job.state.as_str(), job.reason.as_str(), None, None),
+            };
             sqlx::query(
-                "INSERT INTO jobs (id, tenant, spec, state, reason, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6)",
+                "INSERT INTO jobs (id, tenant, spec, state, reason, node_id, lease_id, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
             )
             .bind(&job.id)
             .bind(&job.tenant)
             .bind(&job.spec)
-            .bind(&job.state)
-            .bind(&job.reason)
+            .bind(state_now)
+            .bind(reason)
+            .bind(node.cloned())
+            .bind(lease.cloned())
             .bind(job.created_at)
             .execute(&mut **tx)
             .await?;
-            event(tx, &job.id, job.created_at, None, &job.state, &job.reason).await?;
             match placement {
-                Some(p) => place(tx, p).await,
-                None => Ok(Outcome::Done),
+                Some(p) => {
+                    sqlx::query(
+                        "INSERT INTO job_events (job_id, at, from_state, to_state, reason) VALUES ($1, $2, NULL, $3, $4), ($1, $5, $3, $6, $7)",
+                    )
+                    .bind(&job.id)
+                    .bind(job.created_at)
+                    .bind(&job.state)
+                    .bind(&job.reason)
+                    .bind(p.started_at)
+                    .bind(state::PLACED)
+                    .bind(&p.reason)
+                    .execute(&mut **tx)
+                    .await?;
+                    open_lease(tx, p, sqlite).await?;
+                }
+                None => event(tx, &job.id, job.created_at, None, &job.state, &job.reason).await?,
             }
+            Ok(Outcome::Done)
         }
-        Write::Place(p) => place(tx, p).await,
+        Write::Place(p) => {
+            if !take_gpus(tx, p).await? {
+                return Ok(Outcome::Refused(Refusal::GpuTaken));
+            }
+            let placed = sqlx::query(
+                "UPDATE jobs SET state = $1, reason = $2, updated_at = $3, node_id = $4, lease_id = $5 WHERE id = $6 AND state = $7",
+            )
+            .bind(state::PLACED)
+            .bind(&p.reason)
+            .bind(p.started_at)
+            .bind(&p.node_id)
+            .bind(&p.lease_id)
+            .bind(&p.job_id)
+            .bind(state::PENDING)
+            .execute(&mut **tx)
+            .await?;
+            if placed.rows_affected() != 1 {
+                free_gpus(tx, &p.lease_id).await?;
+                return Ok(Outcome::Refused(Refusal::JobNotPending));
+            }
+            event(
+                tx,
+                &p.job_id,
+                p.started_at,
+                Some(state::PENDING),
+                state::PLACED,
+                &p.reason,
+            )
+            .await?;
+            open_lease(tx, p, sqlite).await?;
+            Ok(Outcome::Done)
+        }
         Write::EndLease {
             lease,
             job_from,
@@ -490,8 +558,9 @@ async fn apply(tx: &mut Tx, w: &Write) -> Result<Outcome, sqlx::Error> {
             now,
             now_ms,
         } => {
-            let sql =
-                format!("SELECT {LEASE_COLUMNS} FROM leases WHERE id = $1 AND ended_at IS NULL");
+            let sql = format!(
+                "SELECT {LEASE_COLUMNS_L}, j.state AS job_state FROM leases l JOIN jobs j ON j.id = l.job_id WHERE l.id = $1 AND l.ended_at IS NULL"
+            );
             let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(lease)
                 .fetch_optional(&mut **tx)
@@ -500,21 +569,28 @@ async fn apply(tx: &mut Tx, w: &Write) -> Result<Outcome, sqlx::Error> {
                 return Ok(Outcome::Refused(Refusal::NoSuchLease));
             };
             let l = lease_row(&row)?;
-            sqlx::query(
-                "UPDATE leases SET ended_at = $1, end_reason = $2 WHERE id = $3 AND ended_at IS NULL",
-            )
-            .bind(now)
-            .bind(reason)
-            .bind(lease)
-            .execute(&mut **tx)
-            .await?;
-            sqlx::query("DELETE FROM allocations WHERE lease_id = $1")
+            let job_state: String = row.try_get("job_state")?;
+            sqlx::query("UPDATE leases SET ended_at = $1, end_reason = $2 WHERE id = $3")
+                .bind(now)
+                .bind(reason)
                 .bind(lease)
                 .execute(&mut **tx)
                 .await?;
-            let node_lease = (*job_to == state::PENDING).then_some((None, None));
-            transition(tx, &l.job_id, job_from, job_to, reason, *now, node_lease).await?;
-            touch(tx, &l.node_id, *now_ms).await?;
+            free_gpus(tx, lease).await?;
+            // The lease ends whatever its job's state; the job moves only from `job_from`.
+            if job_from.contains(&job_state.as_str()) {
+                move_job(
+                    tx,
+                    &l.job_id,
+                    &job_state,
+                    job_to,
+                    reason,
+                    *now,
+                    *job_to == state::PENDING,
+                )
+                .await?;
+            }
+            touch(tx, &l.node_id, *now_ms, sqlite).await?;
             Ok(Outcome::Ended(l))
         }
         Write::Transition {
@@ -524,7 +600,7 @@ async fn apply(tx: &mut Tx, w: &Write) -> Result<Outcome, sqlx::Error> {
             reason,
             now,
         } => Ok(
-            match transition(tx, job_id, from, to, reason, *now, None).await? {
+            match transition(tx, job_id, from, to, reason, *now, false).await? {
                 Some(_) => Outcome::Done,
                 None => Outcome::Refused(Refusal::JobNotPending),
             },
@@ -568,43 +644,60 @@ async fn apply(tx: &mut Tx, w: &Write) -> Result<Outcome, sqlx::Error> {
     }
 }
 
-/// One batch: one transaction, a savepoint per write.
-async fn write_batch(db: &Database, writes: Vec<Write>) -> Result<Vec<Outcome>, sqlx::Error> {
-    let mut tx = match db.backend() {
+/// The advisory lock every replica's write batch takes on PostgreSQL.
+const WRITE_LOCK: i64 = 0x6367_7843;
+
+async fn begin(db: &Database) -> Result<Tx, sqlx::Error> {
+    match db.backend() {
         // Take the write lock up front: a deferred transaction that read first could not write
         // after another process's commit.
-        Backend::Sqlite => db.pool().begin_with("BEGIN IMMEDIATE").await?,
-        Backend::Postgres => db.pool().begin().await?,
-    };
-    let mut out = Vec::with_capacity(writes.len());
-    for w in &writes {
-        sqlx::query("SAVEPOINT w").execute(&mut *tx).await?;
-        match apply(&mut tx, w).await {
-            Ok(Outcome::Refused(r)) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT w")
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query("RELEASE SAVEPOINT w").execute(&mut *tx).await?;
-                out.push(Outcome::Refused(r));
-            }
-            Ok(o) => {
-                sqlx::query("RELEASE SAVEPOINT w").execute(&mut *tx).await?;
-                out.push(o);
-            }
-            // A statement failed: undo this write; the others commit. (PostgreSQL needs the
-            // rollback to go on at all.)
-            Err(e) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT w")
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query("RELEASE SAVEPOINT w").execute(&mut *tx).await?;
-                tracing::warn!(error = %e, "a write failed and was undone");
-                out.push(Outcome::Refused(Refusal::Failed));
-            }
+        Backend::Sqlite => db.pool().begin_with("BEGIN IMMEDIATE").await,
+        // Replicas' batches commit one at a time: two batches taking the same GPUs in opposite
+        // orders would otherwise deadlock (and wait out PostgreSQL's deadlock timeout).
+        Backend::Postgres => {
+            let mut tx = db.pool().begin().await?;
+            cgx_service::db::lock_in_commit_order(&mut tx, WRITE_LOCK).await?;
+            Ok(tx)
         }
     }
-    tx.commit().await?;
-    Ok(out)
+}
+
+/// One batch in one transaction. A statement that fails rolls the batch back; its writes are
+/// then run one per transaction, so only the failing one fails.
+async fn write_batch(db: &Database, writes: Vec<Write>) -> Result<Vec<Outcome>, sqlx::Error> {
+    let sqlite = db.backend() == Backend::Sqlite;
+    let together = async {
+        let mut tx = begin(db).await?;
+        let mut out = Vec::with_capacity(writes.len());
+        for w in &writes {
+            out.push(apply(&mut tx, w, sqlite).await?);
+        }
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(out)
+    }
+    .await;
+    match together {
+        Ok(out) => Ok(out),
+        Err(e) if writes.len() == 1 => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, writes = writes.len(), "a batch failed; writing one by one");
+            let mut out = Vec::with_capacity(writes.len());
+            for w in &writes {
+                let one = async {
+                    let mut tx = begin(db).await?;
+                    let o = apply(&mut tx, w, sqlite).await?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(o)
+                }
+                .await;
+                out.push(one.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "a write failed");
+                    Outcome::Refused(Refusal::Failed)
+                }));
+            }
+            Ok(out)
+        }
+    }
 }
 
 impl Store {
@@ -829,8 +922,12 @@ impl Store {
     }
 }
 
-/// Mark a node changed (its allocations), so other replicas reload it.
-async fn touch(tx: &mut Tx, node: &str, now_ms: i64) -> Result<(), sqlx::Error> {
+/// Mark a node changed (its allocations), so other replicas reload it. SQLite serves one
+/// replica: nobody else to tell.
+async fn touch(tx: &mut Tx, node: &str, now_ms: i64, sqlite: bool) -> Result<(), sqlx::Error> {
+    if sqlite {
+        return Ok(());
+    }
     sqlx::query("UPDATE nodes SET updated_ms = $1 WHERE id = $2")
         .bind(now_ms)
         .bind(node)
