@@ -583,6 +583,9 @@ pub struct SimGpu {
     pub chain_pem: String,
     pub fwid: [u8; 48],
     pub serial: String,
+    /// The `good` response, made once: a GPU's OCSP response is fetched once and reused for
+    /// days, so verifiers see the same bytes (and cache their check) as they do for real GPUs.
+    good: std::sync::OnceLock<Vec<u8>>,
 }
 
 /// What the simulated OCSP responder says, and who signs it.
@@ -686,6 +689,7 @@ impl SimGpu {
             chain_pem,
             fwid,
             serial,
+            good: std::sync::OnceLock::new(),
         })
     }
 
@@ -809,14 +813,19 @@ impl SimGpu {
         })
     }
 
-    /// A `good` response valid from a day before generation for 30 days.
+    /// A `good` response valid from a day before generation for 30 days (the same bytes on
+    /// every call, as a device's cached response is).
     pub fn good_ocsp(&self) -> Result<Vec<u8>> {
-        self.ocsp_response(&SimOcsp {
+        if let Some(r) = self.good.get() {
+            return Ok(r.clone());
+        }
+        let r = self.ocsp_response(&SimOcsp {
             status: crate::nvidia::ocsp::CertStatus::Good,
             this_update: self.created - 86_400,
             next_update: Some(self.created + 30 * 86_400),
             signer: SimOcspSigner::Issuer,
-        })
+        })?;
+        Ok(self.good.get_or_init(|| r).clone())
     }
 
     /// Evidence as a bundle, with `count` deterministic measurements.
