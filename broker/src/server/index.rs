@@ -173,8 +173,11 @@ struct Entry {
     node_reputation: i64,
     last_heartbeat: i64,
     heartbeat_seq: i64,
-    /// Bit i set: GPU i is allocated.
+    /// Bit i set: GPU i is allocated (committed, or reserved by a placement in flight).
     used: u64,
+    /// Bit i set: GPU i is reserved by a placement of this replica not yet committed (a sync
+    /// from the database must not hand it out meanwhile).
+    inflight: u64,
     /// The ordering key it sits under in its partition.
     key: RankKey,
     /// Its partition (`None`: no free GPU, so in none).
@@ -317,6 +320,7 @@ impl Index {
                 last_heartbeat,
                 heartbeat_seq,
                 used,
+                inflight: 0,
                 key,
                 part: None,
             },
@@ -723,7 +727,9 @@ impl Index {
         format!("no node fits{of} ({})", parts.join(", "))
     }
 
-    /// Mark `gpus` of `id` allocated; false (and nothing changed) if one is already taken.
+    /// Reserve `gpus` of `id` for a placement about to be written; false (and nothing changed)
+    /// if one is already taken. [`Index::confirm`] after the commit, [`Index::release`] if it
+    /// did not commit.
     pub fn reserve(&mut self, id: &str, gpus: &[u32]) -> bool {
         let Some(e) = self.nodes.get_mut(id) else {
             return false;
@@ -733,22 +739,32 @@ impl Index {
             return false;
         }
         e.used |= mask;
+        e.inflight |= mask;
         self.repartition(id);
         true
     }
 
-    /// Free `gpus` of `id`.
+    /// The reservation of `gpus` committed: they are allocated like any other.
+    pub fn confirm(&mut self, id: &str, gpus: &[u32]) {
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.inflight &= !gpus_mask(gpus);
+        }
+    }
+
+    /// Free `gpus` of `id` (a lease ended, or a reservation did not commit).
     pub fn release(&mut self, id: &str, gpus: &[u32]) {
         if let Some(e) = self.nodes.get_mut(id) {
-            e.used &= !gpus_mask(gpus);
+            let mask = gpus_mask(gpus);
+            e.used &= !mask;
+            e.inflight &= !mask;
         }
         self.repartition(id);
     }
 
-    /// Replace the allocation bitmap of `id` with the database's.
+    /// The database's allocations of `id`, plus this replica's reservations in flight.
     pub fn set_used(&mut self, id: &str, used: u64) {
         if let Some(e) = self.nodes.get_mut(id) {
-            e.used = used & full_mask(e.record.gpu_count);
+            e.used = (used | e.inflight) & full_mask(e.record.gpu_count);
         }
         self.repartition(id);
     }
@@ -987,6 +1003,14 @@ mod tests {
         assert_eq!(i.free_gpus("n"), Some(1));
         assert!(i.choose(&req(2), NOW).is_none());
         assert_eq!(i.choose(&req(1), NOW).unwrap().gpus, vec![3]);
+        // A sync from the database (which has not seen the reservation yet) keeps it reserved;
+        // once committed, the database's word is the allocation.
+        i.set_used("n", 0);
+        assert_eq!(i.free_gpus("n"), Some(1), "in flight stays reserved");
+        i.confirm("n", &c.gpus);
+        i.set_used("n", 0b011);
+        assert_eq!(i.free_gpus("n"), Some(2));
+        i.set_used("n", 0b111);
         // Heartbeats: a sequence at or below the last is a replay.
         assert!(i.heartbeat("n", 2, NOW));
         assert!(!i.heartbeat("n", 2, NOW + 1));

@@ -811,6 +811,7 @@ impl Broker {
                 Ok(Outcome::Refused(Refusal::GpuTaken)) => {
                     // Another replica took one of these GPUs: learn its allocations, choose again.
                     self.metrics.event("placement", "conflict");
+                    self.index().release(&choice.node_id, &choice.gpus);
                     let used = self
                         .store
                         .allocations(Some(std::slice::from_ref(&choice.node_id)))
@@ -825,6 +826,7 @@ impl Broker {
                     return Ok(None);
                 }
                 Ok(_) => {
+                    self.index().confirm(&choice.node_id, &choice.gpus);
                     self.metrics.event("job", "placed");
                     tracing::info!(job = %job.id, node = %choice.node_id, lease = %lease_id, "job placed");
                     if let Ok(mut p) = self.policies.lock() {
