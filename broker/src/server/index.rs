@@ -75,8 +75,9 @@ pub struct NodeRecord {
     pub violations: Vec<String>,
     pub attested_at: i64,
     pub ear_expires_at: i64,
-    /// The EAR (signed JWT) the registration answered with.
-    pub ear: String,
+    /// SHA-256 (hex) of the EAR (signed JWT) the registration answered with: the record names
+    /// the result it stands on without carrying it.
+    pub ear_digest: String,
     /// `{"cpu": claims, "gpus": [claims…]}` as the verifier produced them.
     pub claims: serde_json::Value,
 }
@@ -326,6 +327,28 @@ impl Index {
             },
         );
         self.repartition(&id);
+    }
+
+    /// A re-attestation of an indexed node: the new record, everything else kept (reputation,
+    /// allocations and reservations in flight, heartbeat sequence); it counts as a heartbeat
+    /// at `now`. False if the node is not indexed.
+    pub fn refresh(&mut self, record: NodeRecord, record_token: String, now: i64) -> bool {
+        let id = record.id.clone();
+        let Some(e) = self.nodes.get(&id) else {
+            return false;
+        };
+        let (rep, last, seq, used, inflight) = (
+            e.node_reputation,
+            e.last_heartbeat.max(now),
+            e.heartbeat_seq,
+            e.used,
+            e.inflight,
+        );
+        self.upsert(record, record_token, rep, last, seq, used);
+        if let Some(e) = self.nodes.get_mut(&id) {
+            e.inflight = inflight & full_mask(e.record.gpu_count);
+        }
+        true
     }
 
     /// Put node `id` under the partition its free GPUs call for (and its current rank key).
@@ -855,7 +878,7 @@ mod tests {
             violations: Vec::new(),
             attested_at: NOW - 10,
             ear_expires_at: NOW + 3600,
-            ear: String::new(),
+            ear_digest: String::new(),
             claims: serde_json::json!({"cpu": {"debug": false}, "gpus": []}),
         }
     }

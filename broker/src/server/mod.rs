@@ -351,7 +351,10 @@ impl Broker {
             violations: appraisal.violations(),
             attested_at: now,
             ear_expires_at: appraisal.ear().exp.unwrap_or(now),
-            ear: appraisal.token().to_string(),
+            ear_digest: hex::encode(aws_lc_rs::digest::digest(
+                &aws_lc_rs::digest::SHA256,
+                appraisal.token().as_bytes(),
+            )),
             claims,
         };
         if let Some((serial, owner)) = self.index().gpu_claimed_elsewhere(&record, now) {
@@ -375,19 +378,28 @@ impl Broker {
         if matches!(written, Outcome::Refused(Refusal::NonceUsed)) {
             return Err(BrokerError::Nonce("already used: ask for a new one".into()));
         }
-        let used = self
-            .store
-            .allocations(Some(std::slice::from_ref(&id)))
-            .await?
-            .get(&id)
-            .copied()
-            .unwrap_or(0);
+        // A node this replica indexes keeps its allocations (and reservations in flight); a new
+        // one (or one another replica registered) reads them.
+        let known = self.index().record(&id).is_some();
+        let used = if known {
+            None
+        } else {
+            Some(
+                self.store
+                    .allocations(Some(std::slice::from_ref(&id)))
+                    .await?
+                    .get(&id)
+                    .copied()
+                    .unwrap_or(0),
+            )
+        };
         let fresh_until;
         {
             let mut idx = self.index();
-            let (last, seq) = idx.last_heartbeat(&id).unwrap_or((now, 0));
-            let reputation = idx.node_reputation(&id).unwrap_or(0);
-            idx.upsert(record.clone(), token, reputation, last.max(now), seq, used);
+            match used {
+                None if idx.refresh(record.clone(), token.clone(), now) => {}
+                _ => idx.upsert(record.clone(), token, 0, now, 0, used.unwrap_or(0)),
+            }
             fresh_until = idx.fresh_until(&record);
         }
         self.metrics.event(
@@ -403,7 +415,7 @@ impl Broker {
         Ok(Registered {
             node_id: id,
             status: record.status,
-            ear: record.ear,
+            ear: appraisal.token().to_string(),
             violations: record.violations,
             attested_at: now,
             fresh_until,
