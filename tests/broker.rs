@@ -315,6 +315,20 @@ fn heartbeats_are_signed_monotonic_and_freshness_lapses() {
     op.heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
         .unwrap();
     assert!(op.node(&a.id).unwrap().placeable);
+    // The operator asks for re-attestation early: every heartbeat answer says so until the
+    // node registers again; tenants may not ask.
+    assert_eq!(code(net.tenant(&broker).reattest(&a.id)).0, "NotFound");
+    let v = op_at(clock.unix()).reattest(&a.id).unwrap();
+    assert!(v.reattest_asked && v.placeable);
+    let ans = op
+        .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    assert!(ans.reattest, "{ans:?}");
+    a.register(&op_at(clock.unix())).unwrap();
+    let ans = op
+        .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    assert!(!ans.reattest, "cleared by re-attesting: {ans:?}");
     // Near the end of the re-attestation interval the answer asks for re-attestation; past
     // it, the node is unplaceable until it re-attests.
     for _ in 0..100 {

@@ -365,10 +365,7 @@ fn registrations(count: usize, clients: usize) -> Result<serde_json::Value, Stri
                     let mut conn = crate::kbs::Conn::new(addr);
                     let hdr = [("authorization", auth.as_str())];
                     let mut ok = 0usize;
-                    loop {
-                        let Some(body) = q.lock().ok().and_then(|mut q| q.pop()) else {
-                            break;
-                        };
+                    while let Some(body) = q.lock().ok().and_then(|mut q| q.pop()) {
                         if let Ok((200, b, _)) =
                             conn.request_with("POST", "/v1/nodes", &hdr, &body).await
                             && serde_json::from_slice::<serde_json::Value>(&b)

@@ -170,6 +170,11 @@ impl BrokerClient {
         self.call("GET", &format!("/v1/nodes/{id}"), None, None)
     }
 
+    /// Ask node `id` to re-attest at its next heartbeat.
+    pub fn reattest(&self, id: &str) -> Result<NodeView> {
+        self.call("POST", &format!("/v1/nodes/{id}/reattest"), None, None)
+    }
+
     pub fn submit(&self, spec: &JobSpec) -> Result<JobView> {
         self.post("/v1/jobs", spec)
     }

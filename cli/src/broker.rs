@@ -363,6 +363,20 @@ pub fn node_ls(conn: &Conn) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
+pub fn node_reattest(conn: &Conn, id: &str) -> CliResult {
+    let c = conn.client()?;
+    let n = match answer(c.reattest(id), conn.json)? {
+        Ok(n) => n,
+        Err(code) => return Ok(code),
+    };
+    if conn.json {
+        print_json(&n)?;
+    } else {
+        println!("{} asked to re-attest at its next heartbeat", n.id);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn node_show(conn: &Conn, id: &str) -> CliResult {
     let c = conn.client()?;
     let n = match answer(c.node(id), conn.json)? {
@@ -396,6 +410,9 @@ pub fn node_show(conn: &Conn, id: &str) -> CliResult {
     println!("attested     {}", time_of(n.attested_at));
     println!("fresh until  {}", time_of(n.fresh_until));
     println!("heartbeat    {}", time_of(n.last_heartbeat));
+    if n.reattest_asked {
+        println!("re-attest    asked (the next heartbeat answer says so)");
+    }
     if n.placeable {
         println!("placeable    yes");
     } else {

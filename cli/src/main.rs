@@ -281,6 +281,8 @@ enum NodeCommand {
     Ls,
     /// One node.
     Show { id: String },
+    /// Ask a node to re-attest at its next heartbeat (a new policy or TCB, rolled out early).
+    Reattest { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -488,6 +490,7 @@ fn main() -> ExitCode {
         Command::Node { command, conn } => match command {
             NodeCommand::Ls => broker::node_ls(&conn),
             NodeCommand::Show { id } => broker::node_show(&conn, &id),
+            NodeCommand::Reattest { id } => broker::node_reattest(&conn, &id),
         },
         Command::Kbs { command } => match command {
             KbsCommand::Serve {

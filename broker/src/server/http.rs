@@ -8,6 +8,7 @@
 //! | `POST /v1/nodes` | operator | register or re-attest a node on composite evidence |
 //! | `POST /v1/nodes/{id}/heartbeat` | the node (bearer: heartbeat JWS) | liveness; renewed leases |
 //! | `GET /v1/nodes`, `GET /v1/nodes/{id}` | operator (own), auditor | registry, why (not) placeable |
+//! | `POST /v1/nodes/{id}/reattest` | operator (own), auditor | ask for re-attestation now |
 //! | `POST /v1/jobs` | tenant | submit |
 //! | `GET /v1/jobs`, `GET /v1/jobs/{id}` | tenant (own), auditor | state, events |
 //! | `POST /v1/jobs/{id}/cancel` | tenant | cancel; the lease ends |
@@ -48,6 +49,10 @@ pub(super) fn router(broker: Arc<Broker>) -> Router {
         .route(
             "/v1/nodes/{id}/heartbeat",
             limited(post(heartbeat), SMALL_BODY),
+        )
+        .route(
+            "/v1/nodes/{id}/reattest",
+            limited(post(reattest), SMALL_BODY),
         )
         .route(
             "/v1/jobs",
@@ -130,6 +135,15 @@ async fn node(
 ) -> Result<Response, BrokerError> {
     check_id(&id)?;
     Ok(Json(b.node_for(&admin, &id)?).into_response())
+}
+
+async fn reattest(
+    State(b): Shared,
+    admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Response, BrokerError> {
+    check_id(&id)?;
+    Ok(Json(b.ask_reattest(&admin, &id).await?).into_response())
 }
 
 async fn submit(State(b): Shared, admin: Admin, body: Bytes) -> Result<Response, BrokerError> {

@@ -174,6 +174,8 @@ struct Entry {
     node_reputation: i64,
     last_heartbeat: i64,
     heartbeat_seq: i64,
+    /// Asked to re-attest before its interval ends (cleared by re-attestation).
+    reattest_asked: bool,
     /// Bit i set: GPU i is allocated (committed, or reserved by a placement in flight).
     used: u64,
     /// Bit i set: GPU i is reserved by a placement of this replica not yet committed (a sync
@@ -320,6 +322,7 @@ impl Index {
                 node_reputation,
                 last_heartbeat,
                 heartbeat_seq,
+                reattest_asked: false,
                 used,
                 inflight: 0,
                 key,
@@ -442,6 +445,18 @@ impl Index {
 
     pub fn record(&self, id: &str) -> Option<Arc<NodeRecord>> {
         self.nodes.get(id).map(|e| e.record.clone())
+    }
+
+    /// Ask node `id` to re-attest (or clear the ask).
+    pub fn ask_reattest(&mut self, id: &str, asked: bool) {
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.reattest_asked = asked;
+        }
+    }
+
+    /// Has node `id` been asked to re-attest?
+    pub fn reattest_asked(&self, id: &str) -> bool {
+        self.nodes.get(id).is_some_and(|e| e.reattest_asked)
     }
 
     /// A signed heartbeat arrived: `seq` must exceed the last one seen (a replayed heartbeat

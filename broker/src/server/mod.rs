@@ -479,7 +479,9 @@ impl Broker {
         };
         // Re-attest in the last fifth of the interval, or at once when not placeable for a
         // reason re-attestation can fix.
-        let reattest = now >= fresh_until - self.config.reattest_secs / 5
+        let asked = self.index().reattest_asked(id);
+        let reattest = asked
+            || now >= fresh_until - self.config.reattest_secs / 5
             || matches!(
                 placeable,
                 Some(Err(index::Unplaceable::AttestationLapsed { .. }))
@@ -521,6 +523,34 @@ impl Broker {
         })
     }
 
+    /// Ask node `id` to re-attest at its next heartbeat (its operator, an auditor or `*`): the
+    /// answer says so until it registers again. It stays placeable meanwhile — its current
+    /// result is still fresh; asking is how an operator rolls a new policy or TCB out early.
+    pub(crate) async fn ask_reattest(
+        &self,
+        admin: &Admin,
+        id: &str,
+    ) -> Result<NodeView, BrokerError> {
+        let view = self.node_for(admin, id)?;
+        let out = self
+            .store
+            .write(Write::AskReattest {
+                id: id.to_string(),
+                at: self.clock.unix(),
+                now_ms: self.now_ms(),
+            })
+            .await?;
+        if !matches!(out, Outcome::Done) {
+            return Err(BrokerError::NotFound(format!("node {id}")));
+        }
+        self.index().ask_reattest(id, true);
+        tracing::info!(node = %id, by = %admin.actor(), "re-attestation asked");
+        Ok(NodeView {
+            reattest_asked: true,
+            ..view
+        })
+    }
+
     /// A node as `cgx node show` reports it.
     pub(crate) fn node_view(&self, id: &str, with_claims: bool) -> Option<NodeView> {
         let now = self.clock.unix();
@@ -548,6 +578,7 @@ impl Broker {
             attested_at: r.attested_at,
             fresh_until: idx.fresh_until(&r),
             last_heartbeat: last,
+            reattest_asked: idx.reattest_asked(id),
             claims: with_claims.then(|| r.claims.clone()),
         })
     }
@@ -1099,6 +1130,7 @@ impl Broker {
                 idx.set_node_reputation(&row.id, row.reputation);
             }
             idx.observe_heartbeat(&row.id, row.last_heartbeat, row.heartbeat_seq);
+            idx.ask_reattest(&row.id, row.reattest_asked > 0);
             idx.set_used(&row.id, used.get(&row.id).copied().unwrap_or(0));
         }
         drop(idx);

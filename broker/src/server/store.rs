@@ -28,9 +28,10 @@ use super::error::BrokerError;
 /// The broker's migration lock number.
 const MIGRATION_LOCK: i64 = 0x6367_7842;
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sqlite: "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sqlite: "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
      CREATE TABLE nodes (
         id TEXT PRIMARY KEY, operator TEXT NOT NULL, record TEXT NOT NULL,
         attested_at BIGINT NOT NULL, last_heartbeat BIGINT NOT NULL,
@@ -56,7 +57,7 @@ const MIGRATIONS: &[Migration] = &[Migration {
      CREATE TABLE allocations (
         node_id TEXT NOT NULL, gpu BIGINT NOT NULL, lease_id TEXT NOT NULL,
         PRIMARY KEY (node_id, gpu))",
-    postgres: "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
+        postgres: "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
      CREATE TABLE nodes (
         id TEXT PRIMARY KEY, operator TEXT NOT NULL, record TEXT NOT NULL,
         attested_at BIGINT NOT NULL, last_heartbeat BIGINT NOT NULL,
@@ -82,7 +83,15 @@ const MIGRATIONS: &[Migration] = &[Migration {
      CREATE TABLE allocations (
         node_id TEXT NOT NULL, gpu BIGINT NOT NULL, lease_id TEXT NOT NULL,
         PRIMARY KEY (node_id, gpu))",
-}];
+    },
+    Migration {
+        version: 2,
+        // An operator or auditor may ask a node to re-attest before its interval ends; the ask
+        // stands (across replicas) until the node registers again.
+        sqlite: "ALTER TABLE nodes ADD COLUMN reattest_asked BIGINT NOT NULL DEFAULT 0",
+        postgres: "ALTER TABLE nodes ADD COLUMN reattest_asked BIGINT NOT NULL DEFAULT 0",
+    },
+];
 
 /// Job states.
 pub mod state {
@@ -108,6 +117,8 @@ pub struct NodeRow {
     pub heartbeat_seq: i64,
     pub reputation: i64,
     pub updated_ms: i64,
+    /// When an operator or auditor asked the node to re-attest (0: not asked).
+    pub reattest_asked: i64,
 }
 
 /// A job row.
@@ -237,6 +248,12 @@ pub(crate) enum Write {
         reason: String,
         now: i64,
     },
+    /// Ask node `id` to re-attest at its next heartbeat.
+    AskReattest {
+        id: String,
+        at: i64,
+        now_ms: i64,
+    },
     Reputation {
         node: Option<(String, i64)>,
         operator: Option<(String, i64)>,
@@ -265,6 +282,7 @@ pub(crate) enum Refusal {
     GpuTaken,
     JobNotPending,
     NoSuchLease,
+    NoSuchNode,
     /// A statement failed (logged); the write was undone.
     Failed,
 }
@@ -430,7 +448,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 "INSERT INTO nodes (id, operator, record, attested_at, last_heartbeat, heartbeat_seq, updated_ms)
                  VALUES ($1, $2, $3, $4, $4, 0, $5)
                  ON CONFLICT (id) DO UPDATE SET operator = excluded.operator, record = excluded.record,
-                   attested_at = excluded.attested_at,
+                   attested_at = excluded.attested_at, reattest_asked = 0,
                    last_heartbeat = CASE WHEN nodes.last_heartbeat > excluded.attested_at THEN nodes.last_heartbeat ELSE excluded.attested_at END,
                    updated_ms = excluded.updated_ms",
             )
@@ -605,6 +623,20 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 None => Outcome::Refused(Refusal::JobNotPending),
             },
         ),
+        Write::AskReattest { id, at, now_ms } => {
+            let r =
+                sqlx::query("UPDATE nodes SET reattest_asked = $1, updated_ms = $2 WHERE id = $3")
+                    .bind(at)
+                    .bind(now_ms)
+                    .bind(id)
+                    .execute(&mut **tx)
+                    .await?;
+            Ok(if r.rows_affected() == 1 {
+                Outcome::Done
+            } else {
+                Outcome::Refused(Refusal::NoSuchNode)
+            })
+        }
         Write::Reputation {
             node,
             operator,
@@ -748,7 +780,7 @@ impl Store {
     /// Nodes changed at or after `since_ms` (every node for 0).
     pub async fn nodes_since(&self, since_ms: i64) -> Result<Vec<NodeRow>, BrokerError> {
         let rows = sqlx::query(
-            "SELECT id, record, last_heartbeat, heartbeat_seq, reputation, updated_ms FROM nodes WHERE updated_ms >= $1",
+            "SELECT id, record, last_heartbeat, heartbeat_seq, reputation, updated_ms, reattest_asked FROM nodes WHERE updated_ms >= $1",
         )
         .bind(since_ms)
         .fetch_all(self.db.pool())
@@ -762,6 +794,7 @@ impl Store {
                     heartbeat_seq: r.try_get("heartbeat_seq")?,
                     reputation: r.try_get("reputation")?,
                     updated_ms: r.try_get("updated_ms")?,
+                    reattest_asked: r.try_get("reattest_asked")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()

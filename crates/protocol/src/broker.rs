@@ -290,6 +290,9 @@ pub struct NodeView {
     pub attested_at: i64,
     pub fresh_until: i64,
     pub last_heartbeat: i64,
+    /// An operator or auditor asked it to re-attest before its interval ends.
+    #[serde(default)]
+    pub reattest_asked: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claims: Option<serde_json::Value>,
 }
