@@ -6,17 +6,19 @@
 #             price_per_gpu_hour, reputation, and claims {cpu, gpus} as the verifier produced them
 # input.job:  the job as submitted
 #
-# `deny` is a set of readable reasons; a node fits when it is empty.
+# `deny` is a set of readable reasons; a node fits when it is empty. Builtins that allocate as
+# much as an argument asks are refused in placement policies (FORBIDDEN_BUILTINS in
+# policies/src/placement.rs): build messages with concat.
 package placement
 
 import rego.v1
 
-deny contains sprintf("region %s is outside the EU", [input.node.region]) if {
+deny contains concat(" ", ["region", input.node.region, "is outside the EU"]) if {
 	not startswith(input.node.region, "eu-")
 }
 
-deny contains sprintf("GPU %d runs driver %s, older than 550", [i, gpu.driver_version]) if {
-	some i, gpu in input.node.claims.gpus
+deny contains concat(" ", ["a GPU runs driver", gpu.driver_version, "older than 550"]) if {
+	some gpu in input.node.claims.gpus
 	to_number(split(gpu.driver_version, ".")[0]) < 550
 }
 

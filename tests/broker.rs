@@ -76,6 +76,7 @@ fn job(gpus: u32) -> JobSpec {
     }
 }
 
+#[track_caller]
 fn code(r: Result<impl std::fmt::Debug, ClientError>) -> (String, String) {
     match r {
         Err(ClientError::Refused { code, detail, .. }) => (code, detail),
@@ -139,6 +140,21 @@ fn a_job_is_placed_on_the_right_node_and_only_that_vm_gets_its_key() {
     assert!(refused.to_string().contains("node key"), "{refused}");
     // Without the lease, the right VM gets nothing either.
     assert!(vm.resource(path, None).is_err());
+    // A tenant's lease covers its own resources only: another tenant's path is refused at
+    // submission, and the KBS refuses a lease whose tenant is not the resource's repository.
+    let mut theirs = job(1);
+    theirs.resources = vec!["globex/weights/secret".into()];
+    let (c, d) = code(tenant.submit(&theirs));
+    assert_eq!(c, "Forbidden", "{d}");
+    let forged = cgx_service::jwt::sign_eddsa(
+        &net.kbs.broker.pkcs8,
+        &serde_json::json!({"lease": "l-x", "tenant": "globex", "resources": [path],
+            "node_key": a.tee_thumbprint().unwrap(), "aud": "cgx-kbs",
+            "iat": cgx_devnet::now(), "exp": cgx_devnet::now() + 60}),
+    )
+    .unwrap();
+    let refused = vm.resource(path, Some(&forged)).unwrap_err().to_string();
+    assert!(refused.contains("tenant"), "{refused}");
     // Cheapest first when the region allows: a second job with no region goes to the 0.5 node.
     let second = tenant.submit(&job(2)).unwrap();
     assert_eq!(second.node_id.as_deref(), Some(cheap_far.id.as_str()));
@@ -200,9 +216,14 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
     assert_eq!(code(op.register(&reg)).0, "EvidenceRefused");
     // Inventory the evidence does not prove: 8 GPUs offered with 2 reports; another model.
     lying.offer.gpu_count = 8;
-    let (c, d) = code(lying.register(&op));
+    let n = op.nonce().unwrap();
+    let mut reg = lying.registration(&n.nonce).unwrap();
+    let (c, d) = code(op.register(&reg));
     assert_eq!(c, "InventoryNotProven", "{d}");
     assert!(d.contains("8 GPUs") && d.contains("2 GPU reports"), "{d}");
+    // A nonce is spent once its evidence is looked at, whatever came of it.
+    reg.offer.gpu_count = 2;
+    assert_eq!(code(op.register(&reg)).0, "NonceInvalid");
     lying.offer.gpu_count = 2;
     lying.offer.gpu_model = "B200".into();
     let (c, d) = code(lying.register(&op));
@@ -229,12 +250,54 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
         .unwrap();
     twice.node_key = cgx_protocol::broker::b64(&other.node_key_raw());
     twice.tee_pubkey = other.tee_key().unwrap().public().unwrap();
+    twice.proof = cgx_protocol::broker::registration_proof(
+        &other.node_key.pkcs8,
+        &raw,
+        OPERATOR,
+        &other.tee_thumbprint().unwrap(),
+    )
+    .unwrap();
     let (c, d) = code(op.register(&twice));
     assert_eq!(c, "InventoryNotProven", "{d}");
     assert!(
         d.contains("already offered by node") && d.contains(&a.id),
         "{d}"
     );
+    // Whoever registers must hold the node key the evidence binds: a proof by another key (an
+    // attacker who knows a victim's public key and binds it from its own TEE) is refused, and
+    // a node stays its operator's.
+    let n = op.nonce().unwrap();
+    let mut stolen = a.registration(&n.nonce).unwrap();
+    stolen.proof = cgx_protocol::broker::registration_proof(
+        &other.node_key.pkcs8,
+        &cgx_protocol::broker::unb64(&n.nonce).unwrap(),
+        OPERATOR,
+        &a.tee_thumbprint().unwrap(),
+    )
+    .unwrap();
+    let (c, d) = code(op.register(&stolen));
+    assert_eq!(c, "EvidenceRefused", "{d}");
+    assert!(d.contains("not signed by the node key"), "{d}");
+    // That refusal is cheap and spends nothing: the node itself may still use the nonce.
+    let mut fixed = stolen.clone();
+    fixed.proof = a.registration(&n.nonce).unwrap().proof;
+    assert_eq!(op.register(&fixed).unwrap().status, "affirming");
+    let mut moved = node(1, "eu-west", 1.0);
+    moved.offer.operator = "op2".into();
+    let n = op.nonce().unwrap();
+    let mut reg = a.registration(&n.nonce).unwrap();
+    reg.offer.operator = "op2".into();
+    reg.proof = cgx_protocol::broker::registration_proof(
+        &a.node_key.pkcs8,
+        &cgx_protocol::broker::unb64(&n.nonce).unwrap(),
+        "op2",
+        &a.tee_thumbprint().unwrap(),
+    )
+    .unwrap();
+    let (c, d) = code(op.register(&reg));
+    assert_eq!(c, "Forbidden", "{d}");
+    assert!(d.contains("belongs to operator op1"), "{d}");
+    drop(moved);
     // Operators register their own operator's nodes only; tenants register none.
     let mut foreign = node(1, "eu-west", 1.0);
     foreign.offer.operator = "someone-else".into();
@@ -378,7 +441,8 @@ fn heartbeats_are_signed_monotonic_and_freshness_lapses() {
 #[test]
 fn budgets_policies_tenants_and_cancellation() {
     let a = node(2, "eu-west", 2.0);
-    let net = Net::new(&[&a], None);
+    let mut net = Net::new(&[&a], None);
+    net.broker.config.max_pending_per_tenant = 3;
     let broker = BrokerServer::start(&net.broker.config).unwrap();
     let op = net.operator(&broker);
     a.register(&op).unwrap();
@@ -422,6 +486,15 @@ fn budgets_policies_tenants_and_cancellation() {
     assert_eq!(code(other.cancel(&first.id)).0, "NotFound");
     assert!(other.jobs(None).unwrap().is_empty());
     assert_eq!(code(other.jobs(Some(TENANT_A))).0, "Forbidden");
+    assert_eq!(
+        code(net.auditor(&broker).cancel(&first.id)).0,
+        "Forbidden",
+        "auditors read, tenants cancel"
+    );
+    assert_eq!(
+        net.auditor(&broker).jobs(Some(TENANT_A)).unwrap().len(),
+        tenant.jobs(None).unwrap().len()
+    );
     let cancelled = tenant.cancel(&first.id).unwrap();
     assert_eq!(cancelled.state, "cancelled");
     assert_eq!(code(tenant.cancel(&first.id)).0, "Conflict");
@@ -432,6 +505,12 @@ fn budgets_policies_tenants_and_cancellation() {
     assert_eq!(hb.leases.len(), 1);
     assert_eq!(hb.leases[0].job_id, second.id);
     assert_eq!(tenant.jobs(None).unwrap().len(), 3);
+    // One tenant's jobs that cannot be placed are bounded (they would crowd every pass).
+    for _ in 0..3 {
+        assert_eq!(tenant.submit(&job(64)).unwrap().state, "pending");
+    }
+    let (c, d) = code(tenant.submit(&job(64)));
+    assert_eq!(c, "TooManyPending", "{d}");
     broker.stop();
 }
 

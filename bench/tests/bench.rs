@@ -123,3 +123,52 @@ fn bench_kbs_runs_full_flows_and_reports_latency_and_cpu() {
     assert_ne!(code, 0);
     assert!(err.contains("--clients"), "{err}");
 }
+
+/// `cgx bench broker` end to end at a small size: every part runs and reports its ratio.
+#[test]
+fn bench_broker_reports_placement_submission_and_registration() {
+    let (code, out, err) = cgx(&[
+        "bench",
+        "broker",
+        "--nodes",
+        "2000",
+        "--decisions",
+        "2000",
+        "--tenants",
+        "4",
+        "--seconds",
+        "0.5",
+        "--registrations",
+        "8",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    let p = &v["placement"];
+    assert_eq!(p["nodes"], 2000);
+    assert!(p["placed"].as_u64().is_some_and(|n| n > 0), "{p}");
+    for key in [
+        "p50_us",
+        "p99_us",
+        "decisions_per_s_one_core",
+        "goal_over_p99",
+        "index_speedup_p50",
+    ] {
+        assert!(
+            p[key].as_f64().is_some_and(|x| x > 0.0),
+            "placement.{key}: {p}"
+        );
+    }
+    let s = &v["submit"];
+    assert!(s["placed"].as_u64().is_some_and(|n| n > 0), "{s}");
+    assert_eq!(s["not_placed"], 0, "every submission found capacity: {s}");
+    assert!(s["p50_ms"].as_f64() <= s["p99_ms"].as_f64(), "{s}");
+    let r = &v["registration"];
+    assert_eq!(r["registrations"], 8, "every registration affirmed: {r}");
+    for key in ["ratio", "cpu_ratio", "server_cpu_ms_per_registration"] {
+        assert!(
+            r[key].as_f64().is_some_and(|x| x > 0.0),
+            "registration.{key}: {r}"
+        );
+    }
+}

@@ -13,13 +13,40 @@ pub const ENTRY_POINT: &str = "data.placement.deny";
 /// The most reasons one refusal reports (a policy that emits thousands says enough with these).
 const MAX_REASONS: usize = 8;
 
+/// Builtins a tenant's placement policy may not call: each allocates as much as an argument
+/// says before any limit is checked (`numbers.range(0, 1e14)`; a `sprintf` width of 10¹²), which
+/// would take the broker down, and a placement policy never needs them.
+pub const FORBIDDEN_BUILTINS: &[&str] = &["numbers.range", "sprintf"];
+
+/// Longest placement policy accepted.
+pub const MAX_POLICY_BYTES: usize = 64 << 10;
+
 /// One compiled placement policy.
 #[derive(Debug)]
 pub struct PlacementPolicy(RegoProgram);
 
 impl PlacementPolicy {
-    /// Compile `rego` (package `placement`).
+    /// Compile `rego` (package `placement`), refusing policies over [`MAX_POLICY_BYTES`] or
+    /// naming a [`FORBIDDEN_BUILTINS`] builtin anywhere in its text (whitespace cannot hide
+    /// one).
     pub fn compile(rego: &str) -> Result<Self, Error> {
+        if rego.len() > MAX_POLICY_BYTES {
+            return Err(Error::Policy {
+                detail: format!("placement: longer than {MAX_POLICY_BYTES} bytes"),
+            });
+        }
+        // Whitespace removed (comments kept: a `#` inside a string would otherwise hide the
+        // rest of its line), so `numbers . range` is found too; a mention in a comment or a
+        // string is refused as well, erring on the side of refusing.
+        let squeezed: String = rego.chars().filter(|c| !c.is_whitespace()).collect();
+        if let Some(b) = FORBIDDEN_BUILTINS.iter().find(|b| squeezed.contains(*b)) {
+            return Err(Error::Policy {
+                detail: format!(
+                    "placement: `{b}` may not be used in a placement policy (it allocates as \
+                     much as its argument asks)"
+                ),
+            });
+        }
         RegoProgram::compile("placement.rego", rego, serde_json::json!({}), ENTRY_POINT)
             .map(PlacementPolicy)
     }
@@ -74,6 +101,26 @@ mod tests {
         assert!(r[0].contains("us-east"), "{r:?}");
         let r = p.refusals(&node("eu-west", "535.1")).unwrap();
         assert!(r[0].contains("driver"), "{r:?}");
+    }
+
+    #[test]
+    fn builtins_that_allocate_on_demand_are_refused() {
+        for bomb in [
+            "package placement\ndeny contains \"x\" if count(numbers.range(0, 100000000000000)) > 0",
+            "package placement\ndeny contains x if x := numbers . range_step(0, 1e14, 1)",
+            "package placement\ndeny contains x if x := sprintf(\"%999999999999d\", [1])",
+            "package placement\ndeny contains x if x := sprintf (\"%d\", [1])",
+        ] {
+            let e = PlacementPolicy::compile(bomb).unwrap_err().to_string();
+            assert!(e.contains("may not be used"), "{bomb}: {e}");
+        }
+        // A `#` in a string does not hide the rest of its line; a mere mention is refused too.
+        let hidden =
+            "package placement\ndeny contains x if { y := \"#\"; x := sprintf(\"%9d\", [1]) }";
+        assert!(PlacementPolicy::compile(hidden).is_err());
+        assert!(PlacementPolicy::compile("package placement\n# sprintf\ndeny := set()").is_err());
+        assert!(PlacementPolicy::compile("package placement\ndeny := set()").is_ok());
+        assert!(PlacementPolicy::compile(&"#".repeat(MAX_POLICY_BYTES + 1)).is_err());
     }
 
     #[test]

@@ -103,6 +103,10 @@ pub struct BrokerConfig {
     /// milliseconds (default 500).
     #[serde(default = "default_monitor_ms")]
     pub monitor_interval_ms: u64,
+    /// Pending jobs one tenant may have at once (more are refused, 429): one tenant's
+    /// unplaceable jobs cannot crowd out everyone's placement passes.
+    #[serde(default = "default_max_pending")]
+    pub max_pending_per_tenant: i64,
     /// Longest API token accepted (`exp − iat`, seconds).
     #[serde(default = "default_token_ttl")]
     pub api_token_max_ttl_secs: i64,
@@ -129,6 +133,9 @@ fn default_nonce_ttl() -> i64 {
 }
 fn default_monitor_ms() -> u64 {
     500
+}
+fn default_max_pending() -> i64 {
+    1000
 }
 fn default_token_ttl() -> i64 {
     cgx_service::auth::DEFAULT_ADMIN_TOKEN_TTL
@@ -190,6 +197,9 @@ impl BrokerConfig {
         // A lease must outlive the gaps between the heartbeats that renew it.
         if self.lease_ttl_secs <= self.heartbeat_secs * self.missed_heartbeats {
             return bad("lease_ttl_secs must exceed heartbeat_secs × missed_heartbeats");
+        }
+        if !(1..=1_000_000).contains(&self.max_pending_per_tenant) {
+            return bad("max_pending_per_tenant must be 1 to 1000000");
         }
         if !(50..=60_000).contains(&self.monitor_interval_ms) {
             return bad("monitor_interval_ms must be 50 to 60000");

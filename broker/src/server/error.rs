@@ -34,6 +34,8 @@ pub enum BrokerError {
     PlacementPolicy(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("quota: {0}")]
+    Quota(String),
     #[error("storage: {0}")]
     Storage(String),
     #[error("internal: {0}")]
@@ -76,6 +78,7 @@ impl ApiError for BrokerError {
             | BrokerError::Budget(_)
             | BrokerError::PlacementPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
             BrokerError::Conflict(_) => StatusCode::CONFLICT,
+            BrokerError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             BrokerError::Config(_) | BrokerError::Storage(_) | BrokerError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -96,6 +99,7 @@ impl ApiError for BrokerError {
             BrokerError::Budget(_) => "BudgetTooSmall",
             BrokerError::PlacementPolicy(_) => "PlacementPolicyInvalid",
             BrokerError::Conflict(_) => "Conflict",
+            BrokerError::Quota(_) => "TooManyPending",
             BrokerError::Storage(_) => "StorageError",
             BrokerError::Internal(_) => "InternalError",
         }

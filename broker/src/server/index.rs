@@ -235,6 +235,10 @@ fn serials(record: &NodeRecord) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Placement-policy evaluations one decision makes at most: a tenant's policy that refuses the
+/// best nodes one after another costs a bounded amount per pass (the job waits, and says why).
+pub const MAX_POLICY_EVALS: usize = 32;
+
 /// Nodes [`Index::why_none`] examines at most.
 pub const WHY_NONE_SAMPLE: usize = 4096;
 
@@ -521,7 +525,10 @@ impl Index {
             });
         }
         let f = &self.freshness;
-        if now > e.last_heartbeat + f.heartbeat_secs * f.missed_heartbeats {
+        if now
+            > e.last_heartbeat
+                .saturating_add(f.heartbeat_secs.saturating_mul(f.missed_heartbeats))
+        {
             return Err(Unplaceable::HeartbeatsMissed {
                 last: e.last_heartbeat,
                 every: f.heartbeat_secs,
@@ -673,6 +680,7 @@ impl Index {
         };
         let mut heads: Vec<(Option<(&Entry, usize)>, Walk<'_>)> =
             walks.into_iter().map(|mut w| (head(&mut w), w)).collect();
+        let mut evals = 0;
         loop {
             let best = heads
                 .iter()
@@ -683,6 +691,12 @@ impl Index {
                         .cmp(&(b.1.key.0, b.1.key.1, b.2, &b.1.key.2))
                 })?;
             let (i, e, _) = best;
+            if req.policy.is_some() {
+                evals += 1;
+                if evals > MAX_POLICY_EVALS {
+                    return None;
+                }
+            }
             if self.policy_fit(e, req).is_ok() {
                 return Some(Choice {
                     node_id: e.record.id.clone(),
@@ -714,7 +728,15 @@ impl Index {
             .filter(|e| self.cheap_fit(e, req, now).is_ok())
             .collect();
         fits.sort_by_key(|e| rank(e));
-        let e = fits.into_iter().find(|e| self.policy_fit(e, req).is_ok())?;
+        let budget = if req.policy.is_some() {
+            MAX_POLICY_EVALS
+        } else {
+            usize::MAX
+        };
+        let e = fits
+            .into_iter()
+            .take(budget)
+            .find(|e| self.policy_fit(e, req).is_ok())?;
         Some(Choice {
             node_id: e.record.id.clone(),
             gpus: free_indices(e.used, e.record.gpu_count, req.gpu_count),
@@ -743,13 +765,22 @@ impl Index {
     /// [`WHY_NONE_SAMPLE`] nodes (a pending job's answer stays cheap on a large fleet).
     pub fn why_none(&self, req: &Requirements, now: i64) -> String {
         let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
-        let mut seen = 0;
+        let (mut seen, mut evals) = (0, 0);
         for e in self.nodes.values().take(WHY_NONE_SAMPLE) {
             seen += 1;
-            if let Err(m) = self
-                .cheap_fit(e, req, now)
-                .and_then(|()| self.policy_fit(e, req))
-            {
+            // The policy runs on at most MAX_POLICY_EVALS nodes; the others count as
+            // "policy not evaluated" when they pass every other filter.
+            let fit = self.cheap_fit(e, req, now).and_then(|()| {
+                if req.policy.is_none() {
+                    return Ok(());
+                }
+                evals += 1;
+                if evals > MAX_POLICY_EVALS {
+                    return Err(Misfit::PolicyError("not evaluated (budget)".into()));
+                }
+                self.policy_fit(e, req)
+            });
+            if let Err(m) = fit {
                 *counts.entry(m.code()).or_default() += 1;
             }
         }

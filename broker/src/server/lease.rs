@@ -3,8 +3,10 @@
 //! - **node records** — `{"aud": "cgx-broker/node", "iat": attested_at, "exp": EAR expiry,
 //!   "node": NodeRecord}`: what a registration established, stored in the node's row; a replica
 //!   builds its index only from records whose signature verifies;
-//! - **lease tokens** — `{"lease", "job", "node", "gpus", "resources", "node_key": <RFC 7638
-//!   thumbprint of the node's TEE key>, "aud": "cgx-kbs", "iss": "cgx-broker", "iat", "exp"}`:
+//! - **lease tokens** — `{"lease", "job", "tenant", "node", "gpus", "resources", "node_key":
+//!   <RFC 7638 thumbprint of the node's TEE key>, "aud": "cgx-kbs", "iss": "cgx-broker", "iat",
+//!   "exp", "until": <the job's end>}`: every resource is the tenant's own (checked at
+//!   submission; the KBS checks the `tenant` claim against the resource's repository too);
 //!   the token the KBS checks (`kbs/src/server/release.rs`). The thumbprint is the one the
 //!   node's hardware evidence bound at registration (`cgx_protocol::broker::node_identity`), so
 //!   the KBS releases only to a session that attested that very TEE key. Short-lived; renewed
@@ -142,21 +144,25 @@ impl Keys {
 
     /// A lease token for `record`'s VM.
     #[allow(clippy::too_many_arguments)]
+    /// `until`: when the job's time ends; no renewal reaches past it (a lease row a database
+    /// writer re-opens or extends is not renewed beyond what was signed).
     pub(crate) fn lease_token(
         &self,
         lease: &str,
         job: &str,
+        tenant: &str,
         record: &NodeRecord,
         gpus: &[u32],
         resources: &[String],
         now: i64,
+        until: i64,
         ttl: i64,
     ) -> Result<String, BrokerError> {
         self.sign(&json!({
-            "lease": lease, "job": job, "node": record.id, "gpus": gpus,
+            "lease": lease, "job": job, "tenant": tenant, "node": record.id, "gpus": gpus,
             "resources": resources, "node_key": record.tee_thumbprint,
             "aud": cgx_protocol::broker::LEASE_AUDIENCE, "iss": "cgx-broker",
-            "iat": now, "exp": now + ttl,
+            "iat": now, "exp": (now + ttl).min(until), "until": until,
         }))
     }
 
@@ -170,12 +176,17 @@ impl Keys {
         if !matches {
             return None;
         }
+        let until = claims.get("until").and_then(Value::as_i64)?;
+        if now >= until {
+            return None;
+        }
         let gpus: Vec<u32> = serde_json::from_value(claims.get("gpus")?.clone()).ok()?;
         let resources: Vec<String> =
             serde_json::from_value(claims.get("resources")?.clone()).ok()?;
         let obj = claims.as_object_mut()?;
+        let exp = (now + ttl).min(until);
         obj.insert("iat".into(), now.into());
-        obj.insert("exp".into(), (now + ttl).into());
+        obj.insert("exp".into(), exp.into());
         let token = self.sign(&claims).ok()?;
         Some(LeaseGrant {
             lease_id: row.id.clone(),
@@ -183,7 +194,7 @@ impl Keys {
             gpus,
             resources,
             token,
-            expires_at: now + ttl,
+            expires_at: exp,
         })
     }
 }

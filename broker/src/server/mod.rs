@@ -136,6 +136,19 @@ fn tenant_of(admin: &Admin, wanted: Option<&str>) -> Result<String, BrokerError>
     }
 }
 
+/// A sample node a placement policy is evaluated on at submission.
+fn probe_input(spec: &JobSpec) -> serde_json::Value {
+    serde_json::json!({
+        "node": {
+            "id": "n-probe", "operator": "op", "region": "region", "tee": "snp", "sim": false,
+            "gpu_model": spec.gpu_model, "gpu_chip": "GH100", "gpu_count": spec.gpu_count,
+            "gpu_memory_gib": 80, "price_per_gpu_hour": 1.0, "reputation": 0,
+            "claims": {"cpu": {"kind": "snp", "sim": false, "debug": false}, "gpus": []},
+        },
+        "job": spec,
+    })
+}
+
 /// May `admin` read every node and job?
 fn auditor(admin: &Admin) -> bool {
     admin.scopes().iter().any(|s| s == "*" || s == "auditor")
@@ -313,8 +326,26 @@ impl Broker {
         let now = self.clock.unix();
         let nonce_expires_at = self.keys.check_nonce(&reg.nonce, now)?;
         let decoded = register::decode(&reg, self.source.as_deref(), now)?;
-        // A replay is refused before the costly part; the write below decides for good.
-        if self.store.nonce_used(&reg.nonce).await? {
+        // Whoever registers holds the node key (evidence alone can bind anyone's public key).
+        register::check_proof(&reg, &decoded)?;
+        let id = cgx_protocol::broker::node_id(&decoded.node_key);
+        if let Some(r) = self.index().record(&id)
+            && r.operator != reg.offer.operator
+        {
+            return Err(BrokerError::Forbidden(format!(
+                "node {id} belongs to operator {}",
+                r.operator
+            )));
+        }
+        // Spent before the costly part, whatever comes of it.
+        let spent = self
+            .store
+            .write(Write::UseNonce {
+                nonce: reg.nonce.clone(),
+                expires_at: nonce_expires_at,
+            })
+            .await?;
+        if !matches!(spent, Outcome::Done) {
             return Err(BrokerError::Nonce("already used: ask for a new one".into()));
         }
         let appraiser = self.appraiser.clone();
@@ -328,7 +359,6 @@ impl Broker {
         .map_err(|e| BrokerError::Internal(format!("appraisal task: {e}")))?;
         let appraisal = appraisal?;
         let proven = register::check_inventory(&reg.offer, &appraisal)?;
-        let id = cgx_protocol::broker::node_id(&decoded.node_key);
         let parts = appraisal.parts();
         let claims = serde_json::json!({
             "cpu": parts.first().map(|p| &p.claims),
@@ -366,8 +396,6 @@ impl Broker {
         let written = self
             .store
             .write(Write::Register {
-                nonce: reg.nonce.clone(),
-                nonce_expires_at,
                 id: id.clone(),
                 operator: record.operator.clone(),
                 record: token.clone(),
@@ -375,8 +403,10 @@ impl Broker {
                 now_ms: self.now_ms(),
             })
             .await?;
-        if matches!(written, Outcome::Refused(Refusal::NonceUsed)) {
-            return Err(BrokerError::Nonce("already used: ask for a new one".into()));
+        if !matches!(written, Outcome::Done) {
+            return Err(BrokerError::Internal(
+                "the node record was not stored".into(),
+            ));
         }
         // A node this replica indexes keeps its allocations (and reservations in flight); a new
         // one (or one another replica registered) reads them.
@@ -647,6 +677,10 @@ impl Broker {
                             PlacementPolicy::compile(text)
                                 .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?,
                         );
+                        // Evaluated once on a sample node: a policy that cannot evaluate is
+                        // refused now, not left pending for ever.
+                        p.refusals(&probe_input(spec))
+                            .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?;
                         if let Ok(mut c) = self.policies.lock() {
                             if c.len() > 10_000 {
                                 c.clear();
@@ -694,6 +728,12 @@ impl Broker {
             {
                 return Err(BrokerError::BadRequest(format!(
                     "resource '{r}' is not repository/type/tag"
+                )));
+            }
+            // A lease releases keys: only the tenant's own (its KBS repository is its name).
+            if parts[0] != tenant {
+                return Err(BrokerError::Forbidden(format!(
+                    "resource '{r}' is not tenant {tenant}'s (repository {tenant})"
                 )));
             }
         }
@@ -821,10 +861,12 @@ impl Broker {
             let token = self.keys.lease_token(
                 &lease_id,
                 &job.id,
+                &job.tenant,
                 &record,
                 &choice.gpus,
                 &spec.resources,
                 now,
+                ends_at,
                 self.config.lease_ttl_secs,
             )?;
             let placement = PlacementRow {
@@ -884,6 +926,12 @@ impl Broker {
             }
         }
         if new {
+            if self.store.count_pending(&job.tenant).await? >= self.config.max_pending_per_tenant {
+                return Err(BrokerError::Quota(format!(
+                    "tenant {} has {} jobs pending already; cancel some or wait",
+                    job.tenant, self.config.max_pending_per_tenant
+                )));
+            }
             self.store
                 .write(Write::Submit {
                     job: job.clone(),
@@ -952,7 +1000,9 @@ impl Broker {
         let spec: JobSpec = serde_json::from_str(&row.spec)
             .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
         let mut reason = row.reason.clone();
-        if row.state == state::PENDING
+        // Why a job waits is worked out for one job's status only, not for a listing.
+        if events
+            && row.state == state::PENDING
             && let Ok(req) = self.requirements(&row.id, &spec)
         {
             reason = format!(
@@ -1005,8 +1055,11 @@ impl Broker {
         admin: &Admin,
         tenant: Option<&str>,
     ) -> Result<Vec<JobView>, BrokerError> {
-        let rows = if auditor(admin) && tenant.is_none() {
-            self.store.jobs(None, MAX_LIST).await?
+        let rows = if auditor(admin) {
+            if let Some(t) = tenant {
+                register::check_name(t, "tenant")?;
+            }
+            self.store.jobs(tenant, MAX_LIST).await?
         } else {
             let t = tenant_of(admin, tenant)?;
             self.store.jobs(Some(&t), MAX_LIST).await?
@@ -1035,6 +1088,13 @@ impl Broker {
 
     pub(crate) async fn cancel(&self, admin: &Admin, id: &str) -> Result<JobView, BrokerError> {
         let row = self.job_row_for(admin, id).await?;
+        // Auditors read every job; only the job's tenant (or `*`) cancels it.
+        if admin.may(Some(&format!("tenant:{}", row.tenant))).is_err() {
+            return Err(BrokerError::Forbidden(format!(
+                "only tenant {} cancels job {id}",
+                row.tenant
+            )));
+        }
         if state::is_final(&row.state) {
             return Err(BrokerError::Conflict(format!(
                 "job {id} is already {}",

@@ -219,6 +219,24 @@ pub(crate) fn decode(
     })
 }
 
+/// The registration proof: the node key signed the nonce, the operator and the TEE key's
+/// thumbprint (possession of the key the evidence binds).
+pub(crate) fn check_proof(reg: &Registration, d: &Decoded) -> Result<(), BrokerError> {
+    let refused = || BrokerError::Evidence {
+        code: "node_key_proof",
+        detail: "the registration is not signed by the node key it names".into(),
+    };
+    let sig = unb64(&reg.proof).ok_or_else(refused)?;
+    let msg = cgx_protocol::broker::registration_message(
+        &d.nonce,
+        &reg.offer.operator,
+        &d.tee_thumbprint,
+    );
+    aws_lc_rs::signature::UnparsedPublicKey::new(&aws_lc_rs::signature::ED25519, d.node_key)
+        .verify(&msg, &sig)
+        .map_err(|_| refused())
+}
+
 /// Verify, bind and appraise (CPU-heavy: the caller runs it off the async threads).
 pub(crate) fn appraise(
     appraiser: &Appraiser,

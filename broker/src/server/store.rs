@@ -12,8 +12,8 @@
 //!   others commit without it; a failing statement makes the writer retry the batch's writes
 //!   one by one. Callers still wait for their own commit.
 //! - **Nonces are single use across replicas**: a nonce is MAC'd by the broker (no write to
-//!   issue one); registering inserts it into `used_nonces` in the same savepoint as the node's
-//!   record, so a second use finds it there and nothing of it commits.
+//!   issue one); a registration spends it in `used_nonces` before its evidence is verified, so
+//!   a second use — refused or not the first time — finds it there.
 //! - **A row proves nothing by itself.** Node rows carry the registration as a record signed by
 //!   the broker's key, lease rows the lease token it signed; both are verified when read
 //!   (`mod.rs`).
@@ -211,10 +211,14 @@ type Tx = sqlx::Transaction<'static, sqlx::Any>;
 /// One write, owned (it waits in the writer's queue).
 #[derive(Debug)]
 pub(crate) enum Write {
-    /// A registration: use the nonce (single use across replicas) and store the node's record.
-    Register {
+    /// Use a registration nonce: single use across replicas, spent before the evidence is
+    /// looked at (a refused registration spends it too).
+    UseNonce {
         nonce: String,
-        nonce_expires_at: i64,
+        expires_at: i64,
+    },
+    /// A registration: store the node's signed record.
+    Register {
         id: String,
         operator: String,
         record: String,
@@ -425,25 +429,27 @@ async fn open_lease(tx: &mut Tx, p: &PlacementRow, sqlite: bool) -> Result<(), s
 /// (`write_batch` then runs its writes one by one).
 async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Error> {
     match w {
+        Write::UseNonce { nonce, expires_at } => {
+            let used = sqlx::query(
+                "INSERT INTO used_nonces (nonce, expires_at) VALUES ($1, $2) ON CONFLICT (nonce) DO NOTHING",
+            )
+            .bind(nonce)
+            .bind(expires_at)
+            .execute(&mut **tx)
+            .await?;
+            Ok(if used.rows_affected() == 1 {
+                Outcome::Done
+            } else {
+                Outcome::Refused(Refusal::NonceUsed)
+            })
+        }
         Write::Register {
-            nonce,
-            nonce_expires_at,
             id,
             operator,
             record,
             attested_at,
             now_ms,
         } => {
-            let used = sqlx::query(
-                "INSERT INTO used_nonces (nonce, expires_at) VALUES ($1, $2) ON CONFLICT (nonce) DO NOTHING",
-            )
-            .bind(nonce)
-            .bind(nonce_expires_at)
-            .execute(&mut **tx)
-            .await?;
-            if used.rows_affected() != 1 {
-                return Ok(Outcome::Refused(Refusal::NonceUsed));
-            }
             sqlx::query(
                 "INSERT INTO nodes (id, operator, record, attested_at, last_heartbeat, heartbeat_seq, updated_ms)
                  VALUES ($1, $2, $3, $4, $4, 0, $5)
@@ -667,8 +673,9 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             Ok(Outcome::Done)
         }
         Write::SweepNonces { now } => {
+            // A minute past expiry: a replica whose clock runs behind still refuses the nonce.
             sqlx::query("DELETE FROM used_nonces WHERE expires_at <= $1")
-                .bind(now)
+                .bind(now - 60)
                 .execute(&mut **tx)
                 .await?;
             Ok(Outcome::Done)
@@ -766,17 +773,6 @@ impl Store {
         }
     }
 
-    /// Has `nonce` been used (a cheap check before verifying; the write decides)?
-    pub async fn nonce_used(&self, nonce: &str) -> Result<bool, BrokerError> {
-        Ok(
-            sqlx::query("SELECT 1 AS x FROM used_nonces WHERE nonce = $1")
-                .bind(nonce)
-                .fetch_optional(self.db.pool())
-                .await?
-                .is_some(),
-        )
-    }
-
     /// Nodes changed at or after `since_ms` (every node for 0).
     pub async fn nodes_since(&self, since_ms: i64) -> Result<Vec<NodeRow>, BrokerError> {
         let rows = sqlx::query(
@@ -825,16 +821,22 @@ impl Store {
             }
             Some([]) => Vec::new(),
             Some(ids) => {
-                let list = (1..=ids.len())
-                    .map(|i| format!("${i}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let sql = format!("SELECT node_id, gpu FROM allocations WHERE node_id IN ({list})");
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-                for id in ids {
-                    q = q.bind(id.clone());
+                // In chunks: a statement takes a bounded number of parameters.
+                let mut rows = Vec::new();
+                for chunk in ids.chunks(500) {
+                    let list = (1..=chunk.len())
+                        .map(|i| format!("${i}"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let sql =
+                        format!("SELECT node_id, gpu FROM allocations WHERE node_id IN ({list})");
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                    for id in chunk {
+                        q = q.bind(id.clone());
+                    }
+                    rows.extend(q.fetch_all(self.db.pool()).await?);
                 }
-                q.fetch_all(self.db.pool()).await?
+                rows
             }
         };
         let mut out: HashMap<String, u64> = HashMap::new();
@@ -880,6 +882,16 @@ impl Store {
             }
         };
         Ok(rows.iter().map(job_row).collect::<Result<_, _>>()?)
+    }
+
+    /// How many jobs `tenant` has pending.
+    pub async fn count_pending(&self, tenant: &str) -> Result<i64, BrokerError> {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM jobs WHERE tenant = $1 AND state = $2")
+            .bind(tenant)
+            .bind(state::PENDING)
+            .fetch_one(self.db.pool())
+            .await?;
+        Ok(row.try_get::<i64, _>("n")?)
     }
 
     /// Pending jobs, oldest first.

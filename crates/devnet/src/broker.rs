@@ -111,6 +111,7 @@ pub fn broker_setup(
         nonce_ttl_secs: 60,
         monitor_interval_ms: 250,
         api_token_max_ttl_secs: 3600,
+        max_pending_per_tenant: 1000,
         max_connections: 4096,
         max_in_flight: 1024,
     };
@@ -357,9 +358,17 @@ impl SimBrokerNode {
                 _ => None,
             })
             .collect();
+        let proof = cgx_protocol::broker::registration_proof(
+            &self.node_key.pkcs8,
+            &cgx_protocol::broker::unb64(nonce).unwrap_or_default(),
+            &self.offer.operator,
+            &self.tee_thumbprint()?,
+        )
+        .map_err(DevnetError::Kbs)?;
         Ok(Registration {
             nonce: nonce.to_string(),
             node_key: b64(&self.node_key_raw),
+            proof,
             tee_pubkey: self.tee_key()?.public().map_err(sim_err)?,
             cpu: CpuEvidence::Snp {
                 report: b64(report),

@@ -47,6 +47,31 @@ pub fn node_identity(node_key: &[u8; 32], tee_thumbprint: &str) -> Vec<u8> {
     m
 }
 
+/// What a node signs with its node key when it registers (proof that it holds the key its
+/// evidence binds — evidence alone can bind anyone's public key):
+/// `"cgx/node-registration/v1" ‖ lp(nonce) ‖ lp(operator) ‖ lp(TEE key thumbprint)`.
+pub fn registration_message(nonce: &[u8], operator: &str, tee_thumbprint: &str) -> Vec<u8> {
+    let mut m = b"cgx/node-registration/v1".to_vec();
+    lp(&mut m, nonce);
+    lp(&mut m, operator.as_bytes());
+    lp(&mut m, tee_thumbprint.as_bytes());
+    m
+}
+
+/// The registration proof: an Ed25519 signature (base64url) over [`registration_message`].
+pub fn registration_proof(
+    pkcs8: &[u8],
+    nonce: &[u8],
+    operator: &str,
+    tee_thumbprint: &str,
+) -> Result<String, String> {
+    let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(pkcs8)
+        .map_err(|_| "not an Ed25519 PKCS#8 key".to_string())?;
+    Ok(b64(kp
+        .sign(&registration_message(nonce, operator, tee_thumbprint))
+        .as_ref()))
+}
+
 /// A node's id: `n` and the first 16 bytes of SHA-256 of its Ed25519 key, in hex. Stable across
 /// re-attestation; a new key is a new node.
 pub fn node_id(node_key: &[u8; 32]) -> String {
@@ -160,6 +185,8 @@ pub struct Registration {
     pub nonce: String,
     /// The node's Ed25519 public key, base64url: it signs heartbeats and metering records.
     pub node_key: String,
+    /// [`registration_proof`] under that key.
+    pub proof: String,
     /// The TEE key the node will present to the KBS (a JWK as CoCo sends it).
     pub tee_pubkey: TeePubKey,
     pub cpu: CpuEvidence,

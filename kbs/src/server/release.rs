@@ -164,6 +164,16 @@ pub fn check_lease(
             "lease {lease} does not cover {path}"
         )));
     }
+    // A broker's lease names the tenant it was made for: it covers that tenant's resources only
+    // (the broker checks it too; this holds a broker bug or a forged job to it).
+    if let Some(tenant) = claims.get("tenant") {
+        let repository = path.split('/').next().unwrap_or("");
+        if tenant.as_str() != Some(repository) {
+            return Err(KbsError::LeaseInvalid(format!(
+                "lease {lease} is tenant {tenant}'s, {path} is not"
+            )));
+        }
+    }
     let node_key = claims.get("node_key").and_then(Value::as_str).unwrap_or("");
     let attested = cgx_protocol::kbs::jwe::thumbprint(tee);
     if node_key != attested {
