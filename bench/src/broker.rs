@@ -584,12 +584,15 @@ pub fn bench(
             s["p99_ms"].as_f64().unwrap_or(0.0)
         );
         println!(
-            "registrations over HTTP (SNP + 8 GPUs): {:.0}/s vs {:.0}/s appraised in-process on one core (cgx bench appraise): ratio {:.2} (goal 0.8)",
+            "registrations over HTTP (SNP + 8 GPUs): {:.0}/s vs {:.0}/s appraised in-process on one core (cgx bench appraise): ratio {:.2} (goal 0.8); per core, the broker spends {:.2} ms of CPU per registration vs {:.2} ms per appraisal: {:.2}",
             r["http_registrations_per_s"].as_f64().unwrap_or(0.0),
             r["in_process_appraisals_per_s_one_core"]
                 .as_f64()
                 .unwrap_or(0.0),
-            r["ratio"].as_f64().unwrap_or(0.0)
+            r["ratio"].as_f64().unwrap_or(0.0),
+            r["server_cpu_ms_per_registration"].as_f64().unwrap_or(0.0),
+            r["in_process_cpu_ms_per_appraisal"].as_f64().unwrap_or(0.0),
+            r["cpu_ratio"].as_f64().unwrap_or(0.0)
         );
     }
     Ok(std::process::ExitCode::SUCCESS)
