@@ -100,17 +100,137 @@ impl dcap_qvl::config::CryptoProvider for AwsLcDcap {
 
 /// Verifies TDX quotes. Parsed collateral is cached by its exact bytes: one platform's
 /// collateral (per FMSPC) serves every quote it produces until the next TCB info update.
+///
+/// **Known platforms.** A fleet re-attests constantly, and a TD's next quote differs from its
+/// last only in REPORTDATA (the nonce binding) and the quote signature. So a quote whose every
+/// other byte — header, body, attestation key, QE report and its signature, QE auth data, PCK
+/// chain — and whose collateral are exactly those of a quote fully verified before (by
+/// dcap-qvl: PCK chain, CRLs, TCB info, QE identity, QE report signature, TCB levels) needs one
+/// check: the quote's signature under that same, already certified, attestation key. The
+/// earlier verdict holds only while `now` is within every window it relied on (certificates,
+/// CRLs, TCB info and QE identity `nextUpdate`) and not before it was reached; otherwise the
+/// quote is verified in full again.
 #[derive(Debug)]
 pub(crate) struct TdxVerifier {
     collateral: ChainCache<QuoteCollateralV3>,
+    known: ChainCache<Known>,
+}
+
+/// A fully verified quote's verdict, keyed by its bytes with REPORTDATA and the signature
+/// blanked (and its collateral's exact bytes).
+#[derive(Debug)]
+struct Known {
+    claims: Claims,
+    /// When the full verification was made; a verification "before" it is made in full.
+    from: i64,
+    /// The end of the earliest window the verdict relied on.
+    until: i64,
 }
 
 impl Default for TdxVerifier {
     fn default() -> Self {
         TdxVerifier {
             collateral: ChainCache::new(),
+            known: ChainCache::new(),
         }
     }
+}
+
+/// Where the signed part, REPORTDATA, the quote signature and the attestation key lie in a
+/// canonical quote (Intel TDX DCAP Quoting Library API, Appendix A: the v4 header is 48 bytes
+/// and the TD 1.0 body 584; v5 puts a body descriptor — type u16, size u32 — before the body).
+/// REPORTDATA is at body offset 520 in TD 1.0 and 1.5 bodies alike.
+#[derive(Debug, Clone)]
+struct Layout {
+    signed: usize,
+    report_data: std::ops::Range<usize>,
+    signature: std::ops::Range<usize>,
+    attestation_key: std::ops::Range<usize>,
+}
+
+fn layout(bytes: &[u8], version: u16) -> Option<Layout> {
+    let (body_start, body_len) = match version {
+        4 => (48usize, 584usize),
+        5 => (
+            54,
+            u32::from_le_bytes(bytes.get(50..54)?.try_into().ok()?) as usize,
+        ),
+        _ => return None,
+    };
+    if body_len < 584 {
+        return None;
+    }
+    let signed = body_start.checked_add(body_len)?;
+    let l = Layout {
+        signed,
+        report_data: body_start + 520..body_start + 584,
+        signature: signed + 4..signed + 68,
+        attestation_key: signed + 68..signed + 132,
+    };
+    bytes.get(l.attestation_key.clone())?;
+    Some(l)
+}
+
+/// The cache key: the quote with REPORTDATA and the signature zeroed.
+fn masked(quote: &[u8], l: &Layout) -> Vec<u8> {
+    let mut m = quote.to_vec();
+    m[l.report_data.clone()].fill(0);
+    m[l.signature.clone()].fill(0);
+    m
+}
+
+/// The end of the earliest validity window a verdict on this quote relied on: every
+/// certificate (the quote's PCK chain, the collateral's issuer chains), both CRLs' next update,
+/// and the TCB info's and QE identity's `nextUpdate`. `None`: something could not be read (the
+/// verdict is then not remembered).
+fn valid_until(c: &QuoteCollateralV3, pck_chain: &[u8]) -> Option<i64> {
+    use time::format_description::well_known::Rfc3339;
+    let mut until = i64::MAX;
+    for json in [&c.tcb_info, &c.qe_identity] {
+        let v: serde_json::Value = serde_json::from_str(json).ok()?;
+        let inner = v
+            .get("tcbInfo")
+            .or_else(|| v.get("enclaveIdentity"))
+            .unwrap_or(&v);
+        let next = inner.get("nextUpdate")?.as_str()?;
+        until = until.min(
+            time::OffsetDateTime::parse(next, &Rfc3339)
+                .ok()?
+                .unix_timestamp(),
+        );
+    }
+    for crl in [&c.root_ca_crl, &c.pck_crl] {
+        let (_, crl) =
+            <x509_parser::revocation_list::CertificateRevocationList as x509_parser::prelude::FromDer<_>>::from_der(crl).ok()?;
+        until = until.min(crl.next_update()?.timestamp());
+    }
+    for pem in [
+        pck_chain,
+        c.pck_crl_issuer_chain.as_bytes(),
+        c.tcb_info_issuer_chain.as_bytes(),
+        c.qe_identity_issuer_chain.as_bytes(),
+    ] {
+        for der in crate::x509::pem_certs(pem, "certificate chain").ok()? {
+            let cert = crate::x509::parse_cert(&der, "certificate").ok()?;
+            until = until.min(cert.validity().not_after.timestamp());
+        }
+    }
+    Some(until)
+}
+
+/// The quote's own signature: ECDSA P-256 (`r ‖ s`) by the attestation key over header and body.
+fn quote_signature_ok(quote: &[u8], l: &Layout) -> bool {
+    #[cfg(feature = "test-support")]
+    P256_VERIFICATIONS.fetch_add(1, Ordering::Relaxed);
+    let mut key = [0u8; 65];
+    key[0] = 0x04;
+    key[1..].copy_from_slice(&quote[l.attestation_key.clone()]);
+    aws_lc_rs::signature::UnparsedPublicKey::new(
+        &aws_lc_rs::signature::ECDSA_P256_SHA256_FIXED,
+        &key[..],
+    )
+    .verify(&quote[..l.signed], &quote[l.signature.clone()])
+    .is_ok()
 }
 
 /// Smallest quote: 48-byte header + 584-byte TD 1.0 body + 4-byte signature length.
@@ -133,7 +253,22 @@ impl TdxVerifier {
                 format!("{:#x} is not TDX (0x81)", quote.header.tee_type),
             ));
         }
-        let pck_leaf = check_canonical(ev.quote, &quote)?;
+        let (pck_leaf, quote_len) = check_canonical(ev.quote, &quote)?;
+        let bytes = &ev.quote[..quote_len];
+        let layout = layout(bytes, quote.header.version);
+        let key = layout.as_ref().map(|l| masked(bytes, l));
+        // A quote from a known platform: one signature check.
+        if let (Some(l), Some(k)) = (&layout, &key)
+            && let Some(known) = self.known.get(k, &[ev.collateral_json])
+            && (known.from..=known.until).contains(&now)
+            && quote_signature_ok(bytes, l)
+        {
+            let mut claims = known.claims.clone();
+            if let KindClaims::Tdx(t) = &mut claims.detail {
+                t.report_data = hex::encode(&bytes[l.report_data.clone()]);
+            }
+            return Ok(claims);
+        }
         let fmspc = fmspc_of(&pck_leaf)?;
         let collateral = match self.collateral.get(ev.collateral_json, &[]) {
             Some(c) => c,
@@ -147,12 +282,12 @@ impl TdxVerifier {
                 c
             }
         };
-        let now = u64::try_from(now).map_err(|_| Error::invalid("time", "before 1970"))?;
+        let at = u64::try_from(now).map_err(|_| Error::invalid("time", "before 1970"))?;
         let verified = QuoteVerifier::new_prod()
             .with_config::<AwsLcConfig>()
             .allow_debug(true)
             .allow_service_td(true)
-            .verify(ev.quote, &collateral, now)
+            .verify(ev.quote, &collateral, at)
             .map_err(|e| classify(&format!("{e:#}")))?;
         let (base, td15) = match &verified.report {
             Report::TD10(r) => (r, None),
@@ -162,7 +297,7 @@ impl TdxVerifier {
                 return Err(Error::invalid("body", "SGX enclave report in a TDX quote"));
             }
         };
-        Ok(Claims {
+        let claims = Claims {
             schema: crate::claims::CLAIMS_SCHEMA.into(),
             kind: EvidenceKind::Tdx,
             sim: false,
@@ -192,8 +327,30 @@ impl TdxVerifier {
                 mr_service_td: td15.map(|r| hex::encode(r.mr_service_td)),
                 fmspc: hex::encode(fmspc),
             }),
-        })
+        };
+        // Remember the verdict (the layout agreeing with what dcap-qvl parsed).
+        if let (Some(l), Some(k)) = (&layout, key)
+            && bytes[l.report_data.clone()] == base.report_data[..]
+            && let Some(until) = valid_until(&collateral, trimmed(quote.inner_cert_data()))
+        {
+            self.known.insert(
+                &k,
+                &[ev.collateral_json],
+                std::sync::Arc::new(Known {
+                    claims: claims.clone(),
+                    from: now,
+                    until,
+                }),
+            );
+        }
+        Ok(claims)
     }
+}
+
+/// Certification data without its NUL padding.
+fn trimmed(data: &[u8]) -> &[u8] {
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+    &data[..end]
 }
 
 /// What Intel collateral a quote needs: its FMSPC and the CA (`platform` or `processor`) that
@@ -201,7 +358,7 @@ impl TdxVerifier {
 pub fn collateral_ids(quote_bytes: &[u8]) -> Result<([u8; 6], &'static str)> {
     let quote = dcap_qvl::quote::Quote::parse(quote_bytes)
         .map_err(|e| Error::malformed("TDX quote", format!("{e:#}")))?;
-    let leaf = check_canonical(quote_bytes, &quote)?;
+    let (leaf, _) = check_canonical(quote_bytes, &quote)?;
     let fmspc = fmspc_of(&leaf)?;
     let cert = crate::x509::parse_cert(&leaf, "PCK certificate")?;
     let ca = if cert.issuer().to_string().contains("Platform") {
@@ -222,8 +379,8 @@ const CERT_TYPE_PCK_CHAIN: u16 = 5;
 /// exactly its own encoding (zero padding after it allowed), the certification data types must be
 /// 6 then 5, the PCK chain must be canonical PEM (64-column lines; NUL padding allowed), and the
 /// root it carries must be Intel's exact certificate.
-/// Returns the PCK leaf certificate (DER).
-fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<Vec<u8>> {
+/// Returns the PCK leaf certificate (DER) and the quote's length without padding.
+fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<(Vec<u8>, usize)> {
     use dcap_qvl::quote::AuthData;
     use parity_scale_codec::Encode;
     let encoded = quote.encode();
@@ -249,9 +406,9 @@ fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<Vec<u
             ),
         ));
     }
-    let data = quote.inner_cert_data();
-    let end = data.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
-    let ders = crate::x509::pem_certs(&data[..end], "PCK certificate chain")?;
+    let data = trimmed(quote.inner_cert_data());
+    let end = data.len();
+    let ders = crate::x509::pem_certs(data, "PCK certificate chain")?;
     let canonical: String = ders
         .iter()
         .map(|d| crate::x509::to_pem("CERTIFICATE", d))
@@ -269,9 +426,11 @@ fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<Vec<u
             detail: "the quote's PCK chain does not end at the Intel SGX Root CA".into(),
         });
     }
-    ders.into_iter()
+    let leaf = ders
+        .into_iter()
         .next()
-        .ok_or_else(|| Error::malformed("PCK certificate chain", "empty"))
+        .ok_or_else(|| Error::malformed("PCK certificate chain", "empty"))?;
+    Ok((leaf, encoded.len()))
 }
 
 /// Intel SGX extensions of a PCK certificate (Intel SGX PCK Certificate and CRL Profile, §1.3.5).
