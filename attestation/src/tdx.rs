@@ -117,7 +117,7 @@ pub(crate) struct TdxVerifier {
 }
 
 /// A fully verified quote's verdict, keyed by its bytes with REPORTDATA and the signature
-/// blanked (and its collateral's exact bytes).
+/// blanked (and the SHA-256 of its collateral's exact bytes).
 #[derive(Debug)]
 struct Known {
     claims: Claims,
@@ -202,7 +202,8 @@ fn valid_until(c: &QuoteCollateralV3, pck_chain: &[u8]) -> Option<i64> {
     for crl in [&c.root_ca_crl, &c.pck_crl] {
         let (_, crl) =
             <x509_parser::revocation_list::CertificateRevocationList as x509_parser::prelude::FromDer<_>>::from_der(crl).ok()?;
-        until = until.min(crl.next_update()?.timestamp());
+        // A CRL is stale from its nextUpdate on (webpki: `time >= next_update`).
+        until = until.min(crl.next_update()?.timestamp().checked_sub(1)?);
     }
     for pem in [
         pck_chain,
@@ -259,7 +260,9 @@ impl TdxVerifier {
         let key = layout.as_ref().map(|l| masked(bytes, l));
         // A quote from a known platform: one signature check.
         if let (Some(l), Some(k)) = (&layout, &key)
-            && let Some(known) = self.known.get(k, &[ev.collateral_json])
+            && let Some(known) = self
+                .known
+                .get(k, &[&crate::crypto::sha256(ev.collateral_json)])
             && (known.from..=known.until).contains(&now)
             && quote_signature_ok(bytes, l)
         {
@@ -282,6 +285,15 @@ impl TdxVerifier {
                 c
             }
         };
+        // dcap-qvl verifies the collateral's PCK chain instead of the quote's when it carries
+        // one: only the quote's own chain is accepted (the FMSPC and the windows read it).
+        if let Some(chain) = &collateral.pck_certificate_chain
+            && trimmed(chain.as_bytes()) != trimmed(quote.inner_cert_data())
+        {
+            return Err(Error::Collateral {
+                detail: "the collateral's PCK chain is not the quote's".into(),
+            });
+        }
         let at = u64::try_from(now).map_err(|_| Error::invalid("time", "before 1970"))?;
         let verified = QuoteVerifier::new_prod()
             .with_config::<AwsLcConfig>()
@@ -335,7 +347,7 @@ impl TdxVerifier {
         {
             self.known.insert(
                 &k,
-                &[ev.collateral_json],
+                &[&crate::crypto::sha256(ev.collateral_json)],
                 std::sync::Arc::new(Known {
                     claims: claims.clone(),
                     from: now,

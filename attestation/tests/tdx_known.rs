@@ -111,12 +111,23 @@ fn anything_but_a_known_quote_is_verified_in_full() {
         earlier.map_err(|e| e.code()),
         fresh_earlier.map_err(|e| e.code())
     );
-    // phala's PCK CRL's next update is one second after its `at`: two seconds later the
+    // phala's PCK CRL's next update is one second after its `at`: from that second on the
     // remembered verdict no longer applies, and the quote is refused as a fresh verifier does.
-    let late = at + time::Duration::seconds(2);
-    let a = verify(&warm, &quote, &collateral, late).unwrap_err();
-    let b = verify(&fresh, &quote, &collateral, late).unwrap_err();
-    assert_eq!(a.code(), b.code(), "{a} / {b}");
+    for late in [
+        at + time::Duration::seconds(1),
+        at + time::Duration::seconds(2),
+    ] {
+        let a = verify(&warm, &quote, &collateral, late).unwrap_err();
+        let b = verify(&fresh, &quote, &collateral, late).unwrap_err();
+        assert_eq!(a.code(), b.code(), "{a} / {b}");
+    }
+    // A collateral carrying another PCK chain than the quote's is refused.
+    let mut coll: serde_json::Value = serde_json::from_slice(&collateral).unwrap();
+    coll["pck_certificate_chain"] =
+        serde_json::Value::String("-----BEGIN CERTIFICATE-----\n".into());
+    let swapped = serde_json::to_vec(&coll).unwrap();
+    let e = verify(&warm, &quote, &swapped, at).unwrap_err();
+    assert!(e.to_string().contains("not the quote's"), "{e}");
     // Other collateral bytes are another verdict.
     let mut coll: serde_json::Value = serde_json::from_slice(&collateral).unwrap();
     coll["tcb_info"] = serde_json::Value::String(coll["tcb_info"].as_str().unwrap().replacen(
