@@ -439,29 +439,9 @@ fn registrations(count: usize, clients: usize) -> Result<serde_json::Value, Stri
 }
 
 /// CPU seconds the broker's threads (its runtime, blocking pool and SQLite workers) have used
-/// so far, from `/proc/self/task/*/schedstat`.
+/// so far.
 fn server_cpu() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    let mut ns = 0u64;
-    for task in tasks.flatten() {
-        let (Ok(comm), Ok(stat)) = (
-            std::fs::read_to_string(task.path().join("comm")),
-            std::fs::read_to_string(task.path().join("schedstat")),
-        ) else {
-            continue;
-        };
-        let comm = comm.trim();
-        if comm.starts_with("broker-server") || comm.starts_with("sqlx-sqlite") {
-            ns += stat
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    ns as f64 / 1e9
+    crate::kbs::thread_cpu_secs(&["broker-server", "sqlx-sqlite"]).unwrap_or(0.0)
 }
 
 /// What the server does with a registration's evidence, in-process.

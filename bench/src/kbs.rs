@@ -150,8 +150,16 @@ const CLIENT_THREAD: &str = "bench-client";
 /// which wall-clock throughput is not). The KBS's threads: its runtime's workers and the
 /// SQLite driver's worker threads. `None` where `/proc` does not say.
 fn cpu_by_role() -> Option<(f64, f64)> {
-    let mut server = 0u64;
-    let mut client = 0u64;
+    Some((
+        thread_cpu_secs(&[SERVER_THREAD, "sqlx-sqlite"])?,
+        thread_cpu_secs(&[CLIENT_THREAD])?,
+    ))
+}
+
+/// CPU seconds this process's threads whose names start with one of `prefixes` have used so
+/// far (`/proc/self/task/*/schedstat`); `None` where `/proc` does not say.
+pub(crate) fn thread_cpu_secs(prefixes: &[&str]) -> Option<f64> {
+    let mut ns = 0u64;
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let (Ok(comm), Ok(stat)) = (
             std::fs::read_to_string(task.path().join("comm")),
@@ -159,21 +167,15 @@ fn cpu_by_role() -> Option<(f64, f64)> {
         ) else {
             continue; // the thread exited meanwhile
         };
-        let Some(ns) = stat
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        let comm = comm.trim();
-        if comm.starts_with(CLIENT_THREAD) {
-            client += ns;
-        } else if comm.starts_with(SERVER_THREAD) || comm.starts_with("sqlx-sqlite") {
-            server += ns;
+        if prefixes.iter().any(|p| comm.trim().starts_with(p)) {
+            ns += stat
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
         }
     }
-    Some((server as f64 / 1e9, client as f64 / 1e9))
+    Some(ns as f64 / 1e9)
 }
 
 /// (steal, total) jiffies of the whole machine so far, from `/proc/stat`: time the hypervisor

@@ -48,13 +48,6 @@ impl Conn {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
-}
-
 /// `cgx broker serve --config F`.
 pub fn serve(config: &Path, insecure_dev: bool) -> CliResult {
     let cfg = BrokerConfig::from_file_with(config, |c| {
@@ -68,39 +61,56 @@ pub fn serve(config: &Path, insecure_dev: bool) -> CliResult {
         eprintln!("cgx broker: plain HTTP (--insecure-dev): development on loopback only");
     }
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-    let shutdown = async {
-        if let Err(e) = cgx_service::server::shutdown_signal().await {
-            eprintln!("cgx broker: {e}; stopping");
-        }
-    };
-    runtime()?
-        .block_on(cgx_broker::server::run(&cfg, shutdown, |addr| {
-            println!("cgx broker listening on {scheme}://{addr}");
-            let _ = std::io::stdout().flush();
-        }))
+    crate::kbs::runtime()?
+        .block_on(async {
+            // Handlers first: the line below tells the caller it may signal us.
+            let signals = cgx_service::server::shutdown_signals();
+            let shutdown = async {
+                if let Err(e) = signals.await {
+                    eprintln!("cgx broker: {e}; stopping");
+                }
+            };
+            cgx_broker::server::run(&cfg, shutdown, |addr| {
+                println!("cgx broker listening on {scheme}://{addr}");
+                let _ = std::io::stdout().flush();
+            })
+            .await
+        })
         .map_err(|e| e.to_string())?;
     eprintln!("cgx broker: stopped");
     Ok(ExitCode::SUCCESS)
 }
 
-/// A refusal: the code and detail (JSON with `--json`), exit 1. Transport problems are usage
+/// Ask the broker (`call`), then print the answer: JSON with `--json`, else `text`. A refusal
+/// prints its code and detail (JSON with `--json`) and exits 1; transport problems are usage
 /// errors (exit 2).
-fn answer<T>(r: Result<T, ClientError>, json: bool) -> Result<Result<T, ExitCode>, String> {
-    match r {
-        Ok(v) => Ok(Ok(v)),
+fn show<T: serde::Serialize>(
+    conn: &Conn,
+    call: impl FnOnce(&BrokerClient) -> Result<T, ClientError>,
+    text: impl FnOnce(&T),
+) -> CliResult {
+    match call(&conn.client()?) {
+        Ok(v) => {
+            if conn.json {
+                print_json(&v)?;
+            } else {
+                text(&v);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Err(ClientError::Refused {
             status,
             code,
             detail,
         }) => {
-            if json {
+            if conn.json {
                 print_json(
                     &serde_json::json!({"error": {"code": code, "status": status, "detail": detail}}),
                 )?;
             } else {
                 eprintln!("refused ({code}, HTTP {status}): {detail}");
             }
-            Ok(Err(ExitCode::from(1)))
+            Ok(ExitCode::from(1))
         }
         Err(e) => Err(e.to_string()),
     }
@@ -251,73 +261,43 @@ fn print_job(j: &JobView) {
 
 pub fn job_submit(conn: &Conn, args: &SubmitArgs) -> CliResult {
     let spec = args.spec()?;
-    let c = conn.client()?;
-    let j = match answer(c.submit(&spec), conn.json)? {
-        Ok(j) => j,
-        Err(code) => return Ok(code),
-    };
-    if conn.json {
-        print_json(&j)?;
-    } else {
-        print_job(&j);
-    }
-    Ok(ExitCode::SUCCESS)
+    show(conn, |c| c.submit(&spec), print_job)
 }
 
 pub fn job_status(conn: &Conn, id: &str) -> CliResult {
-    let c = conn.client()?;
-    let j = match answer(c.job(id), conn.json)? {
-        Ok(j) => j,
-        Err(code) => return Ok(code),
-    };
-    if conn.json {
-        print_json(&j)?;
-    } else {
-        print_job(&j);
-    }
-    Ok(ExitCode::SUCCESS)
+    show(conn, |c| c.job(id), print_job)
 }
 
 pub fn job_cancel(conn: &Conn, id: &str) -> CliResult {
-    let c = conn.client()?;
-    let j = match answer(c.cancel(id), conn.json)? {
-        Ok(j) => j,
-        Err(code) => return Ok(code),
-    };
-    if conn.json {
-        print_json(&j)?;
-    } else {
-        println!("{} {}", j.id, j.state.to_uppercase());
-    }
-    Ok(ExitCode::SUCCESS)
+    show(
+        conn,
+        |c| c.cancel(id),
+        |j| println!("{} {}", j.id, j.state.to_uppercase()),
+    )
 }
 
 pub fn job_ls(conn: &Conn, tenant: Option<&str>) -> CliResult {
-    let c = conn.client()?;
-    let jobs = match answer(c.jobs(tenant), conn.json)? {
-        Ok(j) => j,
-        Err(code) => return Ok(code),
-    };
-    if conn.json {
-        print_json(&jobs)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!(
-        "{:<26} {:<10} {:<10} {:>4} {:<34} REASON",
-        "JOB", "TENANT", "STATE", "GPUS", "NODE"
-    );
-    for j in &jobs {
-        println!(
-            "{:<26} {:<10} {:<10} {:>4} {:<34} {}",
-            j.id,
-            j.tenant,
-            j.state,
-            j.spec.gpu_count,
-            j.node_id.as_deref().unwrap_or("-"),
-            j.reason
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    show(
+        conn,
+        |c| c.jobs(tenant),
+        |jobs| {
+            println!(
+                "{:<26} {:<10} {:<10} {:>4} {:<34} REASON",
+                "JOB", "TENANT", "STATE", "GPUS", "NODE"
+            );
+            for j in jobs {
+                println!(
+                    "{:<26} {:<10} {:<10} {:>4} {:<34} {}",
+                    j.id,
+                    j.tenant,
+                    j.state,
+                    j.spec.gpu_count,
+                    j.node_id.as_deref().unwrap_or("-"),
+                    j.reason
+                );
+            }
+        },
+    )
 }
 
 /// One line per node: the table `cgx node ls` prints.
@@ -348,45 +328,30 @@ pub fn node_table(nodes: &[NodeView]) -> Vec<String> {
 }
 
 pub fn node_ls(conn: &Conn) -> CliResult {
-    let c = conn.client()?;
-    let nodes = match answer(c.nodes(), conn.json)? {
-        Ok(n) => n,
-        Err(code) => return Ok(code),
-    };
-    if conn.json {
-        print_json(&nodes)?;
-    } else {
-        for l in node_table(&nodes) {
-            println!("{l}");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+    show(
+        conn,
+        |c| c.nodes(),
+        |nodes| {
+            for l in node_table(nodes) {
+                println!("{l}");
+            }
+        },
+    )
 }
 
 pub fn node_reattest(conn: &Conn, id: &str) -> CliResult {
-    let c = conn.client()?;
-    let n = match answer(c.reattest(id), conn.json)? {
-        Ok(n) => n,
-        Err(code) => return Ok(code),
-    };
-    if conn.json {
-        print_json(&n)?;
-    } else {
-        println!("{} asked to re-attest at its next heartbeat", n.id);
-    }
-    Ok(ExitCode::SUCCESS)
+    show(
+        conn,
+        |c| c.reattest(id),
+        |n| println!("{} asked to re-attest at its next heartbeat", n.id),
+    )
 }
 
 pub fn node_show(conn: &Conn, id: &str) -> CliResult {
-    let c = conn.client()?;
-    let n = match answer(c.node(id), conn.json)? {
-        Ok(n) => n,
-        Err(code) => return Ok(code),
-    };
-    if conn.json {
-        print_json(&n)?;
-        return Ok(ExitCode::SUCCESS);
-    }
+    show(conn, |c| c.node(id), print_node)
+}
+
+fn print_node(n: &NodeView) {
     println!("node         {}", n.id);
     println!("operator     {}  region {}", n.operator, n.region);
     println!(
@@ -418,5 +383,4 @@ pub fn node_show(conn: &Conn, id: &str) -> CliResult {
     } else {
         println!("placeable    NO: {}", n.reason);
     }
-    Ok(ExitCode::SUCCESS)
 }

@@ -9,7 +9,8 @@ use serde_json::json;
 
 use crate::output::CliResult;
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
+/// The multi-threaded runtime a serving command runs on.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -29,16 +30,21 @@ pub fn serve(config: &Path, insecure_dev: bool) -> CliResult {
         eprintln!("cgx kbs: plain HTTP (--insecure-dev): development on loopback only");
     }
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-    let shutdown = async {
-        if let Err(e) = cgx_service::server::shutdown_signal().await {
-            eprintln!("cgx kbs: {e}; stopping");
-        }
-    };
     runtime()?
-        .block_on(cgx_kbs::server::run(&cfg, shutdown, |addr| {
-            println!("cgx kbs listening on {scheme}://{addr}");
-            let _ = std::io::stdout().flush();
-        }))
+        .block_on(async {
+            // Handlers first: the line below tells the caller it may signal us.
+            let signals = cgx_service::server::shutdown_signals();
+            let shutdown = async {
+                if let Err(e) = signals.await {
+                    eprintln!("cgx kbs: {e}; stopping");
+                }
+            };
+            cgx_kbs::server::run(&cfg, shutdown, |addr| {
+                println!("cgx kbs listening on {scheme}://{addr}");
+                let _ = std::io::stdout().flush();
+            })
+            .await
+        })
         .map_err(|e| e.to_string())?;
     eprintln!("cgx kbs: stopped");
     Ok(ExitCode::SUCCESS)

@@ -24,6 +24,60 @@ fn tmp(name: &str) -> PathBuf {
     p
 }
 
+/// A server process: killed if the test fails before stopping it (a leaked server would hold
+/// the test's stderr open, and `cargo test` would wait for it forever).
+struct Reaper(std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Reaper {
+    /// SIGTERM, then it must exit 0 within 15 s.
+    fn stop_on_sigterm(&mut self) {
+        let st = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let t = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                assert!(status.success(), "{status}");
+                break;
+            }
+            assert!(t.elapsed().as_secs() < 15, "did not stop on SIGTERM");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// `cgx ARGS --config CONFIG` as a server; its base URL from the line it prints.
+fn serve(args: &[&str], config: &Path) -> (Reaper, String) {
+    use std::io::BufRead;
+    let mut child = Reaper(
+        Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(base.starts_with("http://127.0.0.1:"), "{line}");
+    (child, base)
+}
+
 fn json(s: &str) -> Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
 }
@@ -396,7 +450,6 @@ fn collateral_store_feeds_verification_of_a_bare_report() {
 /// and exits 0 on SIGTERM; `cgx weights encrypt` and `cgx kbs dev-cert` work from the shell.
 #[test]
 fn kbs_serve_health_metrics_and_graceful_stop() {
-    use std::io::BufRead;
     let dir = tmp("kbs-serve");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("kek.hex"), "22".repeat(32)).unwrap();
@@ -408,32 +461,7 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
         "kek": {"file": dir.join("kek.hex")},
     });
     std::fs::write(dir.join("kbs.json"), config.to_string()).unwrap();
-    /// Kills the server if the test fails before stopping it (a leaked server would hold the
-    /// test's stderr open, and `cargo test` would wait for it forever).
-    struct Reaper(std::process::Child);
-    impl Drop for Reaper {
-        fn drop(&mut self) {
-            if matches!(self.0.try_wait(), Ok(None)) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-    }
-    let mut child = Reaper(
-        Command::new(env!("CARGO_BIN_EXE_cgx"))
-            .args(["kbs", "serve", "--insecure-dev", "--config"])
-            .arg(dir.join("kbs.json"))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let child = &mut child.0;
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line.trim().rsplit(' ').next().unwrap().to_string();
-    assert!(base.starts_with("http://127.0.0.1:"), "{line}");
+    let (mut child, base) = serve(&["kbs", "serve", "--insecure-dev"], &dir.join("kbs.json"));
     let get = |p: &str| {
         let mut r = ureq::get(&format!("{base}{p}")).call().unwrap();
         (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
@@ -447,20 +475,7 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
         body.contains("cgx_kbs_requests_total{endpoint=\"healthz\"") || body.contains("# TYPE"),
         "{body}"
     );
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let t = std::time::Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(t.elapsed().as_secs() < 15, "did not stop on SIGTERM");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    child.stop_on_sigterm();
     // A config that cannot be served safely is refused with a clear message.
     std::fs::write(
         dir.join("bad.json"),
@@ -557,7 +572,6 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
 fn broker_serve_and_the_job_and_node_commands() {
     use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
     use base64::Engine;
-    use std::io::BufRead;
     let dir = tmp("broker-serve");
     std::fs::create_dir_all(&dir).unwrap();
     let key = |name: &str| {
@@ -575,29 +589,7 @@ fn broker_serve_and_the_job_and_node_commands() {
         dir.join("signing.pk8").display()
     );
     std::fs::write(dir.join("broker.toml"), toml).unwrap();
-    struct Reaper(std::process::Child);
-    impl Drop for Reaper {
-        fn drop(&mut self) {
-            if matches!(self.0.try_wait(), Ok(None)) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-    }
-    let mut child = Reaper(
-        Command::new(env!("CARGO_BIN_EXE_cgx"))
-            .args(["broker", "serve", "--config"])
-            .arg(dir.join("broker.toml"))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(child.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line.trim().rsplit(' ').next().unwrap().to_string();
-    assert!(base.starts_with("http://127.0.0.1:"), "{line}");
+    let (mut child, base) = serve(&["broker", "serve"], &dir.join("broker.toml"));
     let tk = dir.join("tenant.pk8");
     let ak = dir.join("auditor.pk8");
     let as_tenant = |args: &[&str]| {
@@ -668,19 +660,6 @@ fn broker_serve_and_the_job_and_node_commands() {
     let (code, _, err) = cgx(&["job", "ls", "--broker", &base]);
     assert_eq!(code, 1);
     assert!(err.contains("Unauthorized"), "{err}");
-    let st = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let t = std::time::Instant::now();
-    loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(t.elapsed().as_secs() < 15, "did not stop on SIGTERM");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    child.stop_on_sigterm();
     std::fs::remove_dir_all(&dir).unwrap();
 }

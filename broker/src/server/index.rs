@@ -743,24 +743,6 @@ impl Index {
         })
     }
 
-    /// Why each node does (`Ok`) or does not fit `req` — `cgx job status` for a pending job and
-    /// the tests. O(nodes).
-    pub fn explain(&self, req: &Requirements, now: i64) -> Vec<(String, Result<(), Misfit>)> {
-        let mut out: Vec<(String, Result<(), Misfit>)> = self
-            .nodes
-            .values()
-            .map(|e| {
-                (
-                    e.record.id.clone(),
-                    self.cheap_fit(e, req, now)
-                        .and_then(|()| self.policy_fit(e, req)),
-                )
-            })
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-
     /// A one-line summary of why no node fits (`3 full, 1 region`), from at most
     /// [`WHY_NONE_SAMPLE`] nodes (a pending job's answer stays cheap on a large fleet).
     pub fn why_none(&self, req: &Requirements, now: i64) -> String {

@@ -497,19 +497,21 @@ impl Broker {
                 "sequence {seq} is not past the last one (replayed?)"
             )));
         }
-        let placeable = {
+        let (placeable, fresh_until, asked) = {
             let mut idx = self.index();
             idx.heartbeat(id, seq, now);
-            idx.placeable(id, now)
+            (
+                idx.placeable(id, now),
+                idx.fresh_until(&record),
+                idx.reattest_asked(id),
+            )
         };
-        let fresh_until = self.index().fresh_until(&record);
         let unplaceable = match &placeable {
             Some(Err(u)) => Some(u.to_string()),
             _ => None,
         };
         // Re-attest in the last fifth of the interval, or at once when not placeable for a
         // reason re-attestation can fix.
-        let asked = self.index().reattest_asked(id);
         let reattest = asked
             || now >= fresh_until - self.config.reattest_secs / 5
             || matches!(

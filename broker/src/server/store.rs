@@ -28,68 +28,59 @@ use super::error::BrokerError;
 /// The broker's migration lock number.
 const MIGRATION_LOCK: i64 = 0x6367_7842;
 
+/// Migration 2, the same on both backends.
+const REATTEST_ASKED: &str =
+    "ALTER TABLE nodes ADD COLUMN reattest_asked BIGINT NOT NULL DEFAULT 0";
+
+/// The first schema; the backends differ only in how `job_events.seq` grows (SQLite's rowid,
+/// PostgreSQL's sequence).
+macro_rules! schema_v1 {
+    ($seq:literal) => {
+        concat!(
+            "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
+     CREATE TABLE nodes (
+        id TEXT PRIMARY KEY, operator TEXT NOT NULL, record TEXT NOT NULL,
+        attested_at BIGINT NOT NULL, last_heartbeat BIGINT NOT NULL,
+        heartbeat_seq BIGINT NOT NULL, reputation BIGINT NOT NULL DEFAULT 0,
+        updated_ms BIGINT NOT NULL);
+     CREATE INDEX nodes_updated ON nodes (updated_ms);
+     CREATE TABLE operators (name TEXT PRIMARY KEY, reputation BIGINT NOT NULL DEFAULT 0);
+     CREATE TABLE jobs (
+        id TEXT PRIMARY KEY, tenant TEXT NOT NULL, spec TEXT NOT NULL, state TEXT NOT NULL,
+        reason TEXT NOT NULL, node_id TEXT, lease_id TEXT, created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL);
+     CREATE INDEX jobs_state ON jobs (state, created_at);
+     CREATE INDEX jobs_tenant ON jobs (tenant, created_at);
+     CREATE TABLE job_events (
+        ",
+            $seq,
+            ", job_id TEXT NOT NULL, at BIGINT NOT NULL,
+        from_state TEXT, to_state TEXT NOT NULL, reason TEXT NOT NULL);
+     CREATE INDEX job_events_job ON job_events (job_id, seq);
+     CREATE TABLE leases (
+        id TEXT PRIMARY KEY, job_id TEXT NOT NULL, node_id TEXT NOT NULL, gpus TEXT NOT NULL,
+        token TEXT NOT NULL, started_at BIGINT NOT NULL, ends_at BIGINT NOT NULL,
+        ended_at BIGINT, end_reason TEXT);
+     CREATE INDEX leases_open ON leases (node_id) WHERE ended_at IS NULL;
+     CREATE TABLE allocations (
+        node_id TEXT NOT NULL, gpu BIGINT NOT NULL, lease_id TEXT NOT NULL,
+        PRIMARY KEY (node_id, gpu))"
+        )
+    };
+}
+
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
-        sqlite: "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
-     CREATE TABLE nodes (
-        id TEXT PRIMARY KEY, operator TEXT NOT NULL, record TEXT NOT NULL,
-        attested_at BIGINT NOT NULL, last_heartbeat BIGINT NOT NULL,
-        heartbeat_seq BIGINT NOT NULL, reputation BIGINT NOT NULL DEFAULT 0,
-        updated_ms BIGINT NOT NULL);
-     CREATE INDEX nodes_updated ON nodes (updated_ms);
-     CREATE TABLE operators (name TEXT PRIMARY KEY, reputation BIGINT NOT NULL DEFAULT 0);
-     CREATE TABLE jobs (
-        id TEXT PRIMARY KEY, tenant TEXT NOT NULL, spec TEXT NOT NULL, state TEXT NOT NULL,
-        reason TEXT NOT NULL, node_id TEXT, lease_id TEXT, created_at BIGINT NOT NULL,
-        updated_at BIGINT NOT NULL);
-     CREATE INDEX jobs_state ON jobs (state, created_at);
-     CREATE INDEX jobs_tenant ON jobs (tenant, created_at);
-     CREATE TABLE job_events (
-        seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL, at BIGINT NOT NULL,
-        from_state TEXT, to_state TEXT NOT NULL, reason TEXT NOT NULL);
-     CREATE INDEX job_events_job ON job_events (job_id, seq);
-     CREATE TABLE leases (
-        id TEXT PRIMARY KEY, job_id TEXT NOT NULL, node_id TEXT NOT NULL, gpus TEXT NOT NULL,
-        token TEXT NOT NULL, started_at BIGINT NOT NULL, ends_at BIGINT NOT NULL,
-        ended_at BIGINT, end_reason TEXT);
-     CREATE INDEX leases_open ON leases (node_id) WHERE ended_at IS NULL;
-     CREATE TABLE allocations (
-        node_id TEXT NOT NULL, gpu BIGINT NOT NULL, lease_id TEXT NOT NULL,
-        PRIMARY KEY (node_id, gpu))",
-        postgres: "CREATE TABLE used_nonces (nonce TEXT PRIMARY KEY, expires_at BIGINT NOT NULL);
-     CREATE TABLE nodes (
-        id TEXT PRIMARY KEY, operator TEXT NOT NULL, record TEXT NOT NULL,
-        attested_at BIGINT NOT NULL, last_heartbeat BIGINT NOT NULL,
-        heartbeat_seq BIGINT NOT NULL, reputation BIGINT NOT NULL DEFAULT 0,
-        updated_ms BIGINT NOT NULL);
-     CREATE INDEX nodes_updated ON nodes (updated_ms);
-     CREATE TABLE operators (name TEXT PRIMARY KEY, reputation BIGINT NOT NULL DEFAULT 0);
-     CREATE TABLE jobs (
-        id TEXT PRIMARY KEY, tenant TEXT NOT NULL, spec TEXT NOT NULL, state TEXT NOT NULL,
-        reason TEXT NOT NULL, node_id TEXT, lease_id TEXT, created_at BIGINT NOT NULL,
-        updated_at BIGINT NOT NULL);
-     CREATE INDEX jobs_state ON jobs (state, created_at);
-     CREATE INDEX jobs_tenant ON jobs (tenant, created_at);
-     CREATE TABLE job_events (
-        seq BIGSERIAL PRIMARY KEY, job_id TEXT NOT NULL, at BIGINT NOT NULL,
-        from_state TEXT, to_state TEXT NOT NULL, reason TEXT NOT NULL);
-     CREATE INDEX job_events_job ON job_events (job_id, seq);
-     CREATE TABLE leases (
-        id TEXT PRIMARY KEY, job_id TEXT NOT NULL, node_id TEXT NOT NULL, gpus TEXT NOT NULL,
-        token TEXT NOT NULL, started_at BIGINT NOT NULL, ends_at BIGINT NOT NULL,
-        ended_at BIGINT, end_reason TEXT);
-     CREATE INDEX leases_open ON leases (node_id) WHERE ended_at IS NULL;
-     CREATE TABLE allocations (
-        node_id TEXT NOT NULL, gpu BIGINT NOT NULL, lease_id TEXT NOT NULL,
-        PRIMARY KEY (node_id, gpu))",
+        sqlite: schema_v1!("seq INTEGER PRIMARY KEY"),
+        postgres: schema_v1!("seq BIGSERIAL PRIMARY KEY"),
     },
     Migration {
         version: 2,
         // An operator or auditor may ask a node to re-attest before its interval ends; the ask
         // stands (across replicas) until the node registers again.
-        sqlite: "ALTER TABLE nodes ADD COLUMN reattest_asked BIGINT NOT NULL DEFAULT 0",
-        postgres: "ALTER TABLE nodes ADD COLUMN reattest_asked BIGINT NOT NULL DEFAULT 0",
+        sqlite: REATTEST_ASKED,
+        postgres: REATTEST_ASKED,
     },
 ];
 

@@ -44,13 +44,7 @@ pub struct BrokerSetup {
 impl Ed {
     /// A bearer API token for the broker (five minutes).
     pub fn api_token(&self) -> Result<String> {
-        self.api_token_at(now())
-    }
-
-    /// An API token issued at `t` (a broker on a manual clock), valid five minutes.
-    pub fn api_token_at(&self, t: i64) -> Result<String> {
-        cgx_service::jwt::sign_eddsa(&self.pkcs8, &json!({"iat": t, "exp": t + 300}))
-            .map_err(DevnetError::Kbs)
+        self.token_at(now())
     }
 }
 
@@ -137,7 +131,7 @@ impl BrokerSetup {
 
     /// A client whose token is issued at `t` (a broker on a manual clock).
     pub fn client_at(&self, base: &str, who: &Ed, t: i64) -> Result<BrokerClient> {
-        BrokerClient::new(base, None, Some(who.api_token_at(t)?))
+        BrokerClient::new(base, None, Some(who.token_at(t)?))
             .map_err(|e| DevnetError::Kbs(e.to_string()))
     }
 }

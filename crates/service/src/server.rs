@@ -240,18 +240,27 @@ async fn accept_loop(
     }
 }
 
-/// Wait for SIGINT or SIGTERM.
-pub async fn shutdown_signal() -> Result<(), ServiceError> {
+/// SIGINT or SIGTERM. The handlers are installed when this is called (inside the runtime),
+/// not when the future is first polled: call it before announcing that the service listens,
+/// or a signal sent right after the announcement would kill the process instead of draining it.
+pub fn shutdown_signals() -> impl Future<Output = Result<(), ServiceError>> + Send {
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| ServiceError::Signal(e.to_string()))?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+    let installed = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let install = |kind| signal(kind).map_err(|e| ServiceError::Signal(e.to_string()));
+        install(SignalKind::terminate()).and_then(|t| Ok((t, install(SignalKind::interrupt())?)))
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            let (mut term, mut int) = installed?;
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
         }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        Ok(())
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-    Ok(())
 }
