@@ -741,7 +741,7 @@ fn an_ear_that_is_not_a_session_of_this_kbs_is_refused() {
     let signer = ResultSigner::from_pkcs8(&std::fs::read(s.dir.join("ear.pk8")).unwrap()).unwrap();
     let mut c = client(&srv.base);
     let key = c.tee_key().public().unwrap();
-    let node_key = cgx_protocol::kbs::jcs::canonical(&serde_json::to_value(&key).unwrap());
+    let node_key = cgx_protocol::jcs::canonical(&serde_json::to_value(&key).unwrap());
     let mut tv = std::collections::BTreeMap::new();
     tv.insert("hardware".to_string(), 2);
     let ok = Outcome {

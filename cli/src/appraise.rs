@@ -104,7 +104,8 @@ pub fn appraise(e: &crate::EvidenceArgs, o: &AppraiseOptions<'_>) -> CliResult {
         }
         println!("  policy       {policy_id}");
         println!(
-            "  result       EAR, ES256, kid {}, expires in {} s",
+            "  result       EAR, {}, kid {}, expires in {} s",
+            appraiser.signer().alg(),
             appraiser.signer().kid(),
             appraiser.signer().ttl_secs
         );

@@ -69,7 +69,8 @@ enum Command {
         /// Reference values JSON (default: the shipped policies/reference-values/default.json).
         #[arg(long)]
         reference_values: Option<PathBuf>,
-        /// Result signing key, PKCS#8 DER (P-256); a fresh key when absent.
+        /// Result signing key, PKCS#8 DER: Ed25519 (EdDSA) or P-256 (ES256); a fresh Ed25519 key
+        /// when absent.
         #[arg(long)]
         signing_key: Option<PathBuf>,
         /// Nonce to echo in the result (hex).

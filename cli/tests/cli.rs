@@ -302,7 +302,8 @@ fn appraise_exit_codes_follow_the_tier() {
     assert_eq!(v["status"], "contraindicated");
     assert_eq!(v["trust_vector"]["hardware"], 97);
     assert!(v["token"].as_str().unwrap().split('.').count() == 3);
-    assert_eq!(v["jwks"]["keys"][0]["kty"], "EC");
+    assert_eq!(v["jwks"]["keys"][0]["kty"], "OKP");
+    assert_eq!(v["jwks"]["keys"][0]["alg"], "EdDSA");
     // Reference values that know the image and accept sim: affirming would still be sim; with
     // allow_sim the hardware claim is a warning (exit 3).
     let refs = dir.join("refs.json");

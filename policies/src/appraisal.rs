@@ -9,10 +9,11 @@
 use std::collections::BTreeMap;
 
 use cgx_attestation::results::{
-    CPU_PART, Ear, Outcome, ResultSigner, Submod, TRUST_CLAIMS, Tier, Violation, claims_digest_of,
-    gpu_part,
+    CPU_PART, Ear, Outcome, ResultSigner, Submod, TRUST_CLAIMS, Tier, Violation, canonical_claims,
+    claims_digest_of, gpu_part,
 };
 use cgx_attestation::{Claims, EvidenceKind, VerifiedClaims, Verifier};
+use cgx_protocol::jcs::Canonical;
 use serde::Deserialize;
 
 use crate::Error;
@@ -42,14 +43,20 @@ pub struct PolicyEngine {
     id: String,
     /// GPU golden measurements, compared before evaluation ([`Golden`]).
     golden: Golden,
-    /// Outcomes by exact policy input, when the policy is a pure function of input and data
-    /// (see [`is_pure`]). A VM re-attesting with fresh nonces presents the same projected claims
-    /// (nonces and report data are not read), so its appraisals skip the RVM.
-    memo: Option<std::sync::Mutex<std::collections::HashMap<String, Outcome>>>,
+    /// Outcomes by exactly what the policy input is made from ([`PolicyEngine::memo_key`]),
+    /// when the policy is a pure function of input and data (see [`is_pure`]). A VM re-attesting
+    /// with fresh nonces presents the same projected claims (nonces and report data are not
+    /// read), so its appraisals skip the RVM. Keys are compared whole; the hash only places them.
+    memo: Option<std::sync::Mutex<Memo>>,
+    /// The top-level claims the policy input is made from when `reads` is known: those read,
+    /// `kind` and `measurements` (the golden comparison's inputs), sorted.
+    input_claims: Option<Vec<String>>,
 }
 
-/// Bound on memoized outcomes; past it the memo is cleared.
-const MEMO_CAP: usize = 4096;
+type Memo = std::collections::HashMap<Box<[u8]>, Outcome, foldhash::fast::RandomState>;
+
+/// Bound on memoized outcomes (a key is up to a few KiB of claims); past it the memo is cleared.
+const MEMO_CAP: usize = 1024;
 
 /// Builtins whose answer depends on something besides input and data (the clock, randomness,
 /// the network, the runtime): a policy naming any of them is evaluated every time.
@@ -198,11 +205,20 @@ impl PolicyEngine {
             &aws_lc_rs::digest::SHA256,
             &[rego.as_bytes(), b"\0", reference_values.as_bytes()].concat(),
         );
+        let reads = input_fields(rego);
+        let input_claims = reads.as_ref().map(|r| {
+            let mut names = r.clone();
+            names.extend(["kind".to_string(), "measurements".to_string()]);
+            names.sort();
+            names.dedup();
+            names
+        });
         Ok(PolicyEngine {
             program,
             golden,
-            memo: is_pure(rego).then(|| std::sync::Mutex::new(std::collections::HashMap::new())),
-            reads: input_fields(rego),
+            memo: is_pure(rego).then(|| std::sync::Mutex::new(Memo::default())),
+            reads,
+            input_claims,
             id: format!("{name}@sha256:{}", hex::encode(digest)),
         })
     }
@@ -219,10 +235,8 @@ impl PolicyEngine {
 
     /// Appraise verified claims.
     pub fn evaluate(&self, claims: &Claims) -> Result<Outcome> {
-        let json = serde_json::to_value(claims).map_err(|e| Error::Policy {
-            detail: format!("claims: {e}"),
-        })?;
-        self.evaluate_json(&json)
+        let canonical = canonical_claims(claims)?;
+        self.evaluate_canonical(&canonical)
     }
 
     /// Whether outcomes are memoized by input (the policy is pure).
@@ -237,26 +251,68 @@ impl PolicyEngine {
 
     /// Appraise a claims-shaped JSON value (policy tests feed claims they construct).
     pub fn evaluate_json(&self, claims: &serde_json::Value) -> Result<Outcome> {
-        let input = self.policy_input(claims);
-        let key = match &self.memo {
-            Some(_) => serde_json::to_string(&input).ok(),
-            None => None,
+        let canonical = cgx_protocol::jcs::to_canonical(claims).map_err(|e| Error::Policy {
+            detail: format!("claims: {e}"),
+        })?;
+        self.evaluate_memo(&canonical, || Ok(claims.clone()))
+    }
+
+    /// Appraise claims in canonical JSON ([`canonical_claims`]): the memo is consulted
+    /// without building a JSON value, which only a miss needs.
+    pub fn evaluate_canonical(&self, claims: &Canonical) -> Result<Outcome> {
+        self.evaluate_memo(claims, || {
+            serde_json::from_str(claims.as_str()).map_err(|e| Error::Policy {
+                detail: format!("claims: {e}"),
+            })
+        })
+    }
+
+    fn evaluate_memo(
+        &self,
+        claims: &Canonical,
+        json: impl FnOnce() -> Result<serde_json::Value>,
+    ) -> Result<Outcome> {
+        let Some(memo) = &self.memo else {
+            return self.evaluate_uncached(self.policy_input(&json()?));
         };
-        if let (Some(memo), Some(k)) = (&self.memo, &key)
-            && let Some(hit) = memo.lock().ok().and_then(|m| m.get(k).cloned())
-        {
+        let key = self.memo_key(claims);
+        if let Some(hit) = memo.lock().ok().and_then(|m| m.get(&key[..]).cloned()) {
             return Ok(hit);
         }
-        let outcome = self.evaluate_uncached(input)?;
-        if let (Some(memo), Some(k)) = (&self.memo, key)
-            && let Ok(mut m) = memo.lock()
-        {
+        let outcome = self.evaluate_uncached(self.policy_input(&json()?))?;
+        if let Ok(mut m) = memo.lock() {
             if m.len() >= MEMO_CAP {
                 m.clear();
             }
-            m.insert(k, outcome.clone());
+            m.insert(key.into_boxed_slice(), outcome.clone());
         }
         Ok(outcome)
+    }
+
+    /// What the policy input is made from: the canonical text of each claim in `input_claims`
+    /// (name, then `=` and the value or `!` when absent, each ended by NUL; JCS text holds no
+    /// raw NUL, so the encoding is unambiguous), or the whole text when the policy may read
+    /// anything or the claims are not an object. Equal keys give equal inputs, so equal
+    /// outcomes.
+    fn memo_key(&self, claims: &Canonical) -> Vec<u8> {
+        let text = claims.as_str();
+        let names = match &self.input_claims {
+            Some(names) if text.starts_with('{') => names,
+            _ => return text.as_bytes().to_vec(),
+        };
+        let mut key = Vec::with_capacity(text.len());
+        for name in names {
+            key.extend_from_slice(name.as_bytes());
+            match claims.member(name) {
+                Some(value) => {
+                    key.extend_from_slice(b"\0=");
+                    key.extend_from_slice(value.as_bytes());
+                }
+                None => key.extend_from_slice(b"\0!"),
+            }
+            key.push(0);
+        }
+        key
     }
 
     /// The policy input for `claims`: the claims the policy reads, plus the golden comparison
@@ -479,11 +535,10 @@ impl Appraiser {
         let mut digests = Vec::with_capacity(parts.len());
         for (name, verified) in parts {
             let claims = verified.into_claims();
-            let json = serde_json::to_value(&claims).map_err(|e| Error::Policy {
-                detail: format!("claims: {e}"),
-            })?;
-            let outcome = engine.evaluate_json(&json)?;
-            digests.push(claims_digest_of(&json));
+            // One canonical serialization serves the digest and the policy memo.
+            let canonical = canonical_claims(&claims)?;
+            let outcome = engine.evaluate_canonical(&canonical)?;
+            digests.push(claims_digest_of(&canonical));
             appraised.push(AppraisedPart {
                 name,
                 claims,

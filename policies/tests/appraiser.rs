@@ -90,7 +90,7 @@ fn ear_round_trip_and_refusals() {
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(header["alg"], "ES256");
+    assert_eq!(header["alg"], "EdDSA");
     assert_eq!(header["kid"], appraiser.signer().kid());
 
     // Refusals: another key, a tampered payload, an expired result.
@@ -134,7 +134,7 @@ fn ear_round_trip_and_refusals() {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT"}"#);
     let forged = format!("{none_header}.{}.", a.token().split('.').nth(1).unwrap());
     let e = results::verify(&forged, jwk, t).unwrap_err();
-    assert!(e.to_string().contains("ES256"), "{e}");
+    assert!(e.to_string().contains("algorithm is not EdDSA"), "{e}");
     // Not a compact JWS, or one carrying a fourth part.
     assert!(results::verify("a.b", jwk, t).is_err());
     assert!(results::verify(&format!("{}.x", a.token()), jwk, t).is_err());
@@ -147,6 +147,128 @@ fn ear_round_trip_and_refusals() {
 
     // A key from PKCS#8 keeps its identity; garbage is refused.
     assert!(ResultSigner::from_pkcs8(b"not a key").is_err());
+}
+
+/// The claims digest is RFC 8785 JCS whatever order serde writes the claims in: members sorted
+/// at every level, as an auditor's JCS implementation recomputes it from the archived claims.
+#[test]
+fn claims_digest_is_jcs() {
+    let t = OffsetDateTime::now_utc().unix_timestamp();
+    let amd = SimAmd::generate(
+        Product::Genoa,
+        SigningKey::Vcek,
+        default_tcb(Product::Genoa),
+        [3; 64],
+        t,
+    )
+    .unwrap();
+    let bundle = amd.bundle(&SnpReportOptions::default()).unwrap();
+    let claims = Verifier::new(VerifierConfig {
+        sim: SimTrust::Pinned(vec![amd.root_pin()]),
+    })
+    .verify(&bundle.evidence(), OffsetDateTime::now_utc())
+    .unwrap()
+    .into_claims();
+    let text = results::canonical_claims(&claims).unwrap().into_string();
+    // Sorted: `author_key_digest` first, `vmpl` last, TCB components sorted inside.
+    assert!(text.starts_with(r#"{"author_key_digest":""#), "{text}");
+    assert!(text.ends_with(r#""version":5,"vmpl":0}"#), "{text}");
+    assert!(
+        text.contains(r#""current_tcb":{"bootloader":"#) && text.contains(r#","tee":"#),
+        "{text}"
+    );
+    // The same as canonicalizing the JSON value, and parsing the text back gives the claims.
+    let value = serde_json::to_value(&claims).unwrap();
+    assert_eq!(text, cgx_protocol::jcs::canonical(&value));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+        value
+    );
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, text.as_bytes());
+    assert_eq!(
+        results::claims_digest(&claims).unwrap().as_slice(),
+        digest.as_ref()
+    );
+}
+
+/// EdDSA by default, ES256 from a P-256 key; a result verifies only under its own key's
+/// algorithm, whatever its header says.
+#[test]
+fn result_algorithms_do_not_mix() {
+    let t = 4_000_000_000;
+    let ed = ResultSigner::generate().unwrap();
+    let es = ResultSigner::generate_es256().unwrap();
+    assert_eq!((ed.alg(), es.alg()), ("EdDSA", "ES256"));
+    assert_eq!(ed.jwk()["kty"], "OKP");
+    assert_eq!(es.jwk()["kty"], "EC");
+    let ok = cgx_attestation::results::Outcome {
+        status: Tier::Affirming,
+        trust_vector: [("hardware".to_string(), 2)].into_iter().collect(),
+        violations: vec![],
+    };
+    let sub = [results::Submod::raw("cpu0", "snp", false, [1; 32], &ok)];
+    let token = |s: &ResultSigner| s.sign(&s.build(&sub, "p", None, None, t).unwrap()).unwrap();
+    let (ed_token, es_token) = (token(&ed), token(&es));
+    results::verify(&ed_token, &ed.jwk(), t).unwrap();
+    results::verify(&es_token, &es.jwk(), t).unwrap();
+    // Each under the other's key: refused on the algorithm, not tried.
+    for (tok, key, want) in [
+        (&ed_token, es.jwk(), "algorithm is not ES256"),
+        (&es_token, ed.jwk(), "algorithm is not EdDSA"),
+    ] {
+        let e = results::verify(tok, &key, t).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+    }
+    // An EdDSA result whose header claims ES256: refused under the Ed25519 key.
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let relabeled = format!(
+        "{}.{}",
+        b64.encode(format!(
+            r#"{{"alg":"ES256","typ":"JWT","kid":"{}"}}"#,
+            ed.kid()
+        )),
+        ed_token.split_once('.').unwrap().1
+    );
+    let e = results::verify(&relabeled, &ed.jwk(), t).unwrap_err();
+    assert!(e.to_string().contains("algorithm is not EdDSA"), "{e}");
+    // A JWK whose alg contradicts its key type.
+    let mut lying = ed.jwk();
+    lying["alg"] = "ES256".into();
+    let e = results::verify(&ed_token, &lying, t).unwrap_err();
+    assert!(e.to_string().contains("JWK alg is not EdDSA"), "{e}");
+    // A JWK with a short key.
+    let mut short = ed.jwk();
+    short["x"] = b64.encode([1u8; 31]).into();
+    assert!(results::verify(&ed_token, &short, t).is_err());
+    // PKCS#8 keys of both kinds keep their identity; a P-384 key is neither.
+    let rng = aws_lc_rs::rand::SystemRandom::new();
+    let ed_doc = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+    let a = ResultSigner::from_pkcs8(ed_doc.as_ref()).unwrap();
+    let b = ResultSigner::from_pkcs8(ed_doc.as_ref()).unwrap();
+    assert_eq!((a.alg(), a.kid(), a.jwk()), ("EdDSA", b.kid(), b.jwk()));
+    let es_doc = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
+        &aws_lc_rs::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        &rng,
+    )
+    .unwrap();
+    assert_eq!(
+        ResultSigner::from_pkcs8(es_doc.as_ref()).unwrap().alg(),
+        "ES256"
+    );
+    let p384 = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
+        &aws_lc_rs::signature::ECDSA_P384_SHA384_FIXED_SIGNING,
+        &rng,
+    )
+    .unwrap();
+    let e = ResultSigner::from_pkcs8(p384.as_ref()).unwrap_err();
+    assert!(e.to_string().contains("not an Ed25519 or P-256"), "{e}");
+    // The key id is the RFC 7638 / RFC 8037 thumbprint.
+    let thumb = format!(
+        r#"{{"crv":"Ed25519","kty":"OKP","x":"{}"}}"#,
+        a.jwk()["x"].as_str().unwrap()
+    );
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, thumb.as_bytes());
+    assert_eq!(a.kid(), b64.encode(d.as_ref()));
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! tls = { cert = "broker.crt", key = "broker.key" }
 //! database = "sqlite://broker.db"          # postgres://… for several replicas
 //! signing_key = "broker-ed25519.pk8"       # signs leases and node records; the KBS's broker_keys
-//! result_key = "ear-signing.pk8"           # EAR signing key (P-256), shared by replicas
+//! result_key = "ear-signing.pk8"           # EAR signing key (Ed25519 or P-256), shared by replicas
 //! sim_roots = []                           # development only
 //! reattest_secs = 600
 //! heartbeat_secs = 5
@@ -71,7 +71,8 @@ pub struct BrokerConfig {
     /// Ed25519 PKCS#8 (DER) that signs lease tokens and node records; its public key is in the
     /// KBS's `broker_keys`.
     pub signing_key: PathBuf,
-    /// EAR signing key (PKCS#8 DER, P-256); a fresh key per process when absent (single
+    /// EAR signing key (PKCS#8 DER: Ed25519 signs EdDSA, P-256 signs ES256); a fresh Ed25519
+    /// key per process when absent (single
     /// replica on SQLite only).
     #[serde(default)]
     pub result_key: Option<PathBuf>,

@@ -2,12 +2,14 @@
 //! transport (a ureq client, a load generator, a test) carries the bytes these build and read.
 //!
 //! - [`kbs`]: the Confidential Containers KBS handshake (RCAR) with the messages of
-//!   [`kbs_types`], CoCo's runtime-data binding, resource JWEs and canonical JSON.
+//!   [`kbs_types`], CoCo's runtime-data binding and resource JWEs.
+//! - [`jcs`]: canonical JSON (RFC 8785), for bindings and digests.
 //! - [`broker`]: node registration, heartbeats, jobs, nodes and leases.
 //!
 //! The guest agent links this crate; keep it small.
 
 pub mod broker;
+pub mod jcs;
 pub mod kbs;
 
 pub use kbs_types;

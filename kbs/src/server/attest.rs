@@ -232,7 +232,7 @@ impl Attester {
                 parts.push((gpu_part(i), claims));
             }
         }
-        let node_key = cgx_protocol::kbs::jcs::canonical(
+        let node_key = cgx_protocol::jcs::canonical(
             &serde_json::to_value(key).map_err(|e| KbsError::Internal(e.to_string()))?,
         );
         self.appraiser

@@ -142,7 +142,8 @@ pub struct KbsConfig {
     /// Ed25519 keys of brokers whose lease tokens are honoured.
     #[serde(default)]
     pub broker_keys: Vec<String>,
-    /// EAR signing key (PKCS#8 DER, P-256); a fresh key per process when absent (then tokens
+    /// EAR signing key (PKCS#8 DER: Ed25519 signs EdDSA, P-256 signs ES256); a fresh Ed25519
+    /// key per process when absent (then tokens
     /// from one replica do not verify on another).
     #[serde(default)]
     pub result_key: Option<PathBuf>,

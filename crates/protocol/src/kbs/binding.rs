@@ -31,14 +31,14 @@ pub fn cpu_report_data(nonce: &str, tee_pubkey: &TeePubKey, additional_evidence:
         "tee-pubkey": key_value(tee_pubkey),
     });
     let mut out = [0u8; 64];
-    out[..48].copy_from_slice(&sha384(&crate::kbs::jcs::canonical(&v)));
+    out[..48].copy_from_slice(&sha384(&crate::jcs::canonical(&v)));
     out
 }
 
 /// The 48-byte device binding for a session.
 pub fn device_report_data(nonce: &str, tee_pubkey: &TeePubKey) -> [u8; 48] {
     let v = json!({"nonce": nonce, "tee-pubkey": key_value(tee_pubkey)});
-    sha384(&crate::kbs::jcs::canonical(&v))
+    sha384(&crate::jcs::canonical(&v))
 }
 
 /// The SPDM requester nonce an NVIDIA GPU signs for a session.
@@ -68,7 +68,7 @@ mod tests {
         assert_ne!(base, cpu_report_data("n", &k("a"), "{}"));
         assert_ne!(nvidia_nonce("n", &k("a")), nvidia_nonce("n", &k("b")));
         // The canonical text hashed: keys sorted, the JWK's members sorted, no whitespace.
-        let text = crate::kbs::jcs::canonical(&json!({
+        let text = crate::jcs::canonical(&json!({
             "additional-evidence": "", "nonce": "n", "tee-pubkey": key_value(&k("a"))}));
         assert_eq!(
             text,

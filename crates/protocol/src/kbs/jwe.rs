@@ -489,7 +489,7 @@ pub fn thumbprint(tee: &TeePubKey) -> String {
     };
     let digest = aws_lc_rs::digest::digest(
         &aws_lc_rs::digest::SHA256,
-        crate::kbs::jcs::canonical(&members).as_bytes(),
+        crate::jcs::canonical(&members).as_bytes(),
     );
     B64.encode(digest.as_ref())
 }

@@ -2,6 +2,5 @@
 
 pub mod binding;
 pub mod der;
-pub mod jcs;
 pub mod jwe;
 pub mod rcar;
