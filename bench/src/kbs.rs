@@ -770,13 +770,11 @@ fn crypto_floor_ms(gpus: usize) -> Result<f64, String> {
         std::hint::black_box(ear.sign(&signing_input));
         Ok(())
     })?;
-    Ok(
-        (1 + gpus) as f64 * p384_verify
-            + gpus as f64 * p384_sign
-            + p256_keygen
-            + p256_agree
-            + ear_sign,
-    )
+    Ok((1 + gpus) as f64 * p384_verify
+        + gpus as f64 * p384_sign
+        + p256_keygen
+        + p256_agree
+        + ear_sign)
 }
 
 fn sim_node(gpus: usize) -> Result<cgx_kbs::sim::SimNode, String> {

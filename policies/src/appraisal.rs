@@ -55,8 +55,12 @@ pub struct PolicyEngine {
 
 type Memo = std::collections::HashMap<Box<[u8]>, Outcome, foldhash::fast::RandomState>;
 
-/// Bound on memoized outcomes (a key is up to a few KiB of claims); past it the memo is cleared.
+/// Bound on memoized outcomes; past it the memo is cleared.
 const MEMO_CAP: usize = 1024;
+
+/// Largest memo key kept (a GPU's claims are about 7 KiB): larger claims, which only an
+/// attester's free-form fields can make, are evaluated every time rather than pinning memory.
+const MEMO_KEY_MAX: usize = 16 * 1024;
 
 /// Builtins whose answer depends on something besides input and data (the clock, randomness,
 /// the network, the runtime): a policy naming any of them is evaluated every time.
@@ -276,6 +280,9 @@ impl PolicyEngine {
             return self.evaluate_uncached(self.policy_input(&json()?));
         };
         let key = self.memo_key(claims);
+        if key.len() > MEMO_KEY_MAX {
+            return self.evaluate_uncached(self.policy_input(&json()?));
+        }
         if let Some(hit) = memo.lock().ok().and_then(|m| m.get(&key[..]).cloned()) {
             return Ok(hit);
         }

@@ -248,6 +248,29 @@ fn outcomes_are_memoized_only_for_pure_policies() {
             .iter()
             .any(|v| v.rule == "gpu_driver_not_allowed")
     );
+    // The golden comparison reads `measurements` though the policy never names it: a memoized
+    // outcome for matching measurements is not reused for a changed one.
+    let cgx_attestation::KindClaims::Nvidia(n) = &claims.detail else {
+        panic!()
+    };
+    let golden = serde_json::json!({"allow_sim": true,
+        "nvidia": {"measurements": {"1": [n.measurements["1"]]}}});
+    let golden = cgx_policies::appraisal_engine(Some(&golden.to_string())).unwrap();
+    let mismatch = |o: &cgx_attestation::results::Outcome| {
+        o.violations
+            .iter()
+            .any(|v| v.rule == "gpu_measurement_mismatch")
+    };
+    assert!(!mismatch(&golden.evaluate_json(&json).unwrap()));
+    let mut changed = json.clone();
+    changed["measurements"]["1"] = serde_json::json!("00".repeat(48));
+    assert!(mismatch(&golden.evaluate_json(&changed).unwrap()));
+    assert!(!mismatch(&golden.evaluate(&claims).unwrap()));
+    // Claims too large to keep as a memo key are evaluated, not remembered: same answer.
+    let mut huge = json.clone();
+    huge["driver_version"] = serde_json::json!("9".repeat(64 * 1024));
+    let once = strict.evaluate_json(&huge).unwrap();
+    assert_eq!(strict.evaluate_json(&huge).unwrap(), once);
     // A policy that names a clock builtin (here only in a comment: the check is conservative)
     // is evaluated every time.
     let clocked = "package cgx.appraisal\nimport rego.v1\n# time.now_ns\nresult := {\"affirming\": {\"hardware\": 2}, \"violations\": []}\n";
