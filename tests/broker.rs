@@ -770,7 +770,8 @@ fn the_broker_serves_its_contract() {
         assert!(out.starts_with("HTTP/1.1 413"), "{path}: not a 401: {out}");
         assert!(out.contains("PayloadTooLarge"), "{out}");
     }
-    // Plain HTTP only on loopback; a signing key that is also an API key is refused.
+    // Plain HTTP only on loopback; a signing key that is also an API key or the result key is
+    // refused.
     let mut bad = net.broker.config.clone();
     bad.listen = "0.0.0.0:0".into();
     assert!(bad.check().is_err());
@@ -782,6 +783,15 @@ fn the_broker_serves_its_contract() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let err = rt.block_on(cgx_broker::server::start(&bad)).unwrap_err();
     assert!(err.to_string().contains("signing key"), "{err}");
+    // One Ed25519 key for EARs and for leases: refused.
+    let mut bad = net.broker.config.clone();
+    bad.result_key = Some(bad.signing_key.clone());
+    let err = rt.block_on(cgx_broker::server::start(&bad)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("result_key and signing_key are the same key"),
+        "{err}"
+    );
     let _ = OPERATOR;
     broker.stop();
 }

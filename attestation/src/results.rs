@@ -216,6 +216,8 @@ pub struct ResultSigner {
     header_b64: String,
     /// The public key as a JWK, `kid` included.
     jwk: serde_json::Value,
+    /// The raw public key: 32 bytes (Ed25519) or an uncompressed P-256 point.
+    public: Vec<u8>,
     kid: String,
     /// Lifetime of issued results in seconds.
     pub ttl_secs: i64,
@@ -255,32 +257,36 @@ impl ResultSigner {
     /// algorithm.
     pub fn from_pkcs8(pkcs8: &[u8]) -> Result<Self> {
         use aws_lc_rs::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, KeyPair};
-        let (key, public) = if let Ok(kp) = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(pkcs8)
+        // (key, RFC 7638 thumbprint input, JWK, raw public key)
+        let (key, thumbprint_input, mut jwk, public) = if let Ok(kp) =
+            aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(pkcs8)
         {
-            let x = b64url(kp.public_key().as_ref());
-            // RFC 8037 §2: an OKP key's thumbprint members are crv, kty, x.
-            let public = (
+            let raw = kp.public_key().as_ref().to_vec();
+            let x = b64url(&raw);
+            (
+                ResultKey::EdDsa(kp),
+                // RFC 8037 §2: an OKP key's thumbprint members are crv, kty, x.
                 format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{x}"}}"#),
                 serde_json::json!({"kty": "OKP", "crv": "Ed25519", "x": x, "alg": "EdDSA"}),
-            );
-            (ResultKey::EdDsa(kp), public)
+                raw,
+            )
         } else if let Ok(kp) =
             aws_lc_rs::signature::EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8)
         {
-            let point = kp.public_key().as_ref();
+            let point = kp.public_key().as_ref().to_vec();
             if point.len() != 65 {
                 return Err(err("unexpected public key encoding"));
             }
             let (x, y) = (b64url(&point[1..33]), b64url(&point[33..65]));
-            let public = (
+            (
+                ResultKey::Es256(kp),
                 format!(r#"{{"crv":"P-256","kty":"EC","x":"{x}","y":"{y}"}}"#),
                 serde_json::json!({"kty": "EC", "crv": "P-256", "x": x, "y": y, "alg": "ES256"}),
-            );
-            (ResultKey::Es256(kp), public)
+                point,
+            )
         } else {
             return Err(err("signing key is not an Ed25519 or P-256 PKCS#8 key"));
         };
-        let (thumbprint_input, mut jwk) = public;
         // RFC 7638 thumbprint as the key id.
         let kid = b64url(&sha256(thumbprint_input.as_bytes()));
         jwk["use"] = "sig".into();
@@ -294,6 +300,7 @@ impl ResultSigner {
             key,
             header_b64: format!("{}.", b64url(header.to_string().as_bytes())),
             jwk,
+            public,
             kid,
             ttl_secs: DEFAULT_TTL_SECS,
         })
@@ -309,6 +316,11 @@ impl ResultSigner {
             ResultKey::EdDsa(_) => "EdDSA",
             ResultKey::Es256(_) => "ES256",
         }
+    }
+
+    /// The raw public key: 32 bytes for Ed25519, the uncompressed point for P-256.
+    pub fn public_key(&self) -> &[u8] {
+        &self.public
     }
 
     /// The public key as a JWK.
@@ -698,7 +710,7 @@ fn jwk_public_key(
             ));
         }
     };
-    if text("alg").is_some_and(|a| a != alg) {
+    if jwk.get("alg").is_some_and(|a| a.as_str() != Some(alg)) {
         return Err(err(format!(
             "verification: JWK alg is not {alg}, its key's"
         )));

@@ -240,7 +240,7 @@ impl PolicyEngine {
     /// Appraise verified claims.
     pub fn evaluate(&self, claims: &Claims) -> Result<Outcome> {
         let canonical = canonical_claims(claims)?;
-        self.evaluate_canonical(&canonical)
+        self.evaluate_canonical(claims, &canonical)
     }
 
     /// Whether outcomes are memoized by input (the policy is pure).
@@ -261,11 +261,12 @@ impl PolicyEngine {
         self.evaluate_memo(&canonical, || Ok(claims.clone()))
     }
 
-    /// Appraise claims in canonical JSON ([`canonical_claims`]): the memo is consulted
-    /// without building a JSON value, which only a miss needs.
-    pub fn evaluate_canonical(&self, claims: &Canonical) -> Result<Outcome> {
-        self.evaluate_memo(claims, || {
-            serde_json::from_str(claims.as_str()).map_err(|e| Error::Policy {
+    /// Appraise claims whose canonical JSON ([`canonical_claims`]) the caller already has: the
+    /// memo is consulted on that text, and only a miss builds the policy's JSON input (from the
+    /// claims themselves, never re-read from the text).
+    pub fn evaluate_canonical(&self, claims: &Claims, canonical: &Canonical) -> Result<Outcome> {
+        self.evaluate_memo(canonical, || {
+            serde_json::to_value(claims).map_err(|e| Error::Policy {
                 detail: format!("claims: {e}"),
             })
         })
@@ -544,7 +545,7 @@ impl Appraiser {
             let claims = verified.into_claims();
             // One canonical serialization serves the digest and the policy memo.
             let canonical = canonical_claims(&claims)?;
-            let outcome = engine.evaluate_canonical(&canonical)?;
+            let outcome = engine.evaluate_canonical(&claims, &canonical)?;
             digests.push(claims_digest_of(&canonical));
             appraised.push(AppraisedPart {
                 name,

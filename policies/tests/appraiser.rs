@@ -236,6 +236,10 @@ fn result_algorithms_do_not_mix() {
     lying["alg"] = "ES256".into();
     let e = results::verify(&ed_token, &lying, t).unwrap_err();
     assert!(e.to_string().contains("JWK alg is not EdDSA"), "{e}");
+    // A JWK whose alg is not even a string.
+    let mut odd = ed.jwk();
+    odd["alg"] = serde_json::json!(7);
+    assert!(results::verify(&ed_token, &odd, t).is_err());
     // A JWK with a short key.
     let mut short = ed.jwk();
     short["x"] = b64.encode([1u8; 31]).into();

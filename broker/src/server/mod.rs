@@ -210,6 +210,13 @@ impl Broker {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let keys = lease::Keys::load(&config.signing_key)?;
+        // EARs and the broker's own tokens (leases, node records) under one key would let a
+        // reader mistake one for the other; each role gets its key.
+        if appraiser.signer().public_key() == keys.public.as_slice() {
+            return Err(BrokerError::Config(
+                "result_key and signing_key are the same key: EARs and leases need two keys".into(),
+            ));
+        }
         if api.iter().any(|(k, _)| *k == keys.public) {
             return Err(BrokerError::Config(
                 "the signing key is also an API key: leases and API tokens need two keys".into(),

@@ -10,8 +10,10 @@
 //!   `Value` in between (claims digests: about twice as fast), keeping where each top-level
 //!   member's value lies so a caller can read members without parsing ([`Canonical::member`]).
 //!
-//! Integers are written exactly (ECMAScript agrees up to 2^53; the values cgx canonicalizes
-//! hold none larger). Non-finite numbers cannot be written in JSON and are refused.
+//! Numbers are IEEE doubles to JCS, so an integer beyond ±(2^53 − 1) has no exact form:
+//! [`canonical`] writes the double it rounds to, as RFC 8785 does, while [`to_canonical`]
+//! refuses it — two different claims must never canonicalize (and digest) alike. Non-finite
+//! numbers cannot be written in JSON and are refused.
 
 use std::fmt::Write as _;
 use std::ops::Range;
@@ -28,6 +30,8 @@ pub enum Error {
     KeyNotString(&'static str),
     #[error("member {0:?} appears twice in one object")]
     DuplicateMember(String),
+    #[error("integer {0} is beyond ±(2^53 − 1), where JSON numbers stop being exact")]
+    InexactInteger(String),
     #[error("{0}")]
     Custom(String),
 }
@@ -56,14 +60,23 @@ impl Canonical {
     }
 
     /// The canonical text of top-level member `name`'s value, for names JSON writes without
-    /// escapes (every identifier); `None` when absent or when the value is not an object.
+    /// escapes (every identifier); `None` when absent, when `name` would need an escape, or
+    /// when the value is not an object.
     pub fn member(&self, name: &str) -> Option<&str> {
+        // Names are compared as written; one JSON would escape is never looked up, so it cannot
+        // match another member's escaped spelling.
+        if name.bytes().any(|b| ESCAPED[usize::from(b)]) {
+            return None;
+        }
         self.members
             .iter()
             .find(|(k, _)| k.len() == name.len() && self.text.get(k.clone()) == Some(name))
             .and_then(|(_, v)| self.text.get(v.clone()))
     }
 }
+
+/// The largest integer a double holds exactly, and every smaller one too.
+const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// The canonical form of `v`.
 pub fn canonical(v: &Value) -> String {
@@ -123,13 +136,14 @@ impl Writer {
             Value::Null => self.out.push_str("null"),
             Value::Bool(b) => self.out.push_str(if *b { "true" } else { "false" }),
             Value::Number(n) => {
-                if let Some(i) = n.as_i64() {
-                    self.sint(i);
-                } else if let Some(u) = n.as_u64() {
-                    self.uint(u);
-                } else if let Some(f) = n.as_f64() {
-                    // A `Value` holds only finite numbers.
-                    number(f, &mut self.out);
+                // Exact integers as such; anything else (a `Value` holds only finite numbers)
+                // as the double it is or rounds to.
+                let exact = n
+                    .as_i64()
+                    .map(|i| self.sint(i))
+                    .or_else(|| n.as_u64().map(|u| self.uint(u)));
+                if !matches!(exact, Some(Ok(()))) {
+                    number(n.as_f64().unwrap_or_default(), &mut self.out);
                 }
             }
             Value::String(s) => string(s, &mut self.out),
@@ -153,7 +167,11 @@ impl Writer {
         }
     }
 
-    fn uint(&mut self, mut v: u64) {
+    /// An integer within ±(2^53 − 1), exactly.
+    fn uint(&mut self, mut v: u64) -> Result<(), Error> {
+        if v > MAX_EXACT {
+            return Err(Error::InexactInteger(v.to_string()));
+        }
         let mut buf = [0u8; 20];
         let mut at = buf.len();
         loop {
@@ -167,17 +185,17 @@ impl Writer {
         // ASCII digits only.
         self.out
             .push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
+        Ok(())
     }
 
-    fn sint(&mut self, v: i64) {
+    fn sint(&mut self, v: i64) -> Result<(), Error> {
+        if v.unsigned_abs() > MAX_EXACT {
+            return Err(Error::InexactInteger(v.to_string()));
+        }
         if v < 0 {
             self.out.push('-');
         }
-        self.uint(v.unsigned_abs());
-    }
-
-    fn wide(&mut self, v: impl std::fmt::Display) {
-        let _ = write!(self.out, "{v}");
+        self.uint(v.unsigned_abs())
     }
 
     fn open(&mut self, bracket: char) {
@@ -382,6 +400,19 @@ fn string(s: &str, out: &mut String) {
     out.push('"');
 }
 
+/// The bytes a JSON string escapes: control characters, `"` and `\`.
+const ESCAPED: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        t[b] = true;
+        b += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
 /// A finite double as ECMAScript's Number::toString writes it (ECMA-262 §6.1.6.1.20, the
 /// algorithm RFC 8785 §3.2.2.3 adopts): the shortest digits that round-trip, placed as
 /// digits, a decimal fraction or an exponent depending on the decimal exponent.
@@ -428,7 +459,14 @@ fn shortest(x: f64) -> (String, i64) {
     };
     let (mut digits, n) = split(&format!("{x:e}"));
     let odd = digits.bytes().last().is_some_and(|d| (d - b'0') % 2 == 1);
-    if odd {
+    // A tie needs an exact expansion of one digit more than the shortest (at most 18): 41
+    // significant digits show it exactly, so only a candidate pays for the full expansion.
+    let candidate = odd && {
+        let (first, _) = split(&format!("{x:.40e}"));
+        let first = first.trim_end_matches('0');
+        first.len() == digits.len() + 1 && first.ends_with('5')
+    };
+    if candidate {
         // Every double's exact decimal expansion has at most 767 significant digits.
         let (exact, m) = split(&format!("{x:.800e}"));
         let exact = exact.trim_end_matches('0');
@@ -467,44 +505,36 @@ impl<'a> ser::Serializer for &'a mut Writer {
         Ok(())
     }
     fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        self.sint(i64::from(v));
-        Ok(())
+        self.sint(i64::from(v))
     }
     fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        self.sint(i64::from(v));
-        Ok(())
+        self.sint(i64::from(v))
     }
     fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        self.sint(i64::from(v));
-        Ok(())
+        self.sint(i64::from(v))
     }
     fn serialize_i64(self, v: i64) -> Result<(), Error> {
-        self.sint(v);
-        Ok(())
+        self.sint(v)
     }
     fn serialize_i128(self, v: i128) -> Result<(), Error> {
-        self.wide(v);
-        Ok(())
+        let v = i64::try_from(v).map_err(|_| Error::InexactInteger(v.to_string()))?;
+        self.sint(v)
     }
     fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        self.uint(u64::from(v));
-        Ok(())
+        self.uint(u64::from(v))
     }
     fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        self.uint(u64::from(v));
-        Ok(())
+        self.uint(u64::from(v))
     }
     fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        self.uint(u64::from(v));
-        Ok(())
+        self.uint(u64::from(v))
     }
     fn serialize_u64(self, v: u64) -> Result<(), Error> {
-        self.uint(v);
-        Ok(())
+        self.uint(v)
     }
     fn serialize_u128(self, v: u128) -> Result<(), Error> {
-        self.wide(v);
-        Ok(())
+        let v = u64::try_from(v).map_err(|_| Error::InexactInteger(v.to_string()))?;
+        self.uint(v)
     }
     fn serialize_f32(self, v: f32) -> Result<(), Error> {
         // As `serde_json::to_value` does: the f32 widened to the double it is.
@@ -530,7 +560,7 @@ impl<'a> ser::Serializer for &'a mut Writer {
         self.open('[');
         for b in v {
             self.element();
-            self.uint(u64::from(*b));
+            self.uint(u64::from(*b))?;
         }
         self.close_array();
         Ok(())
@@ -1024,7 +1054,7 @@ mod tests {
                 Shape::Struct { z: true, a: None },
             ],
             rest,
-            mid: (i64::MIN, u64::MAX, 0.1, '\n'),
+            mid: (-9_007_199_254_740_991, 9_007_199_254_740_991, 0.1, '\n'),
             bytes: b"\x00\xff",
             nested: Inner { y: -1, b: "é" },
         };
@@ -1056,6 +1086,42 @@ mod tests {
         // Integer names are strings, sorted as strings.
         assert_eq!(to_canonical(&m).unwrap().as_str(), r#"{"10":"x","9":"y"}"#);
         assert!(to_canonical(&[1, 2]).unwrap().member("0").is_none());
+        // Beyond ±(2^53 − 1): refused straight from a value, the rounded double from a `Value`
+        // (RFC 8785, as V8 writes them).
+        for big in [9_007_199_254_740_992_u64, u64::MAX] {
+            assert_eq!(
+                to_canonical(&big),
+                Err(Error::InexactInteger(big.to_string()))
+            );
+        }
+        assert_eq!(
+            to_canonical(&i64::MIN),
+            Err(Error::InexactInteger(i64::MIN.to_string()))
+        );
+        assert_eq!(
+            to_canonical(&u128::MAX).map(|_| ()),
+            Err(Error::InexactInteger(u128::MAX.to_string()))
+        );
+        assert_eq!(
+            to_canonical(&-9_007_199_254_740_991_i64).unwrap().as_str(),
+            "-9007199254740991"
+        );
+        assert_eq!(
+            canonical(&serde_json::json!(9_007_199_254_740_993_u64)),
+            "9007199254740992"
+        );
+        assert_eq!(
+            canonical(&serde_json::json!(u64::MAX)),
+            "18446744073709552000"
+        );
+        assert_eq!(
+            canonical(&serde_json::json!(i64::MIN)),
+            "-9223372036854776000"
+        );
+        // A name JSON escapes is never looked up (it would match another's escaped spelling).
+        let escaped = to_canonical(&serde_json::json!({"x\"y": 2, "x\\\"y": 3})).unwrap();
+        assert_eq!(escaped.member("x\\\"y"), None);
+        assert_eq!(escaped.member("x\"y"), None);
         #[derive(serde::Serialize)]
         struct Twice {
             b: u8,
@@ -1086,7 +1152,7 @@ mod tests {
             match pick {
                 0 => serde_json::Value::Null,
                 1 => serde_json::Value::Bool(next().is_multiple_of(2)),
-                2 => serde_json::Value::from(next() as i64 >> (next() % 64)),
+                2 => serde_json::Value::from((next() as i64) >> (11 + next() % 53)),
                 // Floats a parser reads back exactly whatever its precision (serde_json's
                 // default parser may be one unit off on long ones); `random_doubles` covers
                 // the rest.
