@@ -65,7 +65,7 @@ impl Canonical {
     pub fn member(&self, name: &str) -> Option<&str> {
         // Names are compared as written; one JSON would escape is never looked up, so it cannot
         // match another member's escaped spelling.
-        if name.bytes().any(|b| ESCAPED[usize::from(b)]) {
+        if name.bytes().any(escaped) {
             return None;
         }
         self.members
@@ -366,9 +366,7 @@ fn string(s: &str, out: &mut String) {
     let bytes = s.as_bytes();
     // Most strings (hex digests, names) need no escape: one branch-free pass (it vectorizes)
     // says so, and they are copied whole.
-    let plain = bytes
-        .iter()
-        .fold(true, |ok, &b| ok & (b >= 0x20) & (b != b'"') & (b != b'\\'));
+    let plain = bytes.iter().fold(true, |ok, &b| ok & !escaped(b));
     if plain {
         out.push_str(s);
         out.push('"');
@@ -400,18 +398,11 @@ fn string(s: &str, out: &mut String) {
     out.push('"');
 }
 
-/// The bytes a JSON string escapes: control characters, `"` and `\`.
-const ESCAPED: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut b = 0;
-    while b < 0x20 {
-        t[b] = true;
-        b += 1;
-    }
-    t[b'"' as usize] = true;
-    t[b'\\' as usize] = true;
-    t
-};
+/// Whether a JSON string escapes `b`: control characters, `"` and `\`. Bitwise, so a pass
+/// over a string vectorizes.
+fn escaped(b: u8) -> bool {
+    (b < 0x20) | (b == b'"') | (b == b'\\')
+}
 
 /// A finite double as ECMAScript's Number::toString writes it (ECMA-262 §6.1.6.1.20, the
 /// algorithm RFC 8785 §3.2.2.3 adopts): the shortest digits that round-trip, placed as
