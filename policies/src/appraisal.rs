@@ -277,22 +277,25 @@ impl PolicyEngine {
         claims: &Canonical,
         json: impl FnOnce() -> Result<serde_json::Value>,
     ) -> Result<Outcome> {
-        let Some(memo) = &self.memo else {
-            return self.evaluate_uncached(self.policy_input(&json()?));
-        };
-        let key = self.memo_key(claims);
-        if key.len() > MEMO_KEY_MAX {
-            return self.evaluate_uncached(self.policy_input(&json()?));
-        }
-        if let Some(hit) = memo.lock().ok().and_then(|m| m.get(&key[..]).cloned()) {
+        // No memo for an impure policy, nor for a key too large to keep.
+        let key = self
+            .memo
+            .as_ref()
+            .map(|_| self.memo_key(claims))
+            .filter(|k| k.len() <= MEMO_KEY_MAX);
+        if let (Some(memo), Some(k)) = (&self.memo, &key)
+            && let Some(hit) = memo.lock().ok().and_then(|m| m.get(&k[..]).cloned())
+        {
             return Ok(hit);
         }
         let outcome = self.evaluate_uncached(self.policy_input(&json()?))?;
-        if let Ok(mut m) = memo.lock() {
+        if let (Some(memo), Some(k)) = (&self.memo, key)
+            && let Ok(mut m) = memo.lock()
+        {
             if m.len() >= MEMO_CAP {
                 m.clear();
             }
-            m.insert(key.into_boxed_slice(), outcome.clone());
+            m.insert(k.into_boxed_slice(), outcome.clone());
         }
         Ok(outcome)
     }
