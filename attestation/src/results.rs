@@ -1,7 +1,7 @@
 //! Attestation results: an EAR (draft-ietf-rats-ear-04, JSON form) signed with the verifier's
-//! key (EdDSA, or ES256 for a P-256 key), short-lived, carrying per-evidence appraisals (trust vector, policy id,
-//! violations), the digest of the claims they were made from, the broker nonce and the node key
-//! the evidence bound. The public key is published as a JWKS.
+//! key (EdDSA, or ES256 for a P-256 key), short-lived, carrying per-evidence appraisals (trust
+//! vector, policy id, violations), the digest of the claims they were made from, the broker
+//! nonce and the node key the evidence bound. The public key is published as a JWKS.
 //!
 //! The EAR types are cgx's own, field by field as the draft's JSON serialization names them
 //! (`eat_profile`, `ear_status`, `ear_trustworthiness_vector`, …). The `ear` crate wrote exactly
