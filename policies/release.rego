@@ -6,7 +6,13 @@
 # "resource-path" ("repo/type/tag"), "repository", "type", "tag", "query" (the request's query
 # parameters) and "lease" (the verified lease claims, or null).
 #
+# Each part also carries Trustee's dotted names for the same claims ("ear.status",
+# "ear.trustworthiness-vector", "ear.appraisal-policy-id"), so policies written for Trustee check
+# what they mean to.
+#
 # data.allow_sim is true only when the KBS is configured to trust simulator roots (development).
+# data.plugin ("resource"), data["resource-path"] ([repo, type, tag]) and data.query carry the
+# request as Trustee gives it to its policies.
 #
 # The KBS has already required the overall status to be affirming; this default adds that every
 # part (the CPU and each GPU) is itself affirming and that simulated evidence is released to only

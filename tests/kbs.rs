@@ -1423,3 +1423,78 @@ fn tenants_are_isolated_by_default() {
     assert_eq!(c.resource("tenant-c/job/w", None).unwrap(), b"w");
     srv.stop();
 }
+
+/// Release policies written for Trustee run unchanged: its data (`plugin`, `resource-path` as
+/// segments, `query`) is given per request, and each part of the EAR carries Trustee's dotted
+/// claim names too, so a policy checking `ear.status` checks it rather than finding nothing.
+#[test]
+fn trustee_release_policies_see_what_they_see_on_trustee() {
+    let n = node(1);
+    let s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    put_resource(&base, &s.admin, "tenant-a/key/k", b"k", false);
+    let mut c = client(&base);
+    c.attest(&n).unwrap();
+    let release = |rego: &str, query: &str| {
+        let (st, b) = set_policy(&base, &s.admin, "tenant-a", rego);
+        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+        let (st, b) = call(
+            "GET",
+            &format!("{base}/kbs/v0/resource/tenant-a/key/k{query}"),
+            Some(c.token().unwrap()),
+            None,
+        );
+        (st, String::from_utf8_lossy(&b).to_string())
+    };
+    // kbs-client's `--allow-all` shape: allow the resource plugin.
+    let allow_all = "package policy\ndefault allow = false\nplugin = data.plugin\nallow if {\n\tplugin == \"resource\"\n}\n";
+    let (st, b) = release(allow_all, "");
+    assert_eq!(st, 200, "{b}");
+    // Its `--affirming` shape: every part's `ear.status` — present, so the check means it.
+    let affirming = r#"package policy
+import rego.v1
+default allow = false
+allow if {
+    not any_not_affirming
+    count(input.submods) > 0
+}
+any_not_affirming if {
+    some _, submod in input.submods
+    submod["ear.status"] != "affirming"
+}
+"#;
+    assert_eq!(release(affirming, "").0, 200);
+    let reads_status = "package policy\nimport rego.v1\nallow if input.submods.gpu0[\"ear.status\"] == \"affirming\"\nallow if false\n";
+    assert_eq!(release(reads_status, "").0, 200);
+    let reads_vector = "package policy\nimport rego.v1\nallow if input.submods.cpu0[\"ear.trustworthiness-vector\"].hardware >= 2\n";
+    assert_eq!(release(reads_vector, "").0, 200);
+    // The path as segments and the query, as Trustee parses them.
+    let by_path = r#"package policy
+import rego.v1
+default allow := false
+allow if {
+    data["resource-path"] == ["tenant-a", "key", "k"]
+    data.query.version == "2"
+}
+"#;
+    assert_eq!(release(by_path, "?version=2").0, 200);
+    let (st, b) = release(by_path, "?version=1");
+    assert_eq!(st, 401, "{b}");
+    assert!(b.contains("PolicyDeny"), "{b}");
+    // The data is per request: another resource's path is not this one's.
+    put_resource(&base, &s.admin, "tenant-a/key/other", b"o", false);
+    let (st, b) = call(
+        "GET",
+        &format!("{base}/kbs/v0/resource/tenant-a/key/other?version=2"),
+        Some(c.token().unwrap()),
+        None,
+    );
+    assert_eq!(st, 401, "{}", String::from_utf8_lossy(&b));
+    // `--deny-all`: denied.
+    assert_eq!(
+        release("package policy\ndefault allow = false\n", "").0,
+        401
+    );
+    srv.stop();
+}

@@ -64,6 +64,26 @@ impl RegoProgram {
 
     /// Evaluate the entry point on `input`.
     pub(crate) fn eval(&self, input: regorus::Value) -> Result<regorus::Value, Error> {
+        self.run(input, None)
+    }
+
+    /// Evaluate the entry point on `input` with `data` in place of the compiled data, for
+    /// policies whose data carries the request (Trustee's release policies read the plugin and
+    /// the resource path there). A program is evaluated one way or the other, never both: its
+    /// pooled VMs keep the last data they were given.
+    pub(crate) fn eval_with_data(
+        &self,
+        input: regorus::Value,
+        data: regorus::Value,
+    ) -> Result<regorus::Value, Error> {
+        self.run(input, Some(data))
+    }
+
+    fn run(
+        &self,
+        input: regorus::Value,
+        data: Option<regorus::Value>,
+    ) -> Result<regorus::Value, Error> {
         let failed = |e: &dyn std::fmt::Display| Error::Policy {
             detail: format!("evaluation: {e}"),
         };
@@ -77,6 +97,9 @@ impl RegoProgram {
                 vm
             }
         };
+        if let Some(data) = data {
+            vm.set_data(data).map_err(|e| failed(&e))?;
+        }
         vm.set_input(input);
         let out = vm
             .execute_entry_point_by_name(&self.entry_point)

@@ -366,6 +366,7 @@ async fn release(
     // Release policies read the EAR as Trustee's do (`input.submods.cpu0…`), plus the request.
     let mut input =
         serde_json::to_value(&session.ear).map_err(|e| KbsError::Internal(e.to_string()))?;
+    trustee_spellings(&mut input);
     input["resource-path"] = json!(path);
     input["repository"] = json!(repo);
     input["type"] = json!(kind);
@@ -375,7 +376,7 @@ async fn release(
     let stored = kbs.release_policies(&path, repo).await?;
     // Policies, tenant isolation included, before the lookup: a denied requester learns
     // nothing about what exists.
-    kbs.release.check(&path, &stored, input)?;
+    kbs.release.check(&path, query, &stored, input)?;
     let resource = kbs
         .store
         .resource(&path)
@@ -712,4 +713,35 @@ async fn healthz(State(kbs): Shared) -> Response {
 
 async fn not_found() -> Response {
     KbsError::NotFound("no such endpoint".into()).into_response()
+}
+
+/// Trustee's attestation service writes EAR claims with the `ear` crate's dotted names
+/// (`ear.status`, `ear.trustworthiness-vector`, `ear.appraisal-policy-id`), and CoCo's release
+/// policies read those (kbs-client's `--affirming` checks `submod["ear.status"]`). cgx's EAR
+/// uses draft-ietf-rats-ear's JSON names; each part carries both, so a policy written for
+/// either checks what it means to — a name it does not find would make its check silently pass.
+fn trustee_spellings(input: &mut Value) {
+    let Some(submods) = input.get_mut("submods").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for part in submods.values_mut() {
+        let Some(p) = part.as_object_mut() else {
+            continue;
+        };
+        for (ours, theirs) in [
+            ("ear_status", "ear.status"),
+            ("ear_trustworthiness_vector", "ear.trustworthiness-vector"),
+        ] {
+            if let Some(v) = p.get(ours).cloned() {
+                p.insert(theirs.into(), v);
+            }
+        }
+        if let Some(id) = p
+            .get("ear_appraisal_policy_ids")
+            .and_then(|ids| ids.get(0))
+            .cloned()
+        {
+            p.insert("ear.appraisal-policy-id".into(), id);
+        }
+    }
 }

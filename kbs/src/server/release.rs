@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cgx_policies::release::{ReleaseInput, ReleasePolicy};
+use cgx_policies::release::{ReleaseData, ReleaseInput, ReleasePolicy};
 use cgx_protocol::kbs_types::TeePubKey;
 use serde_json::Value;
 
@@ -87,14 +87,16 @@ impl ReleasePolicies {
     pub fn check(
         &self,
         path: &str,
+        query: &HashMap<String, String>,
         stored: &[(String, String)],
         input: Value,
     ) -> Result<(), KbsError> {
         let leased = !input["lease"].is_null();
         let repository = input["repository"].as_str().unwrap_or_default().to_string();
         let input = ReleaseInput::new(input);
+        let data = ReleaseData::new(&self.data, path, query);
         let has_global = stored.iter().any(|(s, _)| s == GLOBAL_SCOPE);
-        if !has_global && !self.default_global.allows(&input).map_err(invalid)? {
+        if !has_global && !self.default_global.allows(&input, &data).map_err(invalid)? {
             return Err(KbsError::PolicyDeny(format!(
                 "{path}: the default release policy (every part affirming, no simulated evidence)"
             )));
@@ -102,7 +104,7 @@ impl ReleasePolicies {
         let mut ordered: Vec<&(String, String)> = stored.iter().collect();
         ordered.sort_by_key(|(s, _)| s.len());
         for (scope, text) in ordered {
-            if !self.program(text)?.allows(&input).map_err(invalid)? {
+            if !self.program(text)?.allows(&input, &data).map_err(invalid)? {
                 return Err(KbsError::PolicyDeny(format!("{path}: policy {scope}")));
             }
         }
