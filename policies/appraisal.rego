@@ -35,8 +35,14 @@ affirming := {
 # "affirming" (development and tests only) does not lower the vector for it at all.
 allow_sim := object.get(ref, "allow_sim", false)
 
+# CoCo's sample evidence is simulated and debuggable by nature and reaches appraisal only where
+# a service was told to take it (the KBS's allow_sample, loopback only): the sample rules below
+# judge it, not the sim and debug rules.
+sample_kinds := {"sample", "sampledevice"}
+
 violations contains v if {
 	input.sim
+	not input.kind in sample_kinds
 	not allow_sim in {true, "affirming"}
 	v := {
 		"rule": "sim_evidence_forbidden",
@@ -49,6 +55,7 @@ violations contains v if {
 
 violations contains v if {
 	input.sim
+	not input.kind in sample_kinds
 	allow_sim == true
 	v := {
 		"rule": "sim_evidence_allowed_by_reference_values",
@@ -61,6 +68,7 @@ violations contains v if {
 
 violations contains v if {
 	input.debug
+	not input.kind in sample_kinds
 	not object.get(kind_ref, "allow_debug", false)
 	v := {
 		"rule": "debug_forbidden",
@@ -260,6 +268,23 @@ violations contains v if {
 		"code": 96,
 		"value": sprintf("measurement %s=%s", [m.index, m.value]),
 		"expected": concat(" or ", m.expected),
+	}
+}
+
+# ---------------------------------------------------------------- sample, sampledevice
+
+# As Trustee's default policy: sample evidence is affirming only when its svn is one the
+# reference values list (sample.svn — kbs-client's `set-sample-reference-value svn 1` — or
+# sampledevice.svn), contraindicated otherwise. Nothing signs it: this is for development.
+violations contains v if {
+	input.kind in sample_kinds
+	not input.svn in object.get(kind_ref, "svn", [])
+	v := {
+		"rule": "sample_svn_not_listed",
+		"claim": "hardware",
+		"code": 97,
+		"value": input.svn,
+		"expected": sprintf("an svn listed in reference values %s.svn", [input.kind]),
 	}
 }
 

@@ -1467,7 +1467,7 @@ any_not_affirming if {
     assert_eq!(release(affirming, "").0, 200);
     let reads_status = "package policy\nimport rego.v1\nallow if input.submods.gpu0[\"ear.status\"] == \"affirming\"\nallow if false\n";
     assert_eq!(release(reads_status, "").0, 200);
-    let reads_vector = "package policy\nimport rego.v1\nallow if input.submods.cpu0[\"ear.trustworthiness-vector\"].hardware >= 2\n";
+    let reads_vector = "package policy\nimport rego.v1\nallow if {\n input.submods.cpu0[\"ear.trustworthiness-vector\"].hardware >= 2\n input.submods.cpu0[\"ear.trustworthiness-vector\"][\"file-system\"] == 0\n}\n";
     assert_eq!(release(reads_vector, "").0, 200);
     // The path as segments and the query, as Trustee parses them.
     let by_path = r#"package policy

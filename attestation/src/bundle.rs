@@ -212,7 +212,7 @@ impl Bundle {
                 quote: read(&dir.join("quote.bin"))?,
                 collateral: read(&dir.join("collateral.json"))?,
             }),
-            EvidenceKind::Sample => Err(Error::Bundle {
+            EvidenceKind::Sample | EvidenceKind::SampleDevice => Err(Error::Bundle {
                 path: dir.display().to_string(),
                 detail: "sample evidence has no bundle form".into(),
             }),

@@ -31,6 +31,9 @@ pub enum EvidenceKind {
     Nvidia,
     /// CoCo's unsigned sample evidence ([`crate::sample`]): always `sim`.
     Sample,
+    /// CoCo's unsigned sample *device* evidence (`ENABLE_SAMPLE_DEVICE=1`): always `sim`.
+    #[serde(rename = "sampledevice")]
+    SampleDevice,
 }
 
 impl EvidenceKind {
@@ -40,6 +43,7 @@ impl EvidenceKind {
             EvidenceKind::Tdx => "tdx",
             EvidenceKind::Nvidia => "nvidia",
             EvidenceKind::Sample => "sample",
+            EvidenceKind::SampleDevice => "sampledevice",
         }
     }
 }

@@ -71,6 +71,7 @@ impl Evidence<'_> {
             Evidence::Snp(_) => EvidenceKind::Snp,
             Evidence::Tdx(_) => EvidenceKind::Tdx,
             Evidence::Nvidia(_) => EvidenceKind::Nvidia,
+            Evidence::Sample(s) if s.device => EvidenceKind::SampleDevice,
             Evidence::Sample(_) => EvidenceKind::Sample,
         }
     }

@@ -1,7 +1,8 @@
 //! CoCo's `sample` attester: unsigned evidence (`{"svn", "report_data"}`) for development
-//! without a TEE. Nothing vouches for it, so it is checked for shape only and its claims say
-//! `sim` and `debug`: every production policy refuses it, and a service takes it at all only
-//! when configured to (the KBS's `allow_sample`).
+//! without a TEE, and its `sampledevice` twin (`ENABLE_SAMPLE_DEVICE=1`, additional evidence).
+//! Nothing vouches for either, so they are checked for shape only and their claims say `sim` and
+//! `debug`: every production policy refuses them, and a service takes them at all only when
+//! configured to (the KBS's `allow_sample`).
 
 use crate::claims::{CLAIMS_SCHEMA, Claims, EvidenceKind, KindClaims, SampleClaims};
 use crate::error::{Error, Result};
@@ -13,6 +14,8 @@ pub struct SampleEvidence<'a> {
     pub report_data: &'a [u8],
     /// The attester's `svn`, passed through as it came (`null` when absent).
     pub svn: &'a serde_json::Value,
+    /// Sample device evidence (kind `sampledevice`) rather than the sample CPU's.
+    pub device: bool,
 }
 
 pub(crate) fn claims(ev: &SampleEvidence<'_>) -> Result<Claims> {
@@ -26,7 +29,11 @@ pub(crate) fn claims(ev: &SampleEvidence<'_>) -> Result<Claims> {
     report_data.resize(64, 0);
     Ok(Claims {
         schema: CLAIMS_SCHEMA.into(),
-        kind: EvidenceKind::Sample,
+        kind: if ev.device {
+            EvidenceKind::SampleDevice
+        } else {
+            EvidenceKind::Sample
+        },
         sim: true,
         debug: true,
         detail: KindClaims::Sample(SampleClaims {

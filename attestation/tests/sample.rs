@@ -14,6 +14,7 @@ fn sample_evidence_only_where_allowed_and_always_sim() {
     let ev = Evidence::Sample(SampleEvidence {
         report_data: &[7; 16],
         svn: &svn,
+        device: false,
     });
     let strict = Verifier::new(VerifierConfig::default());
     assert_eq!(
@@ -39,9 +40,24 @@ fn sample_evidence_only_where_allowed_and_always_sim() {
     let too_long = Evidence::Sample(SampleEvidence {
         report_data: &[0; 65],
         svn: &svn,
+        device: false,
     });
     assert_eq!(
         dev.verify(&too_long, now).unwrap_err().code(),
         "invalid_field"
+    );
+    // The sample device twin: its own kind, as simulated.
+    let device = Evidence::Sample(SampleEvidence {
+        report_data: &[9; 48],
+        svn: &svn,
+        device: true,
+    });
+    assert!(strict.verify(&device, now).is_err());
+    let c = dev.verify(&device, now).unwrap().into_claims();
+    assert!(c.sim && c.debug);
+    assert_eq!(c.kind.as_str(), "sampledevice");
+    assert_eq!(
+        serde_json::to_value(&c).unwrap()["kind"],
+        serde_json::json!("sampledevice")
     );
 }

@@ -461,7 +461,7 @@ impl Appraisal {
 /// is `gpu0`, so a policy reads a single result as it reads a composite one.
 pub fn part_of(kind: EvidenceKind) -> String {
     match kind {
-        EvidenceKind::Nvidia => gpu_part(0),
+        EvidenceKind::Nvidia | EvidenceKind::SampleDevice => gpu_part(0),
         _ => CPU_PART.to_string(),
     }
 }

@@ -164,3 +164,27 @@ test_gpu_driver_not_allowed if {
 	r := result(object.union(gpu, {"driver_version": "535.1"}))
 	r.trust_vector["runtime-opaque"] == 33
 }
+
+sample := {"schema": "cgx.claims.v1", "kind": "sample", "sim": true, "debug": true, "svn": "1"}
+
+test_sample_without_reference_values_is_contraindicated if {
+	r := result(sample)
+	r.trust_vector.hardware == 97
+	rules(r) == {"sample_svn_not_listed"}
+}
+
+test_sample_with_its_svn_listed_is_affirming if {
+	r := appraisal.result with input as sample with data.reference as {"sample": {"svn": ["1"]}}
+	r.affirming.hardware == 2
+	count(r.violations) == 0
+}
+
+test_sample_device_reads_its_own_reference_values if {
+	device := object.union(sample, {"kind": "sampledevice", "svn": "2"})
+	r := appraisal.result with input as device with data.reference as {"sample": {"svn": ["1", "2"]}}
+	some v in r.violations
+	v.rule == "sample_svn_not_listed"
+	v.expected == "an svn listed in reference values sampledevice.svn"
+	ok := appraisal.result with input as device with data.reference as {"sampledevice": {"svn": ["2"]}}
+	count(ok.violations) == 0
+}

@@ -10,7 +10,11 @@
 //!   "uuid", "evidence": hex or base64 SPDM report, "certificate": base64 PEM chain}]}}`
 //!   (the inner object alone is accepted too);
 //! - `sample` (only with `allow_sample`): `{"svn", "report_data": base64}`, unsigned; it is
-//!   appraised as sim evidence, which the default policy refuses.
+//!   appraised as sim evidence, which the default policy refuses unless reference values list
+//!   its `svn` (`sample.svn`, as kbs-client's `set-sample-reference-value svn 1` sets it);
+//!   additional evidence `{"sampledevice": {"svn", "report_data": base64}}` (kbs-client's
+//!   `ENABLE_SAMPLE_DEVICE=1`) is part `gpu0`, of kind `sampledevice`, its report data binding
+//!   [`cgx_protocol::kbs::binding::device_report_data`].
 //!
 //! The CPU report data must equal [`cgx_protocol::kbs::binding::cpu_report_data`] and each GPU's SPDM
 //! nonce [`cgx_protocol::kbs::binding::nvidia_nonce`] for this session's nonce and TEE key.
@@ -222,7 +226,12 @@ impl Attester {
             check_init_data(&init.body, &cpu)?;
         }
         let mut parts = vec![(CPU_PART.to_string(), cpu)];
-        if !additional.trim().is_empty() {
+        if tee == Tee::Sample && self.allow_sample && !additional.trim().is_empty() {
+            parts.push((
+                gpu_part(0),
+                self.sample_device_claims(additional, nonce, key, now)?,
+            ));
+        } else if !additional.trim().is_empty() {
             let gpu_nonce = cgx_protocol::kbs::binding::nvidia_nonce(nonce, key);
             for (i, claims) in self
                 .gpu_claims(additional, &gpu_nonce, now, lk)?
@@ -263,6 +272,43 @@ impl Attester {
             &Evidence::Sample(sample::SampleEvidence {
                 report_data: &rd,
                 svn: primary.get("svn").unwrap_or(&Value::Null),
+                device: false,
+            }),
+            now,
+        )
+    }
+
+    /// CoCo's sample device evidence (`{"sampledevice": {"svn", "report_data"}}`), bound to
+    /// the session as device evidence is.
+    fn sample_device_claims(
+        &self,
+        additional: &str,
+        nonce: &str,
+        key: &cgx_protocol::kbs_types::TeePubKey,
+        now: time::OffsetDateTime,
+    ) -> Result<VerifiedClaims, KbsError> {
+        let v: Value = serde_json::from_str(additional)
+            .map_err(|e| failed(format!("additional-evidence is not JSON: {e}")))?;
+        let device = v
+            .get("sampledevice")
+            .ok_or_else(|| failed("sample additional-evidence holds no sampledevice"))?;
+        let rd = bytes_of(
+            device
+                .get("report_data")
+                .ok_or_else(|| failed("sampledevice evidence has no report_data"))?,
+            "report_data",
+        )?;
+        if rd != cgx_protocol::kbs::binding::device_report_data(nonce, key) {
+            return Err(failed(
+                "sampledevice report_data does not bind this session's nonce and TEE key",
+            ));
+        }
+        self.verify(
+            &gpu_part(0),
+            &Evidence::Sample(sample::SampleEvidence {
+                report_data: &rd,
+                svn: device.get("svn").unwrap_or(&Value::Null),
+                device: true,
             }),
             now,
         )

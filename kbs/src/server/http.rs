@@ -4,7 +4,8 @@
 //! CoCo protocol: `POST /kbs/v0/auth`, `POST /kbs/v0/attest`, `GET /kbs/v0/resource/{repo}/
 //! {type}/{tag}`. Admin (EdDSA bearer tokens): `POST|DELETE /kbs/v0/resource/...`,
 //! `/kbs/v0/resource-policy[/{repo}[/{type}/{tag}]]`, `/kbs/v0/attestation-policy`,
-//! `/kbs/v0/reference-values`, `/kbs/v0/audit`. Public: `/kbs/v0/jwks`, `/kbs/v0/openapi.json`,
+//! `/kbs/v0/reference-values`, `/kbs/v0/reference-value[/{id}]` (Trustee's RVPS sample
+//! messages), `/kbs/v0/audit`. Public: `/kbs/v0/jwks`, `/kbs/v0/openapi.json`,
 //! `/metrics`, `/healthz`.
 
 use std::collections::HashMap;
@@ -82,6 +83,11 @@ pub(super) fn router(kbs: Arc<Kbs>) -> Router {
                 POLICY_BODY,
             ),
         )
+        .route(
+            "/kbs/v0/reference-value",
+            limited(post(set_reference_value), SMALL_BODY),
+        )
+        .route("/kbs/v0/reference-value/{id}", get(get_reference_value))
         .route("/kbs/v0/audit", get(audit))
         .route("/kbs/v0/jwks", get(jwks))
         .route("/kbs/v0/openapi.json", get(openapi))
@@ -667,6 +673,84 @@ async fn get_reference_values(State(kbs): Shared, admin: Admin) -> Result<Respon
     Ok(Json(v).into_response())
 }
 
+/// Trustee's RVPS message (`{"version": "0.1.0", "type", "payload": base64 JSON}`), as
+/// kbs-client's `set-sample-reference-value` proxies it through a KBS. Of the RVPS extractors
+/// cgx speaks the `sample` one: its payload (`{name: value}`) is merged into the reference
+/// values' `sample` section, the same document `/kbs/v0/reference-values` sets whole.
+async fn set_reference_value(
+    State(kbs): Shared,
+    admin: Admin,
+    body: Bytes,
+) -> Result<Response, KbsError> {
+    admin.may(None)?;
+    let actor = admin.actor();
+    let m: Value = json_body(&body, "reference value message")?;
+    let field = |name: &str| {
+        m.get(name).and_then(Value::as_str).ok_or_else(|| {
+            KbsError::InvalidRequest(format!("reference value message: no {name} string"))
+        })
+    };
+    if field("version")? != "0.1.0" {
+        return Err(KbsError::InvalidRequest(
+            "reference value message: version is not 0.1.0".into(),
+        ));
+    }
+    let kind = field("type")?;
+    if kind != "sample" {
+        return Err(KbsError::InvalidRequest(format!(
+            "reference value type {kind}: of RVPS messages cgx takes the sample extractor's; \
+             set other reference values as JSON at /kbs/v0/reference-values"
+        )));
+    }
+    let payload = field("payload")?;
+    let raw = STANDARD
+        .decode(payload)
+        .or_else(|_| URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')))
+        .map_err(|_| KbsError::InvalidRequest("reference value payload is not base64".into()))?;
+    let values: serde_json::Map<String, Value> = json_body(&raw, "reference value payload")?;
+    if values.keys().any(|k| k.is_empty() || k.len() > 128) {
+        return Err(KbsError::InvalidRequest(
+            "reference value names are 1 to 128 characters".into(),
+        ));
+    }
+    let mut refs: Value = serde_json::from_str(&kbs.reference_values().await?)
+        .map_err(|e| KbsError::Internal(e.to_string()))?;
+    let Some(all) = refs.as_object_mut() else {
+        return Err(KbsError::Internal(
+            "reference values are not an object".into(),
+        ));
+    };
+    let sample = all
+        .entry("sample")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let Some(sample) = sample.as_object_mut() else {
+        return Err(KbsError::PolicyInvalid(
+            "reference values' sample section is not an object".into(),
+        ));
+    };
+    sample.extend(values);
+    let text = refs.to_string();
+    let policy = kbs.appraisal_policy().await?;
+    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &text)
+        .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
+    put_appraisal(&kbs, &actor, SCOPE_REFERENCE_VALUES, &text, engine).await
+}
+
+/// A sample reference value by name (kbs-client's `get-reference-value --id`).
+async fn get_reference_value(
+    State(kbs): Shared,
+    admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Response, KbsError> {
+    admin.may(None)?;
+    let refs: Value = serde_json::from_str(&kbs.reference_values().await?)
+        .map_err(|e| KbsError::Internal(e.to_string()))?;
+    match refs.get("sample").and_then(|s| s.get(&id)) {
+        Some(v) => Ok(Json(v.clone()).into_response()),
+        None => Err(KbsError::NotFound(format!("reference value {id}"))),
+    }
+}
+
 async fn audit(
     State(kbs): Shared,
     admin: Admin,
@@ -728,14 +812,19 @@ fn trustee_spellings(input: &mut Value) {
         let Some(p) = part.as_object_mut() else {
             continue;
         };
-        for (ours, theirs) in [
-            ("ear_status", "ear.status"),
-            ("ear_trustworthiness_vector", "ear.trustworthiness-vector"),
-        ] {
-            if let Some(v) = p.get(ours).cloned() {
-                p.insert(theirs.into(), v);
-            }
+        if let Some(status) = p.get("ear_status").cloned() {
+            p.insert("ear.status".into(), status);
         }
+        // Trustee writes all eight claims, 0 for those not set.
+        let vector = p.get("ear_trustworthiness_vector");
+        let full: serde_json::Map<String, Value> = cgx_attestation::results::TRUST_CLAIMS
+            .iter()
+            .map(|c| {
+                let code = vector.and_then(|v| v.get(c)).cloned().unwrap_or(json!(0));
+                (c.to_string(), code)
+            })
+            .collect();
+        p.insert("ear.trustworthiness-vector".into(), Value::Object(full));
         if let Some(id) = p
             .get("ear_appraisal_policy_ids")
             .and_then(|ids| ids.get(0))
