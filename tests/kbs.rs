@@ -1451,7 +1451,9 @@ fn trustee_release_policies_see_what_they_see_on_trustee() {
     let allow_all = "package policy\ndefault allow = false\nplugin = data.plugin\nallow if {\n\tplugin == \"resource\"\n}\n";
     let (st, b) = release(allow_all, "");
     assert_eq!(st, 200, "{b}");
-    // Its `--affirming` shape: every part's `ear.status` — present, so the check means it.
+    // Its `--affirming` shape allows. (It cannot deny here: release already requires every part
+    // affirming, and a missing `ear.status` would make it allow too — `reads_status` below is
+    // what fails when the dotted names are missing.)
     let affirming = r#"package policy
 import rego.v1
 default allow = false
@@ -1496,5 +1498,210 @@ allow if {
         release("package policy\ndefault allow = false\n", "").0,
         401
     );
+    srv.stop();
+}
+
+/// CoCo's sample CPU and device evidence, with the reference values that affirm them.
+struct SampleVm {
+    /// The sample device's report data: `None` binds the session, `Some` sends these bytes.
+    device: Option<Option<Vec<u8>>>,
+}
+
+impl cgx_protocol::kbs::rcar::EvidenceSource for SampleVm {
+    fn tee(&self) -> cgx_protocol::kbs_types::Tee {
+        cgx_protocol::kbs_types::Tee::Sample
+    }
+    fn additional_evidence(
+        &self,
+        nonce: &str,
+        key: &cgx_protocol::kbs_types::TeePubKey,
+    ) -> Result<String, cgx_kbs::client::ClientError> {
+        let Some(device) = &self.device else {
+            return Ok(String::new());
+        };
+        let rd = device
+            .clone()
+            .unwrap_or_else(|| cgx_protocol::kbs::binding::device_report_data(nonce, key).to_vec());
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Ok(json!({"sampledevice": {"svn": "2", "report_data": b64.encode(rd)}}).to_string())
+    }
+    fn primary_evidence(
+        &self,
+        rd: &[u8; 64],
+    ) -> Result<serde_json::Value, cgx_kbs::client::ClientError> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Ok(json!({"svn": "1", "report_data": b64.encode(&rd[..48])}))
+    }
+}
+
+/// Sample reference values through Trustee's `/kbs/v0/reference-value`, and every way that path
+/// and sample device evidence must fail.
+#[test]
+fn sample_reference_values_and_device_evidence_are_checked() {
+    let n = node(0);
+    let mut s = setup(&[&n], None);
+    s.config.allow_sample = true;
+    let srv = Server::start(&s.config);
+    let base = srv.base.clone();
+    put_resource(&base, &s.admin, "tenant-a/key/k", b"k", false);
+    let (st, _) = set_policy(
+        &base,
+        &s.admin,
+        "tenant-a",
+        "package policy\nallow := true\n",
+    );
+    assert_eq!(st, 200);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let message = |kind: &str, version: &str, payload: &str| {
+        json!({"version": version, "type": kind, "payload": payload}).to_string()
+    };
+    let post = |token: &str, body: &str| {
+        let (st, b) = call(
+            "POST",
+            &format!("{base}/kbs/v0/reference-value"),
+            Some(token),
+            Some(body.as_bytes()),
+        );
+        (st, String::from_utf8_lossy(&b).to_string())
+    };
+    let admin = admin_token(&s.admin);
+    let svn = b64.encode(br#"{"svn": ["1"]}"#);
+    // Refused: a tenant's admin, another extractor, another version, not base64, not an object.
+    assert_eq!(
+        post(
+            &admin_token(&s.tenant_admin),
+            &message("sample", "0.1.0", &svn)
+        )
+        .0,
+        401
+    );
+    for (body, why) in [
+        (message("sample_ext", "0.1.0", &svn), "sample extractor"),
+        (message("sample", "0.2.0", &svn), "0.1.0"),
+        (message("sample", "0.1.0", "%%%"), "base64"),
+        (message("sample", "0.1.0", &b64.encode("[1]")), "payload"),
+        ("{}".to_string(), "version"),
+    ] {
+        let (st, b) = post(&admin, &body);
+        assert_eq!(st, 400, "{b}");
+        assert!(b.contains(why), "{why}: {b}");
+    }
+    // Before: sample evidence is contraindicated.
+    let mut c = client(&base);
+    c.attest(&SampleVm { device: None }).unwrap();
+    let e = c.resource("tenant-a/key/k", None).unwrap_err();
+    assert!(e.to_string().contains("contraindicated"), "{e}");
+    // Set, read back, and the sample VM is affirming; a merge keeps earlier names.
+    assert_eq!(post(&admin, &message("sample", "0.1.0", &svn)).0, 200);
+    let other = b64.encode(br#"{"launch_digest": "abcde"}"#);
+    assert_eq!(post(&admin, &message("sample", "0.1.0", &other)).0, 200);
+    let (st, b) = call(
+        "GET",
+        &format!("{base}/kbs/v0/reference-value/svn"),
+        Some(&admin),
+        None,
+    );
+    assert_eq!((st, json_of(&b)), (200, json!(["1"])));
+    let (st, _) = call(
+        "GET",
+        &format!("{base}/kbs/v0/reference-value/nope"),
+        Some(&admin),
+        None,
+    );
+    assert_eq!(st, 404);
+    let (st, _) = call(
+        "GET",
+        &format!("{base}/kbs/v0/reference-value/svn"),
+        Some(&admin_token(&s.tenant_admin)),
+        None,
+    );
+    assert_eq!(st, 401);
+    let mut c = client(&base);
+    c.attest(&SampleVm { device: None }).unwrap();
+    assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"k");
+    // Setting the other reference values whole keeps the sample section in force.
+    let (st, b) = call(
+        "GET",
+        &format!("{base}/kbs/v0/reference-values"),
+        Some(&admin),
+        None,
+    );
+    assert_eq!(st, 200);
+    let mut refs = json_of(&b);
+    assert_eq!(refs["sample"]["svn"], json!(["1"]), "{refs}");
+    refs["sample"] = json!({});
+    let (st, _) = call(
+        "POST",
+        &format!("{base}/kbs/v0/reference-values"),
+        Some(&admin),
+        Some(refs.to_string().as_bytes()),
+    );
+    assert_eq!(st, 200);
+    let mut c = client(&base);
+    c.attest(&SampleVm { device: None }).unwrap();
+    assert_eq!(c.resource("tenant-a/key/k", None).unwrap(), b"k");
+    // Sample device evidence bound to another session (or to nothing) is refused at attest.
+    let mut c = client(&base);
+    let e = c
+        .attest(&SampleVm {
+            device: Some(Some(vec![7; 48])),
+        })
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("sampledevice report_data does not bind"),
+        "{e}"
+    );
+    // Bound: part gpu0, contraindicated until its svn is listed.
+    let mut c = client(&base);
+    c.attest(&SampleVm { device: Some(None) }).unwrap();
+    let e = c.resource("tenant-a/key/k", None).unwrap_err();
+    assert!(e.to_string().contains("contraindicated"), "{e}");
+    // A sample session is honoured only by a KBS that takes sample evidence: a replica on the
+    // same database and result key without allow_sample refuses it.
+    let mut c = client(&base);
+    c.attest(&SampleVm { device: None }).unwrap();
+    let mut strict = s.config.clone();
+    strict.allow_sample = false;
+    let b = Server::start(&strict);
+    let (st, body) = call(
+        "GET",
+        &format!("{}/kbs/v0/resource/tenant-a/key/k", b.base),
+        c.token(),
+        None,
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(st, 401, "{body}");
+    assert!(
+        body.contains("sample evidence, which this KBS does not take"),
+        "{body}"
+    );
+    b.stop();
+    srv.stop();
+
+    // An SNP VM smuggling sample device evidence: refused (only a sample VM's is read so).
+    struct Smuggler<'a>(&'a cgx_kbs::sim::SimNode);
+    impl cgx_protocol::kbs::rcar::EvidenceSource for Smuggler<'_> {
+        fn tee(&self) -> cgx_protocol::kbs_types::Tee {
+            self.0.tee()
+        }
+        fn additional_evidence(
+            &self,
+            nonce: &str,
+            key: &cgx_protocol::kbs_types::TeePubKey,
+        ) -> Result<String, cgx_kbs::client::ClientError> {
+            SampleVm { device: Some(None) }.additional_evidence(nonce, key)
+        }
+        fn primary_evidence(
+            &self,
+            rd: &[u8; 64],
+        ) -> Result<serde_json::Value, cgx_kbs::client::ClientError> {
+            self.0.primary_evidence(rd)
+        }
+    }
+    let srv = Server::start(&s.config);
+    let mut c = client(&srv.base);
+    let e = c.attest(&Smuggler(&n)).unwrap_err();
+    assert!(e.to_string().contains("nvidia"), "{e}");
     srv.stop();
 }

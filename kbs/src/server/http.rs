@@ -358,6 +358,20 @@ async fn release(
             a.status.as_str()
         )));
     }
+    // Sample evidence is released only by a KBS that takes it: a session another replica (or a
+    // development KBS sharing the result key) appraised from it is not this one's to honour.
+    if !kbs.allow_sample
+        && let Some((part, _)) = session.ear.submods.iter().find(|(_, a)| {
+            matches!(
+                a.verifier_claims.get("cgx.kind").and_then(Value::as_str),
+                Some("sample" | "sampledevice")
+            )
+        })
+    {
+        return Err(KbsError::PolicyDeny(format!(
+            "{path}: part {part} is sample evidence, which this KBS does not take"
+        )));
+    }
     let lease = match query.get("lease") {
         Some(token) => Some(check_lease(
             token,
@@ -622,6 +636,11 @@ async fn put_appraisal(
 
 pub(super) const SCOPE_ATTESTATION: &str = "attestation";
 pub(super) const SCOPE_REFERENCE_VALUES: &str = "reference-values";
+/// The sample reference values (`/kbs/v0/reference-value`), kept apart from the rest.
+pub(super) const SCOPE_SAMPLE_REFERENCE_VALUES: &str = "reference-values.sample";
+
+/// Bound on the sample reference values, so merges cannot grow them without end.
+const SAMPLE_REFERENCE_VALUES_MAX: usize = 64 << 10;
 
 async fn set_attestation_policy(
     State(kbs): Shared,
@@ -661,7 +680,8 @@ async fn set_reference_values(
     let v: Value = json_body(&body, "reference values")?;
     let text = v.to_string();
     let policy = kbs.appraisal_policy().await?;
-    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &text)
+    let effective = super::with_sample(&text, kbs.sample_reference_values().await?.as_deref())?;
+    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &effective)
         .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
     put_appraisal(&kbs, &actor, SCOPE_REFERENCE_VALUES, &text, engine).await
 }
@@ -676,7 +696,8 @@ async fn get_reference_values(State(kbs): Shared, admin: Admin) -> Result<Respon
 /// Trustee's RVPS message (`{"version": "0.1.0", "type", "payload": base64 JSON}`), as
 /// kbs-client's `set-sample-reference-value` proxies it through a KBS. Of the RVPS extractors
 /// cgx speaks the `sample` one: its payload (`{name: value}`) is merged into the reference
-/// values' `sample` section, the same document `/kbs/v0/reference-values` sets whole.
+/// values' `sample` section, kept apart from the document `/kbs/v0/reference-values` sets (that
+/// document's own `sample` section is replaced by it).
 async fn set_reference_value(
     State(kbs): Shared,
     admin: Admin,
@@ -713,27 +734,45 @@ async fn set_reference_value(
             "reference value names are 1 to 128 characters".into(),
         ));
     }
-    let mut refs: Value = serde_json::from_str(&kbs.reference_values().await?)
-        .map_err(|e| KbsError::Internal(e.to_string()))?;
-    let Some(all) = refs.as_object_mut() else {
-        return Err(KbsError::Internal(
-            "reference values are not an object".into(),
-        ));
+    // Only the sample section is read and written: a concurrent change to the other
+    // reference values cannot be overwritten by a merge.
+    let mut sample: serde_json::Map<String, Value> = match kbs.sample_reference_values().await? {
+        Some(text) => serde_json::from_str(&text).map_err(|e| KbsError::Internal(e.to_string()))?,
+        None => Default::default(),
     };
-    let sample = all
-        .entry("sample")
-        .or_insert_with(|| Value::Object(Default::default()));
-    let Some(sample) = sample.as_object_mut() else {
-        return Err(KbsError::PolicyInvalid(
-            "reference values' sample section is not an object".into(),
-        ));
-    };
+    let names: Vec<String> = values.keys().cloned().collect();
     sample.extend(values);
-    let text = refs.to_string();
+    let text = Value::Object(sample).to_string();
+    if text.len() > SAMPLE_REFERENCE_VALUES_MAX {
+        return Err(KbsError::InvalidRequest(format!(
+            "sample reference values would exceed {SAMPLE_REFERENCE_VALUES_MAX} bytes"
+        )));
+    }
+    let main = kbs
+        .store
+        .policy(SCOPE_REFERENCE_VALUES)
+        .await?
+        .unwrap_or_else(|| kbs.default_reference_values.clone());
+    let effective = super::with_sample(&main, Some(&text))?;
     let policy = kbs.appraisal_policy().await?;
-    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &text)
+    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &effective)
         .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-    put_appraisal(&kbs, &actor, SCOPE_REFERENCE_VALUES, &text, engine).await
+    kbs.store
+        .admin_change(
+            AdminChange::PutPolicy {
+                scope: SCOPE_SAMPLE_REFERENCE_VALUES,
+                body: &text,
+            },
+            Some(AuditRow {
+                actor: &actor,
+                action: "reference-value.put",
+                subject: SCOPE_SAMPLE_REFERENCE_VALUES,
+                detail: &json!({"policy_id": engine.id(), "names": names}),
+            }),
+        )
+        .await?;
+    kbs.attester.set_engine(engine);
+    Ok(StatusCode::OK.into_response())
 }
 
 /// A sample reference value by name (kbs-client's `get-reference-value --id`).
@@ -743,9 +782,11 @@ async fn get_reference_value(
     Path(id): Path<String>,
 ) -> Result<Response, KbsError> {
     admin.may(None)?;
-    let refs: Value = serde_json::from_str(&kbs.reference_values().await?)
-        .map_err(|e| KbsError::Internal(e.to_string()))?;
-    match refs.get("sample").and_then(|s| s.get(&id)) {
+    let sample: Value = match kbs.sample_reference_values().await? {
+        Some(text) => serde_json::from_str(&text).map_err(|e| KbsError::Internal(e.to_string()))?,
+        None => Value::Null,
+    };
+    match sample.get(&id) {
         Some(v) => Ok(Json(v.clone()).into_response()),
         None => Err(KbsError::NotFound(format!("reference value {id}"))),
     }

@@ -175,6 +175,13 @@ impl Kbs {
             .policy(http::SCOPE_REFERENCE_VALUES)
             .await?
             .unwrap_or_else(|| default_reference_values.clone());
+        let refs = with_sample(
+            &refs,
+            store
+                .policy(http::SCOPE_SAMPLE_REFERENCE_VALUES)
+                .await?
+                .as_deref(),
+        )?;
         let engine = PolicyEngine::new(KBS_POLICY_NAME, &policy, &refs)
             .map_err(|e| KbsError::Config(format!("appraisal policy: {e}")))?;
         let mut signer = match &config.result_key {
@@ -406,13 +413,21 @@ impl Kbs {
             .unwrap_or_else(|| self.default_policy.clone()))
     }
 
-    /// The reference values in force.
+    /// The reference values in force: the stored (else configured) document, its `sample`
+    /// section replaced by the sample reference values set through `/kbs/v0/reference-value`.
     pub(crate) async fn reference_values(&self) -> Result<String, KbsError> {
-        Ok(self
+        let main = self
             .store
             .policy(http::SCOPE_REFERENCE_VALUES)
             .await?
-            .unwrap_or_else(|| self.default_reference_values.clone()))
+            .unwrap_or_else(|| self.default_reference_values.clone());
+        with_sample(&main, self.sample_reference_values().await?.as_deref())
+    }
+
+    /// The sample reference values set through `/kbs/v0/reference-value`, kept apart from the
+    /// rest so merging one cannot overwrite a concurrent change to the others.
+    pub(crate) async fn sample_reference_values(&self) -> Result<Option<String>, KbsError> {
+        self.store.policy(http::SCOPE_SAMPLE_REFERENCE_VALUES).await
     }
 
     /// Pick up an appraisal policy or reference values another replica stored.
@@ -522,4 +537,27 @@ pub async fn run(
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())
+}
+
+/// `refs` with its `sample` section replaced by `sample` (a JSON object), when there is one.
+pub(crate) fn with_sample(refs: &str, sample: Option<&str>) -> Result<String, KbsError> {
+    let Some(sample) = sample else {
+        return Ok(refs.to_string());
+    };
+    let bad = |what: &str, e: serde_json::Error| KbsError::PolicyInvalid(format!("{what}: {e}"));
+    let mut all: serde_json::Value =
+        serde_json::from_str(refs).map_err(|e| bad("reference values", e))?;
+    let sample: serde_json::Value =
+        serde_json::from_str(sample).map_err(|e| bad("sample reference values", e))?;
+    match all.as_object_mut() {
+        Some(m) => {
+            m.insert("sample".into(), sample);
+        }
+        None => {
+            return Err(KbsError::PolicyInvalid(
+                "reference values are not a JSON object".into(),
+            ));
+        }
+    }
+    Ok(all.to_string())
 }
