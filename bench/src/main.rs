@@ -5,6 +5,7 @@
 
 mod attestation;
 mod broker;
+mod coco;
 mod kbs;
 
 // The KBS under `cgx bench kbs` runs in this process: the same allocator as `cgx kbs serve`.
@@ -78,6 +79,17 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// cgx's KBS beside Trustee's (../shared/anchors), both driven by CoCo's stock kbs-client
+    /// in interleaved rounds: server CPU per full flow, and the ratio cgx ÷ Trustee.
+    Coco {
+        /// Full flows (one kbs-client process each) per server per round.
+        #[arg(long, default_value_t = 100)]
+        flows: usize,
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Full appraisals per second (verify + policy + sign) against verification alone.
     Appraise {
         #[arg(long)]
@@ -123,6 +135,11 @@ fn main() -> ExitCode {
             seconds,
             vectors,
         } => attestation::appraise(json, seconds, vectors),
+        BenchWhat::Coco {
+            flows,
+            rounds,
+            json,
+        } => coco::bench(flows, rounds, json),
         BenchWhat::Broker {
             nodes,
             decisions,

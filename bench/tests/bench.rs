@@ -172,3 +172,29 @@ fn bench_broker_reports_placement_submission_and_registration() {
         );
     }
 }
+
+/// `cgx bench coco` beside Trustee's KBS with CoCo's stock client, where the anchors are here.
+#[test]
+fn bench_coco_measures_both_servers_with_the_stock_client() {
+    let anchors = std::env::var_os("CGX_ANCHORS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .ancestors()
+                .map(|a| a.join("shared/anchors"))
+                .find(|p| p.join("kbs-client").is_file())
+        });
+    if anchors.is_none() {
+        eprintln!("SKIPPED bench_coco: no ../shared/anchors (set CGX_ANCHORS)");
+        return;
+    }
+    let (code, out, err) = cgx(&["bench", "coco", "--json", "--flows", "5", "--rounds", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    for key in ["trustee_cpu_ms_per_flow", "cgx_cpu_ms_per_flow", "ratio"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+    }
+    assert_eq!(v["rounds_ratio"].as_array().map(Vec::len), Some(2), "{v}");
+    let (code, _, err) = cgx(&["bench", "coco", "--flows", "0"]);
+    assert_eq!(code, 2, "{err}");
+}
