@@ -99,8 +99,8 @@ enum Command {
         #[command(subcommand)]
         command: RimCommand,
     },
-    /// Benchmarks: `verify`, `appraise`, `kbs`, `broker`, `coco` (run by the `cgx-bench` program beside
-    /// this one, which alone links the peers they are compared with).
+    /// Benchmarks: `verify`, `appraise`, `kbs`, `broker`, `coco` (run by the `cgx-bench`
+    /// program beside this one, which alone links the peers they are compared with).
     #[command(disable_help_flag = true)]
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
