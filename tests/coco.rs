@@ -12,17 +12,9 @@ use std::process::Command;
 use base64::Engine;
 use cgx_system_tests::*;
 
-/// The anchors folder: `$CGX_ANCHORS`, else `shared/anchors` beside an ancestor of this crate.
 fn kbs_client() -> Option<PathBuf> {
-    let dir = match std::env::var_os("CGX_ANCHORS") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .map(|a| a.join("shared/anchors"))
-            .find(|p| p.is_dir())?,
-    };
-    let bin = dir.join("kbs-client");
-    bin.is_file().then_some(bin)
+    cgx_devnet::shared_anchors(&[Path::new(env!("CARGO_MANIFEST_DIR"))])
+        .map(|d| d.join("kbs-client"))
 }
 
 /// One run of the stock client: (exit success, stdout, stderr).
@@ -207,14 +199,7 @@ fn start(tls: bool) -> Option<(Setup, Server, Client)> {
     s.config.tenant_isolation = false;
     let mut ca = None;
     if tls {
-        let (cert, key) = cgx_service::tls::self_signed(&["localhost", "127.0.0.1"]).unwrap();
-        std::fs::write(s.dir.join("tls.crt"), &cert).unwrap();
-        std::fs::write(s.dir.join("tls.key"), &key).unwrap();
-        s.config.insecure_dev = false;
-        s.config.tls = Some(cgx_kbs::server::config::TlsConfig {
-            cert: s.dir.join("tls.crt"),
-            key: s.dir.join("tls.key"),
-        });
+        use_tls(&mut s);
         ca = Some(s.dir.join("tls.crt"));
     }
     let srv = Server::start(&s.config);

@@ -788,14 +788,7 @@ fn an_ear_that_is_not_a_session_of_this_kbs_is_refused() {
 fn tls_by_default() {
     let n = node(0);
     let mut s = setup(&[&n], None);
-    let (cert, key) = cgx_service::tls::self_signed(&["localhost", "127.0.0.1"]).unwrap();
-    std::fs::write(s.dir.join("tls.crt"), &cert).unwrap();
-    std::fs::write(s.dir.join("tls.key"), &key).unwrap();
-    s.config.insecure_dev = false;
-    s.config.tls = Some(cgx_kbs::server::config::TlsConfig {
-        cert: s.dir.join("tls.crt"),
-        key: s.dir.join("tls.key"),
-    });
+    let cert = use_tls(&mut s);
     let srv = Server::start(&s.config);
     let base = srv.base.replace("http://", "https://");
     put_resource_tls(&base, &cert, &s.admin);

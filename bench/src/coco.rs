@@ -20,21 +20,11 @@ const RESOURCE: &str = "tenant-a/key/bench";
 const VALUE: &[u8] = b"the model key, 32 bytes long....";
 const SERVER_THREAD: &str = "coco-kbs";
 
-/// `$CGX_ANCHORS`, else `shared/anchors` beside an ancestor of the working directory or of
-/// this program.
+/// The anchors beside the working directory or this program ([`cgx_devnet::shared_anchors`]).
 fn anchors() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("CGX_ANCHORS") {
-        return Some(PathBuf::from(p));
-    }
-    let mut starts = vec![std::env::current_dir().ok()?];
-    if let Ok(exe) = std::env::current_exe() {
-        starts.push(exe);
-    }
-    starts.iter().find_map(|s| {
-        s.ancestors()
-            .map(|a| a.join("shared/anchors"))
-            .find(|p| p.join("kbs-client").is_file())
-    })
+    let cwd = std::env::current_dir().ok()?;
+    let exe = std::env::current_exe().unwrap_or_default();
+    cgx_devnet::shared_anchors(&[&cwd, &exe])
 }
 
 /// The stock client against one server.

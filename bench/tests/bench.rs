@@ -176,15 +176,7 @@ fn bench_broker_reports_placement_submission_and_registration() {
 /// `cgx bench coco` beside Trustee's KBS with CoCo's stock client, where the anchors are here.
 #[test]
 fn bench_coco_measures_both_servers_with_the_stock_client() {
-    let anchors = std::env::var_os("CGX_ANCHORS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .ancestors()
-                .map(|a| a.join("shared/anchors"))
-                .find(|p| p.join("kbs-client").is_file())
-        });
-    if anchors.is_none() {
+    if cgx_devnet::shared_anchors(&[Path::new(env!("CARGO_MANIFEST_DIR"))]).is_none() {
         eprintln!("SKIPPED bench_coco: no ../shared/anchors (set CGX_ANCHORS)");
         return;
     }

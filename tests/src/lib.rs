@@ -57,6 +57,20 @@ impl Server {
     }
 }
 
+/// Serve `s`'s KBS over TLS with a fresh self-signed certificate for localhost and 127.0.0.1,
+/// written beside its other files (`tls.crt`, `tls.key`); returns the certificate's PEM.
+pub fn use_tls(s: &mut Setup) -> String {
+    let (cert, key) = cgx_service::tls::self_signed(&["localhost", "127.0.0.1"]).unwrap();
+    std::fs::write(s.dir.join("tls.crt"), &cert).unwrap();
+    std::fs::write(s.dir.join("tls.key"), &key).unwrap();
+    s.config.insecure_dev = false;
+    s.config.tls = Some(cgx_kbs::server::config::TlsConfig {
+        cert: s.dir.join("tls.crt"),
+        key: s.dir.join("tls.key"),
+    });
+    cert
+}
+
 pub fn admin_token(key: &Ed) -> String {
     key.admin_token().unwrap()
 }

@@ -428,11 +428,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             .bind(expires_at)
             .execute(&mut **tx)
             .await?;
-            Ok(if used.rows_affected() == 1 {
-                Outcome::Done
-            } else {
-                Outcome::Refused(Refusal::NonceUsed)
-            })
+            Ok(one_row(used.rows_affected(), Refusal::NonceUsed))
         }
         Write::Register {
             id,
@@ -478,11 +474,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             .bind(id)
             .execute(&mut **tx)
             .await?;
-            Ok(if r.rows_affected() == 1 {
-                Outcome::Done
-            } else {
-                Outcome::Refused(Refusal::StaleHeartbeat)
-            })
+            Ok(one_row(r.rows_affected(), Refusal::StaleHeartbeat))
         }
         Write::Submit { job, placement } => {
             // GPUs first: a refusal then leaves nothing behind.
@@ -628,11 +620,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                     .bind(id)
                     .execute(&mut **tx)
                     .await?;
-            Ok(if r.rows_affected() == 1 {
-                Outcome::Done
-            } else {
-                Outcome::Refused(Refusal::NoSuchNode)
-            })
+            Ok(one_row(r.rows_affected(), Refusal::NoSuchNode))
         }
         Write::Reputation {
             node,
@@ -970,4 +958,13 @@ async fn touch(tx: &mut Tx, node: &str, now_ms: i64, sqlite: bool) -> Result<(),
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// A write that must change exactly one row: done when it did, refused for `why` otherwise.
+fn one_row(rows: u64, why: Refusal) -> Outcome {
+    if rows == 1 {
+        Outcome::Done
+    } else {
+        Outcome::Refused(why)
+    }
 }

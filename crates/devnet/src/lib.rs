@@ -92,6 +92,20 @@ pub fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
+/// The peers no one here wrote (`kbs-client`, Trustee's KBS): `$CGX_ANCHORS`, else
+/// `shared/anchors` beside one of `starts`' ancestors. `None` when there is no `kbs-client`.
+pub fn shared_anchors(starts: &[&Path]) -> Option<PathBuf> {
+    let dir = match std::env::var_os("CGX_ANCHORS") {
+        Some(p) => PathBuf::from(p),
+        None => starts.iter().find_map(|s| {
+            s.ancestors()
+                .map(|a| a.join("shared/anchors"))
+                .find(|p| p.join("kbs-client").is_file())
+        })?,
+    };
+    dir.join("kbs-client").is_file().then_some(dir)
+}
+
 /// A fresh, empty folder under the system's temporary folder, unique to this process and call.
 pub fn temp_dir(name: &str) -> Result<PathBuf> {
     static N: AtomicU32 = AtomicU32::new(0);

@@ -606,27 +606,34 @@ async fn get_resource_policy(
     get_policy(&kbs, &admin, Some(&repo), &format!("resource:{path}")).await
 }
 
-/// Store the appraisal policy or the reference values (`scope`) with its audit row, then put
-/// the engine compiled from them in force.
+/// Store the appraisal policy, the reference values or the sample reference values (`scope`)
+/// with its audit row (naming the sample values a merge set), then put the engine compiled from
+/// them in force.
 async fn put_appraisal(
     kbs: &Kbs,
     actor: &str,
     scope: &'static str,
     text: &str,
     engine: PolicyEngine,
+    names: Option<&[String]>,
 ) -> Result<Response, KbsError> {
+    let action = match scope {
+        SCOPE_ATTESTATION => "attestation-policy.put",
+        SCOPE_SAMPLE_REFERENCE_VALUES => "reference-value.put",
+        _ => "reference-values.put",
+    };
+    let mut detail = json!({"policy_id": engine.id()});
+    if let Some(names) = names {
+        detail["names"] = json!(names);
+    }
     kbs.store
         .admin_change(
             AdminChange::PutPolicy { scope, body: text },
             Some(AuditRow {
                 actor,
-                action: if scope == SCOPE_ATTESTATION {
-                    "attestation-policy.put"
-                } else {
-                    "reference-values.put"
-                },
+                action,
                 subject: scope,
-                detail: &json!({"policy_id": engine.id()}),
+                detail: &detail,
             }),
         )
         .await?;
@@ -658,10 +665,8 @@ async fn set_attestation_policy(
         )));
     }
     let text = policy_text(&body)?;
-    let refs = kbs.reference_values().await?;
-    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &text, &refs)
-        .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-    put_appraisal(&kbs, &actor, SCOPE_ATTESTATION, &text, engine).await
+    let engine = super::appraisal_engine(&text, &kbs.reference_values().await?)?;
+    put_appraisal(&kbs, &actor, SCOPE_ATTESTATION, &text, engine, None).await
 }
 
 async fn get_attestation_policy(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
@@ -681,9 +686,8 @@ async fn set_reference_values(
     let text = v.to_string();
     let policy = kbs.appraisal_policy().await?;
     let effective = super::with_sample(&text, kbs.sample_reference_values().await?.as_deref())?;
-    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &effective)
-        .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-    put_appraisal(&kbs, &actor, SCOPE_REFERENCE_VALUES, &text, engine).await
+    let engine = super::appraisal_engine(&policy, &effective)?;
+    put_appraisal(&kbs, &actor, SCOPE_REFERENCE_VALUES, &text, engine, None).await
 }
 
 async fn get_reference_values(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
@@ -748,31 +752,17 @@ async fn set_reference_value(
             "sample reference values would exceed {SAMPLE_REFERENCE_VALUES_MAX} bytes"
         )));
     }
-    let main = kbs
-        .store
-        .policy(SCOPE_REFERENCE_VALUES)
-        .await?
-        .unwrap_or_else(|| kbs.default_reference_values.clone());
-    let effective = super::with_sample(&main, Some(&text))?;
-    let policy = kbs.appraisal_policy().await?;
-    let engine = PolicyEngine::new(super::KBS_POLICY_NAME, &policy, &effective)
-        .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
-    kbs.store
-        .admin_change(
-            AdminChange::PutPolicy {
-                scope: SCOPE_SAMPLE_REFERENCE_VALUES,
-                body: &text,
-            },
-            Some(AuditRow {
-                actor: &actor,
-                action: "reference-value.put",
-                subject: SCOPE_SAMPLE_REFERENCE_VALUES,
-                detail: &json!({"policy_id": engine.id(), "names": names}),
-            }),
-        )
-        .await?;
-    kbs.attester.set_engine(engine);
-    Ok(StatusCode::OK.into_response())
+    let effective = super::with_sample(&kbs.stored_reference_values().await?, Some(&text))?;
+    let engine = super::appraisal_engine(&kbs.appraisal_policy().await?, &effective)?;
+    put_appraisal(
+        &kbs,
+        &actor,
+        SCOPE_SAMPLE_REFERENCE_VALUES,
+        &text,
+        engine,
+        Some(&names),
+    )
+    .await
 }
 
 /// A sample reference value by name (kbs-client's `get-reference-value --id`).

@@ -416,12 +416,18 @@ impl Kbs {
     /// The reference values in force: the stored (else configured) document, its `sample`
     /// section replaced by the sample reference values set through `/kbs/v0/reference-value`.
     pub(crate) async fn reference_values(&self) -> Result<String, KbsError> {
-        let main = self
+        let main = self.stored_reference_values().await?;
+        with_sample(&main, self.sample_reference_values().await?.as_deref())
+    }
+
+    /// The reference values `/kbs/v0/reference-values` stored (else configured), without the
+    /// sample overlay.
+    pub(crate) async fn stored_reference_values(&self) -> Result<String, KbsError> {
+        Ok(self
             .store
             .policy(http::SCOPE_REFERENCE_VALUES)
             .await?
-            .unwrap_or_else(|| self.default_reference_values.clone());
-        with_sample(&main, self.sample_reference_values().await?.as_deref())
+            .unwrap_or_else(|| self.default_reference_values.clone()))
     }
 
     /// The sample reference values set through `/kbs/v0/reference-value`, kept apart from the
@@ -440,8 +446,7 @@ impl Kbs {
             .map(|s| s.0 != policy || s.1 != refs)
             .unwrap_or(false);
         if changed {
-            let engine = PolicyEngine::new(KBS_POLICY_NAME, &policy, &refs)
-                .map_err(|e| KbsError::PolicyInvalid(e.to_string()))?;
+            let engine = appraisal_engine(&policy, &refs)?;
             self.attester.set_engine(engine);
             if let Ok(mut s) = self.engine_source.lock() {
                 *s = (policy, refs);
@@ -537,6 +542,12 @@ pub async fn run(
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())
+}
+
+/// The appraisal engine for an admin's policy and reference values.
+pub(crate) fn appraisal_engine(policy: &str, refs: &str) -> Result<PolicyEngine, KbsError> {
+    PolicyEngine::new(KBS_POLICY_NAME, policy, refs)
+        .map_err(|e| KbsError::PolicyInvalid(e.to_string()))
 }
 
 /// `refs` with its `sample` section replaced by `sample` (a JSON object), when there is one.
