@@ -12,8 +12,9 @@
 //! A restart with another KEK is refused at open.
 //!
 //! The two writes on every flow — the session row at attestation, the audit row at release —
-//! go through [`GroupCommit`]: each caller waits for its own commit, the database sees one
-//! statement per batch. Sealed resources are read through a cache of [`RESOURCE_CACHE`]: a
+//! are group-committed: each caller waits for its own commit, the database sees one statement
+//! per batch. On an SQLite file the callers write the batches themselves ([`InlineCommit`], no
+//! thread hand-offs); on PostgreSQL a writer task per table does ([`GroupCommit`]). Sealed resources are read through a cache of [`RESOURCE_CACHE`]: a
 //! change made on this replica clears it at once, one made on another replica is seen within
 //! that time (as release policies are).
 
@@ -26,7 +27,8 @@ use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 use aws_lc_rs::hmac;
 use cgx_service::SharedClock;
 use cgx_service::db::{
-    Backend, Database, DbError, GroupCommit, Migration, WriterConn, placeholders,
+    Backend, Commit, Database, DbError, GroupCommit, InlineCommit, Migration, WriterConn,
+    placeholders,
 };
 use sqlx::Row;
 
@@ -212,8 +214,8 @@ pub struct Store {
     db: Database,
     clock: SharedClock,
     kek: LessSafeKey,
-    sessions: GroupCommit<NewSession, bool>,
-    audits: GroupCommit<NewAudit, ()>,
+    sessions: Commit<NewSession, bool>,
+    audits: Commit<NewAudit, ()>,
     /// The connections the two writers keep (given back on [`Store::close`]).
     writers: [WriterConn; 2],
     resources: Mutex<HashMap<String, CachedResource>>,
@@ -253,16 +255,31 @@ impl Store {
         };
         let writers = [session_writer, audit_writer];
         db.migrate(MIGRATION_LOCK, MIGRATIONS, clock.unix()).await?;
+        // An SQLite file: each request writes its rows itself ([`InlineCommit`]), through one
+        // connection of its own. Otherwise a writer task per table.
+        let (sessions, audits) = match db.inline_conn()? {
+            Some(conn) => (
+                Commit::Inline(InlineCommit::new(
+                    conn.clone(),
+                    Box::new(insert_sessions_inline),
+                )),
+                Commit::Inline(InlineCommit::new(conn, Box::new(insert_audits_inline))),
+            ),
+            None => (
+                Commit::Queued(GroupCommit::spawn(Box::new({
+                    let w = writers[0].clone();
+                    move |rows| Box::pin(insert_sessions(w.clone(), rows))
+                }))),
+                Commit::Queued(GroupCommit::spawn(Box::new({
+                    let w = writers[1].clone();
+                    let postgres = db.backend() == Backend::Postgres;
+                    move |rows| Box::pin(insert_audits(w.clone(), postgres, rows))
+                }))),
+            ),
+        };
         Store {
-            sessions: GroupCommit::spawn(Box::new({
-                let w = writers[0].clone();
-                move |rows| Box::pin(insert_sessions(w.clone(), rows))
-            })),
-            audits: GroupCommit::spawn(Box::new({
-                let w = writers[1].clone();
-                let postgres = db.backend() == Backend::Postgres;
-                move |rows| Box::pin(insert_audits(w.clone(), postgres, rows))
-            })),
+            sessions,
+            audits,
             writers,
             resources: Mutex::new(HashMap::new()),
             versions: Watermarks::in_memory(kek_bytes),
@@ -821,17 +838,85 @@ impl Store {
     }
 }
 
+/// The statement that inserts `n` session rows, answering the ids it inserted.
+fn sessions_sql(n: usize) -> String {
+    format!(
+        "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at, tee_pubkey, token)
+         VALUES {} ON CONFLICT (id) DO NOTHING RETURNING id",
+        placeholders(n, 8)
+    )
+}
+
+/// The statement that inserts `n` audit rows.
+fn audits_sql(n: usize) -> String {
+    format!(
+        "INSERT INTO audit (at, actor, action, subject, detail) VALUES {}",
+        placeholders(n, 5)
+    )
+}
+
+/// Each row's answer from the ids a batch inserted: `true` once per inserted id, to the first
+/// row that carried it; `false` for a replayed challenge.
+fn claimed(rows: &[NewSession], inserted: &HashSet<String>) -> Vec<bool> {
+    let mut claimed = HashSet::new();
+    rows.iter()
+        .map(|r| inserted.contains(&r.id) && claimed.insert(&r.id))
+        .collect()
+}
+
+/// [`insert_sessions`] on an SQLite connection of the caller's own ([`InlineCommit`]).
+fn insert_sessions_inline(
+    c: &rusqlite::Connection,
+    rows: Vec<NewSession>,
+) -> Result<Vec<bool>, DbError> {
+    use rusqlite::types::Value as V;
+    let mut seen = HashSet::new();
+    let fresh: Vec<&NewSession> = rows.iter().filter(|r| seen.insert(&r.id)).collect();
+    let mut args = Vec::with_capacity(fresh.len() * 8);
+    for r in &fresh {
+        args.extend([
+            V::Text(r.id.clone()),
+            V::Text(r.nonce.clone()),
+            V::Text(r.tee.clone()),
+            V::Text(r.state.to_string()),
+            V::Integer(r.created_at),
+            V::Integer(r.expires_at),
+            r.tee_pubkey.clone().map_or(V::Null, V::Text),
+            r.token.clone().map_or(V::Null, V::Text),
+        ]);
+    }
+    let mut st = c.prepare_cached(&sessions_sql(fresh.len()))?;
+    let inserted = st
+        .query_map(rusqlite::params_from_iter(args), |row| row.get::<_, String>(0))?
+        .collect::<Result<HashSet<String>, _>>()?;
+    Ok(claimed(&rows, &inserted))
+}
+
+/// [`insert_audits`] on an SQLite connection of the caller's own ([`InlineCommit`]).
+fn insert_audits_inline(c: &rusqlite::Connection, rows: Vec<NewAudit>) -> Result<Vec<()>, DbError> {
+    use rusqlite::types::Value as V;
+    let n = rows.len();
+    let mut args = Vec::with_capacity(n * 5);
+    for r in rows {
+        args.extend([
+            V::Integer(r.at),
+            V::Text(r.actor),
+            V::Text(r.action),
+            V::Text(r.subject),
+            V::Text(r.detail),
+        ]);
+    }
+    c.prepare_cached(&audits_sql(n))?
+        .execute(rusqlite::params_from_iter(args))?;
+    Ok(vec![(); n])
+}
+
 /// One statement for a batch of session rows: `true` for each row inserted, `false` for a
 /// replayed challenge (its id already stored, or earlier in this batch).
 async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<bool>, DbError> {
     let mut seen = HashSet::new();
     let fresh: Vec<&NewSession> = rows.iter().filter(|r| seen.insert(&r.id)).collect();
-    let sql = format!(
-        "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at, tee_pubkey, token)
-         VALUES {} ON CONFLICT (id) DO NOTHING RETURNING id",
-        placeholders(fresh.len(), 8)
-    );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sessions_sql(fresh.len())));
     for r in &fresh {
         q = q
             .bind(r.id.clone())
@@ -849,12 +934,7 @@ async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<boo
         .iter()
         .map(|row| row.try_get::<String, _>("id"))
         .collect::<Result<HashSet<String>, _>>()?;
-    // Each inserted id answers `true` once: to the first row that carried it.
-    let mut claimed = HashSet::new();
-    Ok(rows
-        .iter()
-        .map(|r| inserted.contains(&r.id) && claimed.insert(&r.id))
-        .collect())
+    Ok(claimed(&rows, &inserted))
 }
 
 /// Audit rows take `seq` in commit order (PostgreSQL: under this advisory lock; SQLite has one
@@ -868,11 +948,7 @@ async fn insert_audits(
     postgres: bool,
     rows: Vec<NewAudit>,
 ) -> Result<Vec<()>, DbError> {
-    let sql = format!(
-        "INSERT INTO audit (at, actor, action, subject, detail) VALUES {}",
-        placeholders(rows.len(), 5)
-    );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(audits_sql(rows.len())));
     for r in &rows {
         q = q
             .bind(r.at)

@@ -6,6 +6,7 @@
 //! A row proves nothing by itself: services verify what they read (see DESIGN.md's trust model).
 
 mod group_commit;
+mod inline;
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use sqlx::Row;
 use sqlx::any::AnyPoolOptions;
 
 pub use group_commit::{GroupCommit, WriteBatch, placeholders};
+pub use inline::{InlineBatch, InlineCommit, SqliteConn};
 
 /// Database errors. What reaches a client is only the service's own error code: a driver's
 /// message can name tables, files and hosts.
@@ -24,6 +26,8 @@ pub enum DbError {
     Url(String),
     #[error(transparent)]
     Sqlx(#[from] sqlx::Error),
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
     #[error("batch write: {0}")]
     Batch(String),
     #[error("the database writer has stopped")]
@@ -51,6 +55,9 @@ pub struct Migration {
 pub struct Database {
     pool: AnyPool,
     backend: Backend,
+    /// The SQLite file, for [`Database::inline_conn`] (none for PostgreSQL and in-memory).
+    sqlite_file: Option<std::path::PathBuf>,
+    durable: bool,
 }
 
 impl Database {
@@ -103,10 +110,29 @@ impl Database {
                 })
             });
         }
+        let sqlite_file = if sqlite && !url.contains(":memory:") {
+            use std::str::FromStr;
+            let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?;
+            Some(opts.get_filename().to_path_buf())
+        } else {
+            None
+        };
         Ok(Database {
             pool: opts.connect(&url).await?,
             backend,
+            sqlite_file,
+            durable,
         })
+    }
+
+    /// A connection of its own to this SQLite file, with the pool's settings, for
+    /// [`InlineCommit`] writers; `None` for PostgreSQL and in-memory SQLite (use
+    /// [`GroupCommit`]). Open it after migrating: the file must exist.
+    pub fn inline_conn(&self) -> Result<Option<Arc<SqliteConn>>, DbError> {
+        match &self.sqlite_file {
+            Some(f) => Ok(Some(Arc::new(SqliteConn::open(f, self.durable)?))),
+            None => Ok(None),
+        }
     }
 
     pub fn pool(&self) -> &AnyPool {
@@ -204,6 +230,31 @@ impl Database {
     /// Wait for every connection to come back, then close.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// A per-request write path: inline on an SQLite file, through a writer task otherwise.
+pub enum Commit<T, R> {
+    Queued(GroupCommit<T, R>),
+    Inline(InlineCommit<T, R>),
+}
+
+impl<T, R> std::fmt::Debug for Commit<T, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Commit::Queued(_) => f.write_str("Commit::Queued"),
+            Commit::Inline(_) => f.write_str("Commit::Inline"),
+        }
+    }
+}
+
+impl<T: Send + 'static, R: Send + 'static> Commit<T, R> {
+    /// Write `row` and wait for its commit.
+    pub async fn write(&self, row: T) -> Result<R, DbError> {
+        match self {
+            Commit::Queued(q) => q.write(row).await,
+            Commit::Inline(i) => i.write(row).await,
+        }
     }
 }
 
