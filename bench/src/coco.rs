@@ -1,11 +1,13 @@
 //! `cgx bench coco`: cgx's KBS beside Trustee's own (`../shared/anchors/trustee-kbs`), driven
 //! by the same client, CoCo's stock `kbs-client` — one process per full flow (auth → attest →
 //! resource, sample evidence, a new connection each time), as a CoCo user runs it — in
-//! interleaved rounds. Each server's CPU per flow comes from that server alone: Trustee's
-//! process (`/proc/<pid>/stat` utime + stime, in USER_HZ ticks of 10 ms, so rounds are sized
-//! to hundreds of ms), cgx's server threads (`schedstat`, as `cgx bench kbs` reads them).
-//! The ratio cgx ÷ Trustee is what issue 15 holds to ≤ 0.2. Client CPU is not counted on
-//! either side.
+//! interleaved rounds. Both servers run as processes of their own — `cgx kbs serve` (the `cgx`
+//! program beside this one) and `trustee-kbs`, each logging warnings only — and each one's CPU
+//! is read the same way: the sum of its threads' `/proc/<pid>/task/*/schedstat` run time
+//! (nanoseconds; `/proc/<pid>/stat`'s 10 ms ticks are too coarse for rounds of tens of ms),
+//! cross-checked against the process's own ticks over the whole run, which also count threads
+//! that exited. The ratio cgx ÷ Trustee is what issue 15 holds to ≤ 0.2. Client CPU is not
+//! counted on either side.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -14,11 +16,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::CliResult;
-use crate::kbs::thread_cpu_secs;
 
 const RESOURCE: &str = "tenant-a/key/bench";
 const VALUE: &[u8] = b"the model key, 32 bytes long....";
-const SERVER_THREAD: &str = "coco-kbs";
 
 /// The anchors beside the working directory or this program ([`cgx_devnet::shared_anchors`]).
 fn anchors() -> Option<PathBuf> {
@@ -101,27 +101,76 @@ impl Client<'_> {
     }
 }
 
-/// Trustee's KBS as a child process, killed on drop.
-struct Trustee(Child);
+/// A server under test as a child process, killed on drop.
+struct Served {
+    name: &'static str,
+    child: Child,
+}
 
-impl Drop for Trustee {
+impl Drop for Served {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
-impl Trustee {
-    /// CPU seconds the process has used (all its threads, live or gone).
+impl Served {
+    fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> Result<Self, String> {
+        let log = std::fs::File::create(log).map_err(|e| e.to_string())?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("{name}: {e}"))?;
+        Ok(Served { name, child })
+    }
+
+    /// CPU seconds its live threads have run (`schedstat`, nanoseconds).
     fn cpu_secs(&self) -> Result<f64, String> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0.id()))
-            .map_err(|e| format!("trustee-kbs: {e}"))?;
-        // Fields after the command name (which may hold spaces): state is field 3, utime 14.
+        let dir = format!("/proc/{}/task", self.child.id());
+        let mut ns = 0u64;
+        for task in std::fs::read_dir(&dir)
+            .map_err(|e| format!("{}: {dir}: {e}", self.name))?
+            .flatten()
+        {
+            // A thread that exited meanwhile has no file: the ticks cross-check covers it.
+            if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
+                ns += stat
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        Ok(ns as f64 / 1e9)
+    }
+
+    /// CPU seconds the whole process has used, threads gone included (`/proc/<pid>/stat`
+    /// utime + stime, in 10 ms ticks).
+    fn ticks_secs(&self) -> Result<f64, String> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .map_err(|e| format!("{}: {e}", self.name))?;
+        // Fields after the command name (which may hold spaces): state is field 3; utime and
+        // stime are fields 14 and 15, i.e. 11 and 12 after the state.
         let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
         let f: Vec<&str> = after.split_whitespace().collect();
         let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        // utime and stime are fields 14 and 15, i.e. 11 and 12 after the state.
         Ok((ticks(11) + ticks(12)) as f64 / 100.0)
+    }
+}
+
+/// The `cgx` program beside this one (`cgx bench` runs this program from beside it).
+fn cgx_program() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let cgx = exe.with_file_name("cgx");
+    if cgx.is_file() {
+        Ok(cgx)
+    } else {
+        Err(format!(
+            "no {} (cargo build --release -p cgx-cli)",
+            cgx.display()
+        ))
     }
 }
 
@@ -162,17 +211,14 @@ pub fn bench(flows: usize, rounds: usize, json_out: bool) -> CliResult {
         .replace("127.0.0.1:18090", &format!("127.0.0.1:{port}"));
     std::fs::create_dir_all(tmp.join("trustee")).map_err(|e| e.to_string())?;
     std::fs::write(tmp.join("trustee.toml"), config).map_err(|e| e.to_string())?;
-    let log = std::fs::File::create(tmp.join("trustee.log")).map_err(|e| e.to_string())?;
-    let trustee = Trustee(
+    let trustee = Served::spawn(
+        "trustee-kbs",
         Command::new(dir.join("trustee-kbs"))
             .arg("--config-file")
             .arg(tmp.join("trustee.toml"))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("trustee-kbs: {e}"))?,
-    );
+            .env("RUST_LOG", "warn"),
+        &tmp.join("trustee.log"),
+    )?;
     wait_listening(port)?;
     std::fs::write(tmp.join("any-token"), "any").map_err(|e| e.to_string())?;
     let on_trustee = Client {
@@ -182,54 +228,77 @@ pub fn bench(flows: usize, rounds: usize, json_out: bool) -> CliResult {
     };
     on_trustee.provision(&tmp, &["--policy-file", &write_allow(&tmp)?])?;
 
-    // cgx, configured as a CoCo user would point it at sample evidence.
-    let mut setup = cgx_devnet::setup(&[], None).map_err(|e| e.to_string())?;
-    setup.config.allow_sample = true;
-    setup.config.tenant_isolation = false;
-    let server =
-        cgx_devnet::Server::start_named(&setup.config, SERVER_THREAD).map_err(|e| e.to_string())?;
+    // cgx, configured as a CoCo user would point it at sample evidence: `cgx kbs serve` with
+    // the development set-up's keys and reference values, sample evidence taken, Trustee's
+    // single-tenant release model.
+    let setup = cgx_devnet::setup(&[], None).map_err(|e| e.to_string())?;
+    let c = &setup.config;
+    let cgx_port = free_port()?;
+    let config = json!({
+        "listen": format!("127.0.0.1:{cgx_port}"),
+        "insecure_dev": true,
+        "database": format!("sqlite://{}", tmp.join("cgx-kbs.db").display()),
+        "kek": {"file": setup.dir.join("kek.hex")},
+        "admin_keys": [{"public_key": setup.admin.public_b64, "repositories": ["*"]}],
+        "result_key": c.result_key,
+        "allow_sample": true,
+        "tenant_isolation": false,
+        "appraisal": {"reference_values": c.appraisal.reference_values},
+    });
+    std::fs::write(tmp.join("cgx-kbs.json"), config.to_string()).map_err(|e| e.to_string())?;
+    let cgx = Served::spawn(
+        "cgx kbs serve",
+        Command::new(cgx_program()?)
+            .args(["kbs", "serve", "--config"])
+            .arg(tmp.join("cgx-kbs.json"))
+            .env("CGX_LOG", "warn"),
+        &tmp.join("cgx-kbs.log"),
+    )?;
+    wait_listening(cgx_port)?;
     // Admin tokens are needed while provisioning only, well within their 300 s.
     let token = setup.admin.admin_token().map_err(|e| e.to_string())?;
     std::fs::write(tmp.join("cgx-token"), token).map_err(|e| e.to_string())?;
     let on_cgx = Client {
         bin: &client_bin,
-        url: server.base.clone(),
+        url: format!("http://127.0.0.1:{cgx_port}"),
         token: tmp.join("cgx-token"),
     };
     on_cgx.provision(&tmp, &["--allow-all"])?;
 
-    let cgx_cpu = || thread_cpu_secs(&[SERVER_THREAD, "sqlx-sqlite"]).ok_or("no /proc");
-    let (mut t_ms, mut c_ms, mut ratios) = (vec![], vec![], vec![]);
+    let servers = [&trustee, &cgx];
+    let clients = [&on_trustee, &on_cgx];
+    let ticks_before = [trustee.ticks_secs()?, cgx.ticks_secs()?];
+    let (mut sums, mut t_ms, mut c_ms, mut ratios) = ([0.0f64; 2], vec![], vec![], vec![]);
     for r in 0..rounds {
         let mut round = [0.0f64; 2];
         // Alternate which server goes first, so drift on the machine falls on both.
         for side in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
-            let (client, before) = if side == 0 {
-                (&on_trustee, trustee.cpu_secs()?)
-            } else {
-                (&on_cgx, cgx_cpu()?)
-            };
+            let before = servers[side].cpu_secs()?;
             for _ in 0..flows {
-                client.flow()?;
+                clients[side].flow()?;
             }
-            let after = if side == 0 {
-                trustee.cpu_secs()?
-            } else {
-                cgx_cpu()?
-            };
-            round[side] = (after - before) * 1e3 / flows as f64;
+            let used = servers[side].cpu_secs()? - before;
+            sums[side] += used;
+            round[side] = used * 1e3 / flows as f64;
         }
         t_ms.push(round[0]);
         c_ms.push(round[1]);
         ratios.push(round[1] / round[0].max(1e-9));
     }
-    server.stop();
+    // What the threads' run times missed (threads that exited, time between reads), against
+    // the processes' own ticks: the measured rounds are most of each process's run.
+    let ticks = [
+        trustee.ticks_secs()? - ticks_before[0],
+        cgx.ticks_secs()? - ticks_before[1],
+    ];
+    drop(cgx);
     drop(trustee);
     setup.cleanup();
     let _ = std::fs::remove_dir_all(&tmp);
     let round3 = |x: f64| (x * 1000.0).round() / 1000.0;
     let out = json!({
         "client": "CoCo kbs-client (stock, sample attester), one process per flow",
+        "servers": "trustee-kbs and cgx kbs serve, each its own process, warnings logged",
         "flows_per_round": flows,
         "rounds": rounds,
         "trustee_cpu_ms_per_flow": round3(median(t_ms.clone())),
@@ -239,6 +308,8 @@ pub fn bench(flows: usize, rounds: usize, json_out: bool) -> CliResult {
         "rounds_trustee_ms": t_ms.into_iter().map(round3).collect::<Vec<_>>(),
         "rounds_cgx_ms": c_ms.into_iter().map(round3).collect::<Vec<_>>(),
         "rounds_ratio": ratios.into_iter().map(round3).collect::<Vec<_>>(),
+        "cpu_secs_threads": [round3(sums[0]), round3(sums[1])],
+        "cpu_secs_process_ticks": [round3(ticks[0]), round3(ticks[1])],
     });
     if json_out {
         crate::print_json(&out)?;
@@ -251,6 +322,10 @@ pub fn bench(flows: usize, rounds: usize, json_out: bool) -> CliResult {
             out["trustee_cpu_ms_per_flow"], out["cgx_cpu_ms_per_flow"], out["ratio"]
         );
         println!("  per round: ratio {}", out["rounds_ratio"]);
+        println!(
+            "  CPU over the rounds (Trustee, cgx): threads {} s, process ticks {} s",
+            out["cpu_secs_threads"], out["cpu_secs_process_ticks"]
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
