@@ -647,7 +647,6 @@ fn a_session_row_written_into_the_database_is_not_a_session() {
     put_resource(&srv.base, &s.admin, "tenant-a/key/db", b"k", false);
     let mut victim = client(&srv.base);
     let token = victim.attest(&n).unwrap();
-    let key = serde_json::to_string(&victim.tee_key().public().unwrap()).unwrap();
     let kek: [u8; 32] = hex::decode(
         std::fs::read_to_string(s.dir.join("kek.hex"))
             .unwrap()
@@ -671,7 +670,6 @@ fn a_session_row_written_into_the_database_is_not_a_session() {
                     "snp",
                     cgx_kbs::server::store::ATTESTED,
                     now() + 300,
-                    Some(&key),
                     Some(&token),
                 )
                 .await

@@ -73,7 +73,7 @@ async fn a_challenge_answered_many_times_at_once_is_recorded_once() {
                 tasks.push(tokio::spawn(async move {
                     let state = if round % 2 == 0 { ATTESTED } else { FAILED };
                     let first = store
-                        .record_session(&id, "nonce", "snp", state, i64::MAX, Some("{}"), None)
+                        .record_session(&id, "nonce", "snp", state, i64::MAX, None)
                         .await
                         .unwrap();
                     (id, first)
@@ -211,7 +211,7 @@ async fn a_version_1_database_keeps_its_audit_trail_through_migration_2() {
     let store = Store::open(&url, &[9u8; 32], cgx_service::clock::system())
         .await
         .unwrap();
-    assert_eq!(store.schema_version().await.unwrap(), 5);
+    assert_eq!(store.schema_version().await.unwrap(), 6);
     let kept = store.audit_events(0, 100).await.unwrap();
     assert_eq!(kept.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 3]);
     assert_eq!(kept[1].action, "release");
@@ -248,7 +248,7 @@ async fn replicas_starting_together_migrate_once() {
         stores.push(o.await.unwrap().expect("every replica opens"));
     }
     for s in &stores {
-        assert_eq!(s.schema_version().await.unwrap(), 5);
+        assert_eq!(s.schema_version().await.unwrap(), 6);
     }
     if let Ok(pg) = std::env::var("CGX_TEST_DATABASE_URL")
         && !pg.is_empty()
@@ -263,7 +263,7 @@ async fn replicas_starting_together_migrate_once() {
             .collect();
         for o in opening {
             let s = o.await.unwrap().expect("every PostgreSQL replica opens");
-            assert_eq!(s.schema_version().await.unwrap(), 5);
+            assert_eq!(s.schema_version().await.unwrap(), 6);
         }
     }
 }
@@ -340,4 +340,52 @@ async fn audit_order_across_postgresql_replicas_misses_no_row() {
     }
     let seen = reader.await.unwrap();
     assert_eq!(seen, writers * per, "rows the paging reader never saw");
+}
+
+/// The sweep drops sessions whose challenge (and so the session) expired long enough ago, and
+/// keeps live ones; on SQLite it goes by the ids' time prefix, with no index on the expiry.
+#[tokio::test]
+async fn the_sweep_drops_dead_sessions_and_keeps_live_ones() {
+    use cgx_kbs::server::store::id_time_prefix;
+    for (name, store, _dir) in backends().await {
+        let tag = unique("sweep");
+        // Challenge expired at 600, session at 850: dead at 1000 with a 300 s session lifetime.
+        let dead = format!("{}.{tag}.snp.00", id_time_prefix(600));
+        // Challenge expiring at 990, session at 1200: alive at 1000.
+        let live = format!("{}.{tag}.snp.00", id_time_prefix(990));
+        assert!(
+            store
+                .record_session(&dead, "n", "snp", ATTESTED, 850, None)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .record_session(&live, "n", "snp", ATTESTED, 1200, None)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store.sweep_sessions(1000, 300).await.unwrap() >= 1,
+            "{name}"
+        );
+        assert!(
+            store.session(&dead).await.unwrap().is_none(),
+            "{name}: dead kept"
+        );
+        assert!(
+            store.session(&live).await.unwrap().is_some(),
+            "{name}: live dropped"
+        );
+    }
+}
+
+#[test]
+fn session_ids_compare_as_their_times() {
+    use cgx_kbs::server::store::id_time_prefix;
+    assert_eq!(id_time_prefix(-5), "000000000000");
+    let id = format!("{}.ab.snp.cd", id_time_prefix(700));
+    assert!(id.as_str() >= id_time_prefix(700).as_str());
+    assert!(id.as_str() < id_time_prefix(701).as_str());
+    assert!(format!("{}.ff", id_time_prefix(99)).as_str() < id_time_prefix(100).as_str());
 }

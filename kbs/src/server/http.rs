@@ -249,13 +249,11 @@ async fn attest_inner(
         Err(e) => {
             // A failed answer uses up the challenge too.
             kbs.store
-                .record_session(&id, &ch.nonce, &ch.tee, FAILED, ch.expires_at, None, None)
+                .record_session(&id, &ch.nonce, &ch.tee, FAILED, ch.expires_at, None)
                 .await?;
             return Err(e);
         }
     };
-    let key_json = serde_json::to_string(&att.runtime_data.tee_pubkey)
-        .map_err(|e| KbsError::Internal(e.to_string()))?;
     let expires_at = kbs.clock.unix() + kbs.session_ttl;
     if !kbs
         .store
@@ -265,7 +263,6 @@ async fn attest_inner(
             &ch.tee,
             ATTESTED,
             expires_at,
-            Some(&key_json),
             Some(attested.token()),
         )
         .await?

@@ -502,7 +502,11 @@ async fn housekeeping(kbs: Arc<Kbs>) {
     loop {
         ticker.tick().await;
         // Busy databases are normal under load; the next tick retries.
-        if let Err(e) = kbs.store.sweep_sessions(kbs.clock.unix()).await {
+        if let Err(e) = kbs
+            .store
+            .sweep_sessions(kbs.clock.unix(), kbs.session_ttl)
+            .await
+        {
             tracing::debug!(error = %e, "session sweep deferred");
         }
         if let Err(e) = kbs.refresh_engine().await {

@@ -14,6 +14,13 @@ use aws_lc_rs::hmac;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
+/// The leading part of the ids of challenges expiring at `t` (Unix seconds, at least 0):
+/// zero-padded, so ids compare in byte order as their expiry times do, and an id is less than
+/// `id_time_prefix(t)` exactly when its challenge expired before `t`.
+pub fn id_time_prefix(t: i64) -> String {
+    format!("{:012}", t.max(0))
+}
+
 /// Session-id MAC and nonce derivation keys.
 pub struct SessionKeys {
     mac: hmac::Key,
@@ -54,7 +61,7 @@ impl SessionKeys {
     pub fn issue(&self, tee: &str, expires_at: i64) -> Option<Challenge> {
         let mut r = [0u8; 16];
         aws_lc_rs::rand::fill(&mut r).ok()?;
-        let body = format!("{expires_at:012}.{}.{tee}", hex::encode(r));
+        let body = format!("{}.{}.{tee}", id_time_prefix(expires_at), hex::encode(r));
         let id = format!("{body}.{}", hex::encode(&self.tag(b"id\0", &body)[..16]));
         let nonce = STANDARD.encode(self.tag(b"nonce\0", &id));
         Some(Challenge {

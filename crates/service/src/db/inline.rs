@@ -194,7 +194,8 @@ mod tests {
     fn conn(dir: &Path) -> Arc<SqliteConn> {
         let path = dir.join("t.db");
         let c = rusqlite::Connection::open(&path).unwrap();
-        c.execute_batch("CREATE TABLE t (n INTEGER PRIMARY KEY)").unwrap();
+        c.execute_batch("CREATE TABLE t (n INTEGER PRIMARY KEY)")
+            .unwrap();
         drop(c);
         Arc::new(SqliteConn::open(&path, false).unwrap())
     }
