@@ -230,7 +230,7 @@ pub fn bench(flows: usize, rounds: usize, json_out: bool) -> CliResult {
 
     // cgx, configured as a CoCo user would point it at sample evidence: `cgx kbs serve` with
     // the development set-up's keys and reference values, sample evidence taken, Trustee's
-    // single-tenant release model.
+    // single-tenant release model, and the default result key (Ed25519, one per process).
     let setup = cgx_devnet::setup(&[], None).map_err(|e| e.to_string())?;
     let c = &setup.config;
     let cgx_port = free_port()?;
@@ -240,7 +240,6 @@ pub fn bench(flows: usize, rounds: usize, json_out: bool) -> CliResult {
         "database": format!("sqlite://{}", tmp.join("cgx-kbs.db").display()),
         "kek": {"file": setup.dir.join("kek.hex")},
         "admin_keys": [{"public_key": setup.admin.public_b64, "repositories": ["*"]}],
-        "result_key": c.result_key,
         "allow_sample": true,
         "tenant_isolation": false,
         "appraisal": {"reference_values": c.appraisal.reference_values},

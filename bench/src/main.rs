@@ -85,7 +85,9 @@ enum BenchWhat {
         /// Full flows (one kbs-client process each) per server per round.
         #[arg(long, default_value_t = 100)]
         flows: usize,
-        #[arg(long, default_value_t = 5)]
+        /// Interleaved rounds; the ratio is their median (the machine's noise moves single
+        /// rounds by ±15%).
+        #[arg(long, default_value_t = 9)]
         rounds: usize,
         #[arg(long)]
         json: bool,

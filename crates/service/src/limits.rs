@@ -42,13 +42,18 @@ async fn declared_length(State(max): State<usize>, req: Request, next: Next) -> 
     next.run(req).await
 }
 
-/// The layer behind [`crate::ListenerConfig::max_in_flight`].
-pub(crate) async fn shed(
-    State(slots): State<Arc<tokio::sync::Semaphore>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let Ok(_permit) = slots.try_acquire() else {
+/// What [`admit`] holds: the in-flight slots ([`crate::ListenerConfig::max_in_flight`]) and
+/// the longest a request may take ([`crate::ListenerConfig::request_timeout`]).
+#[derive(Clone)]
+pub(crate) struct Admission {
+    pub slots: Arc<tokio::sync::Semaphore>,
+    pub timeout: std::time::Duration,
+}
+
+/// The server-wide layer: past `max_in_flight`, 503 with `Retry-After` at once (load
+/// shedding); a request that takes longer than `request_timeout`, 408.
+pub(crate) async fn admit(State(a): State<Admission>, req: Request, next: Next) -> Response {
+    let Ok(_permit) = a.slots.try_acquire() else {
         let mut resp = crate::error::problem(&Refusal {
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "Overloaded",
@@ -58,5 +63,12 @@ pub(crate) async fn shed(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return resp;
     };
-    next.run(req).await
+    match tokio::time::timeout(a.timeout, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => crate::error::problem(&Refusal {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: "RequestTimeout",
+            detail: "the request took longer than the server allows".into(),
+        }),
+    }
 }

@@ -128,21 +128,14 @@ pub async fn start(
     let background = background.into_iter().map(tokio::spawn).collect();
     let request_timeout = config.request_timeout;
     let slots = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight.max(1)));
+    // One layer for both (each `from_fn` layer costs every request a boxed clone of the
+    // service below it).
     let router = router.layer(axum::middleware::from_fn_with_state(
-        slots,
-        crate::limits::shed,
-    ));
-    let router = router.layer(axum::middleware::from_fn(
-        move |req: axum::extract::Request, next: axum::middleware::Next| async move {
-            match tokio::time::timeout(request_timeout, next.run(req)).await {
-                Ok(resp) => resp,
-                Err(_) => crate::error::problem(&crate::error::Refusal {
-                    status: axum::http::StatusCode::REQUEST_TIMEOUT,
-                    code: "RequestTimeout",
-                    detail: "the request took longer than the server allows".into(),
-                }),
-            }
+        crate::limits::Admission {
+            slots,
+            timeout: request_timeout,
         },
+        crate::limits::admit,
     ));
     let task = tokio::spawn(accept_loop(
         listener,
