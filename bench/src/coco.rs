@@ -118,6 +118,10 @@ impl Served {
     fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> Result<Self, String> {
         let log = std::fs::File::create(log).map_err(|e| e.to_string())?;
         let child = cmd
+            // Both servers' errors (anyhow's, std's) capture a backtrace when these are set,
+            // at a cost per error: the caller's shell must not tilt the comparison.
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -879,33 +879,42 @@ fn claimed(rows: &[NewSession], inserted: &HashSet<String>) -> Vec<bool> {
         .collect()
 }
 
-/// [`insert_sessions`] on an SQLite connection of the caller's own ([`InlineCommit`]).
+/// [`insert_sessions`] on an SQLite connection of the caller's own ([`InlineCommit`]): one
+/// single-row statement per row, whose change count says whether it was the first answer (no
+/// `RETURNING`, which costs SQLite a temporary table per statement), in one transaction when
+/// the batch has several rows.
 fn insert_sessions_inline(
     c: &rusqlite::Connection,
     rows: Vec<NewSession>,
 ) -> Result<Vec<bool>, DbError> {
-    use rusqlite::types::Value as V;
-    let mut seen = HashSet::new();
-    let fresh: Vec<&NewSession> = rows.iter().filter(|r| seen.insert(&r.id)).collect();
-    let mut args = Vec::with_capacity(fresh.len() * 7);
-    for r in &fresh {
-        args.extend([
-            V::Text(r.id.clone()),
-            V::Text(r.nonce.clone()),
-            V::Text(r.tee.clone()),
-            V::Text(r.state.to_string()),
-            V::Integer(r.created_at),
-            V::Integer(r.expires_at),
-            r.token.clone().map_or(V::Null, V::Text),
-        ]);
+    let tx = if rows.len() > 1 {
+        Some(c.unchecked_transaction()?)
+    } else {
+        None
+    };
+    let mut st = c.prepare_cached(
+        "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at, token)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING",
+    )?;
+    // A replay later in the same batch finds the row its first answer wrote.
+    let mut out = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let n = st.execute(rusqlite::params![
+            r.id,
+            r.nonce,
+            r.tee,
+            r.state,
+            r.created_at,
+            r.expires_at,
+            r.token
+        ])?;
+        out.push(n == 1);
     }
-    let mut st = c.prepare_cached(&sessions_sql(fresh.len()))?;
-    let inserted = st
-        .query_map(rusqlite::params_from_iter(args), |row| {
-            row.get::<_, String>(0)
-        })?
-        .collect::<Result<HashSet<String>, _>>()?;
-    Ok(claimed(&rows, &inserted))
+    drop(st);
+    if let Some(tx) = tx {
+        tx.commit()?;
+    }
+    Ok(out)
 }
 
 /// [`insert_audits`] on an SQLite connection of the caller's own ([`InlineCommit`]).
