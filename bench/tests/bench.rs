@@ -180,6 +180,15 @@ fn bench_coco_measures_both_servers_with_the_stock_client() {
         eprintln!("SKIPPED bench_coco: no ../shared/anchors (set CGX_ANCHORS)");
         return;
     }
+    // It runs `cgx kbs serve` from beside itself (`cargo test --workspace` builds both).
+    let beside = Path::new(env!("CARGO_BIN_EXE_cgx-bench")).with_file_name("cgx");
+    if !beside.is_file() {
+        eprintln!(
+            "SKIPPED bench_coco: no {} (cargo build -p cgx-cli, or test the workspace)",
+            beside.display()
+        );
+        return;
+    }
     let (code, out, err) = cgx(&["bench", "coco", "--json", "--flows", "5", "--rounds", "2"]);
     assert_eq!(code, 0, "{err}");
     let v = json(&out);
