@@ -329,6 +329,16 @@ pub fn bench(flows: usize, rounds: usize, json_out: bool) -> CliResult {
             "  CPU over the rounds (Trustee, cgx): threads {} s, process ticks {} s",
             out["cpu_secs_threads"], out["cpu_secs_process_ticks"]
         );
+        for (side, name) in [(0, "Trustee"), (1, "cgx")] {
+            // Ticks also count threads that exited and the time between rounds; more than a
+            // tick or two beyond the threads' sum means the per-round figures missed CPU.
+            if ticks[side] > sums[side] * 1.1 + 0.03 {
+                println!(
+                    "  warning: {name}'s process used {:.2} s, its live threads {:.2} s: threads that exited are not in the rounds",
+                    ticks[side], sums[side]
+                );
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -249,12 +249,23 @@ async fn attest_inner(
         Err(e) => {
             // A failed answer uses up the challenge too.
             kbs.store
-                .record_session(&id, &ch.nonce, &ch.tee, FAILED, ch.expires_at, None)
+                // Kept a session lifetime past the challenge's expiry, like an answered one: a
+                // replica whose clock is behind still finds it.
+                .record_session(
+                    &id,
+                    &ch.nonce,
+                    &ch.tee,
+                    FAILED,
+                    ch.expires_at + kbs.session_ttl,
+                    None,
+                )
                 .await?;
             return Err(e);
         }
     };
-    let expires_at = kbs.clock.unix() + kbs.session_ttl;
+    // A session lives at most `session_ttl` past its challenge's expiry, however long the
+    // attestation took (collateral fetches): the session sweep relies on it.
+    let expires_at = kbs.clock.unix().min(ch.expires_at) + kbs.session_ttl;
     if !kbs
         .store
         .record_session(

@@ -265,24 +265,32 @@ impl Store {
         db.migrate(MIGRATION_LOCK, MIGRATIONS, clock.unix()).await?;
         // An SQLite file: each request writes its rows itself ([`InlineCommit`]), through one
         // connection of its own. Otherwise a writer task per table.
+        let queued_sessions = GroupCommit::spawn(Box::new({
+            let w = writers[0].clone();
+            move |rows| Box::pin(insert_sessions(w.clone(), rows))
+        }));
+        let queued_audits = GroupCommit::spawn(Box::new({
+            let w = writers[1].clone();
+            let postgres = db.backend() == Backend::Postgres;
+            move |rows| Box::pin(insert_audits(w.clone(), postgres, rows))
+        }));
         let (sessions, audits) = match db.inline_conn()? {
+            // The writer tasks take what finds the file locked by another writer.
             Some(conn) => (
                 Commit::Inline(InlineCommit::new(
                     conn.clone(),
                     Box::new(insert_sessions_inline),
+                    queued_sessions,
                 )),
-                Commit::Inline(InlineCommit::new(conn, Box::new(insert_audits_inline))),
+                Commit::Inline(InlineCommit::new(
+                    conn,
+                    Box::new(insert_audits_inline),
+                    queued_audits,
+                )),
             ),
             None => (
-                Commit::Queued(GroupCommit::spawn(Box::new({
-                    let w = writers[0].clone();
-                    move |rows| Box::pin(insert_sessions(w.clone(), rows))
-                }))),
-                Commit::Queued(GroupCommit::spawn(Box::new({
-                    let w = writers[1].clone();
-                    let postgres = db.backend() == Backend::Postgres;
-                    move |rows| Box::pin(insert_audits(w.clone(), postgres, rows))
-                }))),
+                Commit::Queued(queued_sessions),
+                Commit::Queued(queued_audits),
             ),
         };
         Store {
@@ -413,10 +421,12 @@ impl Store {
     /// Delete sessions that expired by `now`; returns how many. `session_ttl`: the longest a
     /// session lives after its challenge.
     ///
-    /// SQLite deletes by the id's leading challenge expiry (byte order is time order): a
-    /// session was answered before its challenge expired, so it expires within `session_ttl`
-    /// of it, and a row whose challenge expired more than `session_ttl` ago is dead. Rows
-    /// expired since stay a little longer; reads check `expires_at` anyway.
+    /// SQLite deletes by the id's leading challenge expiry (byte order is time order): the
+    /// attest handler ends every session, and keeps every failed answer, at most
+    /// `session_ttl` past its challenge's expiry, so a row whose challenge expired more than
+    /// `session_ttl` ago is dead. Rows expired since stay a little longer; reads check
+    /// `expires_at` anyway. (A restart with a shorter `session_ttl` ends older sessions by the
+    /// new lifetime; their clients attest again.)
     pub async fn sweep_sessions(&self, now: i64, session_ttl: i64) -> Result<u64, KbsError> {
         let q = match self.db.backend() {
             Backend::Sqlite => sqlx::query("DELETE FROM sessions WHERE id < $1").bind(
@@ -885,10 +895,13 @@ fn claimed(rows: &[NewSession], inserted: &HashSet<String>) -> Vec<bool> {
 /// the batch has several rows.
 fn insert_sessions_inline(
     c: &rusqlite::Connection,
-    rows: Vec<NewSession>,
+    rows: &[NewSession],
 ) -> Result<Vec<bool>, DbError> {
     let tx = if rows.len() > 1 {
-        Some(c.unchecked_transaction()?)
+        Some(rusqlite::Transaction::new_unchecked(
+            c,
+            rusqlite::TransactionBehavior::Immediate,
+        )?)
     } else {
         None
     };
@@ -898,7 +911,7 @@ fn insert_sessions_inline(
     )?;
     // A replay later in the same batch finds the row its first answer wrote.
     let mut out = Vec::with_capacity(rows.len());
-    for r in &rows {
+    for r in rows {
         let n = st.execute(rusqlite::params![
             r.id,
             r.nonce,
@@ -918,21 +931,19 @@ fn insert_sessions_inline(
 }
 
 /// [`insert_audits`] on an SQLite connection of the caller's own ([`InlineCommit`]).
-fn insert_audits_inline(c: &rusqlite::Connection, rows: Vec<NewAudit>) -> Result<Vec<()>, DbError> {
-    use rusqlite::types::Value as V;
+fn insert_audits_inline(c: &rusqlite::Connection, rows: &[NewAudit]) -> Result<Vec<()>, DbError> {
     let n = rows.len();
-    let mut args = Vec::with_capacity(n * 5);
+    let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(n * 5);
     for r in rows {
         args.extend([
-            V::Integer(r.at),
-            V::Text(r.actor),
-            V::Text(r.action),
-            V::Text(r.subject),
-            V::Text(r.detail),
+            &r.at as &dyn rusqlite::ToSql,
+            &r.actor,
+            &r.action,
+            &r.subject,
+            &r.detail,
         ]);
     }
-    c.prepare_cached(&audits_sql(n))?
-        .execute(rusqlite::params_from_iter(args))?;
+    c.prepare_cached(&audits_sql(n))?.execute(args.as_slice())?;
     Ok(vec![(); n])
 }
 

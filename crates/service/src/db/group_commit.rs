@@ -28,6 +28,14 @@ pub struct GroupCommit<T, R> {
     queue: mpsc::UnboundedSender<Waiter<T, R>>,
 }
 
+impl<T, R> Clone for GroupCommit<T, R> {
+    fn clone(&self) -> Self {
+        GroupCommit {
+            queue: self.queue.clone(),
+        }
+    }
+}
+
 impl<T, R> std::fmt::Debug for GroupCommit<T, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GroupCommit").finish_non_exhaustive()

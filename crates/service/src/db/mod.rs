@@ -110,7 +110,12 @@ impl Database {
                 })
             });
         }
-        let sqlite_file = if sqlite && !url.contains(":memory:") {
+        // Inline writers open the file itself: only for a plain file URL (`mode=memory`, `ro`
+        // or other options keep every write on the pool).
+        let plain_file = url
+            .split_once('?')
+            .is_none_or(|(_, q)| q.split('&').all(|p| matches!(p, "mode=rwc" | "mode=rw")));
+        let sqlite_file = if sqlite && plain_file && !url.contains(":memory:") {
             use std::str::FromStr;
             let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?;
             Some(opts.get_filename().to_path_buf())
@@ -350,5 +355,35 @@ impl WriterConn {
     /// Give the kept connection back (before the pool closes).
     pub async fn release(&self) {
         *self.conn.lock().await = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Inline writers open the file the URL names, so only a plain file URL gets them: an
+    /// in-memory or read-only pool must not have its writes land in a file beside it.
+    #[tokio::test]
+    async fn only_a_plain_sqlite_file_gets_an_inline_connection() {
+        let dir = std::env::temp_dir().join(format!("cgx-db-inline-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("x.db");
+        let plain = Database::open(&format!("sqlite://{}", file.display()))
+            .await
+            .unwrap();
+        assert!(plain.inline_conn().unwrap().is_some());
+        for url in [
+            format!("sqlite://{}?mode=memory", dir.join("m.db").display()),
+            "sqlite::memory:".to_string(),
+            format!("sqlite://{}?mode=ro", file.display()),
+        ] {
+            let db = Database::open(&url).await.unwrap();
+            assert!(db.inline_conn().unwrap().is_none(), "{url}");
+        }
+        assert!(!dir.join("m.db").exists(), "an in-memory pool made a file");
+        plain.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
