@@ -1,7 +1,9 @@
 //! The database every cgx service uses: sqlx's `Any` driver over SQLite (the embedded default,
 //! one replica) or PostgreSQL (several replicas), one SQL dialect (`$n` placeholders work on
 //! both), versioned migrations that replicas starting together run exactly once, writers that
-//! keep their connection, and [`GroupCommit`] for the writes every request makes.
+//! keep their connection, and group commit for the writes every request makes: [`GroupCommit`]
+//! (a writer task) or, on an SQLite file, [`InlineCommit`] (the requests write the batches
+//! themselves), both behind [`Commit`].
 //!
 //! A row proves nothing by itself: services verify what they read (see DESIGN.md's trust model).
 
@@ -130,9 +132,10 @@ impl Database {
         })
     }
 
-    /// A connection of its own to this SQLite file, with the pool's settings, for
-    /// [`InlineCommit`] writers; `None` for PostgreSQL and in-memory SQLite (use
-    /// [`GroupCommit`]). Open it after migrating: the file must exist.
+    /// A connection of its own to this SQLite file for [`InlineCommit`] writers (the pool's
+    /// `synchronous`, no busy wait, no automatic checkpoint); `None` for PostgreSQL and for
+    /// SQLite URLs other than a plain file (use [`GroupCommit`]). Open it after migrating: the
+    /// file must exist.
     pub fn inline_conn(&self) -> Result<Option<Arc<SqliteConn>>, DbError> {
         match &self.sqlite_file {
             Some(f) => Ok(Some(Arc::new(SqliteConn::open(f, self.durable)?))),
