@@ -95,7 +95,7 @@ pub type InlineBatch<T, R> =
 
 type Waiter<T, R> = (T, oneshot::Sender<Result<R, DbError>>);
 
-/// A queue whose writers commit for each other ([module docs](self)).
+/// A queue whose writers commit for each other (flat combining; see `db/inline.rs`).
 pub struct InlineCommit<T, R> {
     inner: Arc<Inner<T, R>>,
 }
