@@ -132,22 +132,10 @@ impl Served {
 
     /// CPU seconds its live threads have run (`schedstat`, nanoseconds).
     fn cpu_secs(&self) -> Result<f64, String> {
-        let dir = format!("/proc/{}/task", self.child.id());
-        let mut ns = 0u64;
-        for task in std::fs::read_dir(&dir)
-            .map_err(|e| format!("{}: {dir}: {e}", self.name))?
-            .flatten()
-        {
-            // A thread that exited meanwhile has no file: the ticks cross-check covers it.
-            if let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) {
-                ns += stat
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-        Ok(ns as f64 / 1e9)
+        let dir = PathBuf::from(format!("/proc/{}/task", self.child.id()));
+        // A thread that exited meanwhile is not there: the ticks cross-check covers it.
+        crate::kbs::tasks_cpu_secs(&dir, |_| true)
+            .ok_or_else(|| format!("{}: {} unreadable", self.name, dir.display()))
     }
 
     /// CPU seconds the whole process has used, threads gone included (`/proc/<pid>/stat`

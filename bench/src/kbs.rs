@@ -2,6 +2,7 @@
 //! CPU per flow by side, and weights decryption against raw ChaCha20-Poly1305.
 
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -159,15 +160,24 @@ fn cpu_by_role() -> Option<(f64, f64)> {
 /// CPU seconds this process's threads whose names start with one of `prefixes` have used so
 /// far (`/proc/self/task/*/schedstat`); `None` where `/proc` does not say.
 pub(crate) fn thread_cpu_secs(prefixes: &[&str]) -> Option<f64> {
+    tasks_cpu_secs(Path::new("/proc/self/task"), |comm| {
+        prefixes.iter().any(|p| comm.starts_with(p))
+    })
+}
+
+/// CPU seconds the threads under `task_dir` (`/proc/<pid>/task`) whose names `keep` has used
+/// so far, from each one's `schedstat` run time (nanoseconds); a thread that exited meanwhile
+/// is not counted. `None` where `/proc` does not say.
+pub(crate) fn tasks_cpu_secs(task_dir: &Path, keep: impl Fn(&str) -> bool) -> Option<f64> {
     let mut ns = 0u64;
-    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+    for task in std::fs::read_dir(task_dir).ok()?.flatten() {
         let (Ok(comm), Ok(stat)) = (
             std::fs::read_to_string(task.path().join("comm")),
             std::fs::read_to_string(task.path().join("schedstat")),
         ) else {
             continue; // the thread exited meanwhile
         };
-        if prefixes.iter().any(|p| comm.trim().starts_with(p)) {
+        if keep(comm.trim()) {
             ns += stat
                 .split_whitespace()
                 .next()

@@ -109,6 +109,14 @@ fn bytes_of(v: &Value, what: &str) -> Result<Vec<u8>, KbsError> {
     }
 }
 
+/// The `report_data` bytes of CoCo sample evidence (`what`: which evidence, for the error).
+fn sample_report_data(evidence: &Value, what: &str) -> Result<Vec<u8>, KbsError> {
+    let rd = evidence
+        .get("report_data")
+        .ok_or_else(|| failed(format!("{what} has no report_data")))?;
+    bytes_of(rd, "report_data")
+}
+
 /// The raw SNP report from CoCo's `attestation_report` (sev's JSON form or bytes).
 fn snp_report_bytes(v: &Value) -> Result<Vec<u8>, KbsError> {
     if v.is_object() {
@@ -261,12 +269,7 @@ impl Attester {
         primary: &Value,
         now: time::OffsetDateTime,
     ) -> Result<VerifiedClaims, KbsError> {
-        let rd = bytes_of(
-            primary
-                .get("report_data")
-                .ok_or_else(|| failed("sample evidence has no report_data"))?,
-            "report_data",
-        )?;
+        let rd = sample_report_data(primary, "sample evidence")?;
         self.verify(
             CPU_PART,
             &Evidence::Sample(sample::SampleEvidence {
@@ -292,12 +295,7 @@ impl Attester {
         let device = v
             .get("sampledevice")
             .ok_or_else(|| failed("sample additional-evidence holds no sampledevice"))?;
-        let rd = bytes_of(
-            device
-                .get("report_data")
-                .ok_or_else(|| failed("sampledevice evidence has no report_data"))?,
-            "report_data",
-        )?;
+        let rd = sample_report_data(device, "sampledevice evidence")?;
         if rd != cgx_protocol::kbs::binding::device_report_data(nonce, key) {
             return Err(failed(
                 "sampledevice report_data does not bind this session's nonce and TEE key",

@@ -863,30 +863,12 @@ impl Store {
     }
 }
 
-/// The statement that inserts `n` session rows, answering the ids it inserted.
-fn sessions_sql(n: usize) -> String {
-    format!(
-        "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at, token)
-         VALUES {} ON CONFLICT (id) DO NOTHING RETURNING id",
-        placeholders(n, 7)
-    )
-}
-
 /// The statement that inserts `n` audit rows.
 fn audits_sql(n: usize) -> String {
     format!(
         "INSERT INTO audit (at, actor, action, subject, detail) VALUES {}",
         placeholders(n, 5)
     )
-}
-
-/// Each row's answer from the ids a batch inserted: `true` once per inserted id, to the first
-/// row that carried it; `false` for a replayed challenge.
-fn claimed(rows: &[NewSession], inserted: &HashSet<String>) -> Vec<bool> {
-    let mut claimed = HashSet::new();
-    rows.iter()
-        .map(|r| inserted.contains(&r.id) && claimed.insert(&r.id))
-        .collect()
 }
 
 /// [`insert_sessions`] on an SQLite connection of the caller's own ([`InlineCommit`]): one
@@ -952,7 +934,12 @@ fn insert_audits_inline(c: &rusqlite::Connection, rows: &[NewAudit]) -> Result<V
 async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<bool>, DbError> {
     let mut seen = HashSet::new();
     let fresh: Vec<&NewSession> = rows.iter().filter(|r| seen.insert(&r.id)).collect();
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sessions_sql(fresh.len())));
+    let sql = format!(
+        "INSERT INTO sessions (id, nonce, tee, state, created_at, expires_at, token)
+         VALUES {} ON CONFLICT (id) DO NOTHING RETURNING id",
+        placeholders(fresh.len(), 7)
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
     for r in &fresh {
         q = q
             .bind(r.id.clone())
@@ -969,7 +956,12 @@ async fn insert_sessions(w: WriterConn, rows: Vec<NewSession>) -> Result<Vec<boo
         .iter()
         .map(|row| row.try_get::<String, _>("id"))
         .collect::<Result<HashSet<String>, _>>()?;
-    Ok(claimed(&rows, &inserted))
+    // Each inserted id answers `true` once: to the first row that carried it.
+    let mut claimed = HashSet::new();
+    Ok(rows
+        .iter()
+        .map(|r| inserted.contains(&r.id) && claimed.insert(&r.id))
+        .collect())
 }
 
 /// Audit rows take `seq` in commit order (PostgreSQL: under this advisory lock; SQLite has one

@@ -21,7 +21,38 @@ pub(crate) const MAX_BATCH: usize = 64;
 pub type WriteBatch<T, R> =
     Box<dyn Fn(Vec<T>) -> Pin<Box<dyn Future<Output = Result<Vec<R>, DbError>> + Send>> + Send>;
 
-type Waiter<T, R> = (T, oneshot::Sender<Result<R, DbError>>);
+/// A queued row and where its result goes.
+pub(crate) type Waiter<T, R> = (T, oneshot::Sender<Result<R, DbError>>);
+
+/// Answer each caller of a batch of `n` rows: its own row's result, or the batch's error (also
+/// when the writer answered another number of results than rows).
+pub(crate) fn answer<R>(
+    replies: Vec<oneshot::Sender<Result<R, DbError>>>,
+    n: usize,
+    written: Result<Vec<R>, DbError>,
+) {
+    match written {
+        Ok(results) if results.len() == n => {
+            for (reply, r) in replies.into_iter().zip(results) {
+                let _ = reply.send(Ok(r));
+            }
+        }
+        Ok(results) => {
+            for reply in replies {
+                let _ = reply.send(Err(DbError::Batch(format!(
+                    "batch of {n} rows answered {} results",
+                    results.len()
+                ))));
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            for reply in replies {
+                let _ = reply.send(Err(DbError::Batch(msg.clone())));
+            }
+        }
+    }
+}
 
 /// A queue in front of one batch writer task.
 pub struct GroupCommit<T, R> {
@@ -58,27 +89,7 @@ impl<T: Send + 'static, R: Send + 'static> GroupCommit<T, R> {
                 }
                 let (rows, replies): (Vec<T>, Vec<_>) = waiters.into_iter().unzip();
                 let n = rows.len();
-                match write(rows).await {
-                    Ok(results) if results.len() == n => {
-                        for (reply, r) in replies.into_iter().zip(results) {
-                            let _ = reply.send(Ok(r));
-                        }
-                    }
-                    Ok(results) => {
-                        for reply in replies {
-                            let _ = reply.send(Err(DbError::Batch(format!(
-                                "batch of {n} rows answered {} results",
-                                results.len()
-                            ))));
-                        }
-                    }
-                    Err(e) => {
-                        let msg = e.to_string();
-                        for reply in replies {
-                            let _ = reply.send(Err(DbError::Batch(msg.clone())));
-                        }
-                    }
-                }
+                answer(replies, n, write(rows).await);
             }
         });
         GroupCommit { queue }

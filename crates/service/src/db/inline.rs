@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 
 use super::DbError;
 use super::GroupCommit;
-use super::group_commit::MAX_BATCH;
+use super::group_commit::{MAX_BATCH, Waiter, answer};
 
 /// Batches one writer writes before handing the rest of the queue to a task.
 pub const BATCHES_PER_TURN: usize = 4;
@@ -56,11 +56,10 @@ impl SqliteConn {
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
-        conn.execute_batch(if durable {
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=0; PRAGMA wal_autocheckpoint=0;"
-        } else {
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=0; PRAGMA wal_autocheckpoint=0;"
-        })?;
+        conn.execute_batch(&super::sqlite_settings(
+            durable,
+            "PRAGMA busy_timeout=0; PRAGMA wal_autocheckpoint=0;",
+        ))?;
         // One prepared statement per batch size in use.
         conn.set_prepared_statement_cache_capacity(MAX_BATCH * 2);
         Ok(SqliteConn {
@@ -92,8 +91,6 @@ impl SqliteConn {
 /// Writes one batch on the connection; answers one result per row, in order.
 pub type InlineBatch<T, R> =
     Box<dyn Fn(&rusqlite::Connection, &[T]) -> Result<Vec<R>, DbError> + Send + Sync>;
-
-type Waiter<T, R> = (T, oneshot::Sender<Result<R, DbError>>);
 
 /// A queue whose writers commit for each other (flat combining; see `db/inline.rs`).
 pub struct InlineCommit<T, R> {
@@ -217,20 +214,8 @@ impl<T: Send + 'static, R: Send + 'static> Inner<T, R> {
     fn commit(&self, batch: Vec<Waiter<T, R>>) {
         let (rows, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
         let n = rows.len();
-        match self.conn.with(|c| (self.write)(c, &rows)) {
-            Ok(results) if results.len() == n => {
-                for (reply, r) in replies.into_iter().zip(results) {
-                    let _ = reply.send(Ok(r));
-                }
-            }
-            Ok(results) => {
-                for reply in replies {
-                    let _ = reply.send(Err(DbError::Batch(format!(
-                        "batch of {n} rows answered {} results",
-                        results.len()
-                    ))));
-                }
-            }
+        let written = self.conn.with(|c| (self.write)(c, &rows));
+        match written {
             Err(e) if locked(&e) && tokio::runtime::Handle::try_current().is_ok() => {
                 // Another writer holds the file: the writer task waits for it, not this thread.
                 for (row, reply) in rows.into_iter().zip(replies) {
@@ -240,12 +225,7 @@ impl<T: Send + 'static, R: Send + 'static> Inner<T, R> {
                     });
                 }
             }
-            Err(e) => {
-                let msg = e.to_string();
-                for reply in replies {
-                    let _ = reply.send(Err(DbError::Batch(msg.clone())));
-                }
-            }
+            written => answer(replies, n, written),
         }
     }
 }

@@ -99,15 +99,15 @@ impl Database {
             // An embedded database does not drop connections: pinging each one before use would
             // cost every statement a second round trip to its worker thread.
             opts = opts.test_before_acquire(false);
+            let settings = sqlite_settings(
+                durable,
+                "PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;",
+            );
             opts = opts.after_connect(move |conn, _| {
+                let settings = settings.clone();
                 Box::pin(async move {
                     use sqlx::Executor;
-                    conn.execute(if durable {
-                        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;"
-                    } else {
-                        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;"
-                    })
-                    .await?;
+                    conn.execute(sqlx::AssertSqlSafe(settings)).await?;
                     Ok(())
                 })
             });
@@ -239,6 +239,13 @@ impl Database {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// The settings every SQLite connection of a service gets: WAL, `synchronous` FULL if
+/// `durable` else NORMAL, then `rest` (the connection's own waiting and checkpointing).
+pub(crate) fn sqlite_settings(durable: bool, rest: &str) -> String {
+    let sync = if durable { "FULL" } else { "NORMAL" };
+    format!("PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; {rest}")
 }
 
 /// A per-request write path: inline on an SQLite file, through a writer task otherwise.
