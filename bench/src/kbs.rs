@@ -169,7 +169,13 @@ pub(crate) fn thread_cpu_secs(prefixes: &[&str]) -> Option<f64> {
 /// so far, from each one's `schedstat` run time (nanoseconds); a thread that exited meanwhile
 /// is not counted. `None` where `/proc` does not say.
 pub(crate) fn tasks_cpu_secs(task_dir: &Path, keep: impl Fn(&str) -> bool) -> Option<f64> {
-    let mut ns = 0u64;
+    tasks_sched(task_dir, keep).map(|t| t.0)
+}
+
+/// (CPU seconds, time slices) of the threads under `task_dir` whose names `keep`: the sums of
+/// their `schedstat` run time and run count (how many times each was put on a CPU).
+pub(crate) fn tasks_sched(task_dir: &Path, keep: impl Fn(&str) -> bool) -> Option<(f64, u64)> {
+    let (mut ns, mut slices) = (0u64, 0u64);
     for task in std::fs::read_dir(task_dir).ok()?.flatten() {
         let (Ok(comm), Ok(stat)) = (
             std::fs::read_to_string(task.path().join("comm")),
@@ -178,14 +184,16 @@ pub(crate) fn tasks_cpu_secs(task_dir: &Path, keep: impl Fn(&str) -> bool) -> Op
             continue; // the thread exited meanwhile
         };
         if keep(comm.trim()) {
-            ns += stat
+            // Fields: run time (ns), time waiting on a run queue (ns), time slices run.
+            let f: Vec<u64> = stat
                 .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
+                .map(|v| v.parse().unwrap_or(0))
+                .collect();
+            ns += f.first().copied().unwrap_or(0);
+            slices += f.get(2).copied().unwrap_or(0);
         }
     }
-    Some(ns as f64 / 1e9)
+    Some((ns as f64 / 1e9, slices))
 }
 
 /// (steal, total) jiffies of the whole machine so far, from `/proc/stat`: time the hypervisor

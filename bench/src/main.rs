@@ -79,16 +79,21 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
-    /// cgx's KBS beside Trustee's (../shared/anchors), both driven by CoCo's stock kbs-client
-    /// in interleaved rounds: server CPU per full flow, and the ratio cgx ÷ Trustee.
+    /// cgx's KBS beside Trustee's (../shared/anchors), both driven by the same clients (CoCo's
+    /// stock kbs-client, an independent Python RCAR client) in interleaved rounds: server CPU
+    /// per full flow, and the ratio cgx ÷ Trustee.
     Coco {
-        /// Full flows (one kbs-client process each) per server per round.
+        /// Full flows per server per round, each on a new connection.
         #[arg(long, default_value_t = 100)]
         flows: usize,
         /// Interleaved rounds; the ratio is their median (the machine's noise moves single
         /// rounds by ±15%).
         #[arg(long, default_value_t = 9)]
         rounds: usize,
+        /// Which client drives the flows (`both`: each in its own rounds; the Python client is
+        /// skipped, visibly, where python3 or its cryptography package is missing).
+        #[arg(long, value_enum, default_value_t = coco::CocoClient::Both)]
+        client: coco::CocoClient,
         #[arg(long)]
         json: bool,
     },
@@ -140,8 +145,9 @@ fn main() -> ExitCode {
         BenchWhat::Coco {
             flows,
             rounds,
+            client,
             json,
-        } => coco::bench(flows, rounds, json),
+        } => coco::bench(flows, rounds, client, json),
         BenchWhat::Broker {
             nodes,
             decisions,
