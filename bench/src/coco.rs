@@ -276,7 +276,7 @@ pub fn bench(flows: usize, rounds: usize, client: CocoClient, json_out: bool) ->
     let mut skipped = None;
     if python && let Err(why) = python_ready() {
         if client == CocoClient::Python {
-            return Err(why.into());
+            return Err(why);
         }
         eprintln!("coco: Python client skipped: {why}");
         skipped = Some(why);

@@ -234,3 +234,58 @@ async fn past_its_in_flight_limit_the_server_sheds_with_503_and_retry_after() {
     assert!(shed.contains("Overloaded"), "{shed}");
     running.shutdown().await;
 }
+
+/// Thread-per-core serving: every serving thread accepts on its own socket bound to the one
+/// port (port 0 resolved once), each connection is served whole on the thread that accepted it,
+/// the kernel spreads connections over the threads, and shutdown stops every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_serving_thread_accepts_on_the_one_port_and_all_stop_at_shutdown() {
+    let mut c = config(64);
+    c.serving_threads = 3;
+    let thread_name = || std::thread::current().name().unwrap_or("?").to_string();
+    let router = Router::new().route(
+        "/thread",
+        get(move || async move {
+            // The name before and after an await: the connection's work stays on one thread.
+            let before = thread_name();
+            tokio::task::yield_now().await;
+            format!("{before} {}", thread_name())
+        }),
+    );
+    let running = cgx_service::server::start(&c, router, vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    assert_ne!(addr.port(), 0);
+    let answers = tokio::task::spawn_blocking(move || {
+        (0..40)
+            .map(|_| {
+                exchange(
+                    addr,
+                    "GET /thread HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let mut threads = std::collections::BTreeSet::new();
+    for a in &answers {
+        assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+        let body = a.rsplit("\r\n\r\n").next().unwrap();
+        let (before, after) = body.split_once(' ').unwrap();
+        assert!(before.starts_with("cgx-serve-"), "{body}");
+        assert_eq!(before, after, "a connection's work moved between threads");
+        threads.insert(before.to_string());
+    }
+    // 40 connections from distinct source ports on 3 sockets: all on one is (1/3)^39.
+    assert!(threads.len() >= 2, "{threads:?}");
+    running.shutdown().await;
+    // Every listening socket is closed: nothing accepts on the port any more.
+    let refused = tokio::task::spawn_blocking(move || {
+        (0..10).all(|_| get_status(addr, "/thread", Duration::from_secs(2)).is_err())
+    })
+    .await
+    .unwrap();
+    assert!(refused, "a serving thread still accepts after shutdown");
+}
