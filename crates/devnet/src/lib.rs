@@ -286,6 +286,7 @@ fn setup_with(
         accept_new_version_file: false,
         max_connections: 4096,
         max_in_flight: 1024,
+        serving_threads: None,
         admin_token_max_ttl_secs: 3600,
         lease_max_ttl_secs: 86_400,
     };

@@ -2,13 +2,18 @@
 //! connections, HTTP/1.1 with a header-read timeout, background tasks tied to the server's life,
 //! and a graceful drain at shutdown (SIGINT/SIGTERM or [`Running::shutdown`]).
 //!
-//! Connections are served thread-per-core: each serving thread runs a single-threaded runtime
-//! and accepts on a listening socket of its own, bound to the same address with `SO_REUSEPORT`,
-//! so the kernel hands each new connection to one thread and that thread serves it from accept
-//! to close. A work-stealing runtime woke a second worker for most connections (one client flow
-//! ran on 7.5 thread wake-ups instead of 6, and a wake-up costs tens of µs on a VM's idle CPU);
-//! here no connection's work moves between threads. Linux admits only sockets of the same user
-//! to a `SO_REUSEPORT` group. Background tasks run on the caller's runtime.
+//! Connections are served on the caller's runtime, or thread-per-core
+//! ([`ListenerConfig::serving_threads`], Linux): each serving thread runs a single-threaded
+//! runtime and accepts on a listening socket of its own, bound to the same address with
+//! `SO_REUSEPORT`, so the kernel hands each new connection to one thread and that thread serves
+//! it from accept to close. A work-stealing runtime woke a second worker for most connections (a
+//! CoCo client's flow ran on 7.7 thread wake-ups instead of 6.3, and a wake-up costs tens of µs
+//! on a VM's idle CPU); there no connection's work moves between threads. Before it binds the
+//! group, the server binds the address once without `SO_REUSEPORT`, so a port another process
+//! holds is refused as before instead of shared. Background tasks run on the caller's runtime.
+//! I/O a serving thread's runtime registers (a PostgreSQL connection a request opened) is
+//! driven by that thread: services whose database is reached over the network serve on the
+//! caller's runtime.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -46,7 +51,8 @@ pub struct ListenerConfig {
     /// Requests handled at once; past it, requests are answered 503 with `Retry-After`
     /// instead of queueing (memory stays bounded under overload).
     pub max_in_flight: usize,
-    /// Serving threads (see the module's doc); 0: one per CPU.
+    /// Serving threads, each with its own runtime and socket (see the module's doc; Linux
+    /// only, elsewhere one); 0: serve on the caller's runtime.
     pub serving_threads: usize,
 }
 
@@ -142,11 +148,13 @@ pub async fn start(
 ) -> Result<Running, ServiceError> {
     config.check()?;
     let tls = config.tls.as_ref().map(server_config).transpose()?;
-    let threads = match config.serving_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
+    // SO_REUSEPORT spreads connections over a group's sockets on Linux only.
+    let threads = if cfg!(target_os = "linux") {
+        config.serving_threads
+    } else {
+        config.serving_threads.min(1)
     };
-    let listeners = bind(&config.listen, threads)?;
+    let listeners = bind(&config.listen, threads.max(1))?;
     let addr = listeners
         .first()
         .and_then(|l| l.local_addr().ok())
@@ -154,7 +162,6 @@ pub async fn start(
             addr: config.listen.clone(),
             detail: "no listening socket".into(),
         })?;
-    let background = background.into_iter().map(tokio::spawn).collect();
     let slots = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight.max(1)));
     // One layer for both (each `from_fn` layer costs every request a boxed clone of the
     // service below it).
@@ -171,30 +178,41 @@ pub async fn start(
         connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
         config: config.clone(),
     });
+    // A start that fails below drops `stop`: the threads already started end with it.
     let (stop, stopped) = watch::channel(false);
     let mut done = Vec::with_capacity(listeners.len());
     for (i, listener) in listeners.into_iter().enumerate() {
         let (finished, finished_rx) = tokio::sync::oneshot::channel();
         let (shared, stopped) = (shared.clone(), stopped.clone());
+        done.push(finished_rx);
+        if threads == 0 {
+            tokio::spawn(async move {
+                accept_loop(listener, &shared, stopped).await;
+                let _ = finished.send(());
+            });
+            continue;
+        }
+        let fail = |detail: String| ServiceError::Bind {
+            addr: addr.to_string(),
+            detail,
+        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| ServiceError::Bind {
-                addr: addr.to_string(),
-                detail: format!("serving runtime: {e}"),
-            })?;
+            .map_err(|e| fail(format!("serving runtime: {e}")))?;
         std::thread::Builder::new()
             .name(format!("cgx-serve-{i}"))
             .spawn(move || {
                 runtime.block_on(accept_loop(listener, &shared, stopped));
+                // Tasks still on this runtime (a blocking appraisal) get the drain time too;
+                // `shutdown` returns once they are gone.
+                runtime.shutdown_timeout(shared.config.drain);
                 let _ = finished.send(());
             })
-            .map_err(|e| ServiceError::Bind {
-                addr: addr.to_string(),
-                detail: format!("serving thread: {e}"),
-            })?;
-        done.push(finished_rx);
+            .map_err(|e| fail(format!("serving thread: {e}")))?;
     }
+    // Housekeeping starts once the server has: a failed start leaves none running.
+    let background = background.into_iter().map(tokio::spawn).collect();
     tracing::info!(%addr, tls = config.tls.is_some(), threads, "listening");
     Ok(Running {
         addr,
@@ -204,34 +222,46 @@ pub async fn start(
     })
 }
 
-/// `threads` listening sockets on one address (the first one's port when `listen` asks for
-/// port 0), non-blocking, with `SO_REUSEPORT` where there is more than one.
-fn bind(listen: &str, threads: usize) -> Result<Vec<std::net::TcpListener>, ServiceError> {
+/// `count` listening sockets on one address (the first one's port when `listen` asks for port
+/// 0), non-blocking; with `SO_REUSEPORT` where there is more than one.
+fn bind(listen: &str, count: usize) -> Result<Vec<std::net::TcpListener>, ServiceError> {
     use socket2::{Domain, Protocol, Socket, Type};
     let fail = |detail: String| ServiceError::Bind {
         addr: listen.to_string(),
         detail,
     };
     let mut addr: SocketAddr = listen.parse().map_err(|e| fail(format!("{e}")))?;
-    let mut out = Vec::with_capacity(threads);
-    for _ in 0..threads.max(1) {
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+    let domain = Domain::for_address(addr);
+    let socket = |reuse_port: bool| -> Result<Socket, ServiceError> {
+        let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
             .map_err(|e| fail(e.to_string()))?;
         // As tokio's `TcpListener::bind`: a restarted server rebinds despite TIME_WAIT.
-        socket
-            .set_reuse_address(true)
-            .map_err(|e| fail(e.to_string()))?;
-        if threads > 1 {
-            socket
-                .set_reuse_port(true)
+        s.set_reuse_address(true).map_err(|e| fail(e.to_string()))?;
+        #[cfg(target_os = "linux")]
+        if reuse_port {
+            s.set_reuse_port(true)
                 .map_err(|e| fail(format!("SO_REUSEPORT: {e}")))?;
         }
-        socket.bind(&addr.into()).map_err(|e| fail(e.to_string()))?;
-        socket.listen(1024).map_err(|e| fail(e.to_string()))?;
-        socket
-            .set_nonblocking(true)
+        #[cfg(not(target_os = "linux"))]
+        let _ = reuse_port;
+        Ok(s)
+    };
+    let group = count > 1;
+    if group && addr.port() != 0 {
+        // Refuse a port someone holds (another instance, with or without SO_REUSEPORT) as a
+        // plain bind would, rather than join its group and take half its connections. (For
+        // port 0 the kernel picks a port no socket holds, SO_REUSEPORT or not.)
+        socket(false)?
+            .bind(&addr.into())
             .map_err(|e| fail(e.to_string()))?;
-        let listener = std::net::TcpListener::from(socket);
+    }
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count.max(1) {
+        let s = socket(group)?;
+        s.bind(&addr.into()).map_err(|e| fail(e.to_string()))?;
+        s.listen(1024).map_err(|e| fail(e.to_string()))?;
+        s.set_nonblocking(true).map_err(|e| fail(e.to_string()))?;
+        let listener = std::net::TcpListener::from(s);
         // The others join the port the first one got.
         addr = listener.local_addr().map_err(|e| fail(e.to_string()))?;
         out.push(listener);
@@ -271,11 +301,6 @@ async fn accept_loop(
     tokio::pin!(stop);
     let graceful = GracefulShutdown::new();
     loop {
-        // A slot first: at the cap, connections wait in the backlog instead of being served.
-        let permit = tokio::select! {
-            p = shared.connections.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = &mut stop => break,
-        };
         let conn = tokio::select! {
             c = listener.accept() => c,
             _ = &mut stop => break,
@@ -286,10 +311,18 @@ async fn accept_loop(
                 // Out of file descriptors (or another accept error): the listener stays readable,
                 // so retrying at once would spin; wait a little for connections to close.
                 tracing::warn!(error = %e, "accept failed; retrying in 100 ms");
-                drop(permit);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    _ = &mut stop => break,
+                }
             }
+        };
+        // A slot before serving. At the cap each accept loop holds the one connection it took
+        // and accepts no more, so the rest wait in the kernel's backlog. (Taking the slot before
+        // accepting would strand slots on threads the kernel sends no connection to.)
+        let permit = tokio::select! {
+            p = shared.connections.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
         // Handlers may ask who is calling (`ConnectInfo<SocketAddr>`): per-client budgets.

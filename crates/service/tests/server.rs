@@ -289,3 +289,61 @@ async fn each_serving_thread_accepts_on_the_one_port_and_all_stop_at_shutdown() 
     .unwrap();
     assert!(refused, "a serving thread still accepts after shutdown");
 }
+
+/// With several serving threads, the connection cap still frees for an honest client whatever
+/// socket the kernel hands it to (a slot is taken after accepting, not before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_cap_holds_across_serving_threads_and_frees_itself() {
+    let mut c = config(1);
+    c.serving_threads = 3;
+    let running = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let answers = tokio::task::spawn_blocking(move || {
+        // The one slot goes to a client that says nothing (its header timeout frees it).
+        let _silent = TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let started = Instant::now();
+        let answers: Vec<_> = (0..6)
+            .map(|_| get_status(addr, "/healthz", Duration::from_secs(5)))
+            .collect();
+        (answers, started.elapsed())
+    })
+    .await
+    .unwrap();
+    for a in &answers.0 {
+        assert_eq!(a.as_deref().ok(), Some("HTTP/1.1 200 OK"), "{answers:?}");
+    }
+    assert!(answers.1 < Duration::from_secs(4), "{answers:?}");
+    running.shutdown().await;
+}
+
+/// Several serving threads share a port through SO_REUSEPORT, but never someone else's: a port
+/// another socket or another server holds is refused as a plain bind refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_someone_holds_is_refused_not_shared() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut c = config(8);
+    c.listen = holder.local_addr().unwrap().to_string();
+    c.serving_threads = 2;
+    let e = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
+    drop(holder);
+    // A second instance of a thread-per-core server on the first one's port.
+    let mut first = config(8);
+    first.serving_threads = 2;
+    let running = cgx_service::server::start(&first, router(), vec![])
+        .await
+        .unwrap();
+    let mut second = config(8);
+    second.listen = running.addr().to_string();
+    second.serving_threads = 2;
+    let e = cgx_service::server::start(&second, router(), vec![])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
+    running.shutdown().await;
+}

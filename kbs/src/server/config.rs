@@ -169,6 +169,12 @@ pub struct KbsConfig {
     /// Requests handled at once; past it, 503 with `Retry-After` (memory stays bounded).
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Threads that serve connections, each with its own runtime and listening socket
+    /// (thread-per-core, Linux; `cgx_service::server`); 0: the main runtime serves them.
+    /// Default: one per CPU with a SQLite database, 0 with PostgreSQL (a connection a serving
+    /// thread opened would be driven by that thread alone).
+    #[serde(default)]
+    pub serving_threads: Option<usize>,
     /// Longest admin token accepted (`exp − iat`, seconds; default an hour).
     #[serde(default = "default_admin_token_ttl")]
     pub admin_token_max_ttl_secs: i64,
@@ -244,6 +250,13 @@ impl KbsConfig {
         );
         l.max_connections = self.max_connections;
         l.max_in_flight = self.max_in_flight;
+        l.serving_threads = self.serving_threads.unwrap_or_else(|| {
+            if self.database.starts_with("sqlite:") {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            } else {
+                0
+            }
+        });
         l
     }
 

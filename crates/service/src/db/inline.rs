@@ -105,6 +105,10 @@ struct Inner<T, R> {
     queue: Mutex<Vec<Waiter<T, R>>>,
     /// Someone is draining the queue.
     writing: AtomicBool,
+    /// The runtime this writer was made on: hand-offs run there, not on the caller's runtime,
+    /// which may be a serving thread's that ends at shutdown with the hand-off still queued
+    /// (other callers' rows would then wait for a writer that never runs).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl<T, R> std::fmt::Debug for InlineCommit<T, R> {
@@ -146,6 +150,7 @@ impl<T: Send + 'static, R: Send + 'static> InlineCommit<T, R> {
                 fallback,
                 queue: Mutex::new(Vec::new()),
                 writing: AtomicBool::new(false),
+                runtime: tokio::runtime::Handle::try_current().ok(),
             }),
         }
     }
@@ -202,30 +207,38 @@ impl<T: Send + 'static, R: Send + 'static> Inner<T, R> {
             {
                 return;
             }
-            if turn_over && tokio::runtime::Handle::try_current().is_ok() {
+            if turn_over && let Some(rt) = this.spawner() {
                 // This caller has written its turn; a task writes the rest.
                 let next = Arc::clone(this);
-                tokio::spawn(async move { Inner::drain(&next) });
+                rt.spawn(async move { Inner::drain(&next) });
                 return;
             }
         }
+    }
+
+    /// Where hand-offs run: the writer's own runtime, else the caller's (none: the caller
+    /// writes everything itself).
+    fn spawner(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
     }
 
     fn commit(&self, batch: Vec<Waiter<T, R>>) {
         let (rows, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
         let n = rows.len();
         let written = self.conn.with(|c| (self.write)(c, &rows));
-        match written {
-            Err(e) if locked(&e) && tokio::runtime::Handle::try_current().is_ok() => {
+        match (written, self.spawner()) {
+            (Err(e), Some(rt)) if locked(&e) => {
                 // Another writer holds the file: the writer task waits for it, not this thread.
                 for (row, reply) in rows.into_iter().zip(replies) {
                     let fallback = self.fallback.clone();
-                    tokio::spawn(async move {
+                    rt.spawn(async move {
                         let _ = reply.send(fallback.write(row).await);
                     });
                 }
             }
-            written => answer(replies, n, written),
+            (written, _) => answer(replies, n, written),
         }
     }
 }
