@@ -8,6 +8,7 @@ mod bench;
 mod broker;
 mod collateral;
 mod kbs;
+mod measure;
 mod output;
 mod policy;
 mod rim;
@@ -136,6 +137,19 @@ enum Command {
         #[command(subcommand)]
         command: WeightsCommand,
     },
+    /// Launch measurements computed from an image (reference values from the image, not from
+    /// evidence).
+    Measure {
+        #[command(subcommand)]
+        command: MeasureCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum MeasureCommand {
+    /// The SEV-SNP launch digest of an OVMF image (and a directly booted kernel), as
+    /// `sev-snp-measure --mode snp` computes it.
+    Snp(Box<measure::SnpArgs>),
 }
 
 #[derive(Subcommand, Debug)]
@@ -518,6 +532,9 @@ fn main() -> ExitCode {
             } => weights::encrypt(&recipient, &input, &output, threads, quiet),
         },
         Command::Bench { args } => bench::run(&args),
+        Command::Measure { command } => match command {
+            MeasureCommand::Snp(args) => measure::snp(&args),
+        },
     };
     match result {
         Ok(code) => code,
