@@ -134,6 +134,39 @@ violations contains v if {
 	}
 }
 
+# ID keys: a launch whose ID block was signed carries the digests of the ID key and of the author
+# key (SHA-384 of each SNP public key; `cgx measure snp --id-key --author-key` prints them). Where
+# reference values name such keys, the report's must be one of them: a launch some other key
+# signed, or one with no ID block, is not the image's. (Each claim is read by name: the policy's
+# reads stay known, so appraisals stay memoized.)
+violations contains v if {
+	input.kind == "snp"
+	allowed := object.get(kind_ref, "id_key_digests", [])
+	count(allowed) > 0
+	not input.id_key_digest in allowed
+	v := {
+		"rule": "snp_id_key_not_allowed",
+		"claim": "executables",
+		"code": 33,
+		"value": input.id_key_digest,
+		"expected": "a key digest listed in reference values snp.id_key_digests",
+	}
+}
+
+violations contains v if {
+	input.kind == "snp"
+	allowed := object.get(kind_ref, "author_key_digests", [])
+	count(allowed) > 0
+	not input.author_key_digest in allowed
+	v := {
+		"rule": "snp_author_key_not_allowed",
+		"claim": "executables",
+		"code": 33,
+		"value": input.author_key_digest,
+		"expected": "a key digest listed in reference values snp.author_key_digests",
+	}
+}
+
 violations contains v if {
 	input.kind == "snp"
 	input.vmpl > object.get(kind_ref, "max_vmpl", 3)

@@ -61,7 +61,7 @@ pub(crate) fn admin_token(key: &Path, ttl: i64) -> Result<String, String> {
     cgx_service::jwt::sign_eddsa(&der, &json!({"iat": now(), "exp": now() + ttl}))
 }
 
-fn pem_or_der(bytes: &[u8], label: &str) -> Vec<u8> {
+pub(crate) fn pem_or_der(bytes: &[u8], label: &str) -> Vec<u8> {
     use base64::Engine;
     let text = String::from_utf8_lossy(bytes);
     let begin = format!("-----BEGIN {label}-----");

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use cgx_measure::ovmf::Ovmf;
+use cgx_measure::snp::id_block::{self, IdBlock, SigningKey};
 use cgx_measure::snp::{self, LaunchParams, SevHashes, Vmm};
 use serde_json::json;
 
@@ -51,6 +52,32 @@ pub struct SnpArgs {
     /// not hashed again.
     #[arg(long)]
     pub snp_ovmf_hash: Option<String>,
+    /// Sign an ID block for this launch with this P-384 ID key (PEM or DER, PKCS#8 or SEC1);
+    /// needs --author-key and --out.
+    #[arg(long, requires_all = ["author_key", "out"])]
+    pub id_key: Option<PathBuf>,
+    /// The P-384 author key that signs the ID key.
+    #[arg(long, requires = "id_key")]
+    pub author_key: Option<PathBuf>,
+    /// The guest policy the ID block requires (hex), as the launch's `policy=`.
+    #[arg(long, default_value = "0x30000", requires = "id_key")]
+    pub policy: String,
+    /// FAMILY_ID and IMAGE_ID (hex, up to 16 bytes each, zero-padded).
+    #[arg(long, requires = "id_key")]
+    pub family_id: Option<String>,
+    #[arg(long, requires = "id_key")]
+    pub image_id: Option<String>,
+    #[arg(long, default_value_t = 0, requires = "id_key")]
+    pub guest_svn: u32,
+    /// HOST_DATA for the launch (32 bytes, hex).
+    #[arg(long, conflicts_with = "init_data", requires = "out")]
+    pub host_data: Option<String>,
+    /// An init-data file whose SHA-256 becomes HOST_DATA (what the KBS compares).
+    #[arg(long, requires = "out")]
+    pub init_data: Option<PathBuf>,
+    /// Where the QEMU `sev-snp-guest` values go: id-block.b64, id-auth.b64, host-data.b64.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -143,12 +170,96 @@ impl SnpArgs {
     }
 }
 
-/// `cgx measure snp`: print the launch digest (hex; `--json` with what went into it).
+fn signing_key(path: &Path, what: &str) -> Result<SigningKey, String> {
+    let bytes = read(path, what)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let label = if text.contains("BEGIN EC PRIVATE KEY") {
+        "EC PRIVATE KEY"
+    } else {
+        "PRIVATE KEY"
+    };
+    SigningKey::from_der(&crate::kbs::pem_or_der(&bytes, label))
+        .map_err(|e| format!("{what} {}: {e}", path.display()))
+}
+
+fn id(s: Option<&str>, what: &str) -> Result<[u8; 16], String> {
+    let mut out = [0u8; 16];
+    if let Some(s) = s {
+        let b = hex::decode(s.trim_start_matches("0x")).map_err(|e| format!("--{what}: {e}"))?;
+        if b.len() > 16 {
+            return Err(format!("--{what} is {} bytes, more than 16", b.len()));
+        }
+        out[..b.len()].copy_from_slice(&b);
+    }
+    Ok(out)
+}
+
+/// The ID block, ID auth and host data files (`--out`), and what the report will carry.
+fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, String> {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let Some(out) = &args.out else {
+        return Ok(json!(null));
+    };
+    let host_data = match (&args.host_data, &args.init_data) {
+        (Some(h), _) => Some(
+            <[u8; 32]>::try_from(
+                hex::decode(h.trim_start_matches("0x"))
+                    .map_err(|e| format!("--host-data: {e}"))?
+                    .as_slice(),
+            )
+            .map_err(|_| "--host-data must be 32 bytes".to_string())?,
+        ),
+        (None, Some(f)) => {
+            let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &read(f, "init-data")?);
+            <[u8; 32]>::try_from(d.as_ref()).ok()
+        }
+        (None, None) => None,
+    };
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let write = |name: &str, text: String| {
+        let p = out.join(name);
+        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    let mut summary = serde_json::Map::new();
+    if let Some(h) = host_data {
+        write("host-data.b64", b64(&h))?;
+        summary.insert("host_data".into(), json!(hex::encode(h)));
+    }
+    if let (Some(idk), Some(authk)) = (&args.id_key, &args.author_key) {
+        let (id_key, author_key) = (
+            signing_key(idk, "id key")?,
+            signing_key(authk, "author key")?,
+        );
+        let block = IdBlock {
+            launch_digest: digest,
+            family_id: id(args.family_id.as_deref(), "family-id")?,
+            image_id: id(args.image_id.as_deref(), "image-id")?,
+            guest_svn: args.guest_svn,
+            policy: int(&args.policy, "policy")?,
+        };
+        let auth = id_block::id_auth(&block, &id_key, &author_key).map_err(|e| e.to_string())?;
+        write("id-block.b64", b64(&block.to_bytes()))?;
+        write("id-auth.b64", b64(&auth))?;
+        summary.insert("id_key_digest".into(), json!(hex::encode(id_key.digest())));
+        summary.insert(
+            "author_key_digest".into(),
+            json!(hex::encode(author_key.digest())),
+        );
+        summary.insert("policy".into(), json!(format!("{:#x}", block.policy)));
+    }
+    summary.insert("out".into(), json!(out.display().to_string()));
+    Ok(serde_json::Value::Object(summary))
+}
+
+/// `cgx measure snp`: print the launch digest (hex; `--json` with what went into it), and with
+/// `--out` write the launch's ID block, ID auth and host data.
 pub fn snp(args: &SnpArgs) -> CliResult {
     let firmware = read(&args.ovmf, "firmware")?;
     let ovmf = Ovmf::parse(&firmware).map_err(|e| format!("{}: {e}", args.ovmf.display()))?;
     let params = args.params()?;
     let digest = snp::launch_digest(&ovmf, &params).map_err(|e| e.to_string())?;
+    let launch = launch_files(args, digest)?;
     if args.json {
         print_json(&json!({
             "kind": "snp",
@@ -163,9 +274,15 @@ pub fn snp(args: &SnpArgs) -> CliResult {
                 "initrd_sha256": hex::encode(h.initrd),
                 "cmdline_sha256": hex::encode(h.cmdline),
             })),
+            "launch": launch,
         }))?;
     } else {
         println!("{}", hex::encode(digest));
+        if let Some(o) = launch.as_object() {
+            for (k, v) in o {
+                eprintln!("{k}: {}", v.as_str().unwrap_or_default());
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

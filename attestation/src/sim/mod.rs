@@ -182,6 +182,10 @@ pub struct SnpReportOptions {
     pub policy: u64,
     pub vmpl: u32,
     pub host_data: [u8; 32],
+    /// The digests of the keys that signed the launch's ID block (zero: none); a non-zero
+    /// author key digest sets KEY_INFO's AUTHOR_KEY_EN.
+    pub id_key_digest: [u8; 48],
+    pub author_key_digest: [u8; 48],
 }
 
 impl Default for SnpReportOptions {
@@ -194,6 +198,8 @@ impl Default for SnpReportOptions {
             policy: 0x30000,
             vmpl: 0,
             host_data: [0; 32],
+            id_key_digest: [0; 48],
+            author_key_digest: [0; 48],
         }
     }
 }
@@ -372,11 +378,13 @@ impl SimAmd {
         let key_info: u32 = match self.signing_key {
             SigningKey::Vcek => 0,
             SigningKey::Vlek => 1 << 2,
-        };
+        } | u32::from(o.author_key_digest != [0; 48]);
         put(&mut r, offsets::KEY_INFO, &key_info.to_le_bytes());
         put(&mut r, offsets::REPORT_DATA, &o.report_data);
         put(&mut r, offsets::MEASUREMENT, &o.measurement);
         put(&mut r, offsets::HOST_DATA, &o.host_data);
+        put(&mut r, offsets::ID_KEY_DIGEST, &o.id_key_digest);
+        put(&mut r, offsets::AUTHOR_KEY_DIGEST, &o.author_key_digest);
         put(&mut r, offsets::REPORT_ID, &[0x5a; 32]);
         put(&mut r, offsets::REPORT_ID_MA, &[0xff; 32]);
         put(&mut r, offsets::REPORTED_TCB, &tcb);

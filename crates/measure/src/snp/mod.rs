@@ -14,6 +14,7 @@
 pub mod cpu;
 pub mod digest;
 pub mod hashes;
+pub mod id_block;
 pub mod vmsa;
 
 use crate::ovmf::{Ovmf, SectionKind};
