@@ -130,7 +130,7 @@ violations contains v if {
 		"claim": "executables",
 		"code": 33,
 		"value": input.measurement,
-		"expected": "a launch measurement listed in reference values snp.measurements",
+		"expected": sprintf("a launch measurement listed in reference values snp.measurements: %v", [object.get(kind_ref, "measurements", [])]),
 	}
 }
 

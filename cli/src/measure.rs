@@ -78,6 +78,14 @@ pub struct SnpArgs {
     /// Where the QEMU `sev-snp-guest` values go: id-block.b64, id-auth.b64, host-data.b64.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write this launch's digest (and ID key digests) into a reference-values file, created
+    /// from the defaults where it does not exist, merged where it does.
+    #[arg(long)]
+    pub reference_values: Option<PathBuf>,
+    /// The image's name in the reference values (`snp.images`); default: the firmware's file
+    /// name.
+    #[arg(long, requires = "reference_values")]
+    pub image_name: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -260,6 +268,29 @@ pub fn snp(args: &SnpArgs) -> CliResult {
     let params = args.params()?;
     let digest = snp::launch_digest(&ovmf, &params).map_err(|e| e.to_string())?;
     let launch = launch_files(args, digest)?;
+    if let Some(path) = &args.reference_values {
+        let name = match &args.image_name {
+            Some(n) => n.clone(),
+            None => args
+                .ovmf
+                .file_name()
+                .map_or_else(|| "image".to_string(), |n| n.to_string_lossy().to_string()),
+        };
+        let mut image = json!({
+            "measurement": hex::encode(digest),
+            "vcpus": params.vcpus,
+            "vcpu_signature": format!("{:#010x}", params.vcpu_signature),
+            "vmm": args.vmm_type.to_ascii_lowercase(),
+            "guest_features": format!("{:#x}", params.guest_features),
+            "direct_kernel_boot": params.kernel_hashes.is_some(),
+        });
+        for key in ["id_key_digest", "author_key_digest", "policy", "host_data"] {
+            if let (Some(v), Some(o)) = (launch.get(key), image.as_object_mut()) {
+                o.insert(key.into(), v.clone());
+            }
+        }
+        merge_reference_values(path, &name, &image)?;
+    }
     if args.json {
         print_json(&json!({
             "kind": "snp",
@@ -285,4 +316,59 @@ pub fn snp(args: &SnpArgs) -> CliResult {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Add a launch to a reference-values file: its digest to `snp.measurements`, its ID and
+/// author key digests (if it has an ID block) to `snp.id_key_digests` / `snp.author_key_digests`,
+/// and what it was computed from to `snp.images.<name>` (a name already there is replaced; its
+/// old digests stay listed until removed by hand). A file that is not a JSON object is refused
+/// and left as it was; the new file replaces the old one whole (written beside it, renamed).
+pub(crate) fn merge_reference_values(
+    path: &Path,
+    name: &str,
+    image: &serde_json::Value,
+) -> Result<(), String> {
+    use serde_json::Value;
+    let mut doc: Value = match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            serde_json::from_str(cgx_policies::DEFAULT_REFERENCE_VALUES)
+                .map_err(|e| e.to_string())?
+        }
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let shape = |what: &str| format!("{}: {what} is not a JSON object", path.display());
+    let snp = doc
+        .as_object_mut()
+        .ok_or_else(|| shape("the file"))?
+        .entry("snp")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .ok_or_else(|| shape("snp"))?;
+    let mut add = |list: &str, value: Option<&Value>| -> Result<(), String> {
+        let Some(v) = value.filter(|v| v.is_string()) else {
+            return Ok(());
+        };
+        let l = snp
+            .entry(list)
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or_else(|| format!("{}: snp.{list} is not a list", path.display()))?;
+        if !l.contains(v) {
+            l.push(v.clone());
+        }
+        Ok(())
+    };
+    add("measurements", image.get("measurement"))?;
+    add("id_key_digests", image.get("id_key_digest"))?;
+    add("author_key_digests", image.get("author_key_digest"))?;
+    snp.entry("images")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .ok_or_else(|| shape("snp.images"))?
+        .insert(name.to_string(), image.clone());
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text + "\n").map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }

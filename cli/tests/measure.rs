@@ -379,3 +379,95 @@ fn id_block_and_auth_for_a_launch() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--reference-values`: the launch's digest goes into the file the appraisal policy reads, so
+/// a report of that launch appraises its executables as affirming, and a report of another
+/// image names the found digest and the expected ones. Merging keeps what the file held; a file
+/// that is not a JSON object is refused and left alone.
+#[test]
+fn reference_values_from_the_image_decide_appraisal() {
+    let dir = tmp("refvals");
+    let fw = dir.join("fw");
+    std::fs::write(
+        &fw,
+        cgx_measure::ovmf::testing::image(8, &[(0x80_0000, 0x2000, 1)], None),
+    )
+    .unwrap();
+    let rv = dir.join("rv.json");
+    let measure = |vcpus: &str, name: &str| {
+        let (ok, out, err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args([
+                "measure",
+                "snp",
+                "--vcpu-type",
+                "EPYC-Genoa",
+                "--vcpus",
+                vcpus,
+                "--ovmf",
+            ])
+            .arg(&fw)
+            .arg("--reference-values")
+            .arg(&rv)
+            .args(["--image-name", name]));
+        assert!(ok, "{err}");
+        out
+    };
+    let two = measure("2", "two-vcpus");
+    let four = measure("4", "four-vcpus");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&rv).unwrap()).unwrap();
+    assert_eq!(v["snp"]["measurements"], serde_json::json!([two, four]));
+    assert_eq!(v["snp"]["images"]["four-vcpus"]["vcpus"], 4);
+    assert_eq!(v["nvidia"]["require_ocsp"], true, "the defaults are kept");
+
+    let appraise = |measurement: &str| {
+        let bundle = dir.join(format!("b-{}", &measurement[..8]));
+        let (ok, _, err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args(["sim", "snp", "--measurement", measurement, "--out"])
+            .arg(&bundle));
+        assert!(ok, "{err}");
+        let (_, out, err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .arg("appraise")
+            .arg(&bundle)
+            .arg("--reference-values")
+            .arg(&rv)
+            .args(["--trust-sim", "--json"]));
+        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|_| panic!("{out} {err}"))
+    };
+    let ok = appraise(&two);
+    assert_eq!(ok["trust_vector"]["executables"], 2, "{ok}");
+    let other = "ab".repeat(48);
+    let bad = appraise(&other);
+    assert_eq!(bad["trust_vector"]["executables"], 33, "{bad}");
+    let v = bad["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["rule"] == "snp_measurement_not_allowed")
+        .unwrap()
+        .clone();
+    assert_eq!(v["value"], other);
+    let expected = v["expected"].as_str().unwrap();
+    assert!(
+        expected.contains(&two) && expected.contains(&four),
+        "{expected}"
+    );
+
+    // Not a JSON object: refused, the file untouched.
+    std::fs::write(&rv, "[1, 2]").unwrap();
+    let (ok, _, err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
+        .args([
+            "measure",
+            "snp",
+            "--vcpu-type",
+            "EPYC-Genoa",
+            "--vcpus",
+            "1",
+            "--ovmf",
+        ])
+        .arg(&fw)
+        .arg("--reference-values")
+        .arg(&rv));
+    assert!(!ok && err.contains("not a JSON object"), "{err}");
+    assert_eq!(std::fs::read_to_string(&rv).unwrap(), "[1, 2]");
+    let _ = std::fs::remove_dir_all(&dir);
+}
