@@ -150,6 +150,16 @@ enum MeasureCommand {
     /// The SEV-SNP launch digest of an OVMF image (and a directly booted kernel), as
     /// `sev-snp-measure --mode snp` computes it.
     Snp(Box<measure::SnpArgs>),
+    /// Does an SEV-SNP report's measurement match this launch? Exit 0, or 1 with both digests
+    /// and the likely cause (the neighbouring launch parameters that would match).
+    Check {
+        /// An evidence bundle (folder) or a raw report file.
+        report: PathBuf,
+        #[command(flatten)]
+        launch: Box<measure::LaunchArgs>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -534,6 +544,11 @@ fn main() -> ExitCode {
         Command::Bench { args } => bench::run(&args),
         Command::Measure { command } => match command {
             MeasureCommand::Snp(args) => measure::snp(&args),
+            MeasureCommand::Check {
+                report,
+                launch,
+                json,
+            } => measure::check(&report, &launch, json),
         },
     };
     match result {

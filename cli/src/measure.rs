@@ -16,7 +16,7 @@ const MAX_BLOB: u64 = 1 << 30;
 
 /// How the image is launched.
 #[derive(clap::Args, Debug, Clone)]
-pub struct SnpArgs {
+pub struct LaunchArgs {
     /// The OVMF firmware image (whole, as QEMU's `-bios` or the code flash).
     #[arg(long)]
     pub ovmf: PathBuf,
@@ -52,6 +52,13 @@ pub struct SnpArgs {
     /// not hashed again.
     #[arg(long)]
     pub snp_ovmf_hash: Option<String>,
+}
+
+/// `cgx measure snp`: the launch, and what to make of it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SnpArgs {
+    #[command(flatten)]
+    pub launch: LaunchArgs,
     /// Sign an ID block for this launch with this P-384 ID key (PEM or DER, PKCS#8 or SEC1);
     /// needs --author-key and --out.
     #[arg(long, requires_all = ["author_key", "out"])]
@@ -112,7 +119,7 @@ fn int(s: &str, what: &str) -> Result<u64, String> {
     r.map_err(|_| format!("--{what} '{s}' is not a number (hex with 0x, or decimal)"))
 }
 
-impl SnpArgs {
+impl LaunchArgs {
     fn vcpu_signature(&self, vmm: Vmm) -> Result<u32, String> {
         if let Some(t) = &self.vcpu_type {
             return snp::cpu_type(t).ok_or_else(|| {
@@ -263,15 +270,17 @@ fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, S
 /// `cgx measure snp`: print the launch digest (hex; `--json` with what went into it), and with
 /// `--out` write the launch's ID block, ID auth and host data.
 pub fn snp(args: &SnpArgs) -> CliResult {
-    let firmware = read(&args.ovmf, "firmware")?;
-    let ovmf = Ovmf::parse(&firmware).map_err(|e| format!("{}: {e}", args.ovmf.display()))?;
-    let params = args.params()?;
+    let firmware = read(&args.launch.ovmf, "firmware")?;
+    let ovmf =
+        Ovmf::parse(&firmware).map_err(|e| format!("{}: {e}", args.launch.ovmf.display()))?;
+    let params = args.launch.params()?;
     let digest = snp::launch_digest(&ovmf, &params).map_err(|e| e.to_string())?;
     let launch = launch_files(args, digest)?;
     if let Some(path) = &args.reference_values {
         let name = match &args.image_name {
             Some(n) => n.clone(),
             None => args
+                .launch
                 .ovmf
                 .file_name()
                 .map_or_else(|| "image".to_string(), |n| n.to_string_lossy().to_string()),
@@ -280,7 +289,7 @@ pub fn snp(args: &SnpArgs) -> CliResult {
             "measurement": hex::encode(digest),
             "vcpus": params.vcpus,
             "vcpu_signature": format!("{:#010x}", params.vcpu_signature),
-            "vmm": args.vmm_type.to_ascii_lowercase(),
+            "vmm": args.launch.vmm_type.to_ascii_lowercase(),
             "guest_features": format!("{:#x}", params.guest_features),
             "direct_kernel_boot": params.kernel_hashes.is_some(),
         });
@@ -295,10 +304,10 @@ pub fn snp(args: &SnpArgs) -> CliResult {
         print_json(&json!({
             "kind": "snp",
             "measurement": hex::encode(digest),
-            "firmware": args.ovmf.display().to_string(),
+            "firmware": args.launch.ovmf.display().to_string(),
             "vcpus": params.vcpus,
             "vcpu_signature": format!("{:#010x}", params.vcpu_signature),
-            "vmm": args.vmm_type.to_ascii_lowercase(),
+            "vmm": args.launch.vmm_type.to_ascii_lowercase(),
             "guest_features": format!("{:#x}", params.guest_features),
             "kernel_hashes": params.kernel_hashes.as_ref().map(|h| json!({
                 "kernel_sha256": hex::encode(h.kernel),
@@ -371,4 +380,164 @@ pub(crate) fn merge_reference_values(
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, text + "\n").map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The report's MEASUREMENT: from an evidence bundle (a folder) or a raw report file. Only
+/// parsed: whether the report is genuine is `cgx verify`'s question.
+fn report_of(path: &Path) -> Result<cgx_attestation::snp::report::AttestationReport, String> {
+    let bytes = if path.is_dir() {
+        match cgx_attestation::bundle::Bundle::load(path).map_err(|e| e.to_string())? {
+            cgx_attestation::bundle::Bundle::Snp { report, .. } => report,
+            other => {
+                return Err(format!(
+                    "{}: a {:?} bundle, not an SEV-SNP report",
+                    path.display(),
+                    other.kind()
+                ));
+            }
+        }
+    } else {
+        read(path, "report")?
+    };
+    cgx_attestation::snp::report::AttestationReport::parse(&bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Launches one change away from `base` (and vCPU count × CPU type pairs) whose digest is
+/// `want`, described as what differs. The firmware's pages are hashed once.
+fn likely_causes(
+    ovmf: &Ovmf<'_>,
+    base: &LaunchParams,
+    want: &[u8; 48],
+) -> Result<Vec<String>, String> {
+    let seeded = LaunchParams {
+        firmware_digest: Some(match base.firmware_digest {
+            Some(d) => d,
+            None => snp::firmware_digest(ovmf).map_err(|e| e.to_string())?,
+        }),
+        ..base.clone()
+    };
+    let sig_name = |sig: u32| {
+        snp::cpu::CPU_TYPES
+            .iter()
+            .find(|(_, f, m, s)| snp::cpu_signature(*f, *m, *s) == sig)
+            .map_or_else(|| format!("{sig:#010x}"), |t| t.0.to_string())
+    };
+    let mut signatures: Vec<u32> = snp::cpu::CPU_TYPES
+        .iter()
+        .map(|(_, f, m, s)| snp::cpu_signature(*f, *m, *s))
+        .collect();
+    signatures.dedup();
+    let mut candidates: Vec<(String, LaunchParams)> = Vec::new();
+    let with = |f: &dyn Fn(&mut LaunchParams)| {
+        let mut p = seeded.clone();
+        f(&mut p);
+        p
+    };
+    for v in 1..=snp::MAX_VCPUS.min(256) {
+        if v != base.vcpus {
+            candidates.push((
+                format!("{v} vCPUs, not {}", base.vcpus),
+                with(&|p| p.vcpus = v),
+            ));
+        }
+    }
+    for &sig in &signatures {
+        if sig != base.vcpu_signature {
+            let what = format!(
+                "vCPU type {}, not {}",
+                sig_name(sig),
+                sig_name(base.vcpu_signature)
+            );
+            candidates.push((what.clone(), with(&|p| p.vcpu_signature = sig)));
+            for v in 1..=64 {
+                if v != base.vcpus {
+                    candidates.push((
+                        format!("{what}, and {v} vCPUs, not {}", base.vcpus),
+                        with(&|p| {
+                            p.vcpu_signature = sig;
+                            p.vcpus = v;
+                        }),
+                    ));
+                }
+            }
+        }
+    }
+    for vmm in [Vmm::Qemu, Vmm::Ec2, Vmm::Gce] {
+        if vmm != base.vmm {
+            candidates.push((
+                format!("VMM {vmm:?}, not {:?}", base.vmm),
+                with(&|p| p.vmm = vmm),
+            ));
+        }
+    }
+    for bit in 0..16 {
+        let f = base.guest_features ^ (1 << bit);
+        candidates.push((
+            format!("guest features {f:#x}, not {:#x}", base.guest_features),
+            with(&|p| p.guest_features = f),
+        ));
+    }
+    if base.kernel_hashes.is_some() {
+        candidates.push((
+            "no kernel hashes (the launch did not boot this kernel directly)".into(),
+            with(&|p| p.kernel_hashes = None),
+        ));
+    }
+    let mut found = Vec::new();
+    for (what, p) in candidates {
+        // A candidate the firmware cannot launch (no kernel-hashes section…) is no cause.
+        if snp::launch_digest(ovmf, &p).is_ok_and(|d| &d == want) {
+            found.push(what);
+        }
+    }
+    Ok(found)
+}
+
+/// `cgx measure check REPORT --ovmf …`: exit 0 when the report's measurement is this launch's,
+/// 1 (with both digests and the likely cause) when it is not.
+pub fn check(report: &Path, launch: &LaunchArgs, json_out: bool) -> CliResult {
+    let r = report_of(report)?;
+    let firmware = read(&launch.ovmf, "firmware")?;
+    let ovmf = Ovmf::parse(&firmware).map_err(|e| format!("{}: {e}", launch.ovmf.display()))?;
+    let params = launch.params()?;
+    let expected = snp::launch_digest(&ovmf, &params).map_err(|e| e.to_string())?;
+    let matches = expected == r.measurement;
+    let causes = if matches {
+        vec![]
+    } else {
+        likely_causes(&ovmf, &params, &r.measurement)?
+    };
+    let out = json!({
+        "match": matches,
+        "report_measurement": hex::encode(r.measurement),
+        "expected_measurement": hex::encode(expected),
+        "likely_causes": causes,
+        "id_key_digest": hex::encode(r.id_key_digest),
+        "author_key_digest": hex::encode(r.author_key_digest),
+        "host_data": hex::encode(r.host_data),
+        "note": "the report is parsed, not verified: cgx verify checks its signature and chain",
+    });
+    if json_out {
+        print_json(&out)?;
+    } else if matches {
+        println!("match: {}", hex::encode(expected));
+    } else {
+        println!("MISMATCH");
+        println!("  report:   {}", hex::encode(r.measurement));
+        println!("  expected: {}", hex::encode(expected));
+        if causes.is_empty() {
+            println!(
+                "  no launch one parameter away matches: another firmware, kernel, initrd or command line"
+            );
+        }
+        for c in &causes {
+            println!("  matches with: {c}");
+        }
+    }
+    Ok(if matches {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

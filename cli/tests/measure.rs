@@ -471,3 +471,99 @@ fn reference_values_from_the_image_decide_appraisal() {
     assert_eq!(std::fs::read_to_string(&rv).unwrap(), "[1, 2]");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `cgx measure check`: 0 when a report's measurement is this launch's; 1 with both digests and
+/// the neighbouring parameters that would match (here the vCPU count), or none for another image.
+#[test]
+fn check_names_the_likely_cause_of_a_mismatch() {
+    let dir = tmp("check");
+    let fw = dir.join("fw");
+    std::fs::write(
+        &fw,
+        cgx_measure::ovmf::testing::image(8, &[(0x80_0000, 0x2000, 1)], None),
+    )
+    .unwrap();
+    let cgx = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_cgx")).args(args));
+    let f = fw.to_string_lossy().to_string();
+    let (ok, digest, err) = cgx(&[
+        "measure",
+        "snp",
+        "--ovmf",
+        &f,
+        "--vcpus",
+        "4",
+        "--vcpu-type",
+        "EPYC-Milan",
+    ]);
+    assert!(ok, "{err}");
+    let bundle = dir.join("bundle").to_string_lossy().to_string();
+    let (ok, _, err) = cgx(&["sim", "snp", "--measurement", &digest, "--out", &bundle]);
+    assert!(ok, "{err}");
+    let check = |extra: &[&str]| {
+        let mut args = vec![
+            "measure",
+            "check",
+            bundle.as_str(),
+            "--ovmf",
+            f.as_str(),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), v)
+    };
+    let (code, v) = check(&["--vcpus", "4", "--vcpu-type", "EPYC-Milan"]);
+    assert_eq!(
+        (code, v["match"].clone()),
+        (Some(0), serde_json::json!(true)),
+        "{v}"
+    );
+    let (code, v) = check(&["--vcpus", "2", "--vcpu-type", "EPYC-Milan"]);
+    assert_eq!(code, Some(1), "{v}");
+    assert_eq!(v["report_measurement"], digest);
+    assert_ne!(v["expected_measurement"], digest);
+    assert_eq!(
+        v["likely_causes"],
+        serde_json::json!(["4 vCPUs, not 2"]),
+        "{v}"
+    );
+    // Another image: no neighbour matches.
+    let other = dir.join("other");
+    std::fs::write(&other, cgx_measure::ovmf::testing::image(9, &[], None)).unwrap();
+    let o = other.to_string_lossy().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
+        .args([
+            "measure",
+            "check",
+            &bundle,
+            "--ovmf",
+            &o,
+            "--vcpus",
+            "4",
+            "--vcpu-type",
+            "EPYC-Milan",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no launch one parameter away"));
+    // Not a report: a usage error, exit 2.
+    let (ok, _, err) = cgx(&[
+        "measure",
+        "check",
+        &f,
+        "--ovmf",
+        &f,
+        "--vcpus",
+        "1",
+        "--vcpu-type",
+        "EPYC",
+    ]);
+    assert!(!ok && err.contains("cgx:"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
