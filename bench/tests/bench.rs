@@ -216,3 +216,23 @@ fn bench_coco_measures_both_servers_with_both_clients() {
     let (code, _, err) = cgx(&["bench", "coco", "--flows", "0"]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// `cgx bench measure`: launch digests per second against raw hashing of the same bytes, and
+/// sev-snp-measure on the same files where it is installed (which must print the same digest).
+#[test]
+fn bench_measure_reports_the_ratio_and_the_peer() {
+    let (code, out, err) = cgx(&["bench", "measure", "--json", "--rounds", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out);
+    for key in ["digests_per_sec", "raw_hash_per_sec", "ratio"] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+    }
+    assert_eq!(v["input"]["firmware_mib"], 4);
+    if v["sev_snp_measure_ms"].is_null() {
+        eprintln!(
+            "SKIPPED bench_measure peer: no sev-snp-measure (pip install sev-snp-measure==0.0.13)"
+        );
+    }
+    let (code, _, err) = cgx(&["bench", "measure", "--rounds", "0"]);
+    assert_eq!(code, 2, "{err}");
+}

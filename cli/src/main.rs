@@ -100,7 +100,7 @@ enum Command {
         #[command(subcommand)]
         command: RimCommand,
     },
-    /// Benchmarks: `verify`, `appraise`, `kbs`, `broker`, `coco` (run by the `cgx-bench`
+    /// Benchmarks: `verify`, `appraise`, `kbs`, `broker`, `coco`, `measure` (run by the `cgx-bench`
     /// program beside this one, which alone links the peers they are compared with).
     #[command(disable_help_flag = true)]
     Bench {
