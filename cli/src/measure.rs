@@ -79,7 +79,8 @@ pub struct SnpArgs {
     /// HOST_DATA for the launch (32 bytes, hex).
     #[arg(long, conflicts_with = "init_data", requires = "out")]
     pub host_data: Option<String>,
-    /// An init-data file whose SHA-256 becomes HOST_DATA (what the KBS compares).
+    /// A CoCo init-data file (TOML) whose digest becomes HOST_DATA, as the KBS compares it (the
+    /// algorithm the file names, sha256 when unnamed; fitted to 32 bytes).
     #[arg(long, requires = "out")]
     pub init_data: Option<PathBuf>,
     /// Where the QEMU `sev-snp-guest` values go: id-block.b64, id-auth.b64, host-data.b64.
@@ -226,8 +227,11 @@ fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, S
             .map_err(|_| "--host-data must be 32 bytes".to_string())?,
         ),
         (None, Some(f)) => {
-            let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &read(f, "init-data")?);
-            <[u8; 32]>::try_from(d.as_ref()).ok()
+            // As the KBS checks it: the TOML's algorithm, fitted to HOST_DATA's 32 bytes.
+            let body = String::from_utf8(read(f, "init-data")?)
+                .map_err(|_| format!("init-data {}: not UTF-8 text", f.display()))?;
+            let (_, d) = cgx_protocol::kbs::binding::init_data_digest(&body, 32)?;
+            <[u8; 32]>::try_from(d.as_slice()).ok()
         }
         (None, None) => None,
     };

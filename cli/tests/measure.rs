@@ -567,3 +567,49 @@ fn check_names_the_likely_cause_of_a_mismatch() {
     assert!(!ok && err.contains("cgx:"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--init-data`: HOST_DATA is the init-data's digest as the KBS checks it (the algorithm the
+/// TOML names, fitted to 32 bytes); an unknown algorithm is refused.
+#[test]
+fn host_data_from_init_data_is_what_the_kbs_compares() {
+    use base64::Engine;
+    let dir = tmp("initdata");
+    let fw = dir.join("fw");
+    std::fs::write(&fw, cgx_measure::ovmf::testing::image(8, &[], None)).unwrap();
+    let toml = "algorithm = \"sha384\"\nversion = \"0.1.0\"\n\n[data]\n\"policy.rego\" = \"\"\"\npackage agent_policy\n\"\"\"\n";
+    std::fs::write(dir.join("init.toml"), toml).unwrap();
+    let run_with = |file: &str| {
+        run(Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args([
+                "measure",
+                "snp",
+                "--vcpus",
+                "1",
+                "--vcpu-type",
+                "EPYC-v4",
+                "--ovmf",
+            ])
+            .arg(&fw)
+            .arg("--init-data")
+            .arg(dir.join(file))
+            .arg("--out")
+            .arg(dir.join("out")))
+    };
+    let (ok, _, err) = run_with("init.toml");
+    assert!(ok, "{err}");
+    let got = base64::engine::general_purpose::STANDARD
+        .decode(
+            std::fs::read_to_string(dir.join("out/host-data.b64"))
+                .unwrap()
+                .trim(),
+        )
+        .unwrap();
+    let (_, want) = cgx_protocol::kbs::binding::init_data_digest(toml, 32).unwrap();
+    assert_eq!(got, want);
+    let sha384 = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, toml.as_bytes());
+    assert_eq!(got, sha384.as_ref()[..32].to_vec());
+    std::fs::write(dir.join("md5.toml"), "algorithm = \"md5\"\n").unwrap();
+    let (ok, _, err) = run_with("md5.toml");
+    assert!(!ok && err.contains("md5"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -489,19 +489,6 @@ impl Attester {
 /// when unnamed) must be what the TEE measured at launch — SNP HOST_DATA (32 bytes), TDX
 /// MRCONFIGID (48 bytes) — truncated or zero-padded to that field, as Trustee compares it.
 pub(crate) fn check_init_data(body: &str, cpu: &VerifiedClaims) -> Result<(), KbsError> {
-    let algorithm = body
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .find(|(k, _)| k.trim() == "algorithm")
-        .map(|(_, v)| v.trim().trim_matches(['"', '\'']).to_ascii_lowercase())
-        .unwrap_or_else(|| "sha256".into());
-    let alg = match algorithm.as_str() {
-        "sha256" => &aws_lc_rs::digest::SHA256,
-        "sha384" => &aws_lc_rs::digest::SHA384,
-        "sha512" => &aws_lc_rs::digest::SHA512,
-        other => return Err(failed(format!("init-data digest algorithm {other}"))),
-    };
-    let digest = aws_lc_rs::digest::digest(alg, body.as_bytes());
     let (field, size, measured) = match &cpu.claims().detail {
         KindClaims::Snp(s) => ("host_data", 32, s.host_data.as_str()),
         KindClaims::Tdx(t) => ("mr_config_id", 48, t.mr_config_id.as_str()),
@@ -512,8 +499,8 @@ pub(crate) fn check_init_data(body: &str, cpu: &VerifiedClaims) -> Result<(), Kb
             )));
         }
     };
-    let mut expected = digest.as_ref().to_vec();
-    expected.resize(size, 0);
+    let (algorithm, expected) =
+        cgx_protocol::kbs::binding::init_data_digest(body, size).map_err(failed)?;
     if measured != hex::encode(&expected) {
         return Err(failed(format!(
             "init-data ({algorithm}) does not match the launch-time {field}"

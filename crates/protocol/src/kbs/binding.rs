@@ -48,10 +48,45 @@ pub fn nvidia_nonce(nonce: &str, tee_pubkey: &TeePubKey) -> [u8; 32] {
     out
 }
 
+/// The digest of CoCo init-data as the TEE measures it at launch — SNP HOST_DATA (32 bytes),
+/// TDX MRCONFIGID (48 bytes): the init-data TOML's text hashed with the algorithm it names
+/// (`algorithm = "sha256" | "sha384" | "sha512"`; sha256 when unnamed), truncated or zero-padded
+/// to `field_len`, as Trustee compares it. `Err` names an unknown algorithm.
+pub fn init_data_digest(body: &str, field_len: usize) -> Result<(String, Vec<u8>), String> {
+    let algorithm = body
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == "algorithm")
+        .map(|(_, v)| v.trim().trim_matches(['"', '\'']).to_ascii_lowercase())
+        .unwrap_or_else(|| "sha256".into());
+    let alg = match algorithm.as_str() {
+        "sha256" => &aws_lc_rs::digest::SHA256,
+        "sha384" => &aws_lc_rs::digest::SHA384,
+        "sha512" => &aws_lc_rs::digest::SHA512,
+        other => return Err(format!("init-data digest algorithm {other}")),
+    };
+    let mut d = aws_lc_rs::digest::digest(alg, body.as_bytes())
+        .as_ref()
+        .to_vec();
+    d.resize(field_len, 0);
+    Ok((algorithm, d))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn init_data_digests_fit_the_field() {
+        let (alg, d) = init_data_digest("version = \"0.1.0\"\n", 32).unwrap();
+        assert_eq!((alg.as_str(), d.len()), ("sha256", 32));
+        let (alg, d) = init_data_digest("algorithm = \"sha384\"\n", 32).unwrap();
+        assert_eq!((alg.as_str(), d.len()), ("sha384", 32));
+        let (_, d) = init_data_digest("algorithm = 'sha256'\n", 48).unwrap();
+        assert_eq!(&d[32..], &[0u8; 16]);
+        assert!(init_data_digest("algorithm = \"md5\"", 32).is_err());
+    }
 
     #[test]
     fn binds_every_input() {
