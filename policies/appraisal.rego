@@ -167,6 +167,43 @@ violations contains v if {
 	}
 }
 
+# An image's entry (`snp.images.<name>`, what `cgx measure snp --reference-values` writes) that
+# names an ID key (and an author key, where its launch enables one) holds reports of its
+# measurement to those keys; images without keys, and other measurements, are not affected.
+image_keys(field) := {key |
+	some img in object.get(kind_ref, "images", {})
+	img.measurement == input.measurement
+	key := img[field]
+}
+
+violations contains v if {
+	input.kind == "snp"
+	keys := image_keys("id_key_digest")
+	count(keys) > 0
+	not input.id_key_digest in keys
+	v := {
+		"rule": "snp_image_id_key_mismatch",
+		"claim": "executables",
+		"code": 33,
+		"value": input.id_key_digest,
+		"expected": sprintf("the ID key the image with this measurement names: %v", [keys]),
+	}
+}
+
+violations contains v if {
+	input.kind == "snp"
+	keys := image_keys("author_key_digest")
+	count(keys) > 0
+	not input.author_key_digest in keys
+	v := {
+		"rule": "snp_image_author_key_mismatch",
+		"claim": "executables",
+		"code": 33,
+		"value": input.author_key_digest,
+		"expected": sprintf("the author key the image with this measurement names: %v", [keys]),
+	}
+}
+
 violations contains v if {
 	input.kind == "snp"
 	input.vmpl > object.get(kind_ref, "max_vmpl", 3)

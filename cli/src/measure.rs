@@ -13,6 +13,10 @@ use crate::output::{CliResult, print_json};
 
 /// The largest kernel or initrd read (a kernel is tens of MiB, an initrd at most a few hundred).
 const MAX_BLOB: u64 = 1 << 30;
+/// The largest firmware image (what `cgx-measure` takes).
+const FIRMWARE: u64 = cgx_measure::ovmf::MAX_IMAGE as u64;
+/// Keys, reports, init-data (×16), reference values (×256): 64 KiB.
+const SMALL: u64 = 64 << 10;
 
 /// How the image is launched.
 #[derive(clap::Args, Debug, Clone)]
@@ -38,9 +42,9 @@ pub struct LaunchArgs {
     pub vcpu_sig: Option<String>,
     #[arg(long, requires_all = ["vcpu_model", "vcpu_stepping"])]
     pub vcpu_family: Option<u32>,
-    #[arg(long)]
+    #[arg(long, requires = "vcpu_family")]
     pub vcpu_model: Option<u32>,
-    #[arg(long)]
+    #[arg(long, requires = "vcpu_family")]
     pub vcpu_stepping: Option<u32>,
     /// qemu, ec2 or gce.
     #[arg(long, default_value = "qemu")]
@@ -66,6 +70,10 @@ pub struct SnpArgs {
     /// The P-384 author key that signs the ID key.
     #[arg(long, requires = "id_key")]
     pub author_key: Option<PathBuf>,
+    /// The launch enables the author key (QEMU `author-key-enabled=on`), so reports carry its
+    /// digest and the reference values name it.
+    #[arg(long, requires = "author_key")]
+    pub author_key_enabled: bool,
     /// The guest policy the ID block requires (hex), as the launch's `policy=`.
     #[arg(long, default_value = "0x30000", requires = "id_key")]
     pub policy: String,
@@ -98,18 +106,29 @@ pub struct SnpArgs {
     pub json: bool,
 }
 
-fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    let len = std::fs::metadata(path)
-        .map_err(|e| format!("{what} {}: {e}", path.display()))?
-        .len();
-    if len > MAX_BLOB {
+/// Read at most `limit` bytes of `path` (a device or pipe that reports no size is bounded too).
+fn read_limited(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let fail = |e: std::io::Error| format!("{what} {}: {e}", path.display());
+    let mut out = Vec::new();
+    std::fs::File::open(path)
+        .map_err(fail)?
+        .take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(fail)?;
+    if out.len() as u64 > limit {
         return Err(format!(
-            "{what} {}: {len} bytes is more than the {} MiB read",
+            "{what} {}: larger than the {} KiB taken",
             path.display(),
-            MAX_BLOB >> 20
+            limit >> 10
         ));
     }
-    std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+    Ok(out)
+}
+
+/// A kernel or initrd (tens of MiB; at most 1 GiB read).
+fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    read_limited(path, what, MAX_BLOB)
 }
 
 fn int(s: &str, what: &str) -> Result<u64, String> {
@@ -175,9 +194,11 @@ impl LaunchArgs {
             }
             None => None,
         };
+        let vcpu_signature = self.vcpu_signature(vmm)?;
         Ok(LaunchParams {
             vcpus: self.vcpus,
-            vcpu_signature: self.vcpu_signature(vmm)?,
+            // EC2 and GCE put 0x600 in RDX whatever the CPU type: a signature changes nothing.
+            vcpu_signature: if vmm == Vmm::Qemu { vcpu_signature } else { 0 },
             vmm,
             guest_features: int(&self.guest_features, "guest-features")?,
             kernel_hashes,
@@ -187,7 +208,7 @@ impl LaunchArgs {
 }
 
 fn signing_key(path: &Path, what: &str) -> Result<SigningKey, String> {
-    let bytes = read(path, what)?;
+    let bytes = read_limited(path, what, SMALL)?;
     let text = String::from_utf8_lossy(&bytes);
     let label = if text.contains("BEGIN EC PRIVATE KEY") {
         "EC PRIVATE KEY"
@@ -217,6 +238,7 @@ fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, S
     let Some(out) = &args.out else {
         return Ok(json!(null));
     };
+    // Everything is parsed and signed before anything is written.
     let host_data = match (&args.host_data, &args.init_data) {
         (Some(h), _) => Some(
             <[u8; 32]>::try_from(
@@ -228,21 +250,17 @@ fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, S
         ),
         (None, Some(f)) => {
             // As the KBS checks it: the TOML's algorithm, fitted to HOST_DATA's 32 bytes.
-            let body = String::from_utf8(read(f, "init-data")?)
+            let body = String::from_utf8(read_limited(f, "init-data", SMALL << 4)?)
                 .map_err(|_| format!("init-data {}: not UTF-8 text", f.display()))?;
             let (_, d) = cgx_protocol::kbs::binding::init_data_digest(&body, 32)?;
             <[u8; 32]>::try_from(d.as_slice()).ok()
         }
         (None, None) => None,
     };
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let write = |name: &str, text: String| {
-        let p = out.join(name);
-        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
-    };
     let mut summary = serde_json::Map::new();
+    let mut files: Vec<(&str, String)> = Vec::new();
     if let Some(h) = host_data {
-        write("host-data.b64", b64(&h))?;
+        files.push(("host-data.b64", b64(&h)));
         summary.insert("host_data".into(), json!(hex::encode(h)));
     }
     if let (Some(idk), Some(authk)) = (&args.id_key, &args.author_key) {
@@ -258,14 +276,32 @@ fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, S
             policy: int(&args.policy, "policy")?,
         };
         let auth = id_block::id_auth(&block, &id_key, &author_key).map_err(|e| e.to_string())?;
-        write("id-block.b64", b64(&block.to_bytes()))?;
-        write("id-auth.b64", b64(&auth))?;
+        files.push(("id-block.b64", b64(&block.to_bytes())));
+        files.push(("id-auth.b64", b64(&auth)));
         summary.insert("id_key_digest".into(), json!(hex::encode(id_key.digest())));
-        summary.insert(
-            "author_key_digest".into(),
-            json!(hex::encode(author_key.digest())),
-        );
+        // The report carries the author key's digest only where the launch enables it (QEMU
+        // `author-key-enabled=on`; off by default): otherwise AUTHOR_KEY_DIGEST is zero.
+        let author = hex::encode(author_key.digest());
+        if args.author_key_enabled {
+            summary.insert("author_key_digest".into(), json!(author));
+        } else {
+            summary.insert("author_key_digest_if_enabled".into(), json!(author));
+        }
         summary.insert("policy".into(), json!(format!("{:#x}", block.policy)));
+    }
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    for name in ["host-data.b64", "id-block.b64", "id-auth.b64"] {
+        let p = out.join(name);
+        match files.iter().find(|(n, _)| *n == name) {
+            Some((_, text)) => {
+                std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+            // An earlier run's file would hand QEMU values for another launch.
+            None if p.exists() => {
+                std::fs::remove_file(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+            None => {}
+        }
     }
     summary.insert("out".into(), json!(out.display().to_string()));
     Ok(serde_json::Value::Object(summary))
@@ -274,7 +310,7 @@ fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, S
 /// `cgx measure snp`: print the launch digest (hex; `--json` with what went into it), and with
 /// `--out` write the launch's ID block, ID auth and host data.
 pub fn snp(args: &SnpArgs) -> CliResult {
-    let firmware = read(&args.launch.ovmf, "firmware")?;
+    let firmware = read_limited(&args.launch.ovmf, "firmware", FIRMWARE)?;
     let ovmf =
         Ovmf::parse(&firmware).map_err(|e| format!("{}: {e}", args.launch.ovmf.display()))?;
     let params = args.launch.params()?;
@@ -331,24 +367,32 @@ pub fn snp(args: &SnpArgs) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Add a launch to a reference-values file: its digest to `snp.measurements`, its ID and
-/// author key digests (if it has an ID block) to `snp.id_key_digests` / `snp.author_key_digests`,
-/// and what it was computed from to `snp.images.<name>` (a name already there is replaced; its
-/// old digests stay listed until removed by hand). A file that is not a JSON object is refused
-/// and left as it was; the new file replaces the old one whole (written beside it, renamed).
+/// Add a launch to a reference-values file: its digest to `snp.measurements`, and what it was
+/// computed from — with its ID and author key digests, which the policy then requires of
+/// reports with that measurement — to `snp.images.<name>` (a name already there is replaced;
+/// its old digest stays listed until removed by hand). A file that is not a JSON object is
+/// refused and left as it was. The new file replaces the old one whole: written to a fresh
+/// file beside the one a link points to, synced, renamed over it with its permissions, under
+/// a lock (`<file>.lock`) so concurrent runs do not lose each other's images.
 pub(crate) fn merge_reference_values(
     path: &Path,
     name: &str,
     image: &serde_json::Value,
 ) -> Result<(), String> {
     use serde_json::Value;
-    let mut doc: Value = match std::fs::read(path) {
+    // Write where a link points, not over the link.
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let lock_path = target.with_extension("lock");
+    let lock =
+        std::fs::File::create(&lock_path).map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    lock.lock()
+        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let path = target.as_path();
+    let mut doc: Value = match read_limited(path, "reference values", SMALL << 8) {
         Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            serde_json::from_str(cgx_policies::DEFAULT_REFERENCE_VALUES)
-                .map_err(|e| e.to_string())?
-        }
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(_) if !path.exists() => serde_json::from_str(cgx_policies::DEFAULT_REFERENCE_VALUES)
+            .map_err(|e| e.to_string())?,
+        Err(e) => return Err(e),
     };
     let shape = |what: &str| format!("{}: {what} is not a JSON object", path.display());
     let snp = doc
@@ -373,17 +417,13 @@ pub(crate) fn merge_reference_values(
         Ok(())
     };
     add("measurements", image.get("measurement"))?;
-    add("id_key_digests", image.get("id_key_digest"))?;
-    add("author_key_digests", image.get("author_key_digest"))?;
     snp.entry("images")
         .or_insert_with(|| json!({}))
         .as_object_mut()
         .ok_or_else(|| shape("snp.images"))?
         .insert(name.to_string(), image.clone());
-    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text + "\n").map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())? + "\n";
+    replace_file(&target, text.as_bytes())
 }
 
 /// The report's MEASUREMENT: from an evidence bundle (a folder) or a raw report file. Only
@@ -401,7 +441,7 @@ fn report_of(path: &Path) -> Result<cgx_attestation::snp::report::AttestationRep
             }
         }
     } else {
-        read(path, "report")?
+        read_limited(path, "report", SMALL)?
     };
     cgx_attestation::snp::report::AttestationReport::parse(&bytes)
         .map_err(|e| format!("{}: {e}", path.display()))
@@ -447,7 +487,7 @@ fn likely_causes(
         }
     }
     for &sig in &signatures {
-        if sig != base.vcpu_signature {
+        if base.vmm == Vmm::Qemu && sig != base.vcpu_signature {
             let what = format!(
                 "vCPU type {}, not {}",
                 sig_name(sig),
@@ -467,11 +507,27 @@ fn likely_causes(
             }
         }
     }
-    for vmm in [Vmm::Qemu, Vmm::Ec2, Vmm::Gce] {
+    for vmm in [Vmm::Ec2, Vmm::Gce] {
         if vmm != base.vmm {
             candidates.push((
                 format!("VMM {vmm:?}, not {:?}", base.vmm),
                 with(&|p| p.vmm = vmm),
+            ));
+        }
+    }
+    if base.vmm != Vmm::Qemu {
+        // QEMU writes the CPU type's signature, which the EC2/GCE launch did not need.
+        for &sig in &signatures {
+            candidates.push((
+                format!(
+                    "VMM Qemu with vCPU type {}, not {:?}",
+                    sig_name(sig),
+                    base.vmm
+                ),
+                with(&|p| {
+                    p.vmm = Vmm::Qemu;
+                    p.vcpu_signature = sig;
+                }),
             ));
         }
     }
@@ -502,7 +558,7 @@ fn likely_causes(
 /// 1 (with both digests and the likely cause) when it is not.
 pub fn check(report: &Path, launch: &LaunchArgs, json_out: bool) -> CliResult {
     let r = report_of(report)?;
-    let firmware = read(&launch.ovmf, "firmware")?;
+    let firmware = read_limited(&launch.ovmf, "firmware", FIRMWARE)?;
     let ovmf = Ovmf::parse(&firmware).map_err(|e| format!("{}: {e}", launch.ovmf.display()))?;
     let params = launch.params()?;
     let expected = snp::launch_digest(&ovmf, &params).map_err(|e| e.to_string())?;
@@ -543,5 +599,33 @@ pub fn check(report: &Path, launch: &LaunchArgs, json_out: bool) -> CliResult {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+/// Replace `path` with `bytes` whole: a fresh file beside it (this process's own name), synced,
+/// given the old file's permissions, renamed over it; the fresh file is removed if any step fails.
+fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        if let Ok(m) = std::fs::metadata(path) {
+            f.set_permissions(m.permissions())?;
+        }
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("{}: {e}", path.display())
     })
 }

@@ -104,3 +104,68 @@ fn reference_values_naming_id_keys_hold_launches_to_them() {
         "{v}"
     );
 }
+
+/// Keys named by an image's entry (`snp.images`, as `cgx measure snp --reference-values` writes
+/// it) bind reports of that image's measurement only: an unkeyed image beside it still
+/// appraises, and the keyed image's measurement with another ID key does not.
+#[test]
+fn image_entries_bind_keys_to_their_measurement_only() {
+    let now = OffsetDateTime::now_utc();
+    let t = now.unix_timestamp();
+    let (keyed, plain) = ([0x11u8; 48], [0x22u8; 48]);
+    let id_key = IdKey::generate().unwrap().digest();
+    let refs = serde_json::json!({"snp": {
+        "measurements": [hex::encode(keyed), hex::encode(plain)],
+        "images": {
+            "signed": {"measurement": hex::encode(keyed), "id_key_digest": hex::encode(id_key)},
+            "plain": {"measurement": hex::encode(plain)},
+        },
+    }})
+    .to_string();
+    let amd = SimAmd::generate(
+        Product::Genoa,
+        SigningKey::Vcek,
+        default_tcb(Product::Genoa),
+        [4; 64],
+        t,
+    )
+    .unwrap();
+    let appraiser = Appraiser::new(
+        Verifier::new(VerifierConfig {
+            sim: SimTrust::Pinned(vec![amd.root_pin()]),
+        }),
+        PolicyEngine::new("default", APPRAISAL_POLICY, &refs).unwrap(),
+        cgx_attestation::results::ResultSigner::generate().unwrap(),
+    );
+    let executables = |measurement: [u8; 48], id: [u8; 48]| {
+        let bundle = amd
+            .bundle(&SnpReportOptions {
+                measurement,
+                id_key_digest: id,
+                ..Default::default()
+            })
+            .unwrap();
+        let a = appraiser
+            .appraise(&bundle.evidence(), now, t, None, None)
+            .unwrap();
+        (
+            a.first()
+                .unwrap()
+                .outcome
+                .trust_vector
+                .get("executables")
+                .copied(),
+            a.violations().join("\n"),
+        )
+    };
+    assert_eq!(executables(plain, [0; 48]).0, Some(2));
+    assert_eq!(executables(keyed, id_key).0, Some(2));
+    let (code, v) = executables(keyed, [9; 48]);
+    assert_eq!(code, Some(33), "{v}");
+    assert!(
+        v.contains("snp_image_id_key_mismatch") && v.contains(&hex::encode(id_key)),
+        "{v}"
+    );
+    let (code, v) = executables(keyed, [0; 48]);
+    assert_eq!(code, Some(33), "{v}");
+}

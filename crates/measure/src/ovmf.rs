@@ -49,6 +49,11 @@ pub const SEV_HASH_TABLE_RV_GUID: [u8; 16] = guid(
 
 /// The largest firmware image taken (OVMF builds are 2–4 MiB; the flash window is 16 MiB).
 pub const MAX_IMAGE: usize = 64 << 20;
+/// The most SEV metadata sections taken (OVMF declares five or six).
+pub const MAX_SECTIONS: u32 = 64;
+/// The most pages all sections together may span (OVMF's span a few MiB): bounds the work a
+/// crafted image can ask of a launch digest (one SHA-384 step per page) to well under a second.
+pub const MAX_SECTION_PAGES: u64 = 1 << 16;
 /// The end of the firmware's mapping.
 pub const FOUR_GIB: u64 = 1 << 32;
 const PAGE: usize = 4096;
@@ -160,6 +165,11 @@ impl<'a> Ovmf<'a> {
                 "SEV metadata version {version} (1 is known)"
             )));
         }
+        if count > MAX_SECTIONS {
+            return Err(Error::Firmware(format!(
+                "SEV metadata declares {count} sections, more than the {MAX_SECTIONS} taken"
+            )));
+        }
         let items = 16usize
             .checked_add((count as usize).saturating_mul(12))
             .filter(|n| *n <= size as usize)
@@ -180,6 +190,12 @@ impl<'a> Ovmf<'a> {
                 ))
             })?;
             ovmf.sections.push(Section { gpa, size, kind });
+        }
+        let pages: u64 = ovmf.sections.iter().map(|s| u64::from(s.size) / 4096).sum();
+        if pages > MAX_SECTION_PAGES {
+            return Err(Error::Firmware(format!(
+                "SEV metadata sections span {pages} pages, more than the {MAX_SECTION_PAGES} taken"
+            )));
         }
         Ok(ovmf)
     }
@@ -258,6 +274,12 @@ fn footer_table(data: &[u8]) -> Result<Vec<([u8; 16], &[u8])>> {
             return Err(Error::Firmware(format!(
                 "footer table entry of size {size} does not fit the table"
             )));
+        }
+        // Two entries with one GUID: sev-snp-measure keeps one, QEMU another; neither is right.
+        if out.iter().any(|(k, _)| *k == g) {
+            return Err(Error::Firmware(
+                "footer table names one GUID twice".to_string(),
+            ));
         }
         out.push((g, &data[end - size..header]));
         end -= size;
@@ -353,12 +375,29 @@ mod tests {
         // An unknown section type.
         assert!(Ovmf::parse(&image(16, &[(0, 0x1000, 9)], None)).is_err());
         // Every single-byte corruption of the table region and the metadata parses or errs.
+        // Each parses or errs, and a digest of what parses is quick.
+        let params = crate::snp::LaunchParams {
+            vcpus: 2,
+            vcpu_signature: 0,
+            vmm: crate::snp::Vmm::Qemu,
+            guest_features: 1,
+            kernel_hashes: None,
+            firmware_digest: Some([0; 48]),
+        };
         for at in (good.len() - 2 * PAGE)..good.len() {
             for v in [0x00u8, 0xff, 0x7f] {
                 let mut b = good.clone();
                 b[at] = v;
-                let _ = Ovmf::parse(&b);
+                if let Ok(o) = Ovmf::parse(&b) {
+                    let t = std::time::Instant::now();
+                    let _ = crate::snp::launch_digest(&o, &params);
+                    assert!(t.elapsed().as_secs() < 5, "byte {at:#x} = {v:#x}");
+                }
             }
         }
+        // Sections that together span too much are refused before any hashing.
+        assert!(Ovmf::parse(&image(16, &[(0, 0xffff_f000, 1)], None)).is_err());
+        let many: Vec<(u32, u32, u32)> = (0..65).map(|i| (i * 4096, 4096, 1)).collect();
+        assert!(Ovmf::parse(&image(16, &many, None)).is_err());
     }
 }

@@ -122,7 +122,7 @@ impl LaunchDigest {
 }
 
 fn whole_pages(len: u64) -> Result<()> {
-    // A metadata section is at most 4 GiB (u32 size): 1 Mi steps at most.
+    // Callers bound the pages ([`crate::ovmf::MAX_SECTION_PAGES`] over all sections).
     if !len.is_multiple_of(PAGE as u64) {
         return Err(Error::Firmware(format!(
             "a region of {len:#x} bytes is not whole 4 KiB pages"

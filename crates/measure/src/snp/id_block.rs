@@ -167,6 +167,35 @@ pub fn verify_id_auth(
             )));
         }
     }
+    // Reserved areas and the unused high bytes of each 72-byte coordinate must be zero: a
+    // key's digest covers all 0x404 bytes, and two encodings of one key must not give two.
+    let zero = |at: usize, len: usize, what: &str| -> Result<()> {
+        if auth[at..at + len].iter().any(|b| *b != 0) {
+            return Err(Error::Parameter(format!("{what} is not zero")));
+        }
+        Ok(())
+    };
+    zero(0x008, 0x38, "reserved bytes 0x008–0x03F")?;
+    zero(0x644, 0x3c, "reserved bytes 0x644–0x67F")?;
+    zero(0xc84, ID_AUTH_LEN - 0xc84, "reserved bytes from 0xC84")?;
+    for (base, what) in [(0x240, "ID_KEY"), (0x880, "AUTHOR_KEY")] {
+        zero(base + 4 + 48, 24, &format!("{what} QX's high bytes"))?;
+        zero(base + 0x4c + 48, 24, &format!("{what} QY's high bytes"))?;
+        zero(
+            base + 0x94,
+            PUBLIC_KEY_LEN - 0x94,
+            &format!("{what}'s reserved bytes"),
+        )?;
+    }
+    for (base, what) in [(0x040, "ID_BLOCK_SIG"), (0x680, "ID_KEY_SIG")] {
+        zero(base + 48, 24, &format!("{what} R's high bytes"))?;
+        zero(base + 0x48 + 48, 24, &format!("{what} S's high bytes"))?;
+        zero(
+            base + 0x90,
+            SIGNATURE_LEN - 0x90,
+            &format!("{what}'s reserved bytes"),
+        )?;
+    }
     let verify = |key: &[u8], sig: &[u8], msg: &[u8], what: &str| -> Result<()> {
         let curve = u32::from_le_bytes([key[0], key[1], key[2], key[3]]);
         if curve != CURVE_P384 {
@@ -224,7 +253,9 @@ mod tests {
         let mut other = b;
         other[0] ^= 1;
         assert!(verify_id_auth(&other, &auth).is_err());
-        for at in [0x040, 0x088, 0x250, 0x690, 0x890] {
+        for at in [
+            0x040, 0x088, 0x250, 0x690, 0x890, 0x010, 0x0a0, 0x2a0, 0x650, 0xd00,
+        ] {
             let mut t = auth;
             t[at] ^= 1;
             assert!(verify_id_auth(&b, &t).is_err(), "{at:#x}");

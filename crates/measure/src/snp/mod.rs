@@ -62,6 +62,11 @@ pub fn launch_digest(ovmf: &Ovmf<'_>, params: &LaunchParams) -> Result<[u8; 48]>
     };
     metadata_pages(&mut ld, ovmf, params)?;
     let ap_eip = ovmf.sev_es_reset_eip()?;
+    if ap_eip == 0 && params.vcpus > 1 {
+        return Err(Error::Firmware(
+            "the SEV-ES reset block's AP reset address is 0: the APs cannot start".into(),
+        ));
+    }
     let bsp = vmsa::page(
         vmsa::BSP_EIP,
         params.guest_features,
