@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::CliResult;
+use crate::{CliResult, median};
 
 const ROUNDS: usize = 5;
 
@@ -39,11 +39,6 @@ fn one_round(secs: f64, f: &mut Op<'_>) -> f64 {
         n += 16;
     }
     n as f64 / start.elapsed().as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// Raw ECDSA verification of a fixed message for P-384 or P-256, by backend.

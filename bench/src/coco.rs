@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::CliResult;
+use crate::{CliResult, median};
 
 /// Which client drives the rounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -200,11 +200,6 @@ fn wait_listening(port: u16) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Err(format!("nothing listens on 127.0.0.1:{port}"))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// One way of running a round's flows against one server.

@@ -22,6 +22,12 @@ use clap::{Parser, Subcommand};
 pub type CliResult = Result<ExitCode, String>;
 
 /// Pretty JSON on stdout.
+/// The median of measured rounds (0 for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 pub fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
     let s = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
     println!("{s}");

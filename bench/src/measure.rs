@@ -14,17 +14,12 @@ use cgx_measure::ovmf::{Ovmf, testing};
 use cgx_measure::snp::{self, LaunchParams, SevHashes, Vmm};
 use serde_json::json;
 
-use crate::CliResult;
+use crate::{CliResult, median};
 
 const FIRMWARE_PAGES: usize = 1024; // 4 MiB
 const KERNEL: usize = 12 << 20;
 const INITRD: usize = 48 << 20;
 const VCPUS: u32 = 4;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
 
 /// Bytes that do not repeat page to page (a compressed kernel looks like this).
 fn noise(len: usize, seed: u8) -> Vec<u8> {
