@@ -160,20 +160,16 @@ fn cpu_by_role() -> Option<(f64, f64)> {
 /// CPU seconds this process's threads whose names start with one of `prefixes` have used so
 /// far (`/proc/self/task/*/schedstat`); `None` where `/proc` does not say.
 pub(crate) fn thread_cpu_secs(prefixes: &[&str]) -> Option<f64> {
-    tasks_cpu_secs(Path::new("/proc/self/task"), |comm| {
+    tasks_sched(Path::new("/proc/self/task"), |comm| {
         prefixes.iter().any(|p| comm.starts_with(p))
     })
+    .map(|t| t.0)
 }
 
-/// CPU seconds the threads under `task_dir` (`/proc/<pid>/task`) whose names `keep` has used
-/// so far, from each one's `schedstat` run time (nanoseconds); a thread that exited meanwhile
-/// is not counted. `None` where `/proc` does not say.
-pub(crate) fn tasks_cpu_secs(task_dir: &Path, keep: impl Fn(&str) -> bool) -> Option<f64> {
-    tasks_sched(task_dir, keep).map(|t| t.0)
-}
-
-/// (CPU seconds, time slices) of the threads under `task_dir` whose names `keep`: the sums of
-/// their `schedstat` run time and run count (how many times each was put on a CPU).
+/// (CPU seconds, time slices) of the threads under `task_dir` (`/proc/<pid>/task`) whose names
+/// `keep`: the sums of their `schedstat` run time (ns) and run count (how many times each was
+/// put on a CPU). A thread that exited meanwhile is not counted; `None` where `/proc` does not
+/// say.
 pub(crate) fn tasks_sched(task_dir: &Path, keep: impl Fn(&str) -> bool) -> Option<(f64, u64)> {
     let (mut ns, mut slices) = (0u64, 0u64);
     for task in std::fs::read_dir(task_dir).ok()?.flatten() {

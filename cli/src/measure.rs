@@ -9,7 +9,7 @@ use cgx_measure::snp::id_block::{self, IdBlock, SigningKey};
 use cgx_measure::snp::{self, LaunchParams, SevHashes, Vmm};
 use serde_json::json;
 
-use crate::output::{CliResult, print_json};
+use crate::output::{CliResult, hex_arg, print_json};
 
 /// The largest kernel or initrd read (a kernel is tens of MiB, an initrd at most a few hundred).
 const MAX_BLOB: u64 = 1 << 30;
@@ -219,18 +219,6 @@ fn signing_key(path: &Path, what: &str) -> Result<SigningKey, String> {
         .map_err(|e| format!("{what} {}: {e}", path.display()))
 }
 
-fn id(s: Option<&str>, what: &str) -> Result<[u8; 16], String> {
-    let mut out = [0u8; 16];
-    if let Some(s) = s {
-        let b = hex::decode(s.trim_start_matches("0x")).map_err(|e| format!("--{what}: {e}"))?;
-        if b.len() > 16 {
-            return Err(format!("--{what} is {} bytes, more than 16", b.len()));
-        }
-        out[..b.len()].copy_from_slice(&b);
-    }
-    Ok(out)
-}
-
 /// The ID block, ID auth and host data files (`--out`), and what the report will carry.
 fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, String> {
     use base64::Engine;
@@ -240,14 +228,7 @@ fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, S
     };
     // Everything is parsed and signed before anything is written.
     let host_data = match (&args.host_data, &args.init_data) {
-        (Some(h), _) => Some(
-            <[u8; 32]>::try_from(
-                hex::decode(h.trim_start_matches("0x"))
-                    .map_err(|e| format!("--host-data: {e}"))?
-                    .as_slice(),
-            )
-            .map_err(|_| "--host-data must be 32 bytes".to_string())?,
-        ),
+        (Some(h), _) => Some(hex_arg::<32>(Some(h), "host-data", true)?),
         (None, Some(f)) => {
             // As the KBS checks it: the TOML's algorithm, fitted to HOST_DATA's 32 bytes.
             let body = String::from_utf8(read_limited(f, "init-data", SMALL << 4)?)
@@ -270,8 +251,8 @@ fn launch_files(args: &SnpArgs, digest: [u8; 48]) -> Result<serde_json::Value, S
         );
         let block = IdBlock {
             launch_digest: digest,
-            family_id: id(args.family_id.as_deref(), "family-id")?,
-            image_id: id(args.image_id.as_deref(), "image-id")?,
+            family_id: hex_arg(args.family_id.as_deref(), "family-id", false)?,
+            image_id: hex_arg(args.image_id.as_deref(), "image-id", false)?,
             guest_svn: args.guest_svn,
             policy: int(&args.policy, "policy")?,
         };
@@ -325,37 +306,35 @@ pub fn snp(args: &SnpArgs) -> CliResult {
                 .file_name()
                 .map_or_else(|| "image".to_string(), |n| n.to_string_lossy().to_string()),
         };
-        let mut image = json!({
-            "measurement": hex::encode(digest),
-            "vcpus": params.vcpus,
-            "vcpu_signature": format!("{:#010x}", params.vcpu_signature),
-            "vmm": args.launch.vmm_type.to_ascii_lowercase(),
-            "guest_features": format!("{:#x}", params.guest_features),
-            "direct_kernel_boot": params.kernel_hashes.is_some(),
-        });
+        let mut image = described(args, &params, &digest);
+        image.insert(
+            "direct_kernel_boot".into(),
+            json!(params.kernel_hashes.is_some()),
+        );
         for key in ["id_key_digest", "author_key_digest", "policy", "host_data"] {
-            if let (Some(v), Some(o)) = (launch.get(key), image.as_object_mut()) {
-                o.insert(key.into(), v.clone());
+            if let Some(v) = launch.get(key) {
+                image.insert(key.into(), v.clone());
             }
         }
-        merge_reference_values(path, &name, &image)?;
+        merge_reference_values(path, &name, &serde_json::Value::Object(image))?;
     }
     if args.json {
-        print_json(&json!({
-            "kind": "snp",
-            "measurement": hex::encode(digest),
-            "firmware": args.launch.ovmf.display().to_string(),
-            "vcpus": params.vcpus,
-            "vcpu_signature": format!("{:#010x}", params.vcpu_signature),
-            "vmm": args.launch.vmm_type.to_ascii_lowercase(),
-            "guest_features": format!("{:#x}", params.guest_features),
-            "kernel_hashes": params.kernel_hashes.as_ref().map(|h| json!({
+        let mut out = described(args, &params, &digest);
+        out.insert("kind".into(), json!("snp"));
+        out.insert(
+            "firmware".into(),
+            json!(args.launch.ovmf.display().to_string()),
+        );
+        out.insert(
+            "kernel_hashes".into(),
+            json!(params.kernel_hashes.as_ref().map(|h| json!({
                 "kernel_sha256": hex::encode(h.kernel),
                 "initrd_sha256": hex::encode(h.initrd),
                 "cmdline_sha256": hex::encode(h.cmdline),
-            })),
-            "launch": launch,
-        }))?;
+            }))),
+        );
+        out.insert("launch".into(), launch);
+        print_json(&out)?;
     } else {
         println!("{}", hex::encode(digest));
         if let Some(o) = launch.as_object() {
@@ -365,6 +344,30 @@ pub fn snp(args: &SnpArgs) -> CliResult {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A launch's digest and parameters, as `--json` prints them and the reference values keep them.
+fn described(
+    args: &SnpArgs,
+    params: &LaunchParams,
+    digest: &[u8; 48],
+) -> serde_json::Map<String, serde_json::Value> {
+    serde_json::Map::from_iter([
+        ("measurement".to_string(), json!(hex::encode(digest))),
+        ("vcpus".into(), json!(params.vcpus)),
+        (
+            "vcpu_signature".into(),
+            json!(format!("{:#010x}", params.vcpu_signature)),
+        ),
+        (
+            "vmm".into(),
+            json!(args.launch.vmm_type.to_ascii_lowercase()),
+        ),
+        (
+            "guest_features".into(),
+            json!(format!("{:#x}", params.guest_features)),
+        ),
+    ])
 }
 
 /// Add a launch to a reference-values file: its digest to `snp.measurements`, and what it was
@@ -402,21 +405,16 @@ pub(crate) fn merge_reference_values(
         .or_insert_with(|| json!({}))
         .as_object_mut()
         .ok_or_else(|| shape("snp"))?;
-    let mut add = |list: &str, value: Option<&Value>| -> Result<(), String> {
-        let Some(v) = value.filter(|v| v.is_string()) else {
-            return Ok(());
-        };
+    if let Some(m) = image.get("measurement").filter(|v| v.is_string()) {
         let l = snp
-            .entry(list)
+            .entry("measurements")
             .or_insert_with(|| json!([]))
             .as_array_mut()
-            .ok_or_else(|| format!("{}: snp.{list} is not a list", path.display()))?;
-        if !l.contains(v) {
-            l.push(v.clone());
+            .ok_or_else(|| format!("{}: snp.measurements is not a list", path.display()))?;
+        if !l.contains(m) {
+            l.push(m.clone());
         }
-        Ok(())
-    };
-    add("measurements", image.get("measurement"))?;
+    }
     snp.entry("images")
         .or_insert_with(|| json!({}))
         .as_object_mut()

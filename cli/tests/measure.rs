@@ -32,6 +32,22 @@ fn tmp(name: &str) -> PathBuf {
     p
 }
 
+/// A firmware image made to order (`cgx_measure::ovmf::testing::image`), written to `dir/fw`.
+fn firmware(
+    dir: &Path,
+    pages: usize,
+    sections: &[(u32, u32, u32)],
+    hashes: Option<u32>,
+) -> PathBuf {
+    let fw = dir.join("fw");
+    std::fs::write(
+        &fw,
+        cgx_measure::ovmf::testing::image(pages, sections, hashes),
+    )
+    .unwrap();
+    fw
+}
+
 /// Both tools on the same launch: the same digest, or both refuse.
 fn same(ovmf: &Path, args: &[&str]) -> String {
     let (ok_cgx, cgx, cgx_err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
@@ -280,8 +296,7 @@ fn id_block_and_auth_for_a_launch() {
     use base64::Engine;
     let b64 = base64::engine::general_purpose::STANDARD;
     let dir = tmp("idblock");
-    let fw = dir.join("fw");
-    std::fs::write(&fw, cgx_measure::ovmf::testing::image(8, &[], None)).unwrap();
+    let fw = firmware(&dir, 8, &[], None);
     // PKCS#8 PEM keys, as openssl genpkey writes them.
     let pem = |name: &str| {
         let der =
@@ -397,12 +412,7 @@ fn id_block_and_auth_for_a_launch() {
 #[test]
 fn reference_values_from_the_image_decide_appraisal() {
     let dir = tmp("refvals");
-    let fw = dir.join("fw");
-    std::fs::write(
-        &fw,
-        cgx_measure::ovmf::testing::image(8, &[(0x80_0000, 0x2000, 1)], None),
-    )
-    .unwrap();
+    let fw = firmware(&dir, 8, &[(0x80_0000, 0x2000, 1)], None);
     let rv = dir.join("rv.json");
     let measure = |vcpus: &str, name: &str| {
         let (ok, out, err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
@@ -487,12 +497,7 @@ fn reference_values_from_the_image_decide_appraisal() {
 #[test]
 fn check_names_the_likely_cause_of_a_mismatch() {
     let dir = tmp("check");
-    let fw = dir.join("fw");
-    std::fs::write(
-        &fw,
-        cgx_measure::ovmf::testing::image(8, &[(0x80_0000, 0x2000, 1)], None),
-    )
-    .unwrap();
+    let fw = firmware(&dir, 8, &[(0x80_0000, 0x2000, 1)], None);
     let cgx = |args: &[&str]| run(Command::new(env!("CARGO_BIN_EXE_cgx")).args(args));
     let f = fw.to_string_lossy().to_string();
     let (ok, digest, err) = cgx(&[
@@ -584,8 +589,7 @@ fn check_names_the_likely_cause_of_a_mismatch() {
 fn host_data_from_init_data_is_what_the_kbs_compares() {
     use base64::Engine;
     let dir = tmp("initdata");
-    let fw = dir.join("fw");
-    std::fs::write(&fw, cgx_measure::ovmf::testing::image(8, &[], None)).unwrap();
+    let fw = firmware(&dir, 8, &[], None);
     let toml = "algorithm = \"sha384\"\nversion = \"0.1.0\"\n\n[data]\n\"policy.rego\" = \"\"\"\npackage agent_policy\n\"\"\"\n";
     std::fs::write(dir.join("init.toml"), toml).unwrap();
     let run_with = |file: &str| {

@@ -12,6 +12,17 @@ use cgx_measure::snp::id_block::{self, IdBlock, SigningKey as IdKey};
 use cgx_policies::{APPRAISAL_POLICY, Appraiser, PolicyEngine};
 use time::OffsetDateTime;
 
+/// The default appraisal policy with `refs`, trusting `amd`'s simulated root.
+fn default_appraiser(amd: &SimAmd, refs: &str) -> Appraiser {
+    Appraiser::new(
+        Verifier::new(VerifierConfig {
+            sim: SimTrust::Pinned(vec![amd.root_pin()]),
+        }),
+        PolicyEngine::new("default", APPRAISAL_POLICY, refs).unwrap(),
+        cgx_attestation::results::ResultSigner::generate().unwrap(),
+    )
+}
+
 #[test]
 fn reference_values_naming_id_keys_hold_launches_to_them() {
     let now = OffsetDateTime::now_utc();
@@ -43,13 +54,7 @@ fn reference_values_naming_id_keys_hold_launches_to_them() {
         "author_key_digests": [hex::encode(author_digest)],
     }})
     .to_string();
-    let appraiser = Appraiser::new(
-        Verifier::new(VerifierConfig {
-            sim: SimTrust::Pinned(vec![amd.root_pin()]),
-        }),
-        PolicyEngine::new("default", APPRAISAL_POLICY, &refs).unwrap(),
-        cgx_attestation::results::ResultSigner::generate().unwrap(),
-    );
+    let appraiser = default_appraiser(&amd, &refs);
     let appraise = |id: [u8; 48], author: [u8; 48]| {
         let bundle = amd
             .bundle(&SnpReportOptions {
@@ -130,13 +135,7 @@ fn image_entries_bind_keys_to_their_measurement_only() {
         t,
     )
     .unwrap();
-    let appraiser = Appraiser::new(
-        Verifier::new(VerifierConfig {
-            sim: SimTrust::Pinned(vec![amd.root_pin()]),
-        }),
-        PolicyEngine::new("default", APPRAISAL_POLICY, &refs).unwrap(),
-        cgx_attestation::results::ResultSigner::generate().unwrap(),
-    );
+    let appraiser = default_appraiser(&amd, &refs);
     let executables = |measurement: [u8; 48], id: [u8; 48]| {
         let bundle = amd
             .bundle(&SnpReportOptions {

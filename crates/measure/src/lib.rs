@@ -33,6 +33,13 @@ pub enum Error {
 /// Result of this crate's operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// SHA-384 of `b`.
+pub(crate) fn sha384(b: &[u8]) -> [u8; 48] {
+    let mut out = [0u8; 48];
+    out.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, b).as_ref());
+    out
+}
+
 /// A GUID as EFI stores it: the first three fields little-endian, the last eight bytes as
 /// written (UEFI 2.10 Appendix A, `EFI_GUID`).
 pub(crate) const fn guid(d1: u32, d2: u16, d3: u16, d4: [u8; 8]) -> [u8; 16] {

@@ -105,7 +105,7 @@ pub type Background = Pin<Box<dyn Future<Output = ()> + Send>>;
 #[derive(Debug)]
 pub struct Running {
     addr: SocketAddr,
-    stop: Option<watch::Sender<bool>>,
+    stop: watch::Sender<bool>,
     /// One per serving thread: closed when its accept loop has drained and returned.
     done: Vec<tokio::sync::oneshot::Receiver<()>>,
     background: Vec<tokio::task::JoinHandle<()>>,
@@ -119,9 +119,7 @@ impl Running {
 
     /// Stop accepting, stop background tasks, let open requests finish (up to the drain time).
     pub async fn shutdown(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(true);
-        }
+        let _ = self.stop.send(true);
         for b in &self.background {
             b.abort();
         }
@@ -216,7 +214,7 @@ pub async fn start(
     tracing::info!(%addr, tls = config.tls.is_some(), threads, "listening");
     Ok(Running {
         addr,
-        stop: Some(stop),
+        stop,
         done,
         background,
     })

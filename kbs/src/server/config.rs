@@ -251,7 +251,9 @@ impl KbsConfig {
         l.max_connections = self.max_connections;
         l.max_in_flight = self.max_in_flight;
         l.serving_threads = self.serving_threads.unwrap_or_else(|| {
-            if self.database.starts_with("sqlite:") {
+            if cgx_service::db::Backend::of(&self.database)
+                == Some(cgx_service::db::Backend::Sqlite)
+            {
                 std::thread::available_parallelism().map_or(1, |n| n.get())
             } else {
                 0

@@ -14,9 +14,7 @@
 //!
 //! The chain starts from 48 zero bytes (or a caller's seed).
 
-use aws_lc_rs::digest::{SHA384, digest};
-
-use crate::{Error, Result};
+use crate::{Error, Result, sha384};
 
 /// Table 68, `PAGE_TYPE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,12 +43,6 @@ impl Default for LaunchDigest {
     fn default() -> Self {
         Self::new()
     }
-}
-
-fn sha384(b: &[u8]) -> [u8; 48] {
-    let mut out = [0u8; 48];
-    out.copy_from_slice(digest(&SHA384, b).as_ref());
-    out
 }
 
 impl LaunchDigest {

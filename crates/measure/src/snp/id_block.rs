@@ -30,14 +30,13 @@
 //! ("Signature Formats", ECDSA P-384 with SHA-384): `R` at 0x0 and `S` at 0x48 (72 bytes each,
 //! little-endian), zeros to 0x200. A key's digest in the report is SHA-384 of its 0x404 bytes.
 
-use aws_lc_rs::digest::{SHA384, digest};
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{
     ECDSA_P384_SHA384_FIXED, ECDSA_P384_SHA384_FIXED_SIGNING, EcdsaKeyPair, KeyPair,
     UnparsedPublicKey,
 };
 
-use crate::{Error, Result};
+use crate::{Error, Result, sha384};
 
 pub const ID_BLOCK_LEN: usize = 0x60;
 pub const ID_AUTH_LEN: usize = 0x1000;
@@ -97,10 +96,8 @@ impl SigningKey {
         let mut k = [0u8; PUBLIC_KEY_LEN];
         k[..4].copy_from_slice(&CURVE_P384.to_le_bytes());
         if q.len() == 97 {
-            for i in 0..48 {
-                k[4 + i] = q[48 - i];
-                k[0x4c + i] = q[96 - i];
-            }
+            little_endian(&mut k[4..52], &q[1..49]);
+            little_endian(&mut k[0x4c..0x7c], &q[49..97]);
         }
         k
     }
@@ -119,20 +116,23 @@ impl SigningKey {
         let rs = sig.as_ref(); // r ‖ s, 48 bytes each, big-endian
         let mut out = [0u8; SIGNATURE_LEN];
         if rs.len() == 96 {
-            for i in 0..48 {
-                out[i] = rs[47 - i];
-                out[0x48 + i] = rs[95 - i];
-            }
+            little_endian(&mut out[..48], &rs[..48]);
+            little_endian(&mut out[0x48..0x78], &rs[48..]);
         }
         Ok(out)
     }
 }
 
+/// `be` (a big-endian number) into `le`, least significant byte first (the SNP formats).
+fn little_endian(le: &mut [u8], be: &[u8]) {
+    for (d, s) in le.iter_mut().zip(be.iter().rev()) {
+        *d = *s;
+    }
+}
+
 /// SHA-384 of a public key in the SNP format.
 pub fn key_digest(public_key: &[u8; PUBLIC_KEY_LEN]) -> [u8; 48] {
-    let mut out = [0u8; 48];
-    out.copy_from_slice(digest(&SHA384, public_key).as_ref());
-    out
+    sha384(public_key)
 }
 
 /// Table 76, signed: the ID key signs the block, the author key signs the ID key.
@@ -203,12 +203,12 @@ pub fn verify_id_auth(
                 "{what}: key curve {curve}, not P-384"
             )));
         }
+        // Back to big-endian: 0x04 ‖ X ‖ Y, and R ‖ S.
         let mut q = vec![4u8];
-        q.extend((0..48).map(|i| key[4 + 47 - i]));
-        q.extend((0..48).map(|i| key[0x4c + 47 - i]));
-        let mut rs = Vec::with_capacity(96);
-        rs.extend((0..48).map(|i| sig[47 - i]));
-        rs.extend((0..48).map(|i| sig[0x48 + 47 - i]));
+        q.extend(key[4..52].iter().rev());
+        q.extend(key[0x4c..0x7c].iter().rev());
+        let mut rs: Vec<u8> = sig[..48].iter().rev().copied().collect();
+        rs.extend(sig[0x48..0x78].iter().rev());
         UnparsedPublicKey::new(&ECDSA_P384_SHA384_FIXED, &q)
             .verify(msg, &rs)
             .map_err(|_| Error::Parameter(format!("{what}: the signature does not verify")))
@@ -217,12 +217,7 @@ pub fn verify_id_auth(
     let author = field(0x880, PUBLIC_KEY_LEN);
     verify(id_key, field(0x040, SIGNATURE_LEN), block, "ID_BLOCK_SIG")?;
     verify(author, field(0x680, SIGNATURE_LEN), id_key, "ID_KEY_SIG")?;
-    let digest_of = |k: &[u8]| {
-        let mut out = [0u8; 48];
-        out.copy_from_slice(digest(&SHA384, k).as_ref());
-        out
-    };
-    Ok((digest_of(id_key), digest_of(author)))
+    Ok((sha384(id_key), sha384(author)))
 }
 
 #[cfg(test)]

@@ -43,6 +43,19 @@ pub enum Backend {
     Postgres,
 }
 
+impl Backend {
+    /// The backend `url` names: `sqlite:…`, `postgres://…` or `postgresql://…`.
+    pub fn of(url: &str) -> Option<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Backend::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Some(Backend::Sqlite)
+        } else {
+            None
+        }
+    }
+}
+
 /// One versioned migration: the statements for each backend (`;`-separated; empty: nothing to
 /// do on that backend). Versions only grow; a migration never changes once released.
 #[derive(Debug, Clone, Copy)]
@@ -78,11 +91,7 @@ impl Database {
 
     async fn open_with(url: &str, durable: bool) -> Result<Self, DbError> {
         sqlx::any::install_default_drivers();
-        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Backend::Postgres
-        } else if url.starts_with("sqlite:") {
-            Backend::Sqlite
-        } else {
+        let Some(backend) = Backend::of(url) else {
             return Err(DbError::Url(format!(
                 "must be sqlite://… or postgres://…, not '{}'",
                 url.split(':').next().unwrap_or("")
