@@ -365,6 +365,32 @@ fn trimmed(data: &[u8]) -> &[u8] {
     &data[..end]
 }
 
+/// A TD quote's MRTD and RTMR[0]–RTMR[3], parsed only — whether the quote is genuine is
+/// [`TdxVerifier::verify`]'s question. For comparing a quote with an image's measurements.
+pub fn td_measurements(quote_bytes: &[u8]) -> Result<([u8; 48], [[u8; 48]; 4])> {
+    if quote_bytes.len() < MIN_QUOTE_LEN {
+        return Err(Error::Length {
+            what: "TDX quote",
+            expected: format!("at least {MIN_QUOTE_LEN}"),
+            actual: quote_bytes.len(),
+        });
+    }
+    let quote = dcap_qvl::quote::Quote::parse(quote_bytes)
+        .map_err(|e| Error::malformed("TDX quote", format!("{e:#}")))?;
+    let base = match &quote.report {
+        Report::TD10(r) => r,
+        Report::TD15(r) => &r.base,
+        Report::TD15Ex(r) => &r.base.base,
+        Report::SgxEnclave(_) => {
+            return Err(Error::invalid("body", "SGX enclave report in a TDX quote"));
+        }
+    };
+    Ok((
+        base.mr_td,
+        [base.rt_mr0, base.rt_mr1, base.rt_mr2, base.rt_mr3],
+    ))
+}
+
 /// What Intel collateral a quote needs: its FMSPC and the CA (`platform` or `processor`) that
 /// issued its PCK certificate — the inputs of PCS's TCB-info and PCK-CRL requests.
 pub fn collateral_ids(quote_bytes: &[u8]) -> Result<([u8; 6], &'static str)> {

@@ -150,6 +150,11 @@ enum MeasureCommand {
     /// The SEV-SNP launch digest of an OVMF image (and a directly booted kernel), as
     /// `sev-snp-measure --mode snp` computes it.
     Snp(Box<measure::SnpArgs>),
+    /// A TD's MRTD (from the TDVF image) and the RTMR events its image determines (kernel,
+    /// command line, initrd, configuration volume); with --replay, a TD's event log replayed and
+    /// held to the image; with --quote, a quote compared with both. Exit 0, or 1 naming what
+    /// differs.
+    Tdx(Box<measure::tdx::TdxArgs>),
     /// Does an SEV-SNP report's measurement match this launch? Exit 0, or 1 with both digests
     /// and the likely cause (the neighbouring launch parameters that would match).
     Check {
@@ -544,6 +549,7 @@ fn main() -> ExitCode {
         Command::Bench { args } => bench::run(&args),
         Command::Measure { command } => match command {
             MeasureCommand::Snp(args) => measure::snp(&args),
+            MeasureCommand::Tdx(args) => measure::tdx::tdx(&args),
             MeasureCommand::Check {
                 report,
                 launch,

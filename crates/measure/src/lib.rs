@@ -4,7 +4,9 @@
 //! - [`ovmf`]: OVMF's GUIDed footer table and its SEV metadata (which pages an SNP launch
 //!   measures, and how);
 //! - [`snp`]: the SEV-SNP launch digest — the SHA-384 chain over every page `SNP_LAUNCH_UPDATE`
-//!   adds (firmware, metadata sections, QEMU's kernel hashes table, one VMSA per vCPU).
+//!   adds (firmware, metadata sections, QEMU's kernel hashes table, one VMSA per vCPU);
+//! - [`tdx`]: Intel TDX — MRTD from the TDVF's sections, the image's RTMR events (kernel,
+//!   command line, initrd, configuration volume) and the replay of a TD's event log.
 //!
 //! **Architecture invariant.** Everything here is sans-IO: callers pass bytes (a firmware image,
 //! a kernel, an initrd) and get digests back; nothing opens a file or reads the clock. Malformed
@@ -12,6 +14,7 @@
 
 pub mod ovmf;
 pub mod snp;
+pub mod tdx;
 
 /// Why a measurement could not be computed. Names what is wrong with the input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

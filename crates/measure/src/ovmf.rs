@@ -56,9 +56,9 @@ pub const MAX_SECTIONS: u32 = 64;
 pub const MAX_SECTION_PAGES: u64 = 1 << 16;
 /// The end of the firmware's mapping.
 pub const FOUR_GIB: u64 = 1 << 32;
-const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 /// `u16 size` + GUID.
-const ENTRY_HEADER: usize = 18;
+pub(crate) const ENTRY_HEADER: usize = 18;
 
 /// A section of the SEV metadata: what the VMM adds to the launch at `gpa` (edk2
 /// `OvmfSevMetadata.asm`, `OVMF_SECTION_TYPE_*`).
@@ -105,12 +105,12 @@ pub struct Ovmf<'a> {
     sections: Vec<Section>,
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+pub(crate) fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     b.get(at..at.checked_add(2)?)
         .map(|s| u16::from_le_bytes([s[0], s[1]]))
 }
 
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     b.get(at..at.checked_add(4)?)
         .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
 }
@@ -246,8 +246,8 @@ impl<'a> Ovmf<'a> {
     }
 }
 
-/// The GUIDed table that ends 32 bytes before the image's end.
-fn footer_table(data: &[u8]) -> Result<Vec<([u8; 16], &[u8])>> {
+/// The GUIDed table that ends 32 bytes before the image's end (TDVF images carry it too).
+pub(crate) fn footer_table(data: &[u8]) -> Result<Vec<([u8; 16], &[u8])>> {
     let bad = |m: &str| Error::Firmware(m.to_string());
     let footer_at = data
         .len()

@@ -11,6 +11,8 @@ use serde_json::json;
 
 use crate::output::{CliResult, hex_arg, print_json};
 
+pub mod tdx;
+
 /// The largest kernel or initrd read (a kernel is tens of MiB, an initrd at most a few hundred).
 const MAX_BLOB: u64 = 1 << 30;
 /// The largest firmware image (what `cgx-measure` takes).
@@ -298,14 +300,7 @@ pub fn snp(args: &SnpArgs) -> CliResult {
     let digest = snp::launch_digest(&ovmf, &params).map_err(|e| e.to_string())?;
     let launch = launch_files(args, digest)?;
     if let Some(path) = &args.reference_values {
-        let name = match &args.image_name {
-            Some(n) => n.clone(),
-            None => args
-                .launch
-                .ovmf
-                .file_name()
-                .map_or_else(|| "image".to_string(), |n| n.to_string_lossy().to_string()),
-        };
+        let name = image_name(args.image_name.as_deref(), &args.launch.ovmf);
         let mut image = described(args, &params, &digest);
         image.insert(
             "direct_kernel_boot".into(),
@@ -316,7 +311,14 @@ pub fn snp(args: &SnpArgs) -> CliResult {
                 image.insert(key.into(), v.clone());
             }
         }
-        merge_reference_values(path, &name, &serde_json::Value::Object(image))?;
+        let measurement = json!(hex::encode(digest));
+        merge_reference_values(
+            path,
+            "snp",
+            &name,
+            &serde_json::Value::Object(image),
+            |snp| add_to_list(snp, "measurements", "snp.measurements", measurement),
+        )?;
     }
     if args.json {
         let mut out = described(args, &params, &digest);
@@ -370,17 +372,19 @@ fn described(
     ])
 }
 
-/// Add a launch to a reference-values file: its digest to `snp.measurements`, and what it was
-/// computed from — with its ID and author key digests, which the policy then requires of
-/// reports with that measurement — to `snp.images.<name>` (a name already there is replaced;
-/// its old digest stays listed until removed by hand). A file that is not a JSON object is
-/// refused and left as it was. The new file replaces the old one whole: written to a fresh
-/// file beside the one a link points to, synced, renamed over it with its permissions, under
-/// a lock (`<file>.lock`) so concurrent runs do not lose each other's images.
+/// Add a launch to a reference-values file: `add` puts its digests into the lists of `kind`'s
+/// section (for SNP `snp.measurements`), and what it was computed from goes to
+/// `<kind>.images.<name>` (a name already there is replaced; its old digests stay listed until
+/// removed by hand). A file that is not a JSON object is refused and left as it was. The new
+/// file replaces the old one whole: written to a fresh file beside the one a link points to,
+/// synced, renamed over it with its permissions, under a lock (`<file>.lock`) so concurrent
+/// runs do not lose each other's images.
 pub(crate) fn merge_reference_values(
     path: &Path,
+    kind: &str,
     name: &str,
     image: &serde_json::Value,
+    add: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>) -> Result<(), String>,
 ) -> Result<(), String> {
     use serde_json::Value;
     // Write where a link points, not over the link.
@@ -398,30 +402,50 @@ pub(crate) fn merge_reference_values(
         Err(e) => return Err(e),
     };
     let shape = |what: &str| format!("{}: {what} is not a JSON object", path.display());
-    let snp = doc
+    let section = doc
         .as_object_mut()
         .ok_or_else(|| shape("the file"))?
-        .entry("snp")
+        .entry(kind)
         .or_insert_with(|| json!({}))
         .as_object_mut()
-        .ok_or_else(|| shape("snp"))?;
-    if let Some(m) = image.get("measurement").filter(|v| v.is_string()) {
-        let l = snp
-            .entry("measurements")
-            .or_insert_with(|| json!([]))
-            .as_array_mut()
-            .ok_or_else(|| format!("{}: snp.measurements is not a list", path.display()))?;
-        if !l.contains(m) {
-            l.push(m.clone());
-        }
-    }
-    snp.entry("images")
+        .ok_or_else(|| shape(kind))?;
+    add(section).map_err(|e| format!("{}: {e}", path.display()))?;
+    section
+        .entry("images")
         .or_insert_with(|| json!({}))
         .as_object_mut()
-        .ok_or_else(|| shape("snp.images"))?
+        .ok_or_else(|| shape(&format!("{kind}.images")))?
         .insert(name.to_string(), image.clone());
     let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())? + "\n";
     replace_file(&target, text.as_bytes())
+}
+
+/// Add `value` to the list at `key` of `map` (created where absent) unless it is there.
+pub(crate) fn add_to_list(
+    map: &mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    what: &str,
+    value: serde_json::Value,
+) -> Result<(), String> {
+    let l = map
+        .entry(key)
+        .or_insert_with(|| json!([]))
+        .as_array_mut()
+        .ok_or_else(|| format!("{what} is not a list"))?;
+    if !l.contains(&value) {
+        l.push(value);
+    }
+    Ok(())
+}
+
+/// The image's name in the reference values: as given, or the firmware's file name.
+fn image_name(given: Option<&str>, firmware: &Path) -> String {
+    match given {
+        Some(n) => n.to_string(),
+        None => firmware
+            .file_name()
+            .map_or_else(|| "image".to_string(), |n| n.to_string_lossy().to_string()),
+    }
 }
 
 /// The report's MEASUREMENT: from an evidence bundle (a folder) or a raw report file. Only

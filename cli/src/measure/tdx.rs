@@ -1,0 +1,347 @@
+//! `cgx measure tdx`: a TD's MRTD and the RTMR events its image determines, computed from the
+//! image (`cgx-measure`); with `--replay`, a TD's event log replayed and held to the image; with
+//! `--quote`, a quote's measurements compared with both. Reads the files; the computation is
+//! sans-IO.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use cgx_measure::tdx::event_log::EventLog;
+use cgx_measure::tdx::{self, DirectBoot, Found, Launch, PageOrder, Tdvf};
+use serde_json::{Value, json};
+
+use super::{FIRMWARE, SMALL, add_to_list, image_name, merge_reference_values, read, read_limited};
+use crate::output::{CliResult, print_json};
+
+/// `cgx measure tdx`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TdxArgs {
+    /// The TDVF firmware image (QEMU's `-bios` for a `tdx-guest`).
+    #[arg(long)]
+    pub tdvf: PathBuf,
+    /// A kernel booted directly (QEMU `-kernel`).
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    #[arg(long, requires_all = ["kernel", "memory"])]
+    pub initrd: Option<PathBuf>,
+    /// The kernel command line (`-append`).
+    #[arg(long, requires = "kernel")]
+    pub append: Option<String>,
+    /// Guest memory (QEMU `-m`): bytes, or a number with K, M, G or T. Where QEMU puts the
+    /// initrd depends on it, and the kernel's header, which the firmware measures, says where.
+    #[arg(long, requires = "kernel")]
+    pub memory: Option<String>,
+    /// per-page (upstream KVM, QEMU ≥ 9) or per-section (QEMU 8 with the TDX preview kernels).
+    #[arg(long, default_value = "per-page")]
+    pub page_order: String,
+    /// A TD's event log (the ACPI CCEL table's log area, e.g. the guest's
+    /// /sys/firmware/acpi/tables/data/CCEL): replayed into RTMR values, the image's events
+    /// looked for in it.
+    #[arg(long)]
+    pub replay: Option<PathBuf>,
+    /// A TD quote (v4 or v5): its MRTD is compared with the image's, its RTMRs with the replayed
+    /// log's (or, without --replay, with the image's RTMR[1] and RTMR[2]). Parsed, not verified.
+    #[arg(long)]
+    pub quote: Option<PathBuf>,
+    /// Write the image's MRTD and RTMRs into a reference-values file (created from the
+    /// defaults where it does not exist, merged where it does). With --replay, RTMR[0]–[2] are
+    /// the log's, and only once the log holds every event of the image (and matches --quote).
+    #[arg(long)]
+    pub reference_values: Option<PathBuf>,
+    /// The image's name in the reference values (`tdx.images`); default: the firmware's file
+    /// name.
+    #[arg(long, requires = "reference_values")]
+    pub image_name: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `4G`, `4096M`, `2147483648`.
+fn memory_bytes(s: &str) -> Result<u64, String> {
+    let bad = || format!("--memory '{s}' is not a size (bytes, or a number with K, M, G or T)");
+    let (num, shift) = match s.as_bytes().last().map(u8::to_ascii_uppercase) {
+        Some(b'K') => (&s[..s.len() - 1], 10),
+        Some(b'M') => (&s[..s.len() - 1], 20),
+        Some(b'G') => (&s[..s.len() - 1], 30),
+        Some(b'T') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
+}
+
+fn h(d: &[u8; 48]) -> String {
+    hex::encode(d)
+}
+
+/// What `--replay` found: the log's RTMRs and each image event's fate.
+struct Replayed {
+    rtmr: [[u8; 48]; 4],
+    events: Vec<(tdx::Expected, Found)>,
+}
+
+pub fn tdx(args: &TdxArgs) -> CliResult {
+    let firmware = read_limited(&args.tdvf, "firmware", FIRMWARE)?;
+    let tdvf = Tdvf::parse(&firmware).map_err(|e| format!("{}: {e}", args.tdvf.display()))?;
+    let order: PageOrder = args
+        .page_order
+        .parse()
+        .map_err(|e: cgx_measure::Error| e.to_string())?;
+    let (kernel, initrd) = match &args.kernel {
+        Some(k) => (
+            Some(read(k, "kernel")?),
+            args.initrd
+                .as_deref()
+                .map(|p| read(p, "initrd"))
+                .transpose()?,
+        ),
+        None => (None, None),
+    };
+    // Without an initrd the memory size changes nothing measured; 2 GiB stands in.
+    let memory = args
+        .memory
+        .as_deref()
+        .map(memory_bytes)
+        .transpose()?
+        .unwrap_or(2 << 30);
+    let boot = kernel.as_deref().map(|kernel| DirectBoot {
+        kernel,
+        initrd: initrd.as_deref(),
+        cmdline: args.append.as_deref(),
+        memory,
+    });
+    let launch = tdx::measure(&tdvf, order, boot.as_ref()).map_err(|e| e.to_string())?;
+
+    let replayed = match &args.replay {
+        Some(p) => {
+            let bytes = read_limited(p, "event log", tdx::event_log::MAX_LOG as u64)?;
+            let log = EventLog::parse(&bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+            Some(Replayed {
+                rtmr: log.replay(),
+                events: tdx::check_events(&launch, &log),
+            })
+        }
+        None => None,
+    };
+    let quote = match &args.quote {
+        Some(p) => {
+            let q = read_limited(p, "quote", SMALL)?;
+            Some(
+                cgx_attestation::tdx::td_measurements(&q)
+                    .map_err(|e| format!("{}: {e}", p.display()))?,
+            )
+        }
+        None => None,
+    };
+
+    // What must hold for exit 0, each with its finding.
+    let mut problems: Vec<String> = Vec::new();
+    if let Some(r) = &replayed {
+        for (x, found) in &r.events {
+            match found {
+                Found::Same => {}
+                Found::Differs(d) => problems.push(format!(
+                    "RTMR[{}] {}: the log has {}, the image gives {}",
+                    x.kind.rtmr(),
+                    x.kind.name(),
+                    h(d),
+                    h(&x.digest)
+                )),
+                Found::Absent => problems.push(format!(
+                    "RTMR[{}] {}: not in the log (the image gives {})",
+                    x.kind.rtmr(),
+                    x.kind.name(),
+                    h(&x.digest)
+                )),
+            }
+        }
+    }
+    if let Some((mrtd, rtmr)) = &quote {
+        if *mrtd != launch.mrtd {
+            problems.push(format!(
+                "MRTD: the quote has {}, the image gives {}",
+                h(mrtd),
+                h(&launch.mrtd)
+            ));
+        }
+        match (&replayed, &launch.rtmr) {
+            (Some(r), _) => {
+                for (i, (q, l)) in rtmr.iter().zip(&r.rtmr).enumerate() {
+                    if q != l {
+                        problems.push(format!(
+                            "RTMR[{i}]: the quote has {}, the log replays to {} (the log is not \
+                             this TD's, or not whole)",
+                            h(q),
+                            h(l)
+                        ));
+                    }
+                }
+            }
+            (None, Some(computed)) => {
+                for (i, c) in computed.iter().enumerate() {
+                    if rtmr[i + 1] != *c {
+                        problems.push(format!(
+                            "RTMR[{}]: the quote has {}, the image gives {} in edk2's layout \
+                             (--replay the TD's event log to see which event differs)",
+                            i + 1,
+                            h(&rtmr[i + 1]),
+                            h(c)
+                        ));
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+    }
+
+    // The RTMRs the reference values name: the log's where a log is given (and holds), else
+    // the image's RTMR[1] and RTMR[2].
+    let rtmr_refs: Vec<(usize, [u8; 48])> = match (&replayed, &launch.rtmr) {
+        (Some(r), _) => (0..3).map(|i| (i, r.rtmr[i])).collect(),
+        (None, Some([r1, r2])) => vec![(1, *r1), (2, *r2)],
+        (None, None) => vec![],
+    };
+    let out = describe(
+        &launch,
+        replayed.as_ref(),
+        &rtmr_refs,
+        memory,
+        args,
+        &problems,
+    );
+    if let Some(path) = &args.reference_values {
+        if !problems.is_empty() {
+            return Err(format!(
+                "reference values not written: {}",
+                problems.join("; ")
+            ));
+        }
+        write_reference_values(path, args, &launch, &rtmr_refs, &out)?;
+    }
+    if args.json {
+        print_json(&out)?;
+    } else {
+        print_text(&launch, replayed.as_ref(), &rtmr_refs, &problems);
+    }
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn describe(
+    launch: &Launch,
+    replayed: Option<&Replayed>,
+    rtmr_refs: &[(usize, [u8; 48])],
+    memory: u64,
+    args: &TdxArgs,
+    problems: &[String],
+) -> Value {
+    let events: Vec<Value> = launch
+        .events
+        .iter()
+        .map(|x| {
+            let found = replayed
+                .and_then(|r| r.events.iter().find(|(e, _)| e == x))
+                .map(|(_, f)| match f {
+                    Found::Same => json!("in the log"),
+                    Found::Differs(d) => json!({"differs": h(d)}),
+                    Found::Absent => json!("absent from the log"),
+                });
+            json!({
+                "rtmr": x.kind.rtmr(),
+                "event": x.kind.name(),
+                "sha384": h(&x.digest),
+                "log": found,
+            })
+        })
+        .collect();
+    json!({
+        "kind": "tdx",
+        "firmware": args.tdvf.display().to_string(),
+        "mr_td": h(&launch.mrtd),
+        "rtmr": rtmr_refs.iter().map(|(i, d)| (i.to_string(), json!(h(d)))).collect::<serde_json::Map<_, _>>(),
+        "rtmr_source": match (replayed.is_some(), launch.rtmr.is_some()) {
+            (true, _) => "event log",
+            (false, true) => "image (edk2 direct-boot layout)",
+            (false, false) => "none (no kernel, no event log)",
+        },
+        "replayed_rtmr": replayed.map(|r| r.rtmr.iter().map(h).collect::<Vec<_>>()),
+        "image_events": events,
+        "page_order": args.page_order,
+        "memory": args.kernel.as_ref().map(|_| memory),
+        "direct_kernel_boot": args.kernel.is_some(),
+        "match": problems.is_empty(),
+        "problems": problems,
+    })
+}
+
+fn print_text(
+    launch: &Launch,
+    replayed: Option<&Replayed>,
+    rtmr_refs: &[(usize, [u8; 48])],
+    problems: &[String],
+) {
+    println!("mr_td: {}", h(&launch.mrtd));
+    for (i, d) in rtmr_refs {
+        println!("rtmr{i}: {}", h(d));
+    }
+    for x in &launch.events {
+        let found = replayed
+            .and_then(|r| r.events.iter().find(|(e, _)| e == x))
+            .map_or("", |(_, f)| match f {
+                Found::Same => " (in the log)",
+                Found::Differs(_) => " (DIFFERS in the log)",
+                Found::Absent => " (ABSENT from the log)",
+            });
+        eprintln!(
+            "RTMR[{}] {}: {}{found}",
+            x.kind.rtmr(),
+            x.kind.name(),
+            h(&x.digest)
+        );
+    }
+    for p in problems {
+        println!("MISMATCH {p}");
+    }
+}
+
+/// `tdx.mr_td` and `tdx.rtmr.<i>` gain the values; `tdx.images.<name>` records them together,
+/// which the policy then requires of a TD with that MRTD (no mixing of one image's RTMRs with
+/// another's).
+fn write_reference_values(
+    path: &Path,
+    args: &TdxArgs,
+    launch: &Launch,
+    rtmr_refs: &[(usize, [u8; 48])],
+    described: &Value,
+) -> Result<(), String> {
+    let name = image_name(args.image_name.as_deref(), &args.tdvf);
+    let mut image = serde_json::Map::new();
+    for key in [
+        "mr_td",
+        "rtmr",
+        "rtmr_source",
+        "page_order",
+        "memory",
+        "direct_kernel_boot",
+    ] {
+        if let Some(v) = described.get(key).filter(|v| !v.is_null()) {
+            image.insert(key.into(), v.clone());
+        }
+    }
+    let mrtd = json!(h(&launch.mrtd));
+    merge_reference_values(path, "tdx", &name, &Value::Object(image), |tdx| {
+        add_to_list(tdx, "mr_td", "tdx.mr_td", mrtd)?;
+        let rtmr = tdx
+            .entry("rtmr")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .ok_or("tdx.rtmr is not a JSON object")?;
+        for (i, d) in rtmr_refs {
+            add_to_list(rtmr, &i.to_string(), &format!("tdx.rtmr.{i}"), json!(h(d)))?;
+        }
+        Ok(())
+    })
+}
