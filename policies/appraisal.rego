@@ -270,6 +270,39 @@ violations contains v if {
 	}
 }
 
+# An image's entry (`tdx.images.<name>`, what `cgx measure tdx --reference-values` writes) holds
+# a TD with its MRTD to that image's RTMRs, all of them together: RTMRs listed for one image do
+# not pass with another image's MRTD. Images with other MRTDs, and TDs whose MRTD no image
+# names, are not affected (the lists above judge those).
+tdx_images_of_mr_td := [img |
+	some img in object.get(kind_ref, "images", {})
+	img.mr_td == input.mr_td
+]
+
+tdx_image_holds(img) if {
+	every i, v in object.get(img, "rtmr", {}) {
+		input.rtmr[to_number(i)] == v
+	}
+}
+
+violations contains v if {
+	input.kind == "tdx"
+	count(tdx_images_of_mr_td) > 0
+	not any_tdx_image_holds
+	v := {
+		"rule": "tdx_image_rtmr_mismatch",
+		"claim": "executables",
+		"code": 33,
+		"value": sprintf("RTMRs %v", [input.rtmr]),
+		"expected": sprintf("the RTMRs of an image with this MRTD: %v", [[object.get(img, "rtmr", {}) | some img in tdx_images_of_mr_td]]),
+	}
+}
+
+any_tdx_image_holds if {
+	some img in tdx_images_of_mr_td
+	tdx_image_holds(img)
+}
+
 # ---------------------------------------------------------------- NVIDIA GPU
 
 default gpu_driver := "none"

@@ -132,6 +132,35 @@ test_tdx_debug_and_rtmr if {
 	"tdx_rtmr_not_allowed" in rules(r)
 }
 
+# Two images as `cgx measure tdx --reference-values` writes them: each MRTD with its RTMRs.
+tdx_images_refs := object.union(refs, {"tdx": {
+	"allowed_tcb_status": ["UpToDate"],
+	"mr_td": ["bb", "cc"],
+	"rtmr": {"1": ["r1", "s1"], "2": ["r2", "s2"]},
+	"images": {
+		"a": {"mr_td": "bb", "rtmr": {"1": "r1", "2": "r2"}},
+		"b": {"mr_td": "cc", "rtmr": {"1": "s1", "2": "s2"}},
+	},
+}})
+
+tdx_images_result(claims) := r if {
+	out := appraisal.result with input as claims with data.reference as tdx_images_refs
+	r := {"trust_vector": fold(out), "violations": out.violations}
+}
+
+test_tdx_image_affirming if {
+	r := tdx_images_result(tdx)
+	count(r.violations) == 0
+	r.trust_vector.executables == 2
+}
+
+test_tdx_image_rtmrs_of_another_image_are_refused if {
+	# Every value is listed, but RTMR[2] is image b's while the MRTD is image a's.
+	r := tdx_images_result(object.union(tdx, {"rtmr": ["r0", "r1", "s2", "r3"]}))
+	rules(r) == {"tdx_image_rtmr_mismatch"}
+	r.trust_vector.executables == 33
+}
+
 test_gpu_affirming if {
 	r := result(gpu)
 	count(r.violations) == 0
