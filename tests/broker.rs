@@ -735,6 +735,8 @@ fn the_broker_serves_its_contract() {
         "/v1/nodes/{id}/heartbeat",
         "/v1/jobs",
         "/v1/jobs/{id}/cancel",
+        "/v1/reference-values",
+        "/v1/admin-events",
     ] {
         assert!(doc["paths"][p].is_object(), "{p}");
     }
@@ -763,6 +765,7 @@ fn the_broker_serves_its_contract() {
         ("/v1/jobs", 200 << 10),
         ("/v1/nodes", 3 << 20),
         ("/v1/nodes/nonce", 8192),
+        ("/v1/reference-values", 2 << 20),
     ] {
         let out = ask(format!(
             "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {len}\r\n\r\n"

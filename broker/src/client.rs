@@ -195,6 +195,22 @@ impl BrokerClient {
         Ok(self.call::<Jobs>("GET", &path, None, None)?.jobs)
     }
 
+    /// Store reference values (the document `cgx measure … --reference-values` writes) and put
+    /// them in force: `{"version", "sha256", "policy_id"}`.
+    pub fn set_reference_values(&self, doc: &serde_json::Value) -> Result<serde_json::Value> {
+        self.post("/v1/reference-values", doc)
+    }
+
+    /// The reference values in force: `{"version", "reference_values"}`.
+    pub fn reference_values(&self) -> Result<serde_json::Value> {
+        self.call("GET", "/v1/reference-values", None, None)
+    }
+
+    /// The admin audit trail: `{"events": [{"at", "actor", "action", "detail"}]}`.
+    pub fn admin_events(&self) -> Result<serde_json::Value> {
+        self.call("GET", "/v1/admin-events", None, None)
+    }
+
     pub fn cancel(&self, id: &str) -> Result<JobView> {
         self.call("POST", &format!("/v1/jobs/{id}/cancel"), None, None)
     }

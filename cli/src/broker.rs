@@ -1,4 +1,4 @@
-//! `cgx broker serve`, `cgx job submit|status|cancel|ls`, `cgx node ls|show`: run the broker,
+//! `cgx broker serve|reference-values`, `cgx job submit|status|cancel|ls`, `cgx node ls|show`: run the broker,
 //! and speak to it as a tenant, an operator or an auditor. Human tables by default, `--json`
 //! for scripts; a refusal prints the broker's stable code and exits 1.
 
@@ -344,6 +344,33 @@ pub fn node_reattest(conn: &Conn, id: &str) -> CliResult {
         conn,
         |c| c.reattest(id),
         |n| println!("{} asked to re-attest at its next heartbeat", n.id),
+    )
+}
+
+/// `cgx broker reference-values set FILE`: at most 1 MiB, a JSON object (the broker checks the
+/// rest).
+pub fn reference_values_set(conn: &Conn, file: &Path) -> CliResult {
+    let bytes = crate::measure::read_limited(file, "reference values", 1 << 20)?;
+    let doc: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+    show(
+        conn,
+        |c| c.set_reference_values(&doc),
+        |v| println!("reference values in force: version {}", v["version"]),
+    )
+}
+
+pub fn reference_values_show(conn: &Conn) -> CliResult {
+    show(
+        conn,
+        |c| c.reference_values(),
+        |v| {
+            println!("version {}", v["version"]);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&v["reference_values"]).unwrap_or_default()
+            );
+        },
     )
 }
 

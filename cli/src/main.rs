@@ -288,6 +288,22 @@ enum BrokerCommand {
         #[arg(long)]
         insecure_dev: bool,
     },
+    /// The reference values the broker appraises with, on every replica: `set FILE` (the file
+    /// `cgx measure … --reference-values` writes; scope reference-values), `show`.
+    ReferenceValues {
+        #[command(subcommand)]
+        command: RefsCommand,
+        #[command(flatten)]
+        conn: broker::Conn,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RefsCommand {
+    /// Store FILE and put it in force (registrations from now on are appraised with it).
+    Set { file: PathBuf },
+    /// The values in force and their version (0: the broker's configuration file's).
+    Show,
 }
 
 #[derive(Subcommand, Debug)]
@@ -510,6 +526,10 @@ fn main() -> ExitCode {
                 config,
                 insecure_dev,
             } => broker::serve(&config, insecure_dev),
+            BrokerCommand::ReferenceValues { command, conn } => match command {
+                RefsCommand::Set { file } => broker::reference_values_set(&conn, &file),
+                RefsCommand::Show => broker::reference_values_show(&conn),
+            },
         },
         Command::Job { command, conn } => match command {
             JobCommand::Submit(args) => broker::job_submit(&conn, &args),

@@ -12,6 +12,9 @@
 //! | `POST /v1/jobs` | tenant | submit |
 //! | `GET /v1/jobs`, `GET /v1/jobs/{id}` | tenant (own), auditor | state, events |
 //! | `POST /v1/jobs/{id}/cancel` | tenant | cancel; the lease ends |
+//! | `POST /v1/reference-values` | admin (`reference-values`, `*`) | the reference values appraisal uses (the file `cgx measure … --reference-values` writes) |
+//! | `GET /v1/reference-values` | admin, auditor | those in force, with their version |
+//! | `GET /v1/admin-events` | auditor | who changed what setting, when |
 //! | `GET /openapi.json`, `/metrics`, `/healthz` | anyone | |
 
 use std::sync::Arc;
@@ -36,6 +39,8 @@ const OPENAPI: &str = include_str!("openapi.json");
 const REGISTRATION_BODY: usize = 2 << 20;
 const JOB_BODY: usize = 96 << 10;
 const SMALL_BODY: usize = 4 << 10;
+/// Reference values name images, measurements and GPU RIM values: 1 MiB is ample.
+const REFERENCE_VALUES_BODY: usize = 1 << 20;
 
 pub(super) fn router(broker: Arc<Broker>) -> Router {
     use cgx_service::limits::limited;
@@ -60,6 +65,12 @@ pub(super) fn router(broker: Arc<Broker>) -> Router {
         )
         .route("/v1/jobs/{id}", limited(get(job), SMALL_BODY))
         .route("/v1/jobs/{id}/cancel", limited(post(cancel), SMALL_BODY))
+        .route(
+            "/v1/reference-values",
+            limited(post(put_reference_values), REFERENCE_VALUES_BODY)
+                .merge(limited(get(reference_values), SMALL_BODY)),
+        )
+        .route("/v1/admin-events", limited(get(admin_events), SMALL_BODY))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -122,6 +133,22 @@ async fn heartbeat(
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| BrokerError::Heartbeat("no bearer heartbeat token".into()))?;
     Ok(Json(b.heartbeat(&id, token.trim()).await?).into_response())
+}
+
+async fn put_reference_values(
+    State(b): Shared,
+    admin: Admin,
+    body: Bytes,
+) -> Result<Response, BrokerError> {
+    Ok(Json(b.put_reference_values(&admin, &body).await?).into_response())
+}
+
+async fn reference_values(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
+    Ok(Json(b.reference_values(&admin).await?).into_response())
+}
+
+async fn admin_events(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
+    Ok(Json(b.admin_events(&admin).await?).into_response())
 }
 
 async fn nodes(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {

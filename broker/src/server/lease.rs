@@ -50,7 +50,7 @@ impl std::fmt::Debug for Keys {
 
 /// Claims of a token this broker signed, whatever its age: the signature is checked with the
 /// token's own `iat` as "now" (the caller applies its own time rules to what it reads).
-fn verify_signed(token: &str, key: &[u8; 32]) -> Option<Value> {
+pub(super) fn verify_signed(token: &str, key: &[u8; 32]) -> Option<Value> {
     let payload = token.split('.').nth(1)?;
     let claims: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).ok()?).ok()?;
     let iat = claims.get("iat")?.as_i64()?;
@@ -116,6 +116,11 @@ impl Keys {
             return bad("expired: ask for a new one");
         }
         Ok(expires_at)
+    }
+
+    /// The signing key (PKCS#8), for the records other modules sign (`settings.rs`).
+    pub(super) fn pkcs8(&self) -> &[u8] {
+        &self.pkcs8
     }
 
     fn sign(&self, claims: &Value) -> Result<String, BrokerError> {

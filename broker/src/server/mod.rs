@@ -14,6 +14,7 @@ mod http;
 pub mod index;
 mod lease;
 mod register;
+mod settings;
 pub mod store;
 
 use std::collections::HashMap;
@@ -64,6 +65,15 @@ pub(crate) struct Broker {
     pending: std::sync::atomic::AtomicI64,
     /// Leases whose job this replica saw move to running (heartbeats skip that write after).
     running: Mutex<std::collections::HashSet<String>>,
+    /// The appraisal policy (configured; reference values change under it).
+    appraisal_policy: String,
+    /// The version of the stored reference values in force (0: the configured file's); never
+    /// goes down (`settings.rs`).
+    refs_version: std::sync::atomic::AtomicI64,
+    /// The reference values of the configuration (in force until an admin stores others).
+    configured_refs: String,
+    /// One change of settings at a time on this replica.
+    settings_lock: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -241,7 +251,15 @@ impl Broker {
             sync_cursor: Mutex::new(0),
             running: Mutex::new(std::collections::HashSet::new()),
             pending: std::sync::atomic::AtomicI64::new(1),
+            appraisal_policy: policy,
+            refs_version: std::sync::atomic::AtomicI64::new(0),
+            configured_refs: refs,
+            settings_lock: tokio::sync::Mutex::new(()),
         };
+        // Reference values an admin stored outrank the configured file; a stored row that
+        // does not verify stops the start (falling back to the file would be a silent
+        // downgrade).
+        broker.refresh_reference_values().await?;
         broker.sync().await?;
         Ok(broker)
     }
@@ -588,6 +606,165 @@ impl Broker {
             reattest_asked: true,
             ..view
         })
+    }
+
+    /// Pick up reference values an admin stored (on this replica or another): a newer
+    /// version whose record verifies goes into force; an older one than in force, or one that
+    /// does not verify, is refused (the engine stays as it is).
+    pub(crate) async fn refresh_reference_values(&self) -> Result<(), BrokerError> {
+        use std::sync::atomic::Ordering;
+        let _one = self.settings_lock.lock().await;
+        let Some((body, record, version)) = self.store.setting(settings::REFERENCE_VALUES).await?
+        else {
+            return Ok(());
+        };
+        let current = self.refs_version.load(Ordering::Acquire);
+        if version == current {
+            return Ok(());
+        }
+        if version < current {
+            return Err(BrokerError::Storage(format!(
+                "setting reference-values: the row is at version {version}, older than the \
+                 {current} in force (an older row put back?)"
+            )));
+        }
+        self.keys
+            .verify_setting(&record, settings::REFERENCE_VALUES, version, &body)?;
+        let engine =
+            PolicyEngine::new("broker.appraisal", &self.appraisal_policy, &body).map_err(|e| {
+                BrokerError::Storage(format!("setting reference-values v{version}: {e}"))
+            })?;
+        self.appraiser.set_engine(engine);
+        self.refs_version.store(version, Ordering::Release);
+        tracing::info!(version, "reference values in force");
+        Ok(())
+    }
+
+    /// Store reference values (the document `cgx measure … --reference-values` writes) and put
+    /// them in force: they judge registrations from now on (registered nodes at their next
+    /// re-attestation, or at once with `reattest`). Refused unless they compile with the
+    /// appraisal policy; a put made while another replica put first is a conflict.
+    pub(crate) async fn put_reference_values(
+        &self,
+        admin: &Admin,
+        body: &[u8],
+    ) -> Result<serde_json::Value, BrokerError> {
+        use std::sync::atomic::Ordering;
+        if !admin
+            .scopes()
+            .iter()
+            .any(|s| s == "*" || s == settings::REFERENCE_VALUES)
+        {
+            return Err(BrokerError::Forbidden(
+                "reference values are set by admins (scope reference-values or *)".into(),
+            ));
+        }
+        let text = settings::reference_values_text(body)?;
+        let engine = PolicyEngine::new("broker.appraisal", &self.appraisal_policy, &text)
+            .map_err(|e| BrokerError::BadRequest(format!("reference values: {e}")))?;
+        let policy_id = engine.id().to_string();
+        let _one = self.settings_lock.lock().await;
+        let stored = self
+            .store
+            .setting(settings::REFERENCE_VALUES)
+            .await?
+            .map_or(0, |(_, _, v)| v);
+        let version = stored.max(self.refs_version.load(Ordering::Acquire)) + 1;
+        let at = self.clock.unix();
+        let actor = admin.actor();
+        let record =
+            self.keys
+                .sign_setting(settings::REFERENCE_VALUES, version, &text, at, &actor)?;
+        let detail = serde_json::json!({
+            "version": version,
+            "sha256": hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, text.as_bytes())),
+            "policy_id": policy_id,
+        });
+        match self
+            .store
+            .write(Write::PutSetting {
+                name: settings::REFERENCE_VALUES,
+                body: text,
+                record,
+                version,
+                at,
+                actor: actor.clone(),
+                detail: detail.to_string(),
+            })
+            .await?
+        {
+            Outcome::Done => {}
+            Outcome::Refused(Refusal::SettingChanged) => {
+                return Err(BrokerError::Conflict(
+                    "the reference values changed meanwhile (another admin or replica): read \
+                     them and put again"
+                        .into(),
+                ));
+            }
+            other => return Err(BrokerError::Internal(format!("setting write: {other:?}"))),
+        }
+        self.appraiser.set_engine(engine);
+        self.refs_version.store(version, Ordering::Release);
+        tracing::info!(version, by = %actor, "reference values put");
+        Ok(detail)
+    }
+
+    /// The reference values in force and their version (0: the configuration's).
+    pub(crate) async fn reference_values(
+        &self,
+        admin: &Admin,
+    ) -> Result<serde_json::Value, BrokerError> {
+        if !admin
+            .scopes()
+            .iter()
+            .any(|s| s == "*" || s == settings::REFERENCE_VALUES || s == "auditor")
+        {
+            return Err(BrokerError::Forbidden(
+                "reference values are read by admins and auditors".into(),
+            ));
+        }
+        let (text, version) = match self.store.setting(settings::REFERENCE_VALUES).await? {
+            Some((body, record, version)) => {
+                self.keys
+                    .verify_setting(&record, settings::REFERENCE_VALUES, version, &body)?;
+                let current = self.refs_version.load(std::sync::atomic::Ordering::Acquire);
+                if version < current {
+                    return Err(BrokerError::Storage(format!(
+                        "setting reference-values: the row is at version {version}, older \
+                         than the {current} in force (an older row put back?)"
+                    )));
+                }
+                (body, version)
+            }
+            None => (self.configured_refs.clone(), 0),
+        };
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| BrokerError::Internal(format!("reference values: {e}")))?;
+        Ok(serde_json::json!({"version": version, "reference_values": v}))
+    }
+
+    /// The admin audit trail (auditors and `*`).
+    pub(crate) async fn admin_events(
+        &self,
+        admin: &Admin,
+    ) -> Result<serde_json::Value, BrokerError> {
+        if !auditor(admin) {
+            return Err(BrokerError::Forbidden(
+                "the audit trail is for auditors".into(),
+            ));
+        }
+        let events: Vec<serde_json::Value> = self
+            .store
+            .admin_events()
+            .await?
+            .into_iter()
+            .map(|(at, actor, action, detail)| {
+                let detail: serde_json::Value =
+                    serde_json::from_str(&detail).unwrap_or(serde_json::Value::String(detail));
+                serde_json::json!({"at": at, "actor": actor, "action": action, "detail": detail})
+            })
+            .collect();
+        Ok(serde_json::json!({"events": events}))
     }
 
     /// A node as `cgx node show` reports it.
@@ -1213,6 +1390,11 @@ impl Broker {
     /// that ran their duration, place pending jobs.
     pub(crate) async fn tick(&self) -> Result<(), BrokerError> {
         self.sync().await?;
+        // Reference values another replica stored; a row that does not hold is logged and the
+        // engine in force stays.
+        if let Err(e) = self.refresh_reference_values().await {
+            tracing::error!(error = %e, "reference values not refreshed");
+        }
         let now = self.clock.unix();
         let failing = self.index().failing(now);
         for (node, why) in failing {

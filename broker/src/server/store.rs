@@ -69,6 +69,22 @@ macro_rules! schema_v1 {
     };
 }
 
+/// Migration 3: settings an admin puts (the reference values) that every replica appraises
+/// with, each row with the broker-signed record of its body and version (`settings.rs`); and
+/// the audit trail of admin changes.
+macro_rules! settings_v3 {
+    ($seq:literal) => {
+        concat!(
+            "CREATE TABLE settings (
+        name TEXT PRIMARY KEY, body TEXT NOT NULL, record TEXT NOT NULL,
+        version BIGINT NOT NULL, updated_at BIGINT NOT NULL);
+     CREATE TABLE admin_events (",
+            $seq,
+            ", at BIGINT NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL, detail TEXT NOT NULL)"
+        )
+    };
+}
+
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -81,6 +97,11 @@ const MIGRATIONS: &[Migration] = &[
         // stands (across replicas) until the node registers again.
         sqlite: REATTEST_ASKED,
         postgres: REATTEST_ASKED,
+    },
+    Migration {
+        version: 3,
+        sqlite: settings_v3!("seq INTEGER PRIMARY KEY"),
+        postgres: settings_v3!("seq BIGSERIAL PRIMARY KEY"),
     },
 ];
 
@@ -257,6 +278,17 @@ pub(crate) enum Write {
     SweepNonces {
         now: i64,
     },
+    /// Put a setting at `version`, only where the row is still at `version − 1` (absent for
+    /// 1): two admins racing cannot both win. With its audit row.
+    PutSetting {
+        name: &'static str,
+        body: String,
+        record: String,
+        version: i64,
+        at: i64,
+        actor: String,
+        detail: String,
+    },
 }
 
 /// What a write did.
@@ -278,6 +310,8 @@ pub(crate) enum Refusal {
     JobNotPending,
     NoSuchLease,
     NoSuchNode,
+    /// A setting changed since the version the write was made against.
+    SettingChanged,
     /// A statement failed (logged); the write was undone.
     Failed,
 }
@@ -612,6 +646,53 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 None => Outcome::Refused(Refusal::JobNotPending),
             },
         ),
+        Write::PutSetting {
+            name,
+            body,
+            record,
+            version,
+            at,
+            actor,
+            detail,
+        } => {
+            let r = if *version == 1 {
+                sqlx::query(
+                    "INSERT INTO settings (name, body, record, version, updated_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING",
+                )
+                .bind(name)
+                .bind(body)
+                .bind(record)
+                .bind(version)
+                .bind(at)
+                .execute(&mut **tx)
+                .await?
+            } else {
+                sqlx::query(
+                    "UPDATE settings SET body = $1, record = $2, version = $3, updated_at = $4 WHERE name = $5 AND version = $6",
+                )
+                .bind(body)
+                .bind(record)
+                .bind(version)
+                .bind(at)
+                .bind(name)
+                .bind(*version - 1)
+                .execute(&mut **tx)
+                .await?
+            };
+            if r.rows_affected() != 1 {
+                return Ok(Outcome::Refused(Refusal::SettingChanged));
+            }
+            sqlx::query(
+                "INSERT INTO admin_events (at, actor, action, detail) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(at)
+            .bind(actor)
+            .bind(format!("{name}.put"))
+            .bind(detail)
+            .execute(&mut **tx)
+            .await?;
+            Ok(Outcome::Done)
+        }
         Write::AskReattest { id, at, now_ms } => {
             let r =
                 sqlx::query("UPDATE nodes SET reattest_asked = $1, updated_ms = $2 WHERE id = $3")
@@ -750,6 +831,42 @@ impl Store {
             }
             o => Ok(o),
         }
+    }
+
+    /// A setting's row: (body, signed record, version). Proves nothing until the record
+    /// verifies (`settings.rs`).
+    pub async fn setting(&self, name: &str) -> Result<Option<(String, String, i64)>, BrokerError> {
+        let row = sqlx::query("SELECT body, record, version FROM settings WHERE name = $1")
+            .bind(name)
+            .fetch_optional(self.db.pool())
+            .await?;
+        Ok(match row {
+            Some(r) => Some((
+                r.try_get("body")?,
+                r.try_get("record")?,
+                r.try_get("version")?,
+            )),
+            None => None,
+        })
+    }
+
+    /// The admin audit trail, oldest first: (at, actor, action, detail).
+    pub async fn admin_events(&self) -> Result<Vec<(i64, String, String, String)>, BrokerError> {
+        let rows = sqlx::query(
+            "SELECT at, actor, action, detail FROM admin_events ORDER BY seq LIMIT 1000",
+        )
+        .fetch_all(self.db.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("at")?,
+                    r.try_get("actor")?,
+                    r.try_get("action")?,
+                    r.try_get("detail")?,
+                ))
+            })
+            .collect()
     }
 
     /// Nodes changed at or after `since_ms` (every node for 0).

@@ -109,7 +109,7 @@ pub struct SnpArgs {
 }
 
 /// Read at most `limit` bytes of `path` (a device or pipe that reports no size is bounded too).
-fn read_limited(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>, String> {
+pub(crate) fn read_limited(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let fail = |e: std::io::Error| format!("{what} {}: {e}", path.display());
     let mut out = Vec::new();

@@ -39,6 +39,8 @@ pub struct BrokerSetup {
     pub operator: Ed,
     /// `auditor`.
     pub auditor: Ed,
+    /// `reference-values`: sets the reference values appraisal uses.
+    pub admin: Ed,
 }
 
 impl Ed {
@@ -71,6 +73,7 @@ pub fn broker_setup(
     let other_tenant = Ed::generate()?;
     let operator = Ed::generate()?;
     let auditor = Ed::generate()?;
+    let admin = Ed::generate()?;
     let key = |e: &Ed, scopes: &[&str]| ApiKey {
         public_key: e.public_b64.clone(),
         scopes: scopes.iter().map(|s| s.to_string()).collect(),
@@ -91,6 +94,7 @@ pub fn broker_setup(
                 &[&format!("operator:{OPERATOR}"), "operator:op2"],
             ),
             key(&auditor, &["auditor"]),
+            key(&admin, &["reference-values"]),
         ],
         sim_roots,
         collateral: Default::default(),
@@ -116,6 +120,7 @@ pub fn broker_setup(
         other_tenant,
         operator,
         auditor,
+        admin,
     })
 }
 

@@ -406,6 +406,11 @@ impl Server {
         )
     }
 
+    /// Set the reference values appraisal uses (`POST /kbs/v0/reference-values`).
+    pub fn put_reference_values(&self, admin: &Ed, doc: &[u8]) -> Result<()> {
+        self.admin_post(admin, "/kbs/v0/reference-values", doc)
+    }
+
     fn admin_post(&self, admin: &Ed, path: &str, body: &[u8]) -> Result<()> {
         let url = format!("{}{path}", self.base);
         let agent = cgx_kbs::client::agent(None).map_err(|e| DevnetError::Kbs(e.to_string()))?;
