@@ -740,6 +740,15 @@ fn the_broker_serves_its_contract() {
     ] {
         assert!(doc["paths"][p].is_object(), "{p}");
     }
+    // Reference values are put in place of a version named in If-Match: without one, refused.
+    let (s, body) = cgx_system_tests::call(
+        "POST",
+        &format!("{}/v1/reference-values", broker.base),
+        Some(&net.broker.admin.api_token().unwrap()),
+        Some(b"{}"),
+    );
+    assert_eq!(s, 400, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("If-Match"));
     let (s, _) = cgx_system_tests::call("GET", &format!("{}/healthz", broker.base), None, None);
     assert_eq!(s, 200);
     let (s, body) = cgx_system_tests::call("GET", &format!("{}/metrics", broker.base), None, None);

@@ -228,6 +228,12 @@ fn bench_measure_reports_the_ratio_and_the_peer() {
         assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
     }
     assert_eq!(v["input"]["firmware_mib"], 4);
+    for key in ["launches_per_sec", "raw_hash_per_sec", "ratio"] {
+        assert!(
+            v["tdx"][key].as_f64().is_some_and(|x| x > 0.0),
+            "tdx {key}: {v}"
+        );
+    }
     if v["sev_snp_measure_ms"].is_null() {
         eprintln!(
             "SKIPPED bench_measure peer: no sev-snp-measure (pip install sev-snp-measure==0.0.13)"

@@ -87,6 +87,18 @@ impl BrokerClient {
         body: Option<Vec<u8>>,
         bearer: Option<&str>,
     ) -> Result<T> {
+        self.call_if(method, path, body, bearer, None)
+    }
+
+    /// [`Self::call`] with an `If-Match` precondition.
+    fn call_if<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        bearer: Option<&str>,
+        if_match: Option<&str>,
+    ) -> Result<T> {
         let url = format!("{}{path}", self.base);
         let transport = |e: &dyn std::fmt::Display| ClientError::Transport {
             url: url.clone(),
@@ -108,6 +120,9 @@ impl BrokerClient {
                     .header("content-type", "application/json");
                 if let Some(t) = bearer {
                     r = r.header("authorization", &format!("Bearer {t}"));
+                }
+                if let Some(m) = if_match {
+                    r = r.header("if-match", m);
                 }
                 r.send(body.unwrap_or_default())
             }
@@ -195,10 +210,18 @@ impl BrokerClient {
         Ok(self.call::<Jobs>("GET", &path, None, None)?.jobs)
     }
 
-    /// Store reference values (the document `cgx measure … --reference-values` writes) and put
-    /// them in force: `{"version", "sha256", "policy_id"}`.
-    pub fn set_reference_values(&self, doc: &serde_json::Value) -> Result<serde_json::Value> {
-        self.post("/v1/reference-values", doc)
+    /// Store reference values (the document `cgx measure … --reference-values` writes) in
+    /// place of version `replaces` (what [`Self::reference_values`] said; 0: the
+    /// configuration's) and put them in force: `{"version", "sha256", "policy_id"}`. Another
+    /// put since is a `Conflict`.
+    pub fn set_reference_values(
+        &self,
+        doc: &serde_json::Value,
+        replaces: i64,
+    ) -> Result<serde_json::Value> {
+        let body = serde_json::to_vec(doc).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let tag = format!("\"{replaces}\"");
+        self.call_if("POST", "/v1/reference-values", Some(body), None, Some(&tag))
     }
 
     /// The reference values in force: `{"version", "reference_values"}`.

@@ -347,15 +347,15 @@ pub fn node_reattest(conn: &Conn, id: &str) -> CliResult {
     )
 }
 
-/// `cgx broker reference-values set FILE`: at most 1 MiB, a JSON object (the broker checks the
-/// rest).
-pub fn reference_values_set(conn: &Conn, file: &Path) -> CliResult {
+/// `cgx broker reference-values set FILE --replaces N`: at most 1 MiB, a JSON object (the
+/// broker checks the rest), in place of version N.
+pub fn reference_values_set(conn: &Conn, file: &Path, replaces: i64) -> CliResult {
     let bytes = crate::measure::read_limited(file, "reference values", 1 << 20)?;
     let doc: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
     show(
         conn,
-        |c| c.set_reference_values(&doc),
+        |c| c.set_reference_values(&doc, replaces),
         |v| println!("reference values in force: version {}", v["version"]),
     )
 }

@@ -300,8 +300,13 @@ enum BrokerCommand {
 
 #[derive(Subcommand, Debug)]
 enum RefsCommand {
-    /// Store FILE and put it in force (registrations from now on are appraised with it).
-    Set { file: PathBuf },
+    /// Store FILE in place of version REPLACES (what `show` says; 0: the configuration's) and
+    /// put it in force (registrations from now on are appraised with it).
+    Set {
+        file: PathBuf,
+        #[arg(long)]
+        replaces: i64,
+    },
     /// The values in force and their version (0: the broker's configuration file's).
     Show,
 }
@@ -527,7 +532,9 @@ fn main() -> ExitCode {
                 insecure_dev,
             } => broker::serve(&config, insecure_dev),
             BrokerCommand::ReferenceValues { command, conn } => match command {
-                RefsCommand::Set { file } => broker::reference_values_set(&conn, &file),
+                RefsCommand::Set { file, replaces } => {
+                    broker::reference_values_set(&conn, &file, replaces)
+                }
                 RefsCommand::Show => broker::reference_values_show(&conn),
             },
         },

@@ -81,13 +81,21 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
     // Before: the configuration's values, version 0. Only admins set them.
     assert_eq!(admin.reference_values().unwrap()["version"], 0);
     let parsed: serde_json::Value = serde_json::from_slice(&doc).unwrap();
-    assert_eq!(refused(tenant.set_reference_values(&parsed)), "Forbidden");
-    assert_eq!(refused(auditor.set_reference_values(&parsed)), "Forbidden");
+    assert_eq!(
+        refused(tenant.set_reference_values(&parsed, 0)),
+        "Forbidden"
+    );
+    assert_eq!(
+        refused(auditor.set_reference_values(&parsed, 0)),
+        "Forbidden"
+    );
     assert_eq!(refused(tenant.reference_values()), "Forbidden");
     assert_eq!(
-        refused(admin.set_reference_values(&serde_json::json!([1, 2]))),
+        refused(admin.set_reference_values(&serde_json::json!([1, 2]), 0)),
         "BadRequest"
     );
+    // A put in place of a version that is not the stored one: a conflict.
+    assert_eq!(refused(admin.set_reference_values(&parsed, 3)), "Conflict");
     // The operator's command: `cgx broker reference-values set FILE` with the admin's key.
     let key = kbs.dir.join("refs-admin.pk8");
     std::fs::write(&key, &setup.admin.pkcs8).unwrap();
@@ -106,7 +114,7 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
         );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
-    let put = cli(&["set", &refs.display().to_string()]);
+    let put = cli(&["set", &refs.display().to_string(), "--replaces", "0"]);
     assert!(put.contains("version 1"), "{put}");
     let read = auditor.reference_values().unwrap();
     assert_eq!(read["version"], 1);
@@ -158,7 +166,9 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
         })
     };
     let v1_row = row("SELECT body, record, version FROM settings").unwrap();
-    assert_eq!(admin.set_reference_values(&v2).unwrap()["version"], 2);
+    assert_eq!(admin.set_reference_values(&v2, 1).unwrap()["version"], 2);
+    // A second admin's edit of version 1, put after: refused, not a silent undo.
+    assert_eq!(refused(admin.set_reference_values(&parsed, 1)), "Conflict");
     let v2_row = row("SELECT body, record, version FROM settings").unwrap();
     let put_row = |(body, record, version): &(String, String, i64)| {
         rt.block_on(async {
@@ -177,9 +187,16 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
     };
     put_row(&v1_row);
     broker.tick().unwrap();
-    assert_eq!(refused(admin.reference_values()), "StorageError");
-    assert_eq!(refused(admin.set_reference_values(&v2)), "Conflict");
+    // Version 2 is still the one appraising, and no put builds on the older row.
+    let in_force = admin.reference_values().unwrap();
+    assert_eq!(
+        (in_force["version"].as_i64(), &in_force["reference_values"]),
+        (Some(2), &v2)
+    );
+    assert_eq!(refused(admin.set_reference_values(&v2, 2)), "Conflict");
+    assert_eq!(refused(admin.set_reference_values(&v2, 1)), "StorageError");
     put_row(&v2_row);
+    broker.tick().unwrap();
     assert_eq!(admin.reference_values().unwrap()["reference_values"], v2);
 
     // A restarted replica appraises with the stored values, not the file's.
@@ -243,7 +260,7 @@ fn reference_values_put_on_one_replica_reach_the_other() {
         .unwrap()
         .push(serde_json::json!(hex::encode([7u8; 48])));
     let admin1 = setup.client(&r1.base, &setup.admin).unwrap();
-    assert_eq!(admin1.set_reference_values(&doc).unwrap()["version"], 1);
+    assert_eq!(admin1.set_reference_values(&doc, 0).unwrap()["version"], 1);
     r2.tick().unwrap();
     node.register(&op2).unwrap();
     let view = op2.node(&node.id).unwrap();

@@ -140,6 +140,7 @@ tdx_images_refs := object.union(refs, {"tdx": {
 	"images": {
 		"a": {"mr_td": "bb", "rtmr": {"1": "r1", "2": "r2"}},
 		"b": {"mr_td": "cc", "rtmr": {"1": "s1", "2": "s2"}},
+		"a-firmware-only": {"mr_td": "bb", "rtmr": {}},
 	},
 }})
 
@@ -155,7 +156,8 @@ test_tdx_image_affirming if {
 }
 
 test_tdx_image_rtmrs_of_another_image_are_refused if {
-	# Every value is listed, but RTMR[2] is image b's while the MRTD is image a's.
+	# Every value is listed, but RTMR[2] is image b's while the MRTD is image a's (an entry for
+	# a's firmware alone, without RTMRs, binds nothing and lets nothing through).
 	r := tdx_images_result(object.union(tdx, {"rtmr": ["r0", "r1", "s2", "r3"]}))
 	rules(r) == {"tdx_image_rtmr_mismatch"}
 	r.trust_vector.executables == 33

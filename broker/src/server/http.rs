@@ -12,7 +12,7 @@
 //! | `POST /v1/jobs` | tenant | submit |
 //! | `GET /v1/jobs`, `GET /v1/jobs/{id}` | tenant (own), auditor | state, events |
 //! | `POST /v1/jobs/{id}/cancel` | tenant | cancel; the lease ends |
-//! | `POST /v1/reference-values` | admin (`reference-values`, `*`) | the reference values appraisal uses (the file `cgx measure … --reference-values` writes) |
+//! | `POST /v1/reference-values` | admin (`reference-values`, `*`) | the reference values appraisal uses (the file `cgx measure … --reference-values` writes), `If-Match` the version replaced |
 //! | `GET /v1/reference-values` | admin, auditor | those in force, with their version |
 //! | `GET /v1/admin-events` | auditor | who changed what setting, when |
 //! | `GET /openapi.json`, `/metrics`, `/healthz` | anyone | |
@@ -135,16 +135,35 @@ async fn heartbeat(
     Ok(Json(b.heartbeat(&id, token.trim()).await?).into_response())
 }
 
+/// The version a put replaces, as `If-Match: "N"` (or `N`): required, so an admin's edit of
+/// version N cannot silently undo a put that came after N.
+fn replaces(headers: &HeaderMap) -> Result<i64, BrokerError> {
+    headers
+        .get(header::IF_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().trim_matches('"').parse::<i64>().ok())
+        .filter(|v| *v >= 0)
+        .ok_or_else(|| {
+            BrokerError::BadRequest(
+                "If-Match: the version these values replace is required (GET \
+                 /v1/reference-values; 0 for the configuration's)"
+                    .into(),
+            )
+        })
+}
+
 async fn put_reference_values(
     State(b): Shared,
     admin: Admin,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, BrokerError> {
-    Ok(Json(b.put_reference_values(&admin, &body).await?).into_response())
+    let replaces = replaces(&headers)?;
+    Ok(Json(b.put_reference_values(&admin, &body, replaces).await?).into_response())
 }
 
 async fn reference_values(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
-    Ok(Json(b.reference_values(&admin).await?).into_response())
+    Ok(Json(b.reference_values(&admin)?).into_response())
 }
 
 async fn admin_events(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {

@@ -67,11 +67,10 @@ pub(crate) struct Broker {
     running: Mutex<std::collections::HashSet<String>>,
     /// The appraisal policy (configured; reference values change under it).
     appraisal_policy: String,
-    /// The version of the stored reference values in force (0: the configured file's); never
-    /// goes down (`settings.rs`).
-    refs_version: std::sync::atomic::AtomicI64,
-    /// The reference values of the configuration (in force until an admin stores others).
-    configured_refs: String,
+    /// The reference values in force and their version (0: the configuration file's); the
+    /// version never goes down (`settings.rs`). Changed only under `settings_lock`, with the
+    /// engine.
+    refs_in_force: Mutex<(i64, String)>,
     /// One change of settings at a time on this replica.
     settings_lock: tokio::sync::Mutex<()>,
 }
@@ -252,8 +251,7 @@ impl Broker {
             running: Mutex::new(std::collections::HashSet::new()),
             pending: std::sync::atomic::AtomicI64::new(1),
             appraisal_policy: policy,
-            refs_version: std::sync::atomic::AtomicI64::new(0),
-            configured_refs: refs,
+            refs_in_force: Mutex::new((0, refs)),
             settings_lock: tokio::sync::Mutex::new(()),
         };
         // Reference values an admin stored outrank the configured file; a stored row that
@@ -608,24 +606,46 @@ impl Broker {
         })
     }
 
+    /// The reference values in force: (version, text).
+    fn refs_in_force(&self) -> (i64, String) {
+        match self.refs_in_force.lock() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set_refs_in_force(&self, version: i64, text: String, engine: PolicyEngine) {
+        self.appraiser.set_engine(engine);
+        match self.refs_in_force.lock() {
+            Ok(mut r) => *r = (version, text),
+            Err(poisoned) => *poisoned.into_inner() = (version, text),
+        }
+    }
+
     /// Pick up reference values an admin stored (on this replica or another): a newer
-    /// version whose record verifies goes into force; an older one than in force, or one that
-    /// does not verify, is refused (the engine stays as it is).
+    /// version whose record verifies goes into force. A row at the version in force with
+    /// another body, or at an older version, is refused (an older row put back, or a version
+    /// signed twice after one was): the engine stays as it is.
     pub(crate) async fn refresh_reference_values(&self) -> Result<(), BrokerError> {
-        use std::sync::atomic::Ordering;
         let _one = self.settings_lock.lock().await;
         let Some((body, record, version)) = self.store.setting(settings::REFERENCE_VALUES).await?
         else {
             return Ok(());
         };
-        let current = self.refs_version.load(Ordering::Acquire);
-        if version == current {
+        let (current, text) = self.refs_in_force();
+        if version == current && body == text {
             return Ok(());
         }
-        if version < current {
+        if version <= current {
             return Err(BrokerError::Storage(format!(
-                "setting reference-values: the row is at version {version}, older than the \
-                 {current} in force (an older row put back?)"
+                "setting reference-values: the row holds version {version}, and version \
+                 {current} with {} is in force (an older row put back, or a version signed \
+                 twice): kept version {current}",
+                if version == current {
+                    "another body"
+                } else {
+                    "its own body"
+                }
             )));
         }
         self.keys
@@ -634,22 +654,22 @@ impl Broker {
             PolicyEngine::new("broker.appraisal", &self.appraisal_policy, &body).map_err(|e| {
                 BrokerError::Storage(format!("setting reference-values v{version}: {e}"))
             })?;
-        self.appraiser.set_engine(engine);
-        self.refs_version.store(version, Ordering::Release);
+        self.set_refs_in_force(version, body, engine);
         tracing::info!(version, "reference values in force");
         Ok(())
     }
 
-    /// Store reference values (the document `cgx measure … --reference-values` writes) and put
-    /// them in force: they judge registrations from now on (registered nodes at their next
-    /// re-attestation, or at once with `reattest`). Refused unless they compile with the
-    /// appraisal policy; a put made while another replica put first is a conflict.
+    /// Store reference values (the document `cgx measure … --reference-values` writes) in
+    /// place of version `replaces` and put them in force: they judge registrations from now on
+    /// (registered nodes at their next re-attestation, or at once with `reattest`). Refused
+    /// unless they compile with the appraisal policy; a conflict where the stored values are no
+    /// longer at `replaces`.
     pub(crate) async fn put_reference_values(
         &self,
         admin: &Admin,
         body: &[u8],
+        replaces: i64,
     ) -> Result<serde_json::Value, BrokerError> {
-        use std::sync::atomic::Ordering;
         if !admin
             .scopes()
             .iter()
@@ -669,7 +689,20 @@ impl Broker {
             .setting(settings::REFERENCE_VALUES)
             .await?
             .map_or(0, |(_, _, v)| v);
-        let version = stored.max(self.refs_version.load(Ordering::Acquire)) + 1;
+        if stored != replaces {
+            return Err(BrokerError::Conflict(format!(
+                "the reference values are at version {stored}, not {replaces}: read them and \
+                 put again"
+            )));
+        }
+        let (current, _) = self.refs_in_force();
+        if stored < current {
+            return Err(BrokerError::Storage(format!(
+                "setting reference-values: the row holds version {stored}, older than the \
+                 {current} in force (an older row put back?): nothing put"
+            )));
+        }
+        let version = replaces + 1;
         let at = self.clock.unix();
         let actor = admin.actor();
         let record =
@@ -677,6 +710,7 @@ impl Broker {
                 .sign_setting(settings::REFERENCE_VALUES, version, &text, at, &actor)?;
         let detail = serde_json::json!({
             "version": version,
+            "replaces": replaces,
             "sha256": hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, text.as_bytes())),
             "policy_id": policy_id,
         });
@@ -684,7 +718,7 @@ impl Broker {
             .store
             .write(Write::PutSetting {
                 name: settings::REFERENCE_VALUES,
-                body: text,
+                body: text.clone(),
                 record,
                 version,
                 at,
@@ -695,25 +729,21 @@ impl Broker {
         {
             Outcome::Done => {}
             Outcome::Refused(Refusal::SettingChanged) => {
-                return Err(BrokerError::Conflict(
-                    "the reference values changed meanwhile (another admin or replica): read \
-                     them and put again"
-                        .into(),
-                ));
+                return Err(BrokerError::Conflict(format!(
+                    "the reference values changed from version {replaces} meanwhile (another \
+                     admin or replica): read them and put again"
+                )));
             }
             other => return Err(BrokerError::Internal(format!("setting write: {other:?}"))),
         }
-        self.appraiser.set_engine(engine);
-        self.refs_version.store(version, Ordering::Release);
+        self.set_refs_in_force(version, text, engine);
         tracing::info!(version, by = %actor, "reference values put");
         Ok(detail)
     }
 
-    /// The reference values in force and their version (0: the configuration's).
-    pub(crate) async fn reference_values(
-        &self,
-        admin: &Admin,
-    ) -> Result<serde_json::Value, BrokerError> {
+    /// The reference values this replica appraises with, and their version (0: the
+    /// configuration's).
+    pub(crate) fn reference_values(&self, admin: &Admin) -> Result<serde_json::Value, BrokerError> {
         if !admin
             .scopes()
             .iter()
@@ -723,21 +753,7 @@ impl Broker {
                 "reference values are read by admins and auditors".into(),
             ));
         }
-        let (text, version) = match self.store.setting(settings::REFERENCE_VALUES).await? {
-            Some((body, record, version)) => {
-                self.keys
-                    .verify_setting(&record, settings::REFERENCE_VALUES, version, &body)?;
-                let current = self.refs_version.load(std::sync::atomic::Ordering::Acquire);
-                if version < current {
-                    return Err(BrokerError::Storage(format!(
-                        "setting reference-values: the row is at version {version}, older \
-                         than the {current} in force (an older row put back?)"
-                    )));
-                }
-                (body, version)
-            }
-            None => (self.configured_refs.clone(), 0),
-        };
+        let (version, text) = self.refs_in_force();
         let v: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| BrokerError::Internal(format!("reference values: {e}")))?;
         Ok(serde_json::json!({"version": version, "reference_values": v}))

@@ -850,14 +850,16 @@ impl Store {
         })
     }
 
-    /// The admin audit trail, oldest first: (at, actor, action, detail).
+    /// The admin audit trail's newest thousand entries, oldest first: (at, actor, action,
+    /// detail).
     pub async fn admin_events(&self) -> Result<Vec<(i64, String, String, String)>, BrokerError> {
         let rows = sqlx::query(
-            "SELECT at, actor, action, detail FROM admin_events ORDER BY seq LIMIT 1000",
+            "SELECT at, actor, action, detail FROM admin_events ORDER BY seq DESC LIMIT 1000",
         )
         .fetch_all(self.db.pool())
         .await?;
         rows.iter()
+            .rev()
             .map(|r| {
                 Ok((
                     r.try_get("at")?,

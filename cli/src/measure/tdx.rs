@@ -45,11 +45,12 @@ pub struct TdxArgs {
     pub quote: Option<PathBuf>,
     /// Write the image's MRTD and RTMRs into a reference-values file (created from the
     /// defaults where it does not exist, merged where it does). With --replay, RTMR[0]–[2] are
-    /// the log's, and only once the log holds every event of the image (and matches --quote).
+    /// the log's (RTMR[0] only, without --kernel), and only once the log holds every event of
+    /// the image, RTMR[1]/[2] nothing else, and it matches --quote.
     #[arg(long)]
     pub reference_values: Option<PathBuf>,
     /// The image's name in the reference values (`tdx.images`); default: the firmware's file
-    /// name.
+    /// name, and the kernel's after a `+`.
     #[arg(long, requires = "reference_values")]
     pub image_name: Option<String>,
     #[arg(long)]
@@ -74,10 +75,12 @@ fn h(d: &[u8; 48]) -> String {
     hex::encode(d)
 }
 
-/// What `--replay` found: the log's RTMRs and each image event's fate.
+/// What `--replay` found: the log's RTMRs, each image event's fate, and the events in
+/// RTMR[1]/[2] a direct boot of the image does not explain (`(rtmr, type, digest)`).
 struct Replayed {
     rtmr: [[u8; 48]; 4],
     events: Vec<(tdx::Expected, Found)>,
+    unexplained: Vec<(usize, u32, Option<[u8; 48]>)>,
 }
 
 pub fn tdx(args: &TdxArgs) -> CliResult {
@@ -116,9 +119,19 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
         Some(p) => {
             let bytes = read_limited(p, "event log", tdx::event_log::MAX_LOG as u64)?;
             let log = EventLog::parse(&bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+            // Without a kernel the boot is not a direct one: RTMR[1]/[2] are a boot loader's,
+            // which the image does not explain, and go unjudged (and unrecorded).
+            let unexplained = match boot {
+                Some(_) => tdx::unexplained(&launch, &log)
+                    .into_iter()
+                    .map(|e| (e.mr_index as usize - 1, e.event_type, e.sha384))
+                    .collect(),
+                None => vec![],
+            };
             Some(Replayed {
                 rtmr: log.replay(),
                 events: tdx::check_events(&launch, &log),
+                unexplained,
             })
         }
         None => None,
@@ -154,6 +167,12 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
                     h(&x.digest)
                 )),
             }
+        }
+        for (i, ty, d) in &r.unexplained {
+            problems.push(format!(
+                "RTMR[{i}]: an event of type {ty:#x} ({}) the image's direct boot does not explain",
+                d.as_ref().map_or_else(|| "no SHA-384".to_string(), h)
+            ));
         }
     }
     if let Some((mrtd, rtmr)) = &quote {
@@ -197,7 +216,8 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
     // The RTMRs the reference values name: the log's where a log is given (and holds), else
     // the image's RTMR[1] and RTMR[2].
     let rtmr_refs: Vec<(usize, [u8; 48])> = match (&replayed, &launch.rtmr) {
-        (Some(r), _) => (0..3).map(|i| (i, r.rtmr[i])).collect(),
+        (Some(r), Some(_)) => (0..3).map(|i| (i, r.rtmr[i])).collect(),
+        (Some(r), None) => vec![(0, r.rtmr[0])],
         (None, Some([r1, r2])) => vec![(1, *r1), (2, *r2)],
         (None, None) => vec![],
     };
@@ -317,7 +337,12 @@ fn write_reference_values(
     rtmr_refs: &[(usize, [u8; 48])],
     described: &Value,
 ) -> Result<(), String> {
-    let name = image_name(args.image_name.as_deref(), &args.tdvf);
+    // By default the firmware's and the kernel's file names: another kernel is another image.
+    let name = match (&args.image_name, &args.kernel) {
+        (Some(n), _) => n.clone(),
+        (None, Some(k)) => format!("{}+{}", image_name(None, &args.tdvf), image_name(None, k)),
+        (None, None) => image_name(None, &args.tdvf),
+    };
     let mut image = serde_json::Map::new();
     for key in [
         "mr_td",

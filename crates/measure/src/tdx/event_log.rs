@@ -162,9 +162,12 @@ impl EventLog {
                     })?;
                 let d = r.take(n, "a digest")?;
                 if alg == SHA384 {
-                    let mut a = [0u8; 48];
-                    a.copy_from_slice(d);
-                    sha384 = Some(a);
+                    sha384 = Some(d.try_into().map_err(|_| {
+                        bad(format!(
+                            "event {} has a SHA-384 digest of {n} bytes",
+                            events.len() + 1
+                        ))
+                    })?);
                 }
             }
             let size = r.u32("an event's size")? as usize;
@@ -225,9 +228,21 @@ fn spec_id_sizes(spec: &[u8]) -> Result<Vec<(u16, u16)>> {
     if n == 0 || n > MAX_ALGS {
         return Err(bad(format!("the Spec ID event lists {n} algorithms")));
     }
-    (0..n)
-        .map(|_| Ok((r.u16("the Spec ID event")?, r.u16("the Spec ID event")?)))
-        .collect()
+    let mut sizes: Vec<(u16, u16)> = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let (alg, size) = (r.u16("the Spec ID event")?, r.u16("the Spec ID event")?);
+        // One size per algorithm, and SHA-384's is 48: a digest is read by the size listed.
+        if sizes.iter().any(|(a, _)| *a == alg) {
+            return Err(bad(format!(
+                "the Spec ID event lists algorithm {alg:#06x} twice"
+            )));
+        }
+        if alg == SHA384 && size != 48 {
+            return Err(bad(format!("the Spec ID event gives SHA-384 {size} bytes")));
+        }
+        sizes.push((alg, size));
+    }
+    Ok(sizes)
 }
 
 /// Event logs made to order, for tests here and in other crates (`test-support`).
@@ -322,6 +337,28 @@ mod tests {
             none.extend_from_slice(&v.to_le_bytes());
         }
         assert!(err(&none).contains("without a SHA-384"));
+        // A Spec ID event listing SHA-384 twice, or with a size other than 48 (read by that
+        // size, a digest would not fit).
+        let spec_at = 32 + 16 + 8;
+        let mut twice = good[..spec_at].to_vec();
+        twice.extend_from_slice(&2u32.to_le_bytes());
+        for (alg, n) in [(SHA384, 48u16), (SHA384, 48)] {
+            twice.extend_from_slice(&alg.to_le_bytes());
+            twice.extend_from_slice(&n.to_le_bytes());
+        }
+        twice.push(0);
+        let grown = (twice.len() - 32) as u32;
+        twice[28..32].copy_from_slice(&grown.to_le_bytes());
+        for v in [1u32, EV_SEPARATOR, 1] {
+            twice.extend_from_slice(&v.to_le_bytes());
+        }
+        twice.extend_from_slice(&SHA384.to_le_bytes());
+        twice.extend_from_slice(&[0; 48]);
+        twice.extend_from_slice(&0u32.to_le_bytes());
+        assert!(err(&twice).contains("twice"), "{}", err(&twice));
+        let mut short = good.clone();
+        short[spec_at + 4 + 2] = 32;
+        assert!(err(&short).contains("SHA-384 32 bytes"));
         // Each single-byte corruption parses or errs.
         for at in 0..good.len() {
             for v in [0x00u8, 0xff, 0x7f] {

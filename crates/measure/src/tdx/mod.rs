@@ -186,29 +186,53 @@ pub fn measure(tdvf: &Tdvf<'_>, order: PageOrder, boot: Option<&DirectBoot<'_>>)
 /// How a logged boot compares with one of the image's events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Found {
-    /// An event of that kind carries the image's digest.
+    /// Every event of that kind carries the image's digest.
     Same,
-    /// Events of that kind are logged, none with the image's digest (the first one's given).
+    /// An event of that kind carries another digest (the first such is given).
     Differs([u8; 48]),
     /// The log has no event of that kind.
     Absent,
 }
 
-/// Each of the image's events, looked for in a log.
+/// Each of the image's events, looked for in a log: the same only where every logged event of
+/// its kind (in its RTMR) carries the image's digest.
 pub fn check_events(launch: &Launch, log: &EventLog) -> Vec<(Expected, Found)> {
     launch
         .events
         .iter()
         .map(|x| {
-            let mut of_kind = log.events.iter().filter(|e| x.kind.matches(e));
-            let found = match of_kind.clone().find(|e| e.sha384 == Some(x.digest)) {
-                Some(_) => Found::Same,
-                None => match of_kind.next().and_then(|e| e.sha384) {
-                    Some(d) => Found::Differs(d),
-                    None => Found::Absent,
-                },
+            let mut of_kind = log.events.iter().filter(|e| x.kind.matches(e)).peekable();
+            let found = if of_kind.peek().is_none() {
+                Found::Absent
+            } else {
+                match of_kind.find(|e| e.sha384 != Some(x.digest)) {
+                    Some(e) => Found::Differs(e.sha384.unwrap_or([0; 48])),
+                    None => Found::Same,
+                }
             };
             (*x, found)
+        })
+        .collect()
+}
+
+/// Events in RTMR[1] and RTMR[2] that a direct boot of the image does not explain: neither one
+/// of its events, nor a separator (`EV_SEPARATOR` over four zero bytes), nor an `EV_EFI_ACTION`
+/// whose digest is that of its own text. A boot loader, a second EFI application, a
+/// measurement the kernel's stub does not make: each shows here.
+pub fn unexplained<'a>(launch: &Launch, log: &'a EventLog) -> Vec<&'a event_log::Event> {
+    let separator = fixed(&[0; 4]);
+    log.events
+        .iter()
+        .filter(|e| matches!(e.rtmr(), Some(1 | 2)))
+        .filter(|e| {
+            let d = e.sha384;
+            let image = launch
+                .events
+                .iter()
+                .any(|x| x.kind.matches(e) && d == Some(x.digest));
+            let sep = e.event_type == event_log::EV_SEPARATOR && d == Some(separator);
+            let action = e.event_type == event_log::EV_EFI_ACTION && d == Some(fixed(&e.data));
+            !(image || sep || action)
         })
         .collect()
 }
@@ -344,17 +368,22 @@ mod tests {
                     2,
                     ACTION,
                     fixed(b"Calling EFI Application from Boot Option"),
-                    b"",
+                    b"Calling EFI Application from Boot Option",
                 ),
                 (2, EV_SEPARATOR, fixed(&[0; 4]), &[0; 4]),
                 (3, EV_EVENT_TAG, d(EventKind::LoadOptions), &lo),
                 (3, EV_EVENT_TAG, d(EventKind::Initrd), &ird),
-                (2, ACTION, fixed(b"Exit Boot Services Invocation"), b""),
+                (
+                    2,
+                    ACTION,
+                    fixed(b"Exit Boot Services Invocation"),
+                    b"Exit Boot Services Invocation",
+                ),
                 (
                     2,
                     ACTION,
                     fixed(b"Exit Boot Services Returned with Success"),
-                    b"",
+                    b"Exit Boot Services Returned with Success",
                 ),
             ],
             64,
@@ -365,6 +394,25 @@ mod tests {
                 .iter()
                 .all(|(_, f)| *f == Found::Same)
         );
+        assert!(unexplained(&launch, &l).is_empty());
+        // A second EFI application in RTMR[1]: the kernel no longer checks out, and it is
+        // named among the unexplained.
+        let mut extra = l.clone();
+        extra.events.insert(
+            3,
+            event_log::Event {
+                mr_index: 2,
+                event_type: EV_EFI_BOOT_SERVICES_APPLICATION,
+                sha384: Some([3; 48]),
+                data: vec![],
+            },
+        );
+        assert_eq!(check_events(&launch, &extra)[1].1, Found::Differs([3; 48]));
+        assert_eq!(unexplained(&launch, &extra).len(), 1);
+        // An action whose digest is not its text's is unexplained too.
+        extra.events[3].event_type = ACTION;
+        extra.events[3].data = b"Calling EFI Application from Boot Option".to_vec();
+        assert_eq!(unexplained(&launch, &extra).len(), 1);
         let r = l.replay();
         assert_eq!(launch.rtmr.unwrap(), [r[1], r[2]]);
         // Another initrd: that event differs, the rest still match, RTMR[2] differs.

@@ -55,7 +55,7 @@ fn op(tag: &[u8], gpa: u64) -> [u8; 128] {
 pub fn mrtd(tdvf: &Tdvf<'_>, order: PageOrder) -> [u8; 48] {
     let mut h = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA384);
     let zero = [0u8; PAGE];
-    for s in tdvf.sections().iter().filter(|s| s.added()) {
+    for s in tdvf.sections() {
         // Content is the image's for firmware volumes, zeros for fresh memory (which parsing
         // refuses to extend, so `zero` is never hashed for it in practice).
         let content = tdvf.content(s);

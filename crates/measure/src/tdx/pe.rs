@@ -93,7 +93,16 @@ pub fn authenticode_sha384(image: &[u8]) -> Result<[u8; 48]> {
             raw.push((offset, size));
         }
     }
-    raw.sort_unstable();
+    // edk2 sorts by PointerToRawData alone, keeping the table's order among equals.
+    raw.sort_by_key(|(offset, _)| *offset);
+    // Sections of a real image do not overlap, so together they fit the file: this bounds the
+    // hashing to the file's size whatever the table says.
+    let total = raw
+        .iter()
+        .fold(0usize, |t, (_, size)| t.saturating_add(*size));
+    if total > image.len() - headers {
+        return Err(bad("the sections' raw data together exceed the file"));
+    }
     let mut hashed = headers;
     for (offset, size) in raw {
         let data = image
@@ -152,13 +161,25 @@ mod tests {
         assert!(authenticode_sha384(b"").is_err());
         assert!(authenticode_sha384(&[0u8; 4096]).is_err());
         let good = pe(0, 0x10);
+        // A section whose raw data starts past the file's end.
         let mut short = good.clone();
-        short.truncate(0x500);
+        let table = 0x84 + 20 + 240;
+        short[table + 20..table + 24].copy_from_slice(&0x1000u32.to_le_bytes());
         assert!(
             authenticode_sha384(&short)
                 .unwrap_err()
                 .to_string()
                 .contains("past the file")
+        );
+        // Sections that overlap, together larger than the file.
+        let mut overlap = good.clone();
+        overlap[table + 20..table + 24].copy_from_slice(&0x200u32.to_le_bytes());
+        overlap[table + 16..table + 20].copy_from_slice(&0x400u32.to_le_bytes());
+        assert!(
+            authenticode_sha384(&overlap)
+                .unwrap_err()
+                .to_string()
+                .contains("exceed the file")
         );
         // A certificate table larger than what follows the sections.
         let mut big = good.clone();

@@ -31,13 +31,15 @@ pub const MAX_IMAGE: usize = crate::ovmf::MAX_IMAGE;
 /// The most sections taken (edk2 declares five).
 pub const MAX_SECTIONS: u32 = 64;
 /// The most pages all sections together may span: 1 GiB. A page the VMM only adds costs 128
-/// bytes of hashing, one it also extends 6 KiB; this bounds a crafted image to about a second.
+/// bytes of hashing, one it also extends 6 KiB (and an extended page is in the image, at most
+/// 64 MiB); this bounds a crafted image to about a second.
 pub const MAX_SECTION_PAGES: u64 = 1 << 18;
 
 /// `TDVF_SECTION.attributes` bit 0: the VMM extends MRTD with the section's content
 /// (`TDH.MR.EXTEND`), not only with its pages' addresses.
 pub const ATTRIBUTE_MR_EXTEND: u32 = 1 << 0;
-/// Bit 1: the pages are added after launch (`TDH.MEM.PAGE.AUG`), so not measured.
+/// Bit 1: the pages are added after launch (`TDH.MEM.PAGE.AUG`); refused (see
+/// `check_section`).
 pub const ATTRIBUTE_PAGE_AUG: u32 = 1 << 1;
 
 /// `TDVF_SECTION.type` (Design Guide Table 11-3), the four QEMU builds a TD from.
@@ -91,11 +93,6 @@ impl Section {
     pub fn extended(&self) -> bool {
         self.attributes & ATTRIBUTE_MR_EXTEND != 0
     }
-
-    /// Whether the pages are added at build time (and so measured at all).
-    pub fn added(&self) -> bool {
-        self.attributes & ATTRIBUTE_PAGE_AUG == 0
-    }
 }
 
 /// A parsed TDVF image (borrowed).
@@ -134,8 +131,8 @@ impl<'a> Tdvf<'a> {
                         .into(),
                 )
             })?;
-        let offset = u32_at(entry, entry.len().saturating_sub(4))
-            .ok_or_else(|| bad("TDX metadata entry too short".into()))?;
+        // QEMU reads the entry's first four bytes.
+        let offset = u32_at(entry, 0).ok_or_else(|| bad("TDX metadata entry too short".into()))?;
         let start = data
             .len()
             .checked_sub(offset as usize)
@@ -155,15 +152,16 @@ impl<'a> Tdvf<'a> {
                 "TDVF descriptor version {version} (1 is known)"
             )));
         }
-        if count == 0 || count > MAX_SECTIONS {
+        // QEMU takes at least two sections (one must be the TD HOB).
+        if !(2..=MAX_SECTIONS).contains(&count) {
             return Err(bad(format!(
-                "TDVF descriptor declares {count} sections (1 to {MAX_SECTIONS} taken)"
+                "TDVF descriptor declares {count} sections (2 to {MAX_SECTIONS} taken)"
             )));
         }
         let end = 16 + 32 * count as usize;
-        if (length as usize) < end {
+        if length as usize != end {
             return Err(bad(format!(
-                "TDVF descriptor length {length} is shorter than its {count} sections"
+                "TDVF descriptor length {length} is not that of its {count} sections ({end})"
             )));
         }
         let body = data
@@ -191,10 +189,18 @@ impl<'a> Tdvf<'a> {
                 attributes: field(28),
             };
             check_section(i, &s, data.len())?;
-            if s.added() {
-                pages = pages.saturating_add(s.pages());
-            }
+            pages = pages.saturating_add(s.pages());
             sections.push(s);
+        }
+        if sections
+            .iter()
+            .filter(|s| s.kind == SectionType::TdHob)
+            .count()
+            != 1
+        {
+            return Err(bad(
+                "TDVF sections name no TD HOB, or more than one (QEMU needs exactly one)".into(),
+            ));
         }
         if pages > MAX_SECTION_PAGES {
             return Err(bad(format!(
@@ -249,7 +255,14 @@ fn check_section(i: usize, s: &Section, image_len: usize) -> Result<()> {
     if u64::from(s.raw_data_size) > s.memory_data_size {
         return Err(bad("raw data larger than its memory"));
     }
-    if s.attributes & !(ATTRIBUTE_MR_EXTEND | ATTRIBUTE_PAGE_AUG) != 0 {
+    if s.attributes & ATTRIBUTE_PAGE_AUG != 0 {
+        // Whether a VMM adds such pages at build time differs between VMMs: no guess.
+        return Err(Error::Unsupported(format!(
+            "TDVF section {i} ({:?}) is marked PAGE_AUG",
+            s.kind
+        )));
+    }
+    if s.attributes & !ATTRIBUTE_MR_EXTEND != 0 {
         return Err(Error::Firmware(format!(
             "TDVF section {i}: unknown attribute bits {:#x}",
             s.attributes
@@ -336,7 +349,7 @@ pub mod testing {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use super::testing::{image, small};
+    use super::testing::{RawSection, image, small};
     use super::*;
 
     #[test]
@@ -354,21 +367,36 @@ mod tests {
     #[test]
     fn malformed_images_are_refused_with_their_reason() {
         let err = |img: Vec<u8>| Tdvf::parse(&img).unwrap_err().to_string();
+        // Each case: the section under test beside a good TD HOB.
+        let hob = (0, 0, 0x80_9000, 0x1000, 2, 0);
+        let one = |s: RawSection| err(image(4, &[s, hob]));
         // An OVMF image without TDX metadata.
         let snp = crate::ovmf::testing::image(4, &[], None);
         assert!(err(snp).contains("no TDX metadata"));
-        assert!(err(image(4, &[(0, 0, 0x1000, 0x1000, 7, 0)])).contains("type 7"));
-        assert!(err(image(4, &[(0, 0x1000, 0x1001, 0x1000, 0, 1)])).contains("aligned"));
-        assert!(err(image(4, &[(0x3000, 0x1000, 0, 0x2000, 0, 1)])).contains("past the image"));
-        assert!(err(image(4, &[(0, 0x2000, 0, 0x1000, 0, 1)])).contains("raw data larger"));
-        assert!(err(image(4, &[(0, 0x1000, 0, 0x1000, 2, 0)])).contains("fresh memory"));
-        assert!(err(image(4, &[(0, 0, 0, 0x1000, 2, 1)])).contains("content to be measured"));
-        assert!(err(image(4, &[(0, 0x1000, 0, 0x1000, 0, 4)])).contains("attribute"));
-        assert!(err(image(4, &[(0, 0, u64::MAX - 0xfff, 0x1000, 3, 0)])).contains("wraps"));
-        assert!(err(image(4, &[])).contains("0 sections"));
-        assert!(err(image(4, &[(0, 0, 0, 1 << 31, 3, 0)])).contains("pages"));
-        // Pages added later are not measured, so they do not count against the bound.
-        assert!(Tdvf::parse(&image(4, &[(0, 0, 0, 1 << 31, 3, 2)])).is_ok());
+        assert!(one((0, 0, 0x1000, 0x1000, 7, 0)).contains("type 7"));
+        assert!(one((0, 0x1000, 0x1001, 0x1000, 0, 1)).contains("aligned"));
+        assert!(one((0x3000, 0x1000, 0, 0x2000, 0, 1)).contains("past the image"));
+        assert!(one((0, 0x2000, 0, 0x1000, 0, 1)).contains("raw data larger"));
+        assert!(one((0, 0x1000, 0, 0x1000, 3, 0)).contains("fresh memory"));
+        assert!(one((0, 0, 0, 0x1000, 3, 1)).contains("content to be measured"));
+        assert!(one((0, 0x1000, 0, 0x1000, 0, 4)).contains("attribute"));
+        assert!(one((0, 0x1000, 0, 0x1000, 0, 3)).contains("PAGE_AUG"));
+        assert!(one((0, 0, u64::MAX - 0xfff, 0x1000, 3, 0)).contains("wraps"));
+        assert!(one((0, 0, 0, 1 << 31, 3, 0)).contains("pages"));
+        assert!(err(image(4, &[hob])).contains("1 sections"));
+        assert!(
+            err(image(
+                4,
+                &[(0, 0x1000, 0, 0x1000, 0, 1), (0, 0, 0x1000, 0x1000, 3, 0)]
+            ))
+            .contains("TD HOB")
+        );
+        assert!(err(image(4, &[hob, hob])).contains("TD HOB"));
+        // A descriptor length other than its sections'.
+        let mut long = image(4, &[(0, 0x1000, 0, 0x1000, 0, 1), hob]);
+        let at = long.len() - PAGE + 4;
+        long[at] += 1;
+        assert!(err(long).contains("length"));
         // Every single-byte corruption of the descriptor and the table parses or errs.
         let good = small();
         for at in (good.len() - PAGE)..good.len() {
