@@ -78,17 +78,7 @@ pub fn bench(rounds: usize, json_out: bool) -> CliResult {
         a.as_ref()[0] ^ b.as_ref()[0] ^ c.as_ref()[0]
     };
     let expected = launch()?;
-    let (mut ours, mut bound) = (vec![], vec![]);
-    for _ in 0..rounds {
-        // Interleaved, so drift on the machine falls on both.
-        let t = Instant::now();
-        std::hint::black_box(raw());
-        bound.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        std::hint::black_box(launch()?);
-        ours.push(t.elapsed().as_secs_f64());
-    }
-    let (ours, bound) = (median(ours), median(bound));
+    let (ours, bound) = interleaved(rounds, raw, launch)?;
     let tdx = tdx_rates(&kernel, &initrd, cmdline, rounds)?;
 
     // The peer, on the same files.
@@ -188,18 +178,28 @@ fn tdx_rates(
         let c = digest(&SHA384, initrd);
         a.as_ref()[0] ^ b.as_ref()[0] ^ c.as_ref()[0]
     };
-    let (mut ours, mut bound) = (vec![], vec![]);
+    interleaved(rounds, raw, || {
+        tdx::measure(&tdvf, PageOrder::PerPage, Some(&boot)).map_err(|e| e.to_string())
+    })
+}
+
+/// Median seconds of `ours` and of `bound`, run alternately `rounds` times so drift on the
+/// machine falls on both.
+fn interleaved<B, T>(
+    rounds: usize,
+    mut bound: impl FnMut() -> B,
+    mut ours: impl FnMut() -> Result<T, String>,
+) -> Result<(f64, f64), String> {
+    let (mut o, mut b) = (vec![], vec![]);
     for _ in 0..rounds {
         let t = Instant::now();
-        std::hint::black_box(raw());
-        bound.push(t.elapsed().as_secs_f64());
+        std::hint::black_box(bound());
+        b.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
-        std::hint::black_box(
-            tdx::measure(&tdvf, PageOrder::PerPage, Some(&boot)).map_err(|e| e.to_string())?,
-        );
-        ours.push(t.elapsed().as_secs_f64());
+        std::hint::black_box(ours()?);
+        o.push(t.elapsed().as_secs_f64());
     }
-    Ok((median(ours), median(bound)))
+    Ok((median(o), median(b)))
 }
 
 /// `sev-snp-measure` on the same inputs (median of 3 runs, wall time, process start included);

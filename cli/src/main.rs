@@ -153,7 +153,9 @@ enum MeasureCommand {
     /// A TD's MRTD (from the TDVF image) and the RTMR events its image determines (kernel,
     /// command line, initrd, configuration volume); with --replay, a TD's event log replayed and
     /// held to the image; with --quote, a quote compared with both. Exit 0, or 1 naming what
-    /// differs.
+    /// differs. With --replay, the reference values take RTMR[0]–[2] from the log (RTMR[0] only
+    /// without --kernel), and only when the log holds every event of the image, RTMR[1]/[2]
+    /// nothing else, and it matches --quote.
     Tdx(Box<measure::tdx::TdxArgs>),
     /// Does an SEV-SNP report's measurement match this launch? Exit 0, or 1 with both digests
     /// and the likely cause (the neighbouring launch parameters that would match).

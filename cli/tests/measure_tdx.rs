@@ -85,6 +85,15 @@ fn json_of(args: &[String]) -> (i32, Value) {
     (code, serde_json::from_str(&out).unwrap())
 }
 
+/// The direct boot replayed against `log`: it must not match; its problems, as JSON text.
+fn mismatches(f: &Files, log: &Path) -> String {
+    let mut args = f.boot();
+    args.extend(["--replay".into(), log.display().to_string()]);
+    let (code, r) = json_of(&args);
+    assert_eq!(code, 1, "{r}");
+    r["problems"].to_string()
+}
+
 fn digest(v: &Value, event: &str) -> [u8; 48] {
     let d = v["image_events"]
         .as_array()
@@ -238,11 +247,7 @@ fn an_event_log_is_replayed_and_held_to_the_image() {
         log(&[(1, EV_SEPARATOR, fixed(&[0; 4]), &[0; 4])], 0),
     )
     .unwrap();
-    let mut args = f.boot();
-    args.extend(["--replay".into(), lacking.display().to_string()]);
-    let (code, r) = json_of(&args);
-    assert_eq!(code, 1);
-    let problems = r["problems"].to_string();
+    let problems = mismatches(&f, &lacking);
     assert!(
         problems.contains("RTMR[1] kernel: not in the log"),
         "{problems}"
@@ -261,11 +266,7 @@ fn an_event_log_is_replayed_and_held_to_the_image() {
     with_extra.extend_from_slice(&0u32.to_le_bytes());
     let extra = f.dir.join("ccel-extra.bin");
     std::fs::write(&extra, with_extra).unwrap();
-    let mut args = f.boot();
-    args.extend(["--replay".into(), extra.display().to_string()]);
-    let (code, r) = json_of(&args);
-    assert_eq!(code, 1);
-    let problems = r["problems"].to_string();
+    let problems = mismatches(&f, &extra);
     assert!(
         problems.contains("RTMR[1] kernel: the log has 7777"),
         "{problems}"

@@ -96,16 +96,24 @@ pub struct SnpArgs {
     /// Where the QEMU `sev-snp-guest` values go: id-block.b64, id-auth.b64, host-data.b64.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Write this launch's digest (and ID key digests) into a reference-values file, created
-    /// from the defaults where it does not exist, merged where it does.
-    #[arg(long)]
-    pub reference_values: Option<PathBuf>,
-    /// The image's name in the reference values (`snp.images`); default: the firmware's file
-    /// name.
-    #[arg(long, requires = "reference_values")]
-    pub image_name: Option<String>,
+    /// Write this launch's digest (and ID key digests) into the reference values.
+    #[command(flatten)]
+    pub refs: RefsArgs,
     #[arg(long)]
     pub json: bool,
+}
+
+/// Where a launch's measurements go, for `cgx measure snp` and `tdx`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RefsArgs {
+    /// Write the launch's measurements into this reference-values file, created from the
+    /// defaults where it does not exist, merged where it does.
+    #[arg(long)]
+    pub reference_values: Option<PathBuf>,
+    /// The image's name in the reference values (`snp.images`, `tdx.images`); default: the
+    /// firmware's file name (for a TDX direct boot, and the kernel's after a `+`).
+    #[arg(long, requires = "reference_values")]
+    pub image_name: Option<String>,
 }
 
 /// Read at most `limit` bytes of `path` (a device or pipe that reports no size is bounded too).
@@ -299,8 +307,8 @@ pub fn snp(args: &SnpArgs) -> CliResult {
     let params = args.launch.params()?;
     let digest = snp::launch_digest(&ovmf, &params).map_err(|e| e.to_string())?;
     let launch = launch_files(args, digest)?;
-    if let Some(path) = &args.reference_values {
-        let name = image_name(args.image_name.as_deref(), &args.launch.ovmf);
+    if let Some(path) = &args.refs.reference_values {
+        let name = image_name(args.refs.image_name.as_deref(), &args.launch.ovmf);
         let mut image = described(args, &params, &digest);
         image.insert(
             "direct_kernel_boot".into(),

@@ -43,16 +43,11 @@ pub struct TdxArgs {
     /// log's (or, without --replay, with the image's RTMR[1] and RTMR[2]). Parsed, not verified.
     #[arg(long)]
     pub quote: Option<PathBuf>,
-    /// Write the image's MRTD and RTMRs into a reference-values file (created from the
-    /// defaults where it does not exist, merged where it does). With --replay, RTMR[0]–[2] are
-    /// the log's (RTMR[0] only, without --kernel), and only once the log holds every event of
-    /// the image, RTMR[1]/[2] nothing else, and it matches --quote.
-    #[arg(long)]
-    pub reference_values: Option<PathBuf>,
-    /// The image's name in the reference values (`tdx.images`); default: the firmware's file
-    /// name, and the kernel's after a `+`.
-    #[arg(long, requires = "reference_values")]
-    pub image_name: Option<String>,
+    // With --replay, RTMR[0]–[2] in the reference values are the log's (RTMR[0] only, without
+    // --kernel), written only once the log holds every event of the image, RTMR[1]/[2] nothing
+    // else, and it matches --quote (the command's help says so).
+    #[command(flatten)]
+    pub refs: super::RefsArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -229,7 +224,7 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
         args,
         &problems,
     );
-    if let Some(path) = &args.reference_values {
+    if let Some(path) = &args.refs.reference_values {
         if !problems.is_empty() {
             return Err(format!(
                 "reference values not written: {}",
@@ -338,7 +333,7 @@ fn write_reference_values(
     described: &Value,
 ) -> Result<(), String> {
     // By default the firmware's and the kernel's file names: another kernel is another image.
-    let name = match (&args.image_name, &args.kernel) {
+    let name = match (&args.refs.image_name, &args.kernel) {
         (Some(n), _) => n.clone(),
         (None, Some(k)) => format!("{}+{}", image_name(None, &args.tdvf), image_name(None, k)),
         (None, None) => image_name(None, &args.tdvf),
