@@ -2,8 +2,10 @@
 //! The Authenticode digest (`cgx_measure::tdx::pe`, what the firmware measures for a kernel)
 //! against LIEF's (`lief.PE.Binary.authentihash`, PyPI `lief` 0.16; CI installs it) on real EFI
 //! images: Debian's systemd-boot and its Linux EFI stub (`systemd-boot-efi`), and the stub
-//! signed with `sbsign` (`sbsigntool`), which appends a certificate table. Skips visibly where a
-//! peer is absent; fails instead under `.ci/run` (`CGX_REQUIRE_PEERS`).
+//! signed with `sbsign` (`sbsigntool`), which appends a certificate table; and a real signed
+//! Debian kernel (`CGX_TEST_KERNEL`, which `.ci/run` fetches), as shipped and as QEMU patches
+//! its setup header for a direct boot — the digest the firmware measures into RTMR[1]. Skips
+//! visibly where a peer is absent; fails instead under `.ci/run` (`CGX_REQUIRE_PEERS`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -97,4 +99,65 @@ fn authenticode_matches_lief_on_real_efi_images() {
         assert_eq!(hex::encode(ours), expected, "{}", img.display());
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The digest Debian's signature on `path` covers (its SpcIndirectDataContent), as LIEF reads
+/// it from the PKCS#7: `(algorithm, hex)`.
+fn signed_digest(path: &Path) -> Option<(String, String)> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import lief, sys; lief.logging.disable(); \
+             c = lief.PE.parse(sys.argv[1]).signatures[0].content_info; \
+             print(str(c.digest_algorithm).split('.')[-1], bytes(c.digest).hex())",
+        ])
+        .arg(path)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (alg, hex) = text.split_once(' ')?;
+    out.status
+        .success()
+        .then(|| (alg.to_string(), hex.to_string()))
+}
+
+/// A real bzImage (Debian's signed cloud kernel). Its Authenticode SHA-256 equals the digest
+/// Debian's signing key signed: the ranges hashed are the ones a real signer (and UEFI) hash —
+/// LIEF's own `authentihash` gets this image wrong (it misreads Linux's short optional header),
+/// so the signature is the reference here. Then QEMU's header changes for a 16 MiB initrd in
+/// 4 GiB and in 1 GiB of memory: only the setup header changes, inside the hashed headers, so
+/// the firmware's digest moves with the memory size.
+#[test]
+fn a_real_kernel_as_qemu_hands_it_over() {
+    let Some(kernel) = std::env::var_os("CGX_TEST_KERNEL").map(PathBuf::from) else {
+        skip(
+            "authenticode (real kernel): CGX_TEST_KERNEL is not set (.ci/run fetches Debian's cloud kernel)",
+        );
+        return;
+    };
+    let bytes = std::fs::read(&kernel).unwrap();
+    let Some((alg, signed)) = signed_digest(&kernel) else {
+        skip(
+            "authenticode (real kernel): no LIEF to read its signature (pip install lief==0.16.7)",
+        );
+        return;
+    };
+    assert_eq!(alg, "SHA_256", "{}", kernel.display());
+    let ours = cgx_measure::tdx::pe::authenticode_sha256(&bytes).unwrap();
+    assert_eq!(hex::encode(ours), signed, "{}", kernel.display());
+    let shipped = cgx_measure::tdx::pe::authenticode_sha384(&bytes).unwrap();
+    let mut digests = std::collections::BTreeSet::new();
+    for memory in [4u64 << 30, 1 << 30] {
+        let patched = cgx_measure::tdx::kernel::qemu_patched(&bytes, 16 << 20, memory).unwrap();
+        let changed: Vec<usize> = (0..bytes.len())
+            .filter(|&i| bytes[i] != patched[i])
+            .collect();
+        assert!(
+            changed.iter().all(|i| (0x210..0x230).contains(i)),
+            "{changed:x?}"
+        );
+        digests.insert(cgx_measure::tdx::pe::authenticode_sha384(&patched).unwrap());
+    }
+    assert_eq!(digests.len(), 2);
+    assert!(!digests.contains(&shipped));
 }

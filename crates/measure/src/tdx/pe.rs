@@ -33,8 +33,27 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32> {
         .ok_or_else(|| bad("headers truncated"))
 }
 
-/// The image's Authenticode SHA-384.
+/// The image's Authenticode SHA-384 (what a TD's firmware measures).
 pub fn authenticode_sha384(image: &[u8]) -> Result<[u8; 48]> {
+    let d = authenticode(image, &aws_lc_rs::digest::SHA384)?;
+    let mut out = [0u8; 48];
+    out.copy_from_slice(d.as_ref());
+    Ok(out)
+}
+
+/// The image's Authenticode SHA-256 (what a signed image's signature covers: a check of these
+/// ranges against a real signer's).
+pub fn authenticode_sha256(image: &[u8]) -> Result<[u8; 32]> {
+    let d = authenticode(image, &aws_lc_rs::digest::SHA256)?;
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    Ok(out)
+}
+
+fn authenticode(
+    image: &[u8],
+    alg: &'static aws_lc_rs::digest::Algorithm,
+) -> Result<aws_lc_rs::digest::Digest> {
     if image.get(..2) != Some(b"MZ".as_slice()) {
         return Err(bad("no MZ header"));
     }
@@ -71,7 +90,7 @@ pub fn authenticode_sha384(image: &[u8]) -> Result<[u8; 48]> {
         ));
     }
 
-    let mut h = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA384);
+    let mut h = aws_lc_rs::digest::Context::new(alg);
     h.update(&image[..checksum]);
     let cert_size = match cert_dir {
         Some(c) => {
@@ -117,9 +136,7 @@ pub fn authenticode_sha384(image: &[u8]) -> Result<[u8; 48]> {
             .ok_or_else(|| bad("the certificate table is larger than what follows the sections"))?;
         h.update(&image[hashed..hashed + extra]);
     }
-    let mut out = [0u8; 48];
-    out.copy_from_slice(h.finish().as_ref());
-    Ok(out)
+    Ok(h.finish())
 }
 
 #[cfg(test)]
