@@ -272,12 +272,15 @@ violations contains v if {
 
 # An image's entry (`tdx.images.<name>`, what `cgx measure tdx --reference-values` writes) holds
 # a TD with its MRTD to that image's RTMRs, all of them together: RTMRs listed for one image do
-# not pass with another image's MRTD. Images with other MRTDs or without RTMRs, and TDs whose
-# MRTD no image names, are not affected (the lists above judge those).
+# not pass with another image's MRTD. Only entries naming RTMR[1] and RTMR[2] (a kernel's)
+# bind; images with other MRTDs, firmware-only entries, and TDs whose MRTD no image names are
+# not affected (the lists above judge those).
 tdx_images_of_mr_td := [img |
 	some img in object.get(kind_ref, "images", {})
 	img.mr_td == input.mr_td
-	count(object.get(img, "rtmr", {})) > 0
+	rtmr := object.get(img, "rtmr", {})
+	rtmr["1"]
+	rtmr["2"]
 ]
 
 tdx_image_holds(img) if {

@@ -141,6 +141,7 @@ tdx_images_refs := object.union(refs, {"tdx": {
 		"a": {"mr_td": "bb", "rtmr": {"1": "r1", "2": "r2"}},
 		"b": {"mr_td": "cc", "rtmr": {"1": "s1", "2": "s2"}},
 		"a-firmware-only": {"mr_td": "bb", "rtmr": {}},
+		"a-firmware-replayed": {"mr_td": "bb", "rtmr": {"0": "r0"}},
 	},
 }})
 

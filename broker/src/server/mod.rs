@@ -614,12 +614,14 @@ impl Broker {
         }
     }
 
+    /// The engine and the values GET reports switch together: under the values' lock.
     fn set_refs_in_force(&self, version: i64, text: String, engine: PolicyEngine) {
+        let mut r = match self.refs_in_force.lock() {
+            Ok(r) => r,
+            Err(poisoned) => poisoned.into_inner(),
+        };
         self.appraiser.set_engine(engine);
-        match self.refs_in_force.lock() {
-            Ok(mut r) => *r = (version, text),
-            Err(poisoned) => *poisoned.into_inner() = (version, text),
-        }
+        *r = (version, text);
     }
 
     /// Pick up reference values an admin stored (on this replica or another): a newer
@@ -702,7 +704,9 @@ impl Broker {
                  {current} in force (an older row put back?): nothing put"
             )));
         }
-        let version = replaces + 1;
+        let version = replaces.checked_add(1).ok_or_else(|| {
+            BrokerError::Conflict(format!("version {replaces} cannot be followed"))
+        })?;
         let at = self.clock.unix();
         let actor = admin.actor();
         let record =

@@ -675,7 +675,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 .bind(version)
                 .bind(at)
                 .bind(name)
-                .bind(*version - 1)
+                .bind(version.saturating_sub(1))
                 .execute(&mut **tx)
                 .await?
             };

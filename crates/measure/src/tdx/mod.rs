@@ -215,12 +215,22 @@ pub fn check_events(launch: &Launch, log: &EventLog) -> Vec<(Expected, Found)> {
         .collect()
 }
 
+/// The `EV_EFI_ACTION` strings edk2 measures around starting a boot option
+/// (`MdePkg/Include/Guid/TcgEventHob.h`, `EFI_CALLING_EFI_APPLICATION` and the rest).
+pub const EDK2_ACTIONS: [&str; 4] = [
+    "Calling EFI Application from Boot Option",
+    "Returning from EFI Application from Boot Option",
+    "Exit Boot Services Invocation",
+    "Exit Boot Services Returned with Success",
+];
+
 /// Events in RTMR[1] and RTMR[2] that a direct boot of the image does not explain: neither one
-/// of its events, nor a separator (`EV_SEPARATOR` over four zero bytes), nor an `EV_EFI_ACTION`
-/// whose digest is that of its own text. A boot loader, a second EFI application, a
-/// measurement the kernel's stub does not make: each shows here.
+/// of its events, nor a separator (`EV_SEPARATOR` over four zero bytes), nor one of edk2's
+/// boot-option actions ([`EDK2_ACTIONS`]) with that text's digest. A boot loader, a second EFI
+/// application, another action, a measurement the kernel's stub does not make: each shows here.
 pub fn unexplained<'a>(launch: &Launch, log: &'a EventLog) -> Vec<&'a event_log::Event> {
     let separator = fixed(&[0; 4]);
+    let actions: Vec<[u8; 48]> = EDK2_ACTIONS.iter().map(|a| fixed(a.as_bytes())).collect();
     log.events
         .iter()
         .filter(|e| matches!(e.rtmr(), Some(1 | 2)))
@@ -231,7 +241,8 @@ pub fn unexplained<'a>(launch: &Launch, log: &'a EventLog) -> Vec<&'a event_log:
                 .iter()
                 .any(|x| x.kind.matches(e) && d == Some(x.digest));
             let sep = e.event_type == event_log::EV_SEPARATOR && d == Some(separator);
-            let action = e.event_type == event_log::EV_EFI_ACTION && d == Some(fixed(&e.data));
+            let action = e.event_type == event_log::EV_EFI_ACTION
+                && d.is_some_and(|d| actions.contains(&d) && d == fixed(&e.data));
             !(image || sep || action)
         })
         .collect()
@@ -409,9 +420,13 @@ mod tests {
         );
         assert_eq!(check_events(&launch, &extra)[1].1, Found::Differs([3; 48]));
         assert_eq!(unexplained(&launch, &extra).len(), 1);
-        // An action whose digest is not its text's is unexplained too.
+        // An action whose digest is not its text's is unexplained too, and so is any action
+        // but edk2's, even with its own text's digest (a boot loader's measurement relabelled).
         extra.events[3].event_type = ACTION;
         extra.events[3].data = b"Calling EFI Application from Boot Option".to_vec();
+        assert_eq!(unexplained(&launch, &extra).len(), 1);
+        extra.events[3].data = b"grub_cmd: linux /vmlinuz".to_vec();
+        extra.events[3].sha384 = Some(fixed(b"grub_cmd: linux /vmlinuz"));
         assert_eq!(unexplained(&launch, &extra).len(), 1);
         let r = l.replay();
         assert_eq!(launch.rtmr.unwrap(), [r[1], r[2]]);
