@@ -239,15 +239,7 @@ const MIN_QUOTE_LEN: usize = 48 + 584 + 4;
 
 impl TdxVerifier {
     pub fn verify(&self, ev: &TdxEvidence<'_>, now: i64) -> Result<Claims> {
-        if ev.quote.len() < MIN_QUOTE_LEN {
-            return Err(Error::Length {
-                what: "TDX quote",
-                expected: format!("at least {MIN_QUOTE_LEN}"),
-                actual: ev.quote.len(),
-            });
-        }
-        let quote = dcap_qvl::quote::Quote::parse(ev.quote)
-            .map_err(|e| Error::malformed("TDX quote", format!("{e:#}")))?;
+        let quote = parse_quote(ev.quote)?;
         if quote.header.tee_type != 0x81 {
             return Err(Error::invalid(
                 "tee_type",
@@ -301,14 +293,7 @@ impl TdxVerifier {
             .allow_service_td(true)
             .verify(ev.quote, &collateral, at)
             .map_err(|e| classify(&format!("{e:#}")))?;
-        let (base, td15) = match &verified.report {
-            Report::TD10(r) => (r, None),
-            Report::TD15(r) => (&r.base, Some(r)),
-            Report::TD15Ex(r) => (&r.base.base, Some(&r.base)),
-            Report::SgxEnclave(_) => {
-                return Err(Error::invalid("body", "SGX enclave report in a TDX quote"));
-            }
-        };
+        let (base, td15) = td_body(&verified.report)?;
         let claims = Claims {
             schema: crate::claims::CLAIMS_SCHEMA.into(),
             kind: EvidenceKind::Tdx,
@@ -368,27 +353,40 @@ fn trimmed(data: &[u8]) -> &[u8] {
 /// A TD quote's MRTD and RTMR[0]–RTMR[3], parsed only — whether the quote is genuine is
 /// [`TdxVerifier::verify`]'s question. For comparing a quote with an image's measurements.
 pub fn td_measurements(quote_bytes: &[u8]) -> Result<([u8; 48], [[u8; 48]; 4])> {
-    if quote_bytes.len() < MIN_QUOTE_LEN {
-        return Err(Error::Length {
-            what: "TDX quote",
-            expected: format!("at least {MIN_QUOTE_LEN}"),
-            actual: quote_bytes.len(),
-        });
-    }
-    let quote = dcap_qvl::quote::Quote::parse(quote_bytes)
-        .map_err(|e| Error::malformed("TDX quote", format!("{e:#}")))?;
-    let base = match &quote.report {
-        Report::TD10(r) => r,
-        Report::TD15(r) => &r.base,
-        Report::TD15Ex(r) => &r.base.base,
-        Report::SgxEnclave(_) => {
-            return Err(Error::invalid("body", "SGX enclave report in a TDX quote"));
-        }
-    };
+    let quote = parse_quote(quote_bytes)?;
+    let (base, _) = td_body(&quote.report)?;
     Ok((
         base.mr_td,
         [base.rt_mr0, base.rt_mr1, base.rt_mr2, base.rt_mr3],
     ))
+}
+
+/// A quote at least as long as a TD quote can be, parsed (not verified).
+fn parse_quote(bytes: &[u8]) -> Result<dcap_qvl::quote::Quote> {
+    if bytes.len() < MIN_QUOTE_LEN {
+        return Err(Error::Length {
+            what: "TDX quote",
+            expected: format!("at least {MIN_QUOTE_LEN}"),
+            actual: bytes.len(),
+        });
+    }
+    dcap_qvl::quote::Quote::parse(bytes)
+        .map_err(|e| Error::malformed("TDX quote", format!("{e:#}")))
+}
+
+/// The TD 1.0 body every TD report has, and the TD 1.5 fields where it has them.
+fn td_body(
+    report: &Report,
+) -> Result<(
+    &dcap_qvl::quote::TDReport10,
+    Option<&dcap_qvl::quote::TDReport15>,
+)> {
+    match report {
+        Report::TD10(r) => Ok((r, None)),
+        Report::TD15(r) => Ok((&r.base, Some(r))),
+        Report::TD15Ex(r) => Ok((&r.base.base, Some(&r.base))),
+        Report::SgxEnclave(_) => Err(Error::invalid("body", "SGX enclave report in a TDX quote")),
+    }
 }
 
 /// What Intel collateral a quote needs: its FMSPC and the CA (`platform` or `processor`) that

@@ -18,6 +18,17 @@ fn refused(r: Result<impl std::fmt::Debug, ClientError>) -> String {
     }
 }
 
+/// Run `cmd`, which must succeed: its standard output.
+fn cgx_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 #[test]
 fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
     // The image: a firmware made to order, measured by `cgx measure snp`; the file it writes
@@ -28,31 +39,23 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
     std::fs::write(&fw, cgx_measure::ovmf::testing::image(16, &[], None)).unwrap();
     let refs = kbs.dir.join("image-refs.json");
     std::fs::copy(kbs.dir.join("refs.json"), &refs).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
-        .args([
-            "measure",
-            "snp",
-            "--vcpus",
-            "2",
-            "--vcpu-type",
-            "EPYC-Milan",
-            "--ovmf",
-        ])
-        .arg(&fw)
-        .arg("--reference-values")
-        .arg(&refs)
-        .args(["--image-name", "inference-v1"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = cgx_ok(
+        Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args([
+                "measure",
+                "snp",
+                "--vcpus",
+                "2",
+                "--vcpu-type",
+                "EPYC-Milan",
+                "--ovmf",
+            ])
+            .arg(&fw)
+            .arg("--reference-values")
+            .arg(&refs)
+            .args(["--image-name", "inference-v1"]),
     );
-    let digest: [u8; 48] = hex::decode(String::from_utf8_lossy(&out.stdout).trim())
-        .unwrap()
-        .try_into()
-        .unwrap();
+    let digest: [u8; 48] = hex::decode(out.trim()).unwrap().try_into().unwrap();
     let doc = std::fs::read(&refs).unwrap();
 
     // A node launched from that image (its reports carry the digest), its roots trusted.
@@ -100,19 +103,13 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
     let key = kbs.dir.join("refs-admin.pk8");
     std::fs::write(&key, &setup.admin.pkcs8).unwrap();
     let cli = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
-            .args(["broker", "reference-values"])
-            .args(args)
-            .args(["--broker", &broker.base, "--key"])
-            .arg(&key)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
+        cgx_ok(
+            Command::new(env!("CARGO_BIN_EXE_cgx"))
+                .args(["broker", "reference-values"])
+                .args(args)
+                .args(["--broker", &broker.base, "--key"])
+                .arg(&key),
+        )
     };
     let put = cli(&["set", &refs.display().to_string(), "--replaces", "0"]);
     assert!(put.contains("version 1"), "{put}");

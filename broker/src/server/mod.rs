@@ -715,7 +715,7 @@ impl Broker {
         let detail = serde_json::json!({
             "version": version,
             "replaces": replaces,
-            "sha256": hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, text.as_bytes())),
+            "sha256": settings::sha256_hex(text.as_bytes()),
             "policy_id": policy_id,
         });
         match self

@@ -23,7 +23,7 @@ pub(crate) const REFERENCE_VALUES: &str = "reference-values";
 /// Audience of setting records (never accepted as anything else).
 const SETTING_AUDIENCE: &str = "cgx-broker/setting";
 
-fn sha256_hex(b: &[u8]) -> String {
+pub(crate) fn sha256_hex(b: &[u8]) -> String {
     hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b))
 }
 

@@ -245,6 +245,15 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
     })
 }
 
+/// What the replayed log made of one of the image's events.
+fn found(replayed: Option<&Replayed>, x: &tdx::Expected) -> Option<Found> {
+    replayed?
+        .events
+        .iter()
+        .find(|(e, _)| e == x)
+        .map(|(_, f)| *f)
+}
+
 fn describe(
     launch: &Launch,
     replayed: Option<&Replayed>,
@@ -257,13 +266,11 @@ fn describe(
         .events
         .iter()
         .map(|x| {
-            let found = replayed
-                .and_then(|r| r.events.iter().find(|(e, _)| e == x))
-                .map(|(_, f)| match f {
-                    Found::Same => json!("in the log"),
-                    Found::Differs(d) => json!({"differs": h(d)}),
-                    Found::Absent => json!("absent from the log"),
-                });
+            let found = found(replayed, x).map(|f| match f {
+                Found::Same => json!("in the log"),
+                Found::Differs(d) => json!({"differs": h(&d)}),
+                Found::Absent => json!("absent from the log"),
+            });
             json!({
                 "rtmr": x.kind.rtmr(),
                 "event": x.kind.name(),
@@ -303,13 +310,11 @@ fn print_text(
         println!("rtmr{i}: {}", h(d));
     }
     for x in &launch.events {
-        let found = replayed
-            .and_then(|r| r.events.iter().find(|(e, _)| e == x))
-            .map_or("", |(_, f)| match f {
-                Found::Same => " (in the log)",
-                Found::Differs(_) => " (DIFFERS in the log)",
-                Found::Absent => " (ABSENT from the log)",
-            });
+        let found = found(replayed, x).map_or("", |f| match f {
+            Found::Same => " (in the log)",
+            Found::Differs(_) => " (DIFFERS in the log)",
+            Found::Absent => " (ABSENT from the log)",
+        });
         eprintln!(
             "RTMR[{}] {}: {}{found}",
             x.kind.rtmr(),

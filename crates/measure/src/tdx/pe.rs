@@ -22,15 +22,11 @@ fn bad(m: &str) -> Error {
 }
 
 fn u16_at(b: &[u8], at: usize) -> Result<u16> {
-    b.get(at..at.saturating_add(2))
-        .map(|s| u16::from_le_bytes([s[0], s[1]]))
-        .ok_or_else(|| bad("headers truncated"))
+    crate::ovmf::u16_at(b, at).ok_or_else(|| bad("headers truncated"))
 }
 
 fn u32_at(b: &[u8], at: usize) -> Result<u32> {
-    b.get(at..at.saturating_add(4))
-        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-        .ok_or_else(|| bad("headers truncated"))
+    crate::ovmf::u32_at(b, at).ok_or_else(|| bad("headers truncated"))
 }
 
 /// The image's Authenticode SHA-384 (what a TD's firmware measures).
