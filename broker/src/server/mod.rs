@@ -1561,14 +1561,7 @@ async fn monitor(broker: Arc<Broker>, every: Duration) {
 }
 
 async fn checkpoints(broker: Arc<Broker>) {
-    let mut every = tokio::time::interval(Duration::from_millis(500));
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        if let Err(e) = broker.store.checkpoint().await {
-            tracing::debug!(error = %e, "WAL checkpoint deferred");
-        }
-    }
+    cgx_service::db::checkpoints(|| broker.store.checkpoint()).await;
 }
 
 /// Serve `config` until `shutdown` completes, then drain and close.

@@ -819,7 +819,8 @@ impl Store {
         self.db.close().await;
     }
 
-    pub async fn checkpoint(&self) -> Result<(), BrokerError> {
+    /// See [`cgx_service::db::Database::checkpoint`]: the frames the log held.
+    pub async fn checkpoint(&self) -> Result<u64, BrokerError> {
         Ok(self.db.checkpoint().await?)
     }
 

@@ -515,23 +515,10 @@ async fn housekeeping(kbs: Arc<Kbs>) {
     }
 }
 
-/// SQLite: fold the write-ahead log back often, so each checkpoint (and its fsync) is small;
-/// one every few seconds under load stalls concurrent commits for tens of milliseconds. One
-/// task, one checkpoint at a time: a slow disk must not pile them up.
+/// SQLite: fold the write-ahead log back, at the pace of the writes (`cgx_service::db`).
 async fn checkpoints(kbs: Arc<Kbs>) {
-    let mut every = tokio::time::interval(CHECKPOINT_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        // Busy databases are normal under load; the next tick retries.
-        if let Err(e) = kbs.store.checkpoint().await {
-            tracing::debug!(error = %e, "WAL checkpoint deferred");
-        }
-    }
+    cgx_service::db::checkpoints(|| kbs.store.checkpoint()).await;
 }
-
-/// How often the SQLite write-ahead log is checkpointed (see [`checkpoints`]).
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
 /// Serve `config` until `shutdown` completes (`cgx kbs serve` passes SIGINT/SIGTERM), then
 /// drain and close. `on_listen` is told the bound address.

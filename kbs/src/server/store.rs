@@ -413,8 +413,9 @@ impl Store {
     }
 
     /// Fold the SQLite write-ahead log back into the database without blocking writers
-    /// (a background task does this twice a second, so commits never pay for a checkpoint).
-    pub(crate) async fn checkpoint(&self) -> Result<(), KbsError> {
+    /// (a background task does this at the pace of the writes, so commits never pay for a
+    /// checkpoint). Returns the frames the log held.
+    pub(crate) async fn checkpoint(&self) -> Result<u64, KbsError> {
         Ok(self.db.checkpoint().await?)
     }
 

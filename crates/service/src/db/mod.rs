@@ -11,6 +11,7 @@ mod group_commit;
 mod inline;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::AnyPool;
 use sqlx::Row;
@@ -234,19 +235,64 @@ impl Database {
     }
 
     /// Fold the SQLite write-ahead log back into the database without blocking writers (a
-    /// service does this often, so commits never pay for a checkpoint); nothing on PostgreSQL.
-    pub async fn checkpoint(&self) -> Result<(), DbError> {
-        if self.backend == Backend::Sqlite {
-            sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                .execute(&self.pool)
-                .await?;
+    /// service does this often, see [`checkpoints`], so commits never pay for a checkpoint);
+    /// nothing on PostgreSQL. Returns the frames the log held (0 on PostgreSQL).
+    pub async fn checkpoint(&self) -> Result<u64, DbError> {
+        if self.backend != Backend::Sqlite {
+            return Ok(0);
         }
-        Ok(())
+        // One row: busy, frames in the log, frames checkpointed (-1 when not in WAL mode).
+        let row = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(&self.pool)
+            .await?;
+        let frames: i64 = row.try_get(1).unwrap_or(0);
+        Ok(u64::try_from(frames).unwrap_or(0))
     }
 
     /// Wait for every connection to come back, then close.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// The pace of [`checkpoints`]: as often as [`CHECKPOINT_MIN`] under load, so each
+/// checkpoint (and its fsync) stays small — one every few seconds under heavy load stalls
+/// concurrent commits for tens of milliseconds — and as seldom as [`CHECKPOINT_MAX`] when
+/// little is written, since each costs a thread hand-off and two fsyncs whatever it folds back.
+pub const CHECKPOINT_MIN: Duration = Duration::from_millis(500);
+/// See [`CHECKPOINT_MIN`].
+pub const CHECKPOINT_MAX: Duration = Duration::from_secs(4);
+/// The log frames a checkpoint aims to fold back (about 2 MiB of pages).
+const CHECKPOINT_FRAMES: u64 = 512;
+
+/// The wait before the next checkpoint, after one that found `frames` in the log: scaled so
+/// the next finds about [`CHECKPOINT_FRAMES`], within [`CHECKPOINT_MIN`]..=[`CHECKPOINT_MAX`].
+pub fn checkpoint_pace(waited: Duration, frames: u64) -> Duration {
+    let scaled = waited.as_secs_f64() * CHECKPOINT_FRAMES as f64 / frames.max(1) as f64;
+    Duration::from_secs_f64(
+        scaled.clamp(CHECKPOINT_MIN.as_secs_f64(), CHECKPOINT_MAX.as_secs_f64()),
+    )
+}
+
+/// A service's checkpoint task: `checkpoint` (the store's [`Database::checkpoint`]) one at a
+/// time, at [`checkpoint_pace`] — a slow disk must not pile them up. A failure (the database
+/// busy, normal under load) is retried at the shortest wait.
+pub async fn checkpoints<F, Fut, E>(mut checkpoint: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, E>>,
+    E: std::fmt::Display,
+{
+    let mut wait = CHECKPOINT_MIN;
+    loop {
+        tokio::time::sleep(wait).await;
+        wait = match checkpoint().await {
+            Ok(frames) => checkpoint_pace(wait, frames),
+            Err(e) => {
+                tracing::debug!(error = %e, "WAL checkpoint deferred");
+                CHECKPOINT_MIN
+            }
+        };
     }
 }
 
@@ -404,5 +450,57 @@ mod tests {
         assert!(!dir.join("m.db").exists(), "an in-memory pool made a file");
         plain.close().await;
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The checkpoint task paces itself by what a checkpoint reports, so the count must be
+    /// read: 0 from a log full of frames would stretch the wait to its longest under load.
+    #[tokio::test]
+    async fn a_checkpoint_reports_the_frames_it_found() {
+        let dir = std::env::temp_dir().join(format!("cgx-db-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = Database::open(&format!("sqlite://{}", dir.join("c.db").display()))
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (n BIGINT)")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        for n in 0..20i64 {
+            sqlx::query("INSERT INTO t (n) VALUES ($1)")
+                .bind(n)
+                .execute(db.pool())
+                .await
+                .unwrap();
+        }
+        let found = db.checkpoint().await.unwrap();
+        assert!(found >= 20, "{found} frames for 20 commits");
+        // Folded back: the log starts over once it is reused, and an idle one reports none new.
+        sqlx::query("INSERT INTO t (n) VALUES (1)")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        assert!(db.checkpoint().await.unwrap() <= found);
+        db.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn checkpoints_follow_the_writes_within_their_bounds() {
+        let half = Duration::from_millis(500);
+        // The target found: the wait stays.
+        assert_eq!(checkpoint_pace(half, CHECKPOINT_FRAMES), half);
+        // Few frames: longer, up to the longest; none at all: the longest.
+        assert_eq!(
+            checkpoint_pace(half, CHECKPOINT_FRAMES / 2),
+            Duration::from_secs(1)
+        );
+        assert_eq!(checkpoint_pace(CHECKPOINT_MAX, 1), CHECKPOINT_MAX);
+        assert_eq!(checkpoint_pace(half, 0), CHECKPOINT_MAX);
+        // Many: back to the shortest at once.
+        assert_eq!(checkpoint_pace(CHECKPOINT_MAX, 1 << 20), CHECKPOINT_MIN);
+        assert_eq!(
+            checkpoint_pace(Duration::from_secs(2), CHECKPOINT_FRAMES * 2),
+            Duration::from_secs(1)
+        );
     }
 }
