@@ -148,11 +148,16 @@ const CLIENT_THREAD: &str = "bench-client";
 
 /// CPU seconds this process's threads have run so far, by role: (KBS, clients), from
 /// `/proc/self/task/*/schedstat` (nanoseconds on CPU; robust to a noisy machine's steal time,
-/// which wall-clock throughput is not). The KBS's threads: its runtime's workers and the
-/// SQLite driver's worker threads. `None` where `/proc` does not say.
+/// which wall-clock throughput is not). The KBS's threads: its runtime's workers, its serving
+/// threads and the SQLite driver's worker threads. `None` where `/proc` does not say.
 fn cpu_by_role() -> Option<(f64, f64)> {
     Some((
-        thread_cpu_secs(&[SERVER_THREAD, "sqlx-sqlite"])?,
+        // The serving threads too: with SQLite the KBS serves thread-per-core.
+        thread_cpu_secs(&[
+            SERVER_THREAD,
+            cgx_service::server::SERVING_THREAD,
+            "sqlx-sqlite",
+        ])?,
         thread_cpu_secs(&[CLIENT_THREAD])?,
     ))
 }

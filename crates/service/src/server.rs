@@ -199,7 +199,7 @@ pub async fn start(
             .build()
             .map_err(|e| fail(format!("serving runtime: {e}")))?;
         std::thread::Builder::new()
-            .name(format!("cgx-serve-{i}"))
+            .name(format!("{SERVING_THREAD}-{i}"))
             .spawn(move || {
                 runtime.block_on(accept_loop(listener, &shared, stopped));
                 // Tasks still on this runtime (a blocking appraisal) get the drain time too;
@@ -268,6 +268,10 @@ fn bind(listen: &str, count: usize) -> Result<Vec<std::net::TcpListener>, Servic
     }
     Ok(out)
 }
+
+/// The name of each serving thread, `-` and its number after it (benchmarks count their CPU
+/// by name).
+pub const SERVING_THREAD: &str = "cgx-serve";
 
 /// How long the kernel holds a connection that has sent nothing before handing it over anyway
 /// (then the header timeout applies as to any slow client).

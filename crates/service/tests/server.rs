@@ -285,7 +285,10 @@ async fn each_serving_thread_accepts_on_the_one_port_and_all_stop_at_shutdown() 
         assert!(a.starts_with("HTTP/1.1 200"), "{a}");
         let body = a.rsplit("\r\n\r\n").next().unwrap();
         let (before, after) = body.split_once(' ').unwrap();
-        assert!(before.starts_with("cgx-serve-"), "{body}");
+        assert!(
+            before.starts_with(&format!("{}-", cgx_service::server::SERVING_THREAD)),
+            "{body}"
+        );
         assert_eq!(before, after, "a connection's work moved between threads");
         threads.insert(before.to_string());
     }
