@@ -171,6 +171,7 @@ fn tdx_rates(
         initrd: Some(initrd),
         cmdline: Some(cmdline),
         memory: 8 << 30,
+        platform: None,
     };
     let raw = || {
         let a = digest(&SHA384, &firmware);

@@ -305,6 +305,208 @@ fn an_event_log_is_replayed_and_held_to_the_image() {
     );
 }
 
+/// RTMR[0] (and the TD HOB's digest) for a direct boot of `tdvf::testing::small()` with 4 GiB
+/// on the platform [`platform_dir`] writes, computed apart from cgx — from QEMU's `tdx.c` and
+/// `tdvf-hob.c`, the TCG `UEFI_VARIABLE_DATA` layout and the event order in
+/// `cgx_measure::tdx::platform` — by this Python (hashlib, struct, uuid):
+///
+/// ```text
+/// import hashlib, struct, uuid
+/// H = lambda b: hashlib.sha384(b).digest()
+/// # tdvf::testing::small(): page n holds byte n; the CFV is pages 0-1.
+/// cfv = bytes([0]) * 4096 + bytes([1]) * 4096
+/// mem = 4 << 30
+/// low = 0x80000000 if mem >= 0xB0000000 else 0xB0000000
+/// low = min(mem, low)
+/// ram = [(0, low, False)] + ([(1 << 32, mem - low, False)] if mem > low else [])
+/// for (a, n) in [(0x809000, 0x1000), (0x80A000, 0x2000)]:  # TD HOB, temporary memory
+///     i = next(i for i, (s, l, acc) in enumerate(ram) if not acc and s <= a and a + n <= s + l)
+///     s, l, _ = ram[i]
+///     ram[i] = (a, n, True)
+///     if a > s: ram.append((s, a - s, False))
+///     if a + n < s + l: ram.append((a + n, s + l - a - n, False))
+/// ram.sort()
+/// size = 56 + 48 * len(ram)
+/// hob = struct.pack('<HHIIIQQQQQ', 1, 56, 0, 9, 0, 0, 0, 0, 0, 0x809000 + size + 8)
+/// for (a, n, acc) in ram:
+///     hob += struct.pack('<HHI16sIIQQ', 3, 48, 0, bytes(16), 0 if acc else 7, 7, a, n)
+/// def var(guid, name, data=b''):
+///     n = name.encode('utf-16-le')
+///     return uuid.UUID(guid).bytes_le + struct.pack('<QQ', len(name), len(data)) + n + data
+/// G = '8be4df61-93ca-11d2-aa0d-00e098032b8c'; D = 'd719b2cb-3d3a-4596-a3bc-dad00e67656f'
+/// def table(sig, body): return sig + struct.pack('<I', 36 + len(body)) + bytes(28) + body
+/// facs = b'FACS' + struct.pack('<I', 64) + bytes(56)
+/// madt = bytes(8) + b''.join(bytes([0, 8, i, i]) + struct.pack('<I', 1 if i < 2 else 0) for i in range(3))
+/// tables = facs + table(b'DSDT', bytes([0x10]) * 20) + table(b'APIC', madt) + bytes(512)
+/// events = [hob, cfv, var(G, 'SecureBoot'), var(G, 'PK'), var(G, 'KEK'), var(D, 'db'), var(D, 'dbx'),
+///           bytes(4), b'table-loader blob', b'RSD PTR rsdp blob', tables, bytes([1, 0, 0, 0]),
+///           b'boot option one', b'boot option zero']
+/// mr = bytes(48)
+/// for e in events: mr = H(mr + H(e))
+/// print(H(hob).hex()); print(mr.hex())
+/// ```
+const PLATFORM_TD_HOB: &str = "74d13443557ef713bcc94001a6b069e75a0e252f6a11fc70846f99cf927d3b94d4bbe9c0de89e996dcd334b1d25a1483";
+const PLATFORM_RTMR0: &str = "bbb7440e839dbdcb6f4cda9ebb8e18b62b8550f8ab057d79e4649539f83beded58a731ee0201eef815142a344b9358ba";
+
+/// A platform as `--platform` reads it: QEMU's fw_cfg blobs (ACPI tables for 2 vCPUs), and
+/// BootOrder listing Boot0001 then Boot0000.
+fn platform_dir(f: &Files) -> PathBuf {
+    let d = f.dir.join("platform");
+    std::fs::create_dir_all(d.join("etc/acpi")).unwrap();
+    std::fs::write(d.join("etc/table-loader"), b"table-loader blob").unwrap();
+    std::fs::write(d.join("etc/acpi/rsdp"), b"RSD PTR rsdp blob").unwrap();
+    std::fs::write(
+        d.join("etc/acpi/tables"),
+        cgx_measure::tdx::platform::testing::acpi_tables(2),
+    )
+    .unwrap();
+    std::fs::write(d.join("BootOrder"), [1, 0, 0, 0]).unwrap();
+    std::fs::write(d.join("Boot0001"), b"boot option one").unwrap();
+    std::fs::write(d.join("Boot0000"), b"boot option zero").unwrap();
+    d
+}
+
+#[test]
+fn rtmr0_from_the_image_the_memory_and_the_platform() {
+    let f = Files::new("platform");
+    let dir = platform_dir(&f);
+    let mut args = f.boot();
+    args.extend(["--platform".into(), dir.display().to_string()]);
+    args.extend(["--vcpus".into(), "2".into()]);
+    let (code, v) = json_of(&args);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["rtmr"]["0"], PLATFORM_RTMR0);
+    assert_eq!(
+        v["rtmr_source"],
+        "image and platform (edk2 direct-boot layout)"
+    );
+    let events = v["rtmr0_events"].as_array().unwrap();
+    assert_eq!(events.len(), 14);
+    assert_eq!(events[0]["event"], "TD HOB");
+    assert_eq!(events[0]["sha384"], PLATFORM_TD_HOB);
+    // RTMR[1] and RTMR[2] are the image's as without a platform.
+    let (_, plain) = json_of(&f.boot());
+    assert_eq!(v["rtmr"]["1"], plain["rtmr"]["1"]);
+    assert_eq!(v["rtmr"]["2"], plain["rtmr"]["2"]);
+    // Another memory size is another TD HOB, so another RTMR[0].
+    let mut other = args.clone();
+    let at = other.iter().position(|a| a == "4G").unwrap();
+    other[at] = "2G".into();
+    let (_, w) = json_of(&other);
+    assert_ne!(w["rtmr"]["0"], v["rtmr"]["0"]);
+    assert_eq!(w["rtmr0_events"][1], v["rtmr0_events"][1]);
+
+    // A log that holds: no problem; one whose ACPI tables differ: that event named.
+    let log_of = |acpi: [u8; 48]| {
+        let mut ev: Vec<(u32, u32, [u8; 48], &[u8])> = events
+            .iter()
+            .map(|e| {
+                let d: [u8; 48] = hex::decode(e["sha384"].as_str().unwrap())
+                    .unwrap()
+                    .try_into()
+                    .unwrap();
+                let d = if e["event"] == "etc/acpi/tables" {
+                    acpi
+                } else {
+                    d
+                };
+                let kind = match e["event"].as_str().unwrap() {
+                    "configuration firmware volume" => EV_EFI_PLATFORM_FIRMWARE_BLOB2,
+                    "separator" => EV_SEPARATOR,
+                    _ => 0xa,
+                };
+                (1, kind, d, b"".as_slice())
+            })
+            .collect();
+        let tail = [
+            (2, EV_EFI_BOOT_SERVICES_APPLICATION, digest(&v, "kernel")),
+            (
+                2,
+                EV_EFI_ACTION,
+                fixed(b"Calling EFI Application from Boot Option"),
+            ),
+            (2, EV_SEPARATOR, fixed(&[0; 4])),
+            (3, EV_EVENT_TAG, digest(&v, "kernel command line")),
+            (3, EV_EVENT_TAG, digest(&v, "initrd")),
+            (2, EV_EFI_ACTION, fixed(b"Exit Boot Services Invocation")),
+            (
+                2,
+                EV_EFI_ACTION,
+                fixed(b"Exit Boot Services Returned with Success"),
+            ),
+        ];
+        let tagged = |tag: u32| [tag.to_le_bytes().as_slice(), &[0; 4]].concat();
+        let (lo, ird) = (tagged(TAG_LOAD_OPTIONS), tagged(TAG_INITRD));
+        let data: [&[u8]; 7] = [
+            b"kernel",
+            b"Calling EFI Application from Boot Option",
+            &[0; 4],
+            &lo,
+            &ird,
+            b"Exit Boot Services Invocation",
+            b"Exit Boot Services Returned with Success",
+        ];
+        ev.extend(tail.iter().zip(data).map(|(&(m, t, d), x)| (m, t, d, x)));
+        log(&ev, 0)
+    };
+    let acpi = hex::decode(events[10]["sha384"].as_str().unwrap()).unwrap();
+    let good = f.dir.join("ccel-platform.bin");
+    std::fs::write(&good, log_of(acpi.try_into().unwrap())).unwrap();
+    let mut replay = args.clone();
+    replay.extend(["--replay".into(), good.display().to_string()]);
+    let (code, r) = json_of(&replay);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(r["rtmr"]["0"], PLATFORM_RTMR0);
+    let bad = f.dir.join("ccel-other-acpi.bin");
+    std::fs::write(&bad, log_of([0x3c; 48])).unwrap();
+    let mut replay = args.clone();
+    replay.extend(["--replay".into(), bad.display().to_string()]);
+    let (code, r) = json_of(&replay);
+    assert_eq!(code, 1);
+    let problems = r["problems"].to_string();
+    assert!(
+        problems.contains("RTMR[0] event 11 (etc/acpi/tables): the log has 3c3c"),
+        "{problems}"
+    );
+    assert_eq!(r["problems"].as_array().unwrap().len(), 1, "{problems}");
+
+    // Reference values: RTMR[0]–[2] from image and platform, the vCPUs in the image's entry.
+    let refs = f.dir.join("refs.json");
+    let mut with_refs = args.clone();
+    with_refs.extend(["--reference-values".into(), refs.display().to_string()]);
+    assert_eq!(json_of(&with_refs).0, 0);
+    let doc: Value = serde_json::from_slice(&std::fs::read(&refs).unwrap()).unwrap();
+    assert_eq!(doc["tdx"]["rtmr"]["0"][0], PLATFORM_RTMR0);
+    let image = &doc["tdx"]["images"]["tdvf.fd+bzImage"];
+    assert_eq!(image["rtmr"], v["rtmr"]);
+    assert_eq!(image["vcpus"], 2);
+
+    // Tables from another vCPU count, a BootOrder naming an option not given, a platform
+    // without the memory size: refused, exit 2.
+    let mut four = args.clone();
+    *four.last_mut().unwrap() = "4".into();
+    let (code, _, err) = cgx(&four.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--vcpus 4, but the platform's ACPI tables describe 2"),
+        "{err}"
+    );
+    std::fs::remove_file(dir.join("Boot0000")).unwrap();
+    let (code, _, err) = cgx(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 2);
+    assert!(err.contains("Boot0000"), "{err}");
+    let (code, _, err) = cgx(&[
+        "--tdvf",
+        &f.p("tdvf.fd"),
+        "--kernel",
+        &f.p("bzImage"),
+        "--platform",
+        &dir.display().to_string(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--memory"), "{err}");
+}
+
 fn vectors() -> Option<PathBuf> {
     let dir = std::env::var_os("CGX_VECTORS")
         .map(PathBuf::from)

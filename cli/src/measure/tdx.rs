@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use cgx_measure::tdx::event_log::EventLog;
+use cgx_measure::tdx::platform::{self, Platform};
 use cgx_measure::tdx::{self, DirectBoot, Found, Launch, PageOrder, Tdvf};
 use serde_json::{Value, json};
 
@@ -31,6 +32,19 @@ pub struct TdxArgs {
     /// initrd depends on it, and the kernel's header, which the firmware measures, says where.
     #[arg(long, requires = "kernel")]
     pub memory: Option<String>,
+    /// What the platform measures into RTMR[0], dumped from a VM of the configuration launched
+    /// (same QEMU, machine type, vCPUs, devices and firmware build): QEMU's fw_cfg blobs under
+    /// their names — DIR/etc/table-loader, DIR/etc/acpi/rsdp, DIR/etc/acpi/tables (a guest's
+    /// /sys/firmware/qemu_fw_cfg/by_name/NAME/raw) — and the firmware's variables' data:
+    /// DIR/BootOrder and the DIR/Boot#### it lists; DIR/SecureBoot, PK, KEK, db, dbx where the
+    /// firmware has them (efivarfs files less their 4 attribute bytes; absent: none, as in
+    /// OVMF's TDX builds). With it RTMR[0] is computed too.
+    #[arg(long, requires_all = ["kernel", "memory"])]
+    pub platform: Option<PathBuf>,
+    /// The vCPUs launched (QEMU -smp): the platform's ACPI tables must describe as many (their
+    /// MADT), or they were dumped from another configuration.
+    #[arg(long, requires = "platform")]
+    pub vcpus: Option<u32>,
     /// per-page (upstream KVM, QEMU ≥ 9) or per-section (QEMU 8 with the TDX preview kernels).
     #[arg(long, default_value = "per-page")]
     pub page_order: String,
@@ -70,12 +84,92 @@ fn h(d: &[u8; 48]) -> String {
     hex::encode(d)
 }
 
+/// The platform's RTMR[0] inputs, read from `--platform DIR`.
+struct PlatformFiles {
+    table_loader: Vec<u8>,
+    acpi_rsdp: Vec<u8>,
+    acpi_tables: Vec<u8>,
+    boot_order: Vec<u8>,
+    boot_options: Vec<(u16, Vec<u8>)>,
+    secure_boot: [Vec<u8>; 5],
+}
+
+impl PlatformFiles {
+    fn read(dir: &Path) -> Result<Self, String> {
+        let file = |name: &str| read_limited(&dir.join(name), name, PLATFORM_FILE);
+        let boot_order = file("BootOrder")?;
+        if !boot_order.len().is_multiple_of(2) {
+            return Err(format!(
+                "{}: {} bytes is not a list of UINT16 option numbers (an efivarfs file keeps 4                  attribute bytes in front: drop them)",
+                dir.join("BootOrder").display(),
+                boot_order.len()
+            ));
+        }
+        let mut boot_options = Vec::new();
+        for n in boot_order
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        {
+            if boot_options.len() >= platform::MAX_BOOT_OPTIONS {
+                return Err(format!(
+                    "BootOrder lists more than {} options",
+                    platform::MAX_BOOT_OPTIONS
+                ));
+            }
+            if !boot_options.iter().any(|(m, _)| *m == n) {
+                boot_options.push((n, file(&format!("Boot{n:04X}"))?));
+            }
+        }
+        let mut secure_boot: [Vec<u8>; 5] = Default::default();
+        for ((name, _), data) in platform::SECURE_BOOT_VARIABLES.iter().zip(&mut secure_boot) {
+            let path = dir.join(name);
+            if path.exists() {
+                *data = read_limited(&path, name, PLATFORM_FILE)?;
+            }
+        }
+        Ok(Self {
+            table_loader: file("etc/table-loader")?,
+            acpi_rsdp: file("etc/acpi/rsdp")?,
+            acpi_tables: file("etc/acpi/tables")?,
+            boot_order,
+            boot_options,
+            secure_boot,
+        })
+    }
+
+    fn platform(&self) -> Platform<'_> {
+        Platform {
+            table_loader: &self.table_loader,
+            acpi_rsdp: &self.acpi_rsdp,
+            acpi_tables: &self.acpi_tables,
+            boot_order: &self.boot_order,
+            boot_options: self
+                .boot_options
+                .iter()
+                .map(|(n, d)| (*n, d.as_slice()))
+                .collect(),
+            secure_boot: [
+                &self.secure_boot[0],
+                &self.secure_boot[1],
+                &self.secure_boot[2],
+                &self.secure_boot[3],
+                &self.secure_boot[4],
+            ],
+        }
+    }
+}
+
+/// The largest platform file read (QEMU's ACPI tables are 128 KiB; a dbx a few tens of KiB).
+const PLATFORM_FILE: u64 = 4 << 20;
+
 /// What `--replay` found: the log's RTMRs, each image event's fate, and the events in
 /// RTMR[1]/[2] a direct boot of the image does not explain (`(rtmr, type, digest)`).
 struct Replayed {
     rtmr: [[u8; 48]; 4],
     events: Vec<(tdx::Expected, Found)>,
     unexplained: Vec<(usize, u32, Option<[u8; 48]>)>,
+    /// RTMR[0]'s extended events: `(type, SHA-384)`.
+    rtmr0: Vec<(u32, [u8; 48])>,
 }
 
 pub fn tdx(args: &TdxArgs) -> CliResult {
@@ -102,11 +196,27 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
         .map(memory_bytes)
         .transpose()?
         .unwrap_or(2 << 30);
+    let files = args
+        .platform
+        .as_deref()
+        .map(PlatformFiles::read)
+        .transpose()?;
+    let platform = files.as_ref().map(PlatformFiles::platform);
+    if let (Some(p), Some(n)) = (&platform, args.vcpus) {
+        let described = platform::acpi_vcpus(p.acpi_tables).map_err(|e| e.to_string())?;
+        if described != n {
+            return Err(format!(
+                "--vcpus {n}, but the platform's ACPI tables describe {described}: dump them \
+                 from a VM launched with {n}"
+            ));
+        }
+    }
     let boot = kernel.as_deref().map(|kernel| DirectBoot {
         kernel,
         initrd: initrd.as_deref(),
         cmdline: args.append.as_deref(),
         memory,
+        platform: platform.as_ref(),
     });
     let launch = tdx::measure(&tdvf, order, boot.as_ref()).map_err(|e| e.to_string())?;
 
@@ -127,6 +237,10 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
                 rtmr: log.replay(),
                 events: tdx::check_events(&launch, &log),
                 unexplained,
+                rtmr0: log
+                    .rtmr_events(0)
+                    .filter_map(|e| Some((e.event_type, e.sha384?)))
+                    .collect(),
             })
         }
         None => None,
@@ -170,6 +284,33 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
             ));
         }
     }
+    let rtmr0 = launch.rtmr0.as_deref().map(platform::rtmr0);
+    if let (Some(r), Some(ours)) = (&replayed, &launch.rtmr0) {
+        // Event by event, so a mismatch names what differs (the ACPI tables, a variable…).
+        for i in 0..ours.len().max(r.rtmr0.len()) {
+            match (ours.get(i), r.rtmr0.get(i)) {
+                (Some(o), Some((_, d))) if o.digest == *d => {}
+                (Some(o), Some((_, d))) => problems.push(format!(
+                    "RTMR[0] event {} ({}): the log has {}, the image and platform give {}",
+                    i + 1,
+                    o.name,
+                    h(d),
+                    h(&o.digest)
+                )),
+                (Some(o), None) => problems.push(format!(
+                    "RTMR[0] event {} ({}): not in the log",
+                    i + 1,
+                    o.name
+                )),
+                (None, Some((ty, d))) => problems.push(format!(
+                    "RTMR[0] event {}: the log has one more, of type {ty:#x} ({})",
+                    i + 1,
+                    h(d)
+                )),
+                (None, None) => {}
+            }
+        }
+    }
     if let Some((mrtd, rtmr)) = &quote {
         if *mrtd != launch.mrtd {
             problems.push(format!(
@@ -192,6 +333,16 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
                 }
             }
             (None, Some(computed)) => {
+                if let Some(r0) = &rtmr0
+                    && rtmr[0] != *r0
+                {
+                    problems.push(format!(
+                        "RTMR[0]: the quote has {}, the image and platform give {} (--replay the \
+                         TD's event log to see which event differs)",
+                        h(&rtmr[0]),
+                        h(r0)
+                    ));
+                }
                 for (i, c) in computed.iter().enumerate() {
                     if rtmr[i + 1] != *c {
                         problems.push(format!(
@@ -213,7 +364,11 @@ pub fn tdx(args: &TdxArgs) -> CliResult {
     let rtmr_refs: Vec<(usize, [u8; 48])> = match (&replayed, &launch.rtmr) {
         (Some(r), Some(_)) => (0..3).map(|i| (i, r.rtmr[i])).collect(),
         (Some(r), None) => vec![(0, r.rtmr[0])],
-        (None, Some([r1, r2])) => vec![(1, *r1), (2, *r2)],
+        (None, Some([r1, r2])) => rtmr0
+            .map(|r0| (0, r0))
+            .into_iter()
+            .chain([(1, *r1), (2, *r2)])
+            .collect(),
         (None, None) => vec![],
     };
     let out = describe(
@@ -284,11 +439,17 @@ fn describe(
         "firmware": args.tdvf.display().to_string(),
         "mr_td": h(&launch.mrtd),
         "rtmr": rtmr_refs.iter().map(|(i, d)| (i.to_string(), json!(h(d)))).collect::<serde_json::Map<_, _>>(),
-        "rtmr_source": match (replayed.is_some(), launch.rtmr.is_some()) {
-            (true, _) => "event log",
-            (false, true) => "image (edk2 direct-boot layout)",
-            (false, false) => "none (no kernel, no event log)",
+        "rtmr_source": match (replayed.is_some(), launch.rtmr.is_some(), launch.rtmr0.is_some()) {
+            (true, _, _) => "event log",
+            (false, true, true) => "image and platform (edk2 direct-boot layout)",
+            (false, true, false) => "image (edk2 direct-boot layout)",
+            (false, false, _) => "none (no kernel, no event log)",
         },
+        "rtmr0_events": launch.rtmr0.as_ref().map(|events| events.iter().map(|e| json!({
+            "event": e.name,
+            "sha384": h(&e.digest),
+        })).collect::<Vec<_>>()),
+        "vcpus": args.vcpus,
         "replayed_rtmr": replayed.map(|r| r.rtmr.iter().map(h).collect::<Vec<_>>()),
         "image_events": events,
         "page_order": args.page_order,
@@ -308,6 +469,9 @@ fn print_text(
     println!("mr_td: {}", h(&launch.mrtd));
     for (i, d) in rtmr_refs {
         println!("rtmr{i}: {}", h(d));
+    }
+    for e in launch.rtmr0.iter().flatten() {
+        eprintln!("RTMR[0] {}: {}", e.name, h(&e.digest));
     }
     for x in &launch.events {
         let found = found(replayed, x).map_or("", |f| match f {
@@ -350,6 +514,7 @@ fn write_reference_values(
         "rtmr_source",
         "page_order",
         "memory",
+        "vcpus",
         "direct_kernel_boot",
     ] {
         if let Some(v) = described.get(key).filter(|v| !v.is_null()) {

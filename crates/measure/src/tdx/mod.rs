@@ -7,8 +7,11 @@
 //!   the kernel's Authenticode digest as QEMU hands it over (RTMR[1]), the command line and the
 //!   initrd (RTMR[2]); [`Launch::events`] computes those. Others are the platform's — QEMU's TD
 //!   HOB and ACPI tables for the machine's memory and vCPUs, the boot variables, whatever the
-//!   firmware build adds — and come from a genuine boot's event log, which
+//!   firmware build adds. [`platform`] computes the TD HOB and takes the rest as files dumped
+//!   from a VM of that configuration; or they come from a genuine boot's event log, which
 //!   [`check_events`] holds to the image.
+//! - [`Launch::rtmr0`]: RTMR[0] for a direct boot, from the image, the memory size and the
+//!   platform's files ([`platform`]).
 //! - [`Launch::rtmr`] RTMR[1] and RTMR[2] as edk2's OVMF and Linux's EFI stub lay them out for a
 //!   direct boot: RTMR[1] = kernel, `"Calling EFI Application from Boot Option"`, separator,
 //!   `"Exit Boot Services Invocation"`, `"Exit Boot Services Returned with Success"`; RTMR[2] = the
@@ -18,6 +21,7 @@ pub mod event_log;
 pub mod kernel;
 pub mod mrtd;
 pub mod pe;
+pub mod platform;
 pub mod tdvf;
 
 pub use mrtd::{PageOrder, mrtd};
@@ -40,8 +44,10 @@ pub struct DirectBoot<'a> {
     pub initrd: Option<&'a [u8]>,
     pub cmdline: Option<&'a str>,
     /// Guest RAM in bytes (QEMU `-m`): where QEMU puts the initrd, which the kernel's header
-    /// records.
+    /// records, and the TD HOB's memory map.
     pub memory: u64,
+    /// What the platform measures into RTMR[0]; with it, [`Launch::rtmr0`] is computed.
+    pub platform: Option<&'a platform::Platform<'a>>,
 }
 
 /// What an event is, for [`Expected`].
@@ -110,6 +116,9 @@ pub struct Launch {
     pub events: Vec<Expected>,
     /// RTMR[1] and RTMR[2] for a direct boot, in edk2's layout.
     pub rtmr: Option<[[u8; 48]; 2]>,
+    /// RTMR[0]'s events for a direct boot on a given platform ([`platform::rtmr0`] replays
+    /// them).
+    pub rtmr0: Option<Vec<platform::Rtmr0Event>>,
 }
 
 /// The load options OVMF gives a directly booted kernel (`OvmfPkg/Library/
@@ -144,7 +153,11 @@ pub fn measure(tdvf: &Tdvf<'_>, order: PageOrder, boot: Option<&DirectBoot<'_>>)
         });
     }
     let mut rtmr = None;
+    let mut rtmr0 = None;
     if let Some(b) = boot {
+        if let Some(p) = b.platform {
+            rtmr0 = Some(platform::rtmr0_events(tdvf, b.memory, p)?);
+        }
         let initrd_len = b.initrd.map_or(0, |i| i.len() as u64);
         let kernel = kernel::qemu_patched(b.kernel, initrd_len, b.memory)?;
         let kernel = pe::authenticode_sha384(&kernel)?;
@@ -180,6 +193,7 @@ pub fn measure(tdvf: &Tdvf<'_>, order: PageOrder, boot: Option<&DirectBoot<'_>>)
         mrtd: mrtd(tdvf, order),
         events,
         rtmr,
+        rtmr0,
     })
 }
 
@@ -352,6 +366,7 @@ mod tests {
             initrd: Some(b"initrd bytes"),
             cmdline: Some("console=hvc0"),
             memory: 2 << 30,
+            platform: None,
         };
         let launch = measure(&t, PageOrder::PerPage, Some(&boot)).unwrap();
         assert_eq!(launch.events.len(), 4);
