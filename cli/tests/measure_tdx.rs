@@ -449,9 +449,12 @@ fn rtmr0_from_the_image_the_memory_and_the_platform() {
         ev.extend(tail.iter().zip(data).map(|(&(m, t, d), x)| (m, t, d, x)));
         log(&ev, 0)
     };
-    let acpi = hex::decode(events[10]["sha384"].as_str().unwrap()).unwrap();
+    let acpi: [u8; 48] = hex::decode(events[10]["sha384"].as_str().unwrap())
+        .unwrap()
+        .try_into()
+        .unwrap();
     let good = f.dir.join("ccel-platform.bin");
-    std::fs::write(&good, log_of(acpi.try_into().unwrap())).unwrap();
+    std::fs::write(&good, log_of(acpi)).unwrap();
     let mut replay = args.clone();
     replay.extend(["--replay".into(), good.display().to_string()]);
     let (code, r) = json_of(&replay);
@@ -469,6 +472,41 @@ fn rtmr0_from_the_image_the_memory_and_the_platform() {
         "{problems}"
     );
     assert_eq!(r["problems"].as_array().unwrap().len(), 1, "{problems}");
+    // …and nothing written from it.
+    let refused = f.dir.join("refused.json");
+    replay.extend(["--reference-values".into(), refused.display().to_string()]);
+    let (code, _, err) = cgx(&replay.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 2, "{err}");
+    assert!(!refused.exists());
+    // A log with one RTMR[0] event more than the platform explains (here: a vTPM's log blob
+    // after the ACPI tables would be one).
+    let mut extra = log_of(acpi);
+    let pad = extra.iter().rposition(|b| *b != 0xff).unwrap() + 1;
+    extra.truncate(pad);
+    for x in [1u32, 0xa, 1] {
+        extra.extend_from_slice(&x.to_le_bytes());
+    }
+    extra.extend_from_slice(&0x000cu16.to_le_bytes());
+    extra.extend_from_slice(&[0x44; 48]);
+    extra.extend_from_slice(&0u32.to_le_bytes());
+    let more = f.dir.join("ccel-extra-rtmr0.bin");
+    std::fs::write(&more, extra).unwrap();
+    let mut replay = args.clone();
+    replay.extend(["--replay".into(), more.display().to_string()]);
+    let (code, r) = json_of(&replay);
+    assert_eq!(code, 1);
+    let problems = r["problems"].to_string();
+    assert!(
+        problems.contains("RTMR[0] event 15: the log has one more, of type 0xa (4444"),
+        "{problems}"
+    );
+
+    // A dbt is measured after dbx where the platform has one.
+    std::fs::write(dir.join("dbt"), b"a dbt").unwrap();
+    let (_, t) = json_of(&args);
+    assert_eq!(t["rtmr0_events"][7]["event"], "dbt");
+    assert_ne!(t["rtmr"]["0"], v["rtmr"]["0"]);
+    std::fs::remove_file(dir.join("dbt")).unwrap();
 
     // Reference values: RTMR[0]–[2] from image and platform, the vCPUs in the image's entry.
     let refs = f.dir.join("refs.json");
@@ -542,6 +580,17 @@ fn a_real_quote_is_compared_with_the_image() {
     let (code, r) = json_of(&args);
     assert_eq!(code, 1);
     assert!(r["problems"].to_string().contains("RTMR[1]: the quote has"));
+    // With a platform, RTMR[0] too.
+    let mut with_platform = args.clone();
+    with_platform.extend(["--platform".into(), platform_dir(&f).display().to_string()]);
+    let (code, r) = json_of(&with_platform);
+    assert_eq!(code, 1);
+    let problems = r["problems"].to_string();
+    assert!(problems.contains("RTMR[0]: the quote has "), "{problems}");
+    assert!(
+        problems.contains(&format!("the image and platform give {PLATFORM_RTMR0}")),
+        "{problems}"
+    );
     // With a log: the quote's RTMRs against the log's replay (this log is not that TD's).
     let (_, img) = json_of(&f.boot());
     let ccel = f.dir.join("ccel.bin");

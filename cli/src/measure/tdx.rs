@@ -36,9 +36,10 @@ pub struct TdxArgs {
     /// (same QEMU, machine type, vCPUs, devices and firmware build): QEMU's fw_cfg blobs under
     /// their names — DIR/etc/table-loader, DIR/etc/acpi/rsdp, DIR/etc/acpi/tables (a guest's
     /// /sys/firmware/qemu_fw_cfg/by_name/NAME/raw) — and the firmware's variables' data:
-    /// DIR/BootOrder and the DIR/Boot#### it lists; DIR/SecureBoot, PK, KEK, db, dbx where the
-    /// firmware has them (efivarfs files less their 4 attribute bytes; absent: none, as in
-    /// OVMF's TDX builds). With it RTMR[0] is computed too.
+    /// DIR/BootOrder and the DIR/Boot#### it lists; DIR/SecureBoot, PK, KEK, db, dbx, dbt where
+    /// the firmware has them (efivarfs files less their 4 attribute bytes; absent: none, as in
+    /// OVMF's TDX builds). With it RTMR[0] is computed too, in the layout `cgx-measure`'s
+    /// `tdx::platform` documents (edk2 builds measuring boot variables into RTMR[0]).
     #[arg(long, requires_all = ["kernel", "memory"])]
     pub platform: Option<PathBuf>,
     /// The vCPUs launched (QEMU -smp): the platform's ACPI tables must describe as many (their
@@ -89,51 +90,63 @@ struct PlatformFiles {
     table_loader: Vec<u8>,
     acpi_rsdp: Vec<u8>,
     acpi_tables: Vec<u8>,
-    boot_order: Vec<u8>,
+    boot_order: Option<Vec<u8>>,
     boot_options: Vec<(u16, Vec<u8>)>,
     secure_boot: [Vec<u8>; 5],
+    dbt: Option<Vec<u8>>,
+}
+
+/// The largest ACPI blob read (QEMU pads its tables to 128 KiB steps).
+const ACPI_FILE: u64 = 4 << 20;
+/// The largest variable read (a dbx is tens of KiB; a boot option well under one).
+const VARIABLE_FILE: u64 = 1 << 20;
+
+/// `dir/name`, or `None` where there is no such file (any other failure is an error: a
+/// variable that cannot be read is not one the firmware lacks).
+fn optional(dir: &Path, name: &str, limit: u64) -> Result<Option<Vec<u8>>, String> {
+    let path = dir.join(name);
+    match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+        Ok(_) => read_limited(&path, name, limit).map(Some),
+    }
 }
 
 impl PlatformFiles {
     fn read(dir: &Path) -> Result<Self, String> {
-        let file = |name: &str| read_limited(&dir.join(name), name, PLATFORM_FILE);
-        let boot_order = file("BootOrder")?;
-        if !boot_order.len().is_multiple_of(2) {
-            return Err(format!(
-                "{}: {} bytes is not a list of UINT16 option numbers (an efivarfs file keeps 4                  attribute bytes in front: drop them)",
-                dir.join("BootOrder").display(),
-                boot_order.len()
-            ));
-        }
-        let mut boot_options = Vec::new();
-        for n in boot_order
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        {
-            if boot_options.len() >= platform::MAX_BOOT_OPTIONS {
-                return Err(format!(
-                    "BootOrder lists more than {} options",
-                    platform::MAX_BOOT_OPTIONS
-                ));
+        let acpi = |name: &str| read_limited(&dir.join(name), name, ACPI_FILE);
+        let boot_order = optional(dir, "BootOrder", VARIABLE_FILE)?;
+        let listed = match &boot_order {
+            Some(order) => platform::boot_order(order)
+                .map_err(|e| format!("{}: {e}", dir.join("BootOrder").display()))?,
+            None => vec![],
+        };
+        let mut boot_options: Vec<(u16, Vec<u8>)> = Vec::new();
+        for n in listed {
+            if boot_options.iter().any(|(m, _)| *m == n) {
+                continue;
             }
-            if !boot_options.iter().any(|(m, _)| *m == n) {
-                boot_options.push((n, file(&format!("Boot{n:04X}"))?));
-            }
+            let name = format!("Boot{n:04X}");
+            let data = optional(dir, &name, SMALL)?.ok_or_else(|| {
+                format!(
+                    "BootOrder lists {name}, and {} has no such file",
+                    dir.display()
+                )
+            })?;
+            boot_options.push((n, data));
         }
         let mut secure_boot: [Vec<u8>; 5] = Default::default();
         for ((name, _), data) in platform::SECURE_BOOT_VARIABLES.iter().zip(&mut secure_boot) {
-            let path = dir.join(name);
-            if path.exists() {
-                *data = read_limited(&path, name, PLATFORM_FILE)?;
-            }
+            *data = optional(dir, name, VARIABLE_FILE)?.unwrap_or_default();
         }
         Ok(Self {
-            table_loader: file("etc/table-loader")?,
-            acpi_rsdp: file("etc/acpi/rsdp")?,
-            acpi_tables: file("etc/acpi/tables")?,
+            table_loader: acpi("etc/table-loader")?,
+            acpi_rsdp: acpi("etc/acpi/rsdp")?,
+            acpi_tables: acpi("etc/acpi/tables")?,
             boot_order,
             boot_options,
             secure_boot,
+            dbt: optional(dir, "dbt", VARIABLE_FILE)?,
         })
     }
 
@@ -142,7 +155,7 @@ impl PlatformFiles {
             table_loader: &self.table_loader,
             acpi_rsdp: &self.acpi_rsdp,
             acpi_tables: &self.acpi_tables,
-            boot_order: &self.boot_order,
+            boot_order: self.boot_order.as_deref(),
             boot_options: self
                 .boot_options
                 .iter()
@@ -155,12 +168,10 @@ impl PlatformFiles {
                 &self.secure_boot[3],
                 &self.secure_boot[4],
             ],
+            dbt: self.dbt.as_deref(),
         }
     }
 }
-
-/// The largest platform file read (QEMU's ACPI tables are 128 KiB; a dbx a few tens of KiB).
-const PLATFORM_FILE: u64 = 4 << 20;
 
 /// What `--replay` found: the log's RTMRs, each image event's fate, and the events in
 /// RTMR[1]/[2] a direct boot of the image does not explain (`(rtmr, type, digest)`).

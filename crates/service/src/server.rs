@@ -257,8 +257,11 @@ fn bind(listen: &str, count: usize) -> Result<Vec<std::net::TcpListener>, Servic
     for _ in 0..count.max(1) {
         let s = socket(group)?;
         s.bind(&addr.into()).map_err(|e| fail(e.to_string()))?;
+        // An optimisation: a kernel or sandbox without it serves as before.
         #[cfg(target_os = "linux")]
-        defer_accept(&s).map_err(|e| fail(format!("TCP_DEFER_ACCEPT: {e}")))?;
+        if let Err(e) = defer_accept(&s) {
+            tracing::warn!(error = %e, "TCP_DEFER_ACCEPT not set; connections wake twice");
+        }
         s.listen(1024).map_err(|e| fail(e.to_string()))?;
         s.set_nonblocking(true).map_err(|e| fail(e.to_string()))?;
         let listener = std::net::TcpListener::from(s);
@@ -282,7 +285,8 @@ const DEFER_ACCEPT_SECS: libc::c_int = 3;
 /// bytes have arrived (HTTP and TLS clients speak first), so a serving thread wakes once per
 /// new connection, to accept and read together, instead of twice. Each wake-up after idle costs
 /// this machine tens of microseconds; a CoCo flow's five or six are most of its CPU (issue 15).
-/// Connections that never send stay in the kernel's queue, not in a connection slot.
+/// A connection that sends nothing stays in the kernel's queue, not in a connection slot,
+/// until the deferral ends (then the kernel hands it over and the header timeout applies).
 ///
 /// The one `unsafe` in the workspace: socket2 does not expose the option, and std's
 /// `TcpStreamExt::set_deferaccept` is unstable (rust-lang/rust#119639).

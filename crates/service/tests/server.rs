@@ -315,8 +315,10 @@ async fn the_connection_cap_holds_across_serving_threads_and_frees_itself() {
         .unwrap();
     let addr = running.addr();
     let answers = tokio::task::spawn_blocking(move || {
-        // The one slot goes to a client that says nothing (its header timeout frees it).
-        let _silent = TcpStream::connect(addr).unwrap();
+        // The one slot goes to a client that starts a request and says no more (its header
+        // timeout frees it). It sends a byte, or deferred accept would keep it in the kernel.
+        let mut stalled = TcpStream::connect(addr).unwrap();
+        stalled.write_all(b"GET").unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let started = Instant::now();
         let answers: Vec<_> = (0..6)
@@ -330,6 +332,10 @@ async fn the_connection_cap_holds_across_serving_threads_and_frees_itself() {
         assert_eq!(a.as_deref().ok(), Some("HTTP/1.1 200 OK"), "{answers:?}");
     }
     assert!(answers.1 < Duration::from_secs(4), "{answers:?}");
+    assert!(
+        answers.1 >= Duration::from_millis(500),
+        "the cap held: {answers:?}"
+    );
     running.shutdown().await;
 }
 

@@ -6,10 +6,16 @@
 //! |---|---|---|
 //! | 1 | `EV_EFI_HANDOFF_TABLES2` | the TD HOB QEMU wrote, up to its end-of-list HOB ([`td_hob`]) |
 //! | 2 | `EV_EFI_PLATFORM_FIRMWARE_BLOB2` | the configuration firmware volume (the image's) |
-//! | 3–7 | `EV_EFI_VARIABLE_DRIVER_CONFIG` | `UEFI_VARIABLE_DATA` of SecureBoot, PK, KEK, db, dbx ([`variable_data`]) |
+//! | 3–7 | `EV_EFI_VARIABLE_DRIVER_CONFIG` | `UEFI_VARIABLE_DATA` of SecureBoot, PK, KEK, db, dbx ([`variable_data`]); then dbt where the firmware has one |
 //! | 8 | `EV_SEPARATOR` | four zero bytes |
 //! | 9–11 | `EV_PLATFORM_CONFIG_FLAGS` | QEMU's fw_cfg `etc/table-loader`, `etc/acpi/rsdp`, `etc/acpi/tables` |
-//! | 12– | `EV_EFI_VARIABLE_BOOT` | the data of `BootOrder`, then of each `Boot####` it lists |
+//! | 12– | `EV_EFI_VARIABLE_BOOT` | the data of `BootOrder`, then of each `Boot####` it lists (none without a `BootOrder`) |
+//!
+//! Layouts this does not model (a genuine TD of them does not match; `--replay` its log):
+//! edk2 builds that measure the boot variables into PCR 5 (RTMR[1]) rather than PCR 1;
+//! machines whose table-loader allocates more blobs (a vTPM's `etc/tpm/log`, vmgenid); older
+//! qemu-tdx trees whose TD HOB also lists MMIO ranges; boots through a boot loader (shim adds
+//! its `SbatLevel`).
 //!
 //! The image determines #2; #1 follows from the TDVF's sections and the guest's memory size
 //! (QEMU `hw/i386/tdx.c`, `tdvf-hob.c`: the e820 RAM ranges, the TD HOB and temporary-memory
@@ -79,13 +85,17 @@ pub struct Platform<'a> {
     pub acpi_rsdp: &'a [u8],
     /// QEMU's fw_cfg `etc/acpi/tables`.
     pub acpi_tables: &'a [u8],
-    /// The `BootOrder` variable's data (`UINT16` option numbers).
-    pub boot_order: &'a [u8],
-    /// `Boot####` variables' data by number; those `BootOrder` lists are measured.
+    /// The `BootOrder` variable's data (`UINT16` option numbers); `None` where the firmware
+    /// has none (then no boot variable is measured).
+    pub boot_order: Option<&'a [u8]>,
+    /// `Boot####` variables' data by number; each `BootOrder` lists must be here (edk2 skips
+    /// one the firmware lacks, but a dump that lacks one is likelier incomplete).
     pub boot_options: Vec<(u16, &'a [u8])>,
     /// The data of SecureBoot, PK, KEK, db and dbx ([`SECURE_BOOT_VARIABLES`] order); empty
     /// where the firmware has none (no keys enrolled: OVMF's TDX builds).
     pub secure_boot: [&'a [u8]; 5],
+    /// dbt's data, where the firmware has one (edk2 measures it only then).
+    pub dbt: Option<&'a [u8]>,
 }
 
 /// One RAM range of QEMU's TD memory map.
@@ -249,12 +259,21 @@ pub fn rtmr0_events(
     for ((name, vendor), data) in SECURE_BOOT_VARIABLES.iter().zip(platform.secure_boot) {
         out.push(ev(name, &variable_data(vendor, name, data)));
     }
+    if let Some(dbt) = platform.dbt {
+        out.push(ev(
+            "dbt",
+            &variable_data(&EFI_IMAGE_SECURITY_DATABASE, "dbt", dbt),
+        ));
+    }
     out.push(ev("separator", &[0; 4]));
     out.push(ev("etc/table-loader", platform.table_loader));
     out.push(ev("etc/acpi/rsdp", platform.acpi_rsdp));
     out.push(ev("etc/acpi/tables", platform.acpi_tables));
-    out.push(ev("BootOrder", platform.boot_order));
-    for n in boot_order(platform.boot_order)? {
+    let Some(order) = platform.boot_order else {
+        return Ok(out);
+    };
+    out.push(ev("BootOrder", order));
+    for n in boot_order(order)? {
         let data = platform
             .boot_options
             .iter()
@@ -276,7 +295,7 @@ pub fn rtmr0(events: &[Rtmr0Event]) -> [u8; 48] {
 }
 
 /// The option numbers `BootOrder` lists (`UINT16`s, little-endian).
-fn boot_order(data: &[u8]) -> Result<Vec<u16>> {
+pub fn boot_order(data: &[u8]) -> Result<Vec<u16>> {
     if !data.len().is_multiple_of(2) || data.len() / 2 > MAX_BOOT_OPTIONS {
         return Err(Error::Parameter(format!(
             "BootOrder: {} bytes is not a list of at most {MAX_BOOT_OPTIONS} UINT16 option numbers",
@@ -313,11 +332,15 @@ pub fn acpi_vcpus(tables: &[u8]) -> Result<u32> {
             break;
         }
         let len = len as usize;
+        // Every table has the 36-byte ACPI header (the FACS, 64 bytes, its own).
         let end = at
             .checked_add(len)
-            .filter(|&e| len >= 8 && e <= tables.len())
-            .ok_or_else(|| bad(at, "a table whose length leaves the blob"))?;
+            .filter(|&e| len >= 36 && e <= tables.len())
+            .ok_or_else(|| bad(at, "a table whose length is short or leaves the blob"))?;
         if sig == b"APIC" {
+            if len < 44 {
+                return Err(bad(at, "a MADT shorter than its fixed fields"));
+            }
             // Header (36), local APIC address (4), flags (4), then the entries.
             let mut p = at + 44;
             let mut cpus = 0u32;
@@ -456,9 +479,10 @@ mod tests {
             table_loader: b"loader",
             acpi_rsdp: b"rsdp",
             acpi_tables: &tables,
-            boot_order: &[1, 0, 0, 0],
+            boot_order: Some(&[1, 0, 0, 0]),
             boot_options: vec![(0, b"zero".as_slice()), (1, b"one".as_slice())],
             secure_boot: [&[]; 5],
+            dbt: None,
         };
         let events = rtmr0_events(&t, 2 << 30, &p).unwrap();
         let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
@@ -486,10 +510,20 @@ mod tests {
         let other = rtmr0_events(&t, 4 << 30, &p).unwrap();
         assert_ne!(rtmr0(&events), rtmr0(&other));
         assert_eq!(events[1..], other[1..]);
+        // A dbt goes after dbx; without a BootOrder no boot variable is measured.
+        p.dbt = Some(b"dbt");
+        let with_dbt = rtmr0_events(&t, 2 << 30, &p).unwrap();
+        assert_eq!(with_dbt[7].name, "dbt");
+        assert_eq!(with_dbt.len(), events.len() + 1);
+        p.dbt = None;
+        p.boot_order = None;
+        let no_order = rtmr0_events(&t, 2 << 30, &p).unwrap();
+        assert_eq!(no_order.last().unwrap().name, "etc/acpi/tables");
+        p.boot_order = Some(&[1, 0, 0, 0]);
         p.boot_options.pop();
         let e = rtmr0_events(&t, 2 << 30, &p).unwrap_err().to_string();
         assert!(e.contains("Boot0001"), "{e}");
-        p.boot_order = &[1, 0, 0];
+        p.boot_order = Some(&[1, 0, 0]);
         assert!(rtmr0_events(&t, 2 << 30, &p).is_err());
     }
 
@@ -509,5 +543,10 @@ mod tests {
         zero[4..8].copy_from_slice(&n.to_le_bytes());
         assert!(acpi_vcpus(&zero).is_err());
         assert!(acpi_vcpus(&[]).is_err());
+        // Tables shorter than their header, a MADT shorter than its fixed fields.
+        let mut short = testing::table(b"DSDT", &[]);
+        short[4..8].copy_from_slice(&8u32.to_le_bytes());
+        assert!(acpi_vcpus(&short).is_err());
+        assert!(acpi_vcpus(&testing::table(b"APIC", &[0; 4])).is_err());
     }
 }

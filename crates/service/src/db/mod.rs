@@ -35,6 +35,9 @@ pub enum DbError {
     Batch(String),
     #[error("the database writer has stopped")]
     WriterStopped,
+    /// A checkpoint could not run (another connection holds the checkpoint lock).
+    #[error("WAL checkpoint busy")]
+    CheckpointBusy,
 }
 
 /// Which database a URL names.
@@ -236,17 +239,23 @@ impl Database {
 
     /// Fold the SQLite write-ahead log back into the database without blocking writers (a
     /// service does this often, see [`checkpoints`], so commits never pay for a checkpoint);
-    /// nothing on PostgreSQL. Returns the frames the log held (0 on PostgreSQL).
+    /// nothing on PostgreSQL. Returns the frames in the log (0 on PostgreSQL): all it holds
+    /// since a writer last started it over, which a writer does after a complete checkpoint.
     pub async fn checkpoint(&self) -> Result<u64, DbError> {
         if self.backend != Backend::Sqlite {
             return Ok(0);
         }
-        // One row: busy, frames in the log, frames checkpointed (-1 when not in WAL mode).
+        // One row: busy (1 where another connection held the checkpoint lock), frames in the
+        // log, frames checkpointed; both -1 when nothing ran.
         let row = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
             .fetch_one(&self.pool)
             .await?;
-        let frames: i64 = row.try_get(1).unwrap_or(0);
-        Ok(u64::try_from(frames).unwrap_or(0))
+        let busy: i64 = row.try_get(0)?;
+        let log: i64 = row.try_get(1)?;
+        match u64::try_from(log) {
+            Ok(frames) if busy == 0 => Ok(frames),
+            _ => Err(DbError::CheckpointBusy),
+        }
     }
 
     /// Wait for every connection to come back, then close.
@@ -261,12 +270,19 @@ impl Database {
 /// little is written, since each costs a thread hand-off and two fsyncs whatever it folds back.
 pub const CHECKPOINT_MIN: Duration = Duration::from_millis(500);
 /// See [`CHECKPOINT_MIN`].
-pub const CHECKPOINT_MAX: Duration = Duration::from_secs(4);
+pub const CHECKPOINT_MAX: Duration = Duration::from_secs(2);
 /// The log frames a checkpoint aims to fold back (about 2 MiB of pages).
 const CHECKPOINT_FRAMES: u64 = 512;
 
-/// The wait before the next checkpoint, after one that found `frames` in the log: scaled so
-/// the next finds about [`CHECKPOINT_FRAMES`], within [`CHECKPOINT_MIN`]..=[`CHECKPOINT_MAX`].
+/// The frames written since the checkpoint before, from the log's length then and now: the
+/// log only grows until a writer starts it over (then all of it is new).
+pub fn new_frames(before: u64, now: u64) -> u64 {
+    if now >= before { now - before } else { now }
+}
+
+/// The wait before the next checkpoint, after one that found `frames` new in the log: scaled
+/// so the next finds about [`CHECKPOINT_FRAMES`], within
+/// [`CHECKPOINT_MIN`]..=[`CHECKPOINT_MAX`].
 pub fn checkpoint_pace(waited: Duration, frames: u64) -> Duration {
     let scaled = waited.as_secs_f64() * CHECKPOINT_FRAMES as f64 / frames.max(1) as f64;
     Duration::from_secs_f64(
@@ -275,8 +291,9 @@ pub fn checkpoint_pace(waited: Duration, frames: u64) -> Duration {
 }
 
 /// A service's checkpoint task: `checkpoint` (the store's [`Database::checkpoint`]) one at a
-/// time, at [`checkpoint_pace`] — a slow disk must not pile them up. A failure (the database
-/// busy, normal under load) is retried at the shortest wait.
+/// time, at [`checkpoint_pace`] of the frames written since the last one — a slow disk must
+/// not pile them up. A failure (the database busy, normal under load) is retried at the
+/// shortest wait.
 pub async fn checkpoints<F, Fut, E>(mut checkpoint: F)
 where
     F: FnMut() -> Fut,
@@ -284,10 +301,15 @@ where
     E: std::fmt::Display,
 {
     let mut wait = CHECKPOINT_MIN;
+    let mut log = 0;
     loop {
         tokio::time::sleep(wait).await;
         wait = match checkpoint().await {
-            Ok(frames) => checkpoint_pace(wait, frames),
+            Ok(now) => {
+                let fresh = new_frames(log, now);
+                log = now;
+                checkpoint_pace(wait, fresh)
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "WAL checkpoint deferred");
                 CHECKPOINT_MIN
@@ -474,12 +496,18 @@ mod tests {
         }
         let found = db.checkpoint().await.unwrap();
         assert!(found >= 20, "{found} frames for 20 commits");
-        // Folded back: the log starts over once it is reused, and an idle one reports none new.
+        // Nothing written since: the same log, none of it new.
+        let again = db.checkpoint().await.unwrap();
+        assert_eq!(again, found);
+        assert_eq!(new_frames(found, again), 0);
+        // Folded back whole, so the next commit starts the log over: a short log, all new.
         sqlx::query("INSERT INTO t (n) VALUES (1)")
             .execute(db.pool())
             .await
             .unwrap();
-        assert!(db.checkpoint().await.unwrap() <= found);
+        let restarted = db.checkpoint().await.unwrap();
+        assert!(restarted < found, "{restarted} of {found}");
+        assert_eq!(new_frames(found, restarted), restarted);
         db.close().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -502,5 +530,7 @@ mod tests {
             checkpoint_pace(Duration::from_secs(2), CHECKPOINT_FRAMES * 2),
             Duration::from_secs(1)
         );
+        assert_eq!(new_frames(100, 150), 50);
+        assert_eq!(new_frames(100, 30), 30);
     }
 }
