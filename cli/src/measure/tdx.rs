@@ -161,13 +161,7 @@ impl PlatformFiles {
                 .iter()
                 .map(|(n, d)| (*n, d.as_slice()))
                 .collect(),
-            secure_boot: [
-                &self.secure_boot[0],
-                &self.secure_boot[1],
-                &self.secure_boot[2],
-                &self.secure_boot[3],
-                &self.secure_boot[4],
-            ],
+            secure_boot: std::array::from_fn(|i| self.secure_boot[i].as_slice()),
             dbt: self.dbt.as_deref(),
         }
     }

@@ -27,6 +27,7 @@
 
 use super::event_log::replay_digests;
 use super::tdvf::{SectionType, Tdvf};
+use crate::ovmf::u32_at;
 use crate::{Error, Result, guid, sha384};
 
 /// `EFI_HOB_HANDOFF_TABLE_VERSION` (PI spec vol. 3, `EFI_HOB_HANDOFF_INFO_TABLE`).
@@ -312,60 +313,56 @@ pub fn boot_order(data: &[u8]) -> Result<Vec<u16>> {
 /// (type 0) and Processor Local x2APIC (type 9) entries (ACPI 6.5, §5.2.12). The blob is the
 /// tables back to back (FACS first, 64-byte aligned by QEMU), zero-padded at the end.
 pub fn acpi_vcpus(tables: &[u8]) -> Result<u32> {
-    let bad = |at: usize, why: &str| {
-        Error::Parameter(format!("etc/acpi/tables: {why} at offset {at:#x}"))
-    };
-    let u32_at = |b: &[u8], at: usize| {
-        b.get(at..at + 4)
-            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-    };
     let mut at = 0;
     while at < tables.len() {
-        let Some(len) = u32_at(tables, at + 4) else {
-            if tables[at..].iter().all(|&b| b == 0) {
-                break;
-            }
-            return Err(bad(at, "a truncated table header"));
-        };
-        let sig = &tables[at..at + 4];
-        if sig == [0; 4] && tables[at..].iter().all(|&b| b == 0) {
+        if tables[at..].iter().all(|&b| b == 0) {
             break;
         }
-        let len = len as usize;
+        let len = u32_at(tables, at + 4)
+            .ok_or_else(|| acpi_error(at, "a truncated table header"))? as usize;
         // Every table has the 36-byte ACPI header (the FACS, 64 bytes, its own).
         let end = at
             .checked_add(len)
             .filter(|&e| len >= 36 && e <= tables.len())
-            .ok_or_else(|| bad(at, "a table whose length is short or leaves the blob"))?;
-        if sig == b"APIC" {
-            if len < 44 {
-                return Err(bad(at, "a MADT shorter than its fixed fields"));
-            }
-            // Header (36), local APIC address (4), flags (4), then the entries.
-            let mut p = at + 44;
-            let mut cpus = 0u32;
-            while p < end {
-                let (kind, elen) = match tables.get(p..p + 2) {
-                    Some(h) if h[1] >= 2 && p + usize::from(h[1]) <= end => (h[0], h[1]),
-                    _ => return Err(bad(p, "a malformed MADT entry")),
-                };
-                let flags = match kind {
-                    0 if elen >= 8 => u32_at(tables, p + 4),
-                    9 if elen >= 16 => u32_at(tables, p + 8),
-                    _ => None,
-                };
-                if flags.is_some_and(|f| f & 1 != 0) {
-                    cpus += 1;
-                }
-                p += usize::from(elen);
-            }
-            return Ok(cpus);
+            .ok_or_else(|| acpi_error(at, "a table whose length is short or leaves the blob"))?;
+        if &tables[at..at + 4] == b"APIC" {
+            return madt_cpus(tables, at, end);
         }
         at = end;
     }
     Err(Error::Parameter(
         "etc/acpi/tables: no MADT (APIC) table".into(),
     ))
+}
+
+/// The enabled processors the MADT at `tables[at..end]` lists.
+fn madt_cpus(tables: &[u8], at: usize, end: usize) -> Result<u32> {
+    if end - at < 44 {
+        return Err(acpi_error(at, "a MADT shorter than its fixed fields"));
+    }
+    // Header (36), local APIC address (4), flags (4), then the entries.
+    let mut p = at + 44;
+    let mut cpus = 0u32;
+    while p < end {
+        let (kind, len) = match tables.get(p..p + 2) {
+            Some(h) if h[1] >= 2 && p + usize::from(h[1]) <= end => (h[0], h[1]),
+            _ => return Err(acpi_error(p, "a malformed MADT entry")),
+        };
+        let flags = match kind {
+            0 if len >= 8 => u32_at(tables, p + 4),
+            9 if len >= 16 => u32_at(tables, p + 8),
+            _ => None,
+        };
+        if flags.is_some_and(|f| f & 1 != 0) {
+            cpus += 1;
+        }
+        p += usize::from(len);
+    }
+    Ok(cpus)
+}
+
+fn acpi_error(at: usize, why: &str) -> Error {
+    Error::Parameter(format!("etc/acpi/tables: {why} at offset {at:#x}"))
 }
 
 /// ACPI table blobs made to order, for tests here and in other crates (`test-support`).
