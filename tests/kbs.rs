@@ -422,7 +422,9 @@ fn coco_shaped_snp_report_json_is_accepted() {
 #[test]
 fn restart_keeps_resources_and_two_replicas_share_sessions() {
     let n = node(0);
-    let s = setup(&[&n], None);
+    let mut s = setup(&[&n], None);
+    // Processes on one SQLite file share sessions when asked to (PostgreSQL always does).
+    s.config.sessions = Some(cgx_kbs::server::config::SessionMode::Database);
     let srv = Server::start(&s.config);
     put_resource(
         &srv.base,
@@ -463,6 +465,94 @@ fn replicas_serve_one_session(a: &str, b: &str, n: &cgx_kbs::sim::SimNode) {
     let mut again = on_a.rebase(a);
     let e = again.send_attestation(&att).unwrap_err();
     assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
+}
+
+/// SQLite's default, `memory` sessions: a challenge is answered once without a database
+/// write, only by the process that issued it, and a restart ends its sessions (the client
+/// attests again); the resources stay.
+#[test]
+fn memory_sessions_answer_once_and_end_with_the_process() {
+    let n = node(0);
+    let s = setup(&[&n], None);
+    assert_eq!(
+        s.config.session_mode(),
+        cgx_kbs::server::config::SessionMode::Memory
+    );
+    let a = Server::start(&s.config);
+    put_resource(&a.base, &s.admin, "tenant-a/key/mem", b"m", false);
+    let mut c = client(&a.base);
+    let nonce = c.auth(n.tee()).unwrap();
+    let att = c.attestation(&n, &nonce).unwrap();
+    c.send_attestation(&att).unwrap();
+    assert_eq!(c.resource("tenant-a/key/mem", None).unwrap(), b"m");
+    // The same answer again, on the same challenge: refused.
+    let e = c.send_attestation(&att).unwrap_err();
+    assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
+    assert!(e.to_string().contains("already answered"), "{e}");
+    // A failed answer uses the challenge up too.
+    let mut f = client(&a.base);
+    let nonce = f.auth(n.tee()).unwrap();
+    let mut bad = f.attestation(&n, &nonce).unwrap();
+    bad.runtime_data.nonce = "not the nonce".into();
+    let e = f.send_attestation(&bad).unwrap_err();
+    assert_eq!(e.kind(), Some("AttestationFailed"), "{e}");
+    let good = f.attestation(&n, &nonce).unwrap();
+    let e = f.send_attestation(&good).unwrap_err();
+    assert!(e.to_string().contains("already answered"), "{e}");
+
+    // Another process on the same file did not issue this challenge: it cannot answer it
+    // (so no challenge is answered twice across processes), nor serve the session.
+    let b = Server::start(&s.config);
+    let mut on_a = client(&a.base);
+    let nonce = on_a.auth(n.tee()).unwrap();
+    let att = on_a.attestation(&n, &nonce).unwrap();
+    let mut on_b = on_a.rebase(&b.base);
+    let e = on_b.send_attestation(&att).unwrap_err();
+    assert!(e.to_string().contains("not issued by this KBS"), "{e}");
+    let mut on_a = on_b.rebase(&a.base);
+    on_a.send_attestation(&att).unwrap();
+    let on_b = on_a.rebase(&b.base);
+    let e = on_b.resource("tenant-a/key/mem", None).unwrap_err();
+    assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
+    b.stop();
+
+    // A restart ends the sessions; the client attests again and the resource is there.
+    a.stop();
+    let a = Server::start(&s.config);
+    let on_a = on_b.rebase(&a.base);
+    let e = on_a.resource("tenant-a/key/mem", None).unwrap_err();
+    assert_eq!(e.kind(), Some("UnAuthenticated"), "{e}");
+    let mut again = on_a;
+    again.attest(&n).unwrap();
+    assert_eq!(again.resource("tenant-a/key/mem", None).unwrap(), b"m");
+    a.stop();
+}
+
+/// At `max_live_sessions` live answers, attestation is refused with 503 rather than any
+/// answer forgotten (which would let its challenge be answered again); the sessions held
+/// still release.
+#[test]
+fn a_full_session_table_refuses_attestation_and_forgets_nothing() {
+    let n = node(0);
+    let mut s = setup(&[&n], None);
+    s.config.max_live_sessions = 2;
+    let srv = Server::start(&s.config);
+    put_resource(&srv.base, &s.admin, "tenant-a/key/full", b"f", false);
+    let mut one = client(&srv.base);
+    one.attest(&n).unwrap();
+    let mut two = client(&srv.base);
+    let nonce = two.auth(n.tee()).unwrap();
+    let att = two.attestation(&n, &nonce).unwrap();
+    two.send_attestation(&att).unwrap();
+    let mut three = client(&srv.base);
+    let e = three.attest(&n).unwrap_err();
+    // A 5xx carries a log reference only; the log names max_live_sessions.
+    assert_eq!(e.kind(), Some("ServiceUnavailable"), "{e}");
+    assert_eq!(one.resource("tenant-a/key/full", None).unwrap(), b"f");
+    assert_eq!(two.resource("tenant-a/key/full", None).unwrap(), b"f");
+    let e = two.send_attestation(&att).unwrap_err();
+    assert!(e.to_string().contains("already answered"), "{e}");
+    srv.stop();
 }
 
 #[test]
@@ -642,7 +732,9 @@ fn one_key_cannot_be_both_admin_and_broker() {
 #[test]
 fn a_session_row_written_into_the_database_is_not_a_session() {
     let n = node(0);
-    let s = setup(&[&n], None);
+    let mut s = setup(&[&n], None);
+    // The mode in which the KBS reads session rows at all.
+    s.config.sessions = Some(cgx_kbs::server::config::SessionMode::Database);
     let srv = Server::start(&s.config);
     put_resource(&srv.base, &s.admin, "tenant-a/key/db", b"k", false);
     let mut victim = client(&srv.base);

@@ -309,7 +309,8 @@ pub fn bench(flows: usize, rounds: usize, client: CocoClient, json_out: bool) ->
 
     // cgx, configured as a CoCo user would point it at sample evidence: `cgx kbs serve` with
     // the development set-up's keys and reference values, sample evidence taken, Trustee's
-    // single-tenant release model, and the default result key (Ed25519, one per process).
+    // single-tenant release model, the default result key (Ed25519, one per process) and
+    // SQLite's default session table (in memory, as Trustee's).
     let setup = cgx_devnet::setup(&[], None).map_err(|e| e.to_string())?;
     let c = &setup.config;
     let cgx_port = free_port()?;

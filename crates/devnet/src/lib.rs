@@ -289,6 +289,8 @@ fn setup_with(
         serving_threads: None,
         admin_token_max_ttl_secs: 3600,
         lease_max_ttl_secs: 86_400,
+        sessions: None,
+        max_live_sessions: 100_000,
     };
     Ok(Setup {
         dir,

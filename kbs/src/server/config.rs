@@ -12,6 +12,7 @@
 //!   "result_key": "ear-signing.pk8",
 //!   "sim_roots": [], "allow_sample": false,
 //!   "nonce_ttl_secs": 60, "session_ttl_secs": 300, "tenant_isolation": true,
+//!   "sessions": "memory", "max_live_sessions": 100000,
 //!   "collateral": {"store": "collateral", "online": true},
 //!   "appraisal": {"policy": null, "reference_values": null} }
 //! ```
@@ -196,6 +197,30 @@ pub struct KbsConfig {
     /// releases every resource to any requester it allows) for single-tenant deployments.
     #[serde(default = "default_true")]
     pub tenant_isolation: bool,
+    /// Where answered challenges and attested sessions live (`sessions.rs`): `memory` (the
+    /// default with SQLite: this process answers only its own challenges, no write per
+    /// attestation) or `database` (PostgreSQL's only mode, SQLite's opt-in: any replica on
+    /// the database serves any step).
+    #[serde(default)]
+    pub sessions: Option<SessionMode>,
+    /// The most attested sessions held at once (each holds its appraisal, a few KB), and apart
+    /// from them the most failed answers. With `memory` sessions, past it, with none
+    /// droppable, attestation is refused with 503 until some expire; with `database`
+    /// sessions it bounds this replica's cache.
+    #[serde(default = "default_max_live_sessions")]
+    pub max_live_sessions: usize,
+}
+
+/// Where sessions live; see [`KbsConfig::sessions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionMode {
+    Memory,
+    Database,
+}
+
+fn default_max_live_sessions() -> usize {
+    100_000
 }
 
 fn default_true() -> bool {
@@ -262,6 +287,16 @@ impl KbsConfig {
         l
     }
 
+    /// Where sessions live: as configured, else in memory with SQLite and in the database
+    /// with PostgreSQL.
+    pub fn session_mode(&self) -> SessionMode {
+        self.sessions
+            .unwrap_or(match cgx_service::db::Backend::of(&self.database) {
+                Some(cgx_service::db::Backend::Sqlite) => SessionMode::Memory,
+                _ => SessionMode::Database,
+            })
+    }
+
     /// Refuse configurations that cannot be served safely.
     pub fn check(&self) -> Result<(), KbsError> {
         self.listener()
@@ -280,6 +315,22 @@ impl KbsConfig {
             return Err(KbsError::Config(format!(
                 "admin_token_max_ttl_secs and lease_max_ttl_secs must be 1 to {MAX_TTL_SECS}"
             )));
+        }
+        // PostgreSQL is for replicas, and replicas serve one another's sessions.
+        if self.session_mode() == SessionMode::Memory
+            && cgx_service::db::Backend::of(&self.database)
+                != Some(cgx_service::db::Backend::Sqlite)
+        {
+            return Err(KbsError::Config(
+                "sessions = \"memory\" is for a SQLite database; replicas on a shared \
+                 database share their sessions (sessions = \"database\")"
+                    .into(),
+            ));
+        }
+        if !(1..=50_000_000).contains(&self.max_live_sessions) {
+            return Err(KbsError::Config(
+                "max_live_sessions must be 1 to 50000000".into(),
+            ));
         }
         if self.session_ttl_secs < self.nonce_ttl_secs {
             return Err(KbsError::Config(
@@ -365,5 +416,38 @@ impl KbsConfig {
         let hexed = String::from_utf8_lossy(&text).trim().to_string();
         let v = hex::decode(&hexed).map_err(|_| bad("not hex"))?;
         v.try_into().map_err(|_| bad("wrong length"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn config(database: &str, sessions: Option<&str>) -> Result<KbsConfig, KbsError> {
+        let mut v = serde_json::json!({
+            "listen": "127.0.0.1:0", "insecure_dev": true, "database": database,
+            "kek": {"env": "UNUSED"}, "result_key": "ear.pk8", "version_file": "v",
+        });
+        if let Some(s) = sessions {
+            v["sessions"] = s.into();
+        }
+        let c: KbsConfig =
+            serde_json::from_value(v).map_err(|e| KbsError::Config(e.to_string()))?;
+        c.check()?;
+        Ok(c)
+    }
+
+    #[test]
+    fn sessions_live_in_memory_on_sqlite_and_in_the_database_on_postgresql() {
+        let sqlite = config("sqlite://kbs.db", None).unwrap();
+        assert_eq!(sqlite.session_mode(), SessionMode::Memory);
+        let shared = config("sqlite://kbs.db", Some("database")).unwrap();
+        assert_eq!(shared.session_mode(), SessionMode::Database);
+        let pg = config("postgres://kbs@db/kbs", None).unwrap();
+        assert_eq!(pg.session_mode(), SessionMode::Database);
+        let e = config("postgres://kbs@db/kbs", Some("memory")).unwrap_err();
+        assert!(e.to_string().contains("share their sessions"), "{e}");
+        assert!(config("sqlite://kbs.db", Some("disk")).is_err());
     }
 }

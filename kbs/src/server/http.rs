@@ -29,7 +29,7 @@ use cgx_service::auth::Admin;
 
 use super::error::KbsError;
 use super::release::{GLOBAL_SCOPE, check_lease};
-use super::store::{ATTESTED, AdminChange, AuditRow, FAILED};
+use super::store::{AdminChange, AuditRow};
 use super::{Kbs, LiveSession};
 
 pub const PROTOCOL_VERSION: &str = "0.4.0";
@@ -214,8 +214,8 @@ async fn attest_inner(
             "this challenge was already answered; start again with /auth".into(),
         )
     };
-    // Replays are caught by the one INSERT below (any replica); checking first would cost every
-    // honest attestation a read.
+    // Replays are caught when the answer is recorded (`sessions.rs`: one INSERT on any replica,
+    // or this process's table); checking first would cost every honest attestation a read.
     let att: Attestation = json_body(body, "attestation")?;
     let tee: Tee = ch
         .tee
@@ -248,46 +248,25 @@ async fn attest_inner(
         Ok(a) => a,
         Err(e) => {
             // A failed answer uses up the challenge too.
-            kbs.store
-                // Kept a session lifetime past the challenge's expiry, like an answered one: a
-                // replica whose clock is behind still finds it.
-                .record_session(
-                    &id,
-                    &ch.nonce,
-                    &ch.tee,
-                    FAILED,
-                    ch.expires_at + kbs.session_ttl,
-                    None,
-                )
-                .await?;
+            kbs.answer_failed(&ch).await?;
             return Err(e);
         }
     };
     // A session lives at most `session_ttl` past its challenge's expiry, however long the
     // attestation took (collateral fetches): the session sweep relies on it.
     let expires_at = kbs.clock.unix().min(ch.expires_at) + kbs.session_ttl;
+    let session = LiveSession {
+        // No longer than its EAR (attestation may have taken a while).
+        expires_at: expires_at.min(attested.ear().exp.unwrap_or(expires_at)),
+        tee_pubkey: att.runtime_data.tee_pubkey.clone(),
+        ear: attested.ear().clone(),
+    };
     if !kbs
-        .store
-        .record_session(
-            &id,
-            &ch.nonce,
-            &ch.tee,
-            ATTESTED,
-            expires_at,
-            Some(attested.token()),
-        )
+        .answer_attested(&ch, expires_at, attested.token(), session)
         .await?
     {
         return Err(replayed());
     }
-    // A session lives no longer than its EAR (attestation may have taken a while).
-    let expires_at = expires_at.min(attested.ear().exp.unwrap_or(expires_at));
-    kbs.remember_session(
-        &id,
-        att.runtime_data.tee_pubkey.clone(),
-        attested.ear().clone(),
-        expires_at,
-    );
     // The session id is a bearer credential: it is not logged.
     tracing::info!(status = attested.status().as_str(), "attested");
     Ok(Json(json!({"token": attested.token()})).into_response())

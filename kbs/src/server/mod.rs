@@ -12,6 +12,7 @@ mod http;
 mod keys;
 mod release;
 mod session;
+mod sessions;
 pub mod store;
 mod watermark;
 
@@ -29,6 +30,7 @@ use cgx_service::metrics::Metrics;
 use cgx_service::{Background, SharedClock, jwt};
 
 pub use config::KbsConfig;
+use config::SessionMode;
 pub use error::KbsError;
 
 use attest::Attester;
@@ -61,8 +63,9 @@ pub(crate) struct Kbs {
     /// [`POLICY_CACHE_SECS`].
     policy_cache: Mutex<std::collections::HashMap<String, CachedPolicies>>,
     pub(crate) session_keys: session::SessionKeys,
-    /// Sessions attested on this replica (others are read from the database).
-    sessions: Mutex<std::collections::HashMap<String, Arc<LiveSession>>>,
+    /// Answered challenges and attested sessions: the record (`memory`) or this replica's
+    /// cache of what it attested (`database`).
+    sessions: sessions::Sessions,
 }
 
 /// An attested session as the resource endpoint needs it: the TEE key the EAR binds and the
@@ -255,6 +258,12 @@ impl Kbs {
             ));
         }
         let admin_keys = AdminKeys::new(admin, config.admin_token_max_ttl_secs);
+        // Memory sessions are this process's alone: say so, for whoever runs two on one file.
+        tracing::info!(
+            sessions = ?config.session_mode(),
+            max_live_sessions = config.max_live_sessions,
+            "sessions"
+        );
         if !config.tenant_isolation {
             tracing::warn!(
                 "tenant isolation is off: the global release policy alone releases any resource"
@@ -280,46 +289,120 @@ impl Kbs {
             default_reference_values,
             engine_source: Mutex::new((policy, refs)),
             policy_cache: Mutex::new(std::collections::HashMap::new()),
-            session_keys: session::SessionKeys::derive(&kek),
-            sessions: Mutex::new(std::collections::HashMap::new()),
+            session_keys: match config.session_mode() {
+                SessionMode::Database => session::SessionKeys::derive(&kek),
+                SessionMode::Memory => session::SessionKeys::ephemeral()
+                    .ok_or_else(|| KbsError::Config("session keys: no randomness".into()))?,
+            },
+            sessions: sessions::Sessions::new(
+                config.session_mode(),
+                config.max_live_sessions,
+                config.session_ttl_secs,
+            ),
         })
     }
 
-    /// Keep a session this replica attested, so its resource requests skip the database.
-    pub(crate) fn remember_session(
-        &self,
-        id: &str,
-        tee_pubkey: cgx_protocol::kbs_types::TeePubKey,
-        ear: Ear,
-        expires_at: i64,
-    ) {
-        if let Ok(mut m) = self.sessions.lock() {
-            if m.len() >= 100_000 {
-                let t = self.clock.unix();
-                m.retain(|_, s| s.expires_at > t);
-                if m.len() >= 100_000 {
-                    m.clear();
-                }
+    /// Record a failed answer to `ch`: the challenge is used up.
+    pub(crate) async fn answer_failed(&self, ch: &session::Challenge) -> Result<(), KbsError> {
+        match self.sessions.mode() {
+            // Kept a session lifetime past the challenge's expiry, like an answered one: a
+            // replica whose clock is behind still finds it.
+            SessionMode::Database => {
+                self.store
+                    .record_session(
+                        &ch.id,
+                        &ch.nonce,
+                        &ch.tee,
+                        store::FAILED,
+                        ch.expires_at + self.session_ttl,
+                        None,
+                    )
+                    .await?;
+                Ok(())
             }
-            m.insert(
-                id.to_string(),
-                Arc::new(LiveSession {
-                    expires_at,
-                    tee_pubkey,
-                    ear,
-                }),
-            );
+            // A failure that was not recorded (a replay, an expired challenge, or a full table of
+            // failures) still returns its own error: a new challenge costs nothing, so being
+            // able to answer a failed one again gains nothing.
+            SessionMode::Memory => {
+                if let Err(why) =
+                    self.sessions
+                        .answer(&ch.id, ch.expires_at, None, self.clock.unix())
+                {
+                    tracing::debug!(?why, "failed answer not recorded");
+                }
+                Ok(())
+            }
         }
     }
 
-    /// An attested session: this replica's memory, else the database. `None` for unknown
-    /// sessions and for challenges whose answer failed.
+    /// Record the attested answer to `ch`, its session living until `expires_at` with
+    /// `token` (the EAR, signed) and `session` (the same, verified): `false` when the
+    /// challenge was answered before (on any replica, with `database` sessions).
+    pub(crate) async fn answer_attested(
+        &self,
+        ch: &session::Challenge,
+        expires_at: i64,
+        token: &str,
+        session: LiveSession,
+    ) -> Result<bool, KbsError> {
+        let now = self.clock.unix();
+        match self.sessions.mode() {
+            SessionMode::Database => {
+                let first = self
+                    .store
+                    .record_session(
+                        &ch.id,
+                        &ch.nonce,
+                        &ch.tee,
+                        store::ATTESTED,
+                        expires_at,
+                        Some(token),
+                    )
+                    .await?;
+                if first {
+                    self.sessions.remember(&ch.id, Arc::new(session), now);
+                }
+                Ok(first)
+            }
+            SessionMode::Memory => {
+                match self
+                    .sessions
+                    .answer(&ch.id, ch.expires_at, Some(Arc::new(session)), now)
+                {
+                    Ok(()) => Ok(true),
+                    Err(sessions::Refused::Replayed) => Ok(false),
+                    Err(sessions::Refused::Expired) => Err(KbsError::UnAuthenticated(
+                        "the challenge expired while the evidence was appraised; start again \
+                         with /auth"
+                            .into(),
+                    )),
+                    Err(sessions::Refused::Full) => Err(self.sessions_full()),
+                }
+            }
+        }
+    }
+
+    fn sessions_full(&self) -> KbsError {
+        KbsError::Overloaded {
+            retry_after: 5,
+            detail: format!(
+                "this KBS holds {} live sessions (max_live_sessions); try again later",
+                self.sessions.capacity()
+            ),
+        }
+    }
+
+    /// An attested session: this process's table, else (with `database` sessions) the
+    /// database. `None` for unknown sessions and for challenges whose answer failed.
     pub(crate) async fn attested_session(
         &self,
         id: &str,
     ) -> Result<Option<Arc<LiveSession>>, KbsError> {
-        if let Some(s) = self.sessions.lock().ok().and_then(|m| m.get(id).cloned()) {
+        if let Some(s) = self.sessions.get(id) {
             return Ok(Some(s));
+        }
+        if self.sessions.mode() == SessionMode::Memory {
+            return Ok(None);
         }
         let Some(row) = self.store.session(id).await? else {
             return Ok(None);
@@ -501,6 +584,8 @@ async fn housekeeping(kbs: Arc<Kbs>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        kbs.sessions.prune(kbs.clock.unix());
+        // Rows too: with `memory` sessions, those a `database` run left behind.
         // Busy databases are normal under load; the next tick retries.
         if let Err(e) = kbs
             .store

@@ -1,10 +1,13 @@
 //! Session ids that carry their own challenge.
 //!
-//! `auth` writes nothing: the session id is `<expiry>.<random>.<tee>.<mac>`, MAC'd with a key
-//! every replica derives from the shared key-encryption key, and the challenge nonce is a MAC
-//! of the id. `attest` checks the MAC and the expiry, then records the session with one
-//! INSERT keyed by the id: a second answer to the same challenge finds the row and is refused,
-//! on any replica. Failed attestations are recorded too, so a challenge is answered once.
+//! `auth` writes nothing: the session id is `<expiry>.<random>.<tee>.<mac>`, and the challenge
+//! nonce is a MAC of the id. With `database` sessions the MAC key is derived from the shared
+//! key-encryption key, so every replica verifies every id, and `attest` records the answer
+//! with one INSERT keyed by the id: a second answer to the same challenge finds the row and is
+//! refused, on any replica. With `memory` sessions the key is drawn at start
+//! ([`SessionKeys::ephemeral`]) and the answer is recorded in this process
+//! ([`super::sessions`]). Either way failed attestations are recorded too, so a challenge is
+//! answered once.
 //!
 //! The expiry comes first, zero-padded, so ids sort by issue time: the session rows' primary
 //! key then grows at its right edge like a log: a checkpoint copies a few index pages back
@@ -55,6 +58,14 @@ impl SessionKeys {
         ctx.update(what);
         ctx.update(body.as_bytes());
         ctx.sign().as_ref().to_vec()
+    }
+
+    /// Keys drawn at random, for `memory` sessions (`sessions.rs`): only this process, in this
+    /// run, issues ids that verify, so only it answers their challenges.
+    pub fn ephemeral() -> Option<Self> {
+        let mut k = [0u8; 32];
+        aws_lc_rs::rand::fill(&mut k).ok()?;
+        Some(SessionKeys::derive(&k))
     }
 
     /// A new challenge for `tee`, valid until `expires_at`.
@@ -128,5 +139,18 @@ mod tests {
         assert!(k.open(&forged, 50).is_err());
         assert!(k.open("x", 50).is_err());
         assert_ne!(k.issue("snp", 100).unwrap().nonce, c.nonce);
+    }
+
+    #[test]
+    fn ephemeral_keys_verify_only_their_own_ids() {
+        let a = SessionKeys::ephemeral().unwrap();
+        let b = SessionKeys::ephemeral().unwrap();
+        let c = a.issue("snp", 100).unwrap();
+        assert_eq!(a.open(&c.id, 50).unwrap(), c);
+        assert_eq!(
+            b.open(&c.id, 50).unwrap_err(),
+            "session id was not issued by this KBS"
+        );
+        assert!(SessionKeys::derive(&[1; 32]).open(&c.id, 50).is_err());
     }
 }

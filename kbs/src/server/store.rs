@@ -2,19 +2,20 @@
 //! default) or PostgreSQL (several replicas), through sqlx's `Any` driver with one SQL dialect
 //! (`$n` placeholders work on both).
 //!
-//! Sessions live here, not in memory, so any replica serves any step of a handshake; a challenge
-//! is answered by one INSERT keyed by the session id, so it is single-use across replicas too
-//! ([`super::session`]). Resources are
+//! With `database` sessions ([`super::sessions`]) they live here, so any replica serves any step
+//! of a handshake; a challenge is answered by one INSERT keyed by the session id, so it is
+//! single-use across replicas too ([`super::session`]). Resources are
 //! sealed with AES-256-GCM under the key-encryption key (never stored). Everything that decides
 //! a release is bound into the AAD — the path, whether a lease is required, and a version — so
 //! someone who can write the database cannot move a sealed value to another path, drop a
 //! lease requirement, or (on a replica that has read a newer version) put an older value back.
 //! A restart with another KEK is refused at open.
 //!
-//! The two writes on every flow — the session row at attestation, the audit row at release —
-//! are group-committed: each caller waits for its own commit, the database sees one statement
-//! per batch. On an SQLite file the callers write the batches themselves ([`InlineCommit`], no
-//! thread hand-offs); on PostgreSQL a writer task per table does ([`GroupCommit`]). Sealed resources are read through a cache of [`RESOURCE_CACHE`]: a
+//! The writes on every flow — the audit row at release, and with `database` sessions the
+//! session row at attestation — are group-committed: each caller waits for its own commit,
+//! the database sees one statement per batch. On an SQLite file the callers write the batches
+//! themselves ([`InlineCommit`], no thread hand-offs); on PostgreSQL a writer task per table
+//! does ([`GroupCommit`]). Sealed resources are read through a cache of [`RESOURCE_CACHE`]: a
 //! change made on this replica clears it at once, one made on another replica is seen within
 //! that time (as release policies are).
 

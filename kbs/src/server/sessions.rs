@@ -1,0 +1,289 @@
+//! Where answered challenges and attested sessions live.
+//!
+//! A challenge is answered once, and an attested session is found again by its id. Two
+//! places can hold that ([`SessionMode`]):
+//!
+//! - **`database`** (PostgreSQL's only mode, SQLite's opt-in). One INSERT keyed by the MAC'd
+//!   id records each answer, so any replica on the database serves any step, and a second
+//!   answer is refused on every replica. The table here is then a cache of the sessions this
+//!   replica attested; another replica's are read from the database and re-verified.
+//! - **`memory`** (the default with SQLite). The table here is the record: a commit per
+//!   attestation was the largest removable cost of a CoCo flow on SQLite (about a tenth of
+//!   the KBS's CPU with the stock client). Ids are MAC'd with a key drawn at start
+//!   ([`super::session::SessionKeys::ephemeral`]), so this process answers only challenges it
+//!   issued in this run. A challenge from another process, or from before a restart, fails its
+//!   MAC and cannot be answered twice anywhere. Sessions end with the process; CoCo clients
+//!   attest again on the 401.
+//!
+//! In memory an answer is kept a session lifetime past its challenge's expiry (as a row is:
+//! a clock stepped back still finds it), and nothing is evicted before then: forgetting an
+//! answer early would let its challenge be answered again. An answer recorded after its
+//! challenge expired (an attestation that waited on collateral) is refused, so an answer can
+//! only have been dropped once its challenge no longer opens. At [`Sessions::capacity`]
+//! attested answers, none droppable, attestation is refused with 503. Failed answers are
+//! counted apart, under the same cap: where that is full a failure is not recorded (a new
+//! challenge costs nothing, so a failed one being answered again gains nothing), and a flood
+//! of failing attestations cannot lock attested ones out.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::LiveSession;
+pub use super::config::SessionMode;
+
+/// Answered challenges, by session id: attested ones with their session, failed ones with
+/// the time they may go.
+#[derive(Debug, Default)]
+struct Table {
+    attested: HashMap<String, Answer>,
+    failed: HashMap<String, i64>,
+    /// When the table was last swept (a full table is swept at most once a second).
+    swept_at: i64,
+}
+
+/// An attested answer: kept until `until`, with its session.
+#[derive(Debug)]
+struct Answer {
+    until: i64,
+    session: Arc<LiveSession>,
+}
+
+impl Table {
+    fn sweep(&mut self, now: i64) -> usize {
+        let before = self.attested.len() + self.failed.len();
+        self.attested.retain(|_, a| a.until > now);
+        self.failed.retain(|_, until| *until > now);
+        self.swept_at = now;
+        before - self.attested.len() - self.failed.len()
+    }
+}
+
+/// Answered challenges and attested sessions held by this process.
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    mode: SessionMode,
+    capacity: usize,
+    /// How long past its challenge's expiry an answer is kept (the session lifetime).
+    hold: i64,
+    table: Mutex<Table>,
+}
+
+/// Why an answer was not recorded in memory.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The challenge was answered before.
+    Replayed,
+    /// The challenge expired before its answer was recorded.
+    Expired,
+    /// The table holds `capacity` answers of that kind, none droppable.
+    Full,
+}
+
+impl Sessions {
+    /// `hold`: the session lifetime, how long past its challenge's expiry an answer is kept.
+    pub(crate) fn new(mode: SessionMode, capacity: usize, hold: i64) -> Self {
+        Sessions {
+            mode,
+            capacity,
+            hold,
+            table: Mutex::new(Table::default()),
+        }
+    }
+
+    pub(crate) fn mode(&self) -> SessionMode {
+        self.mode
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `memory` mode: record the answer to challenge `id` (expiring at `challenge_expires`),
+    /// with its session when it attested (`session.expires_at` at most `challenge_expires` +
+    /// the session lifetime).
+    pub(crate) fn answer(
+        &self,
+        id: &str,
+        challenge_expires: i64,
+        session: Option<Arc<LiveSession>>,
+        now: i64,
+    ) -> Result<(), Refused> {
+        if now >= challenge_expires {
+            return Err(Refused::Expired);
+        }
+        let until = challenge_expires.saturating_add(self.hold);
+        let capacity = self.capacity;
+        let mut t = self.lock();
+        if t.attested.contains_key(id) || t.failed.contains_key(id) {
+            return Err(Refused::Replayed);
+        }
+        let full = |t: &Table| match &session {
+            Some(_) => t.attested.len() >= capacity,
+            None => t.failed.len() >= capacity,
+        };
+        if full(&t) && t.swept_at < now {
+            t.sweep(now);
+        }
+        if full(&t) {
+            return Err(Refused::Full);
+        }
+        match session {
+            Some(session) => {
+                let until = until.max(session.expires_at);
+                t.attested.insert(id.to_string(), Answer { until, session });
+            }
+            None => {
+                t.failed.insert(id.to_string(), until);
+            }
+        }
+        Ok(())
+    }
+
+    /// `database` mode: cache a session this replica attested (its answer is in the database,
+    /// so the cache may forget it at any time).
+    pub(crate) fn remember(&self, id: &str, session: Arc<LiveSession>, now: i64) {
+        let mut t = self.lock();
+        if t.attested.len() >= self.capacity {
+            t.sweep(now);
+            if t.attested.len() >= self.capacity {
+                t.attested.clear();
+            }
+        }
+        let until = session.expires_at;
+        t.attested.insert(id.to_string(), Answer { until, session });
+    }
+
+    /// The attested session held for `id` (unexpired or not: the caller checks).
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<LiveSession>> {
+        self.lock().attested.get(id).map(|a| a.session.clone())
+    }
+
+    /// Drop what is no longer needed at `now`; returns how many entries went.
+    pub(crate) fn prune(&self, now: i64) -> usize {
+        self.lock().sweep(now)
+    }
+
+    /// How many answers are held.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        let t = self.lock();
+        t.attested.len() + t.failed.len()
+    }
+
+    /// The most answers of each kind held at once (attested, failed).
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn live(expires_at: i64) -> Arc<LiveSession> {
+        let key: cgx_protocol::kbs_types::TeePubKey = serde_json::from_value(serde_json::json!({
+            "kty": "EC", "crv": "P-256", "alg": "ECDH-ES+A256KW",
+            "x": "YIhTO_G2VHPBFXqIJR1Z28NXwmHUsRX3hCrdVmFeHA0",
+            "y": "r9BI1qGdZbC6hVrY8ItVSElgi9WscsauyQRNcLUbkyw"
+        }))
+        .unwrap();
+        Arc::new(LiveSession {
+            expires_at,
+            tee_pubkey: key,
+            ear: serde_json::from_value(serde_json::json!({
+                "eat_profile": "tag:ietf.org,2026:rats/ear#04",
+                "iat": 0,
+                "ear_verifier_id": {"developer": "cgx", "build": "test"},
+                "submods": {}
+            }))
+            .unwrap(),
+        })
+    }
+
+    #[test]
+    fn a_challenge_is_answered_once_and_failed_answers_count() {
+        let s = Sessions::new(SessionMode::Memory, 10, 300);
+        assert_eq!(s.answer("a", 100, Some(live(400)), 0), Ok(()));
+        assert_eq!(
+            s.answer("a", 100, Some(live(400)), 0),
+            Err(Refused::Replayed)
+        );
+        assert_eq!(s.answer("a", 100, None, 0), Err(Refused::Replayed));
+        assert!(s.get("a").is_some());
+        // A failed answer uses the challenge up too, and holds no session.
+        assert_eq!(s.answer("b", 50, None, 0), Ok(()));
+        assert_eq!(
+            s.answer("b", 50, Some(live(100)), 0),
+            Err(Refused::Replayed)
+        );
+        assert!(s.get("b").is_none());
+        // Both are kept a session lifetime past their challenge (a clock stepped back still
+        // finds them), then go.
+        assert_eq!(s.prune(349), 0);
+        assert_eq!(s.prune(350), 1);
+        assert!(s.get("a").is_some());
+        assert_eq!(s.prune(400), 1);
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn an_answer_is_kept_past_its_challenge_even_when_its_session_ends_first() {
+        let s = Sessions::new(SessionMode::Memory, 10, 300);
+        // The EAR ended at 20; the challenge is open until 100.
+        s.answer("a", 100, Some(live(20)), 0).unwrap();
+        assert_eq!(s.prune(99), 0);
+        assert_eq!(
+            s.answer("a", 100, Some(live(400)), 99),
+            Err(Refused::Replayed)
+        );
+    }
+
+    #[test]
+    fn an_answer_recorded_after_its_challenge_expired_is_refused() {
+        let s = Sessions::new(SessionMode::Memory, 10, 300);
+        // A first answer, failed, swept once everything about it is over...
+        s.answer("a", 100, None, 10).unwrap();
+        assert_eq!(s.prune(400), 1);
+        // ...and a second one that waited on collateral until then: refused all the same.
+        assert_eq!(
+            s.answer("a", 100, Some(live(400)), 400),
+            Err(Refused::Expired)
+        );
+        assert_eq!(
+            s.answer("b", 100, Some(live(400)), 100),
+            Err(Refused::Expired)
+        );
+        assert!(s.get("a").is_none());
+    }
+
+    #[test]
+    fn a_full_table_refuses_rather_than_forget_a_live_answer() {
+        let s = Sessions::new(SessionMode::Memory, 2, 300);
+        s.answer("a", 100, Some(live(400)), 0).unwrap();
+        s.answer("b", 200, Some(live(500)), 0).unwrap();
+        assert_eq!(s.answer("c", 300, Some(live(600)), 10), Err(Refused::Full));
+        // Both answers are still held: neither challenge can be answered again.
+        assert_eq!(s.answer("a", 100, None, 10), Err(Refused::Replayed));
+        assert_eq!(s.answer("b", 200, None, 10), Err(Refused::Replayed));
+        // Failed answers are counted apart: a flood of them does not lock attested ones out,
+        // and where their own cap is full they are not recorded.
+        s.answer("f1", 300, None, 10).unwrap();
+        s.answer("f2", 300, None, 10).unwrap();
+        assert_eq!(s.answer("f3", 300, None, 10), Err(Refused::Full));
+        // Once one is droppable, its room is reused.
+        assert_eq!(s.answer("c", 500, Some(live(800)), 400), Ok(()));
+        assert!(s.get("a").is_none());
+        assert!(s.get("c").is_some());
+    }
+
+    #[test]
+    fn the_database_cache_may_forget() {
+        let s = Sessions::new(SessionMode::Database, 2, 300);
+        s.remember("a", live(100), 0);
+        s.remember("b", live(100), 0);
+        s.remember("c", live(100), 0);
+        assert!(s.get("c").is_some());
+        assert!(s.len() <= 2);
+    }
+}
