@@ -438,6 +438,11 @@ impl Appraisal {
         &self.ear
     }
 
+    /// The EAR and the token that signs it, for a caller that keeps them (a session).
+    pub fn into_signed(self) -> (Ear, String) {
+        (self.ear, self.token)
+    }
+
     /// Every part's violations, described as `part: rule [claim code]: value (expected …)`.
     pub fn violations(&self) -> Vec<String> {
         self.parts

@@ -255,21 +255,29 @@ async fn attest_inner(
     // A session lives at most `session_ttl` past its challenge's expiry, however long the
     // attestation took (collateral fetches): the session sweep relies on it.
     let expires_at = kbs.clock.unix().min(ch.expires_at) + kbs.session_ttl;
+    let status = attested.status();
+    let (ear, token) = attested.into_signed();
     let session = LiveSession {
         // No longer than its EAR (attestation may have taken a while).
-        expires_at: expires_at.min(attested.ear().exp.unwrap_or(expires_at)),
-        tee_pubkey: att.runtime_data.tee_pubkey.clone(),
-        ear: attested.ear().clone(),
+        expires_at: expires_at.min(ear.exp.unwrap_or(expires_at)),
+        tee_pubkey: att.runtime_data.tee_pubkey,
+        ear,
     };
     if !kbs
-        .answer_attested(&ch, expires_at, attested.token(), session)
+        .answer_attested(&ch, expires_at, &token, session)
         .await?
     {
         return Err(replayed());
     }
     // The session id is a bearer credential: it is not logged.
-    tracing::info!(status = attested.status().as_str(), "attested");
-    Ok(Json(json!({"token": attested.token()})).into_response())
+    tracing::info!(status = status.as_str(), "attested");
+    Ok(Json(AttestResponse { token }).into_response())
+}
+
+/// What `/attest` answers: the EAR, signed.
+#[derive(serde::Serialize)]
+struct AttestResponse {
+    token: String,
 }
 
 /// The attested session of the requester: its session cookie, or a bearer EAR this KBS issued.
