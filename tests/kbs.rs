@@ -528,6 +528,48 @@ fn memory_sessions_answer_once_and_end_with_the_process() {
     a.stop();
 }
 
+/// What each mode leaves in the database: `memory` sessions write no session row at all;
+/// `database` sessions record every answer there, a failed one included, so the failed
+/// challenge cannot be answered by this process or another on the same file.
+#[test]
+fn memory_sessions_write_no_row_and_database_sessions_record_failed_answers() {
+    let n = node(0);
+    let mut s = setup(&[&n], None);
+    let srv = Server::start(&s.config);
+    put_resource(&srv.base, &s.admin, "tenant-a/key/rows", b"r", false);
+    let mut c = client(&srv.base);
+    c.attest(&n).unwrap();
+    assert_eq!(c.resource("tenant-a/key/rows", None).unwrap(), b"r");
+    srv.stop();
+    let rows = |s: &Setup| {
+        let path = s.database.trim_start_matches("sqlite://");
+        let db = rusqlite::Connection::open(path).unwrap();
+        db.query_row("SELECT count(*) FROM sessions", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    };
+    assert_eq!(rows(&s), 0, "memory sessions wrote a session row");
+
+    s.config.sessions = Some(cgx_kbs::server::config::SessionMode::Database);
+    let a = Server::start(&s.config);
+    let b = Server::start(&s.config);
+    let mut f = client(&a.base);
+    let nonce = f.auth(n.tee()).unwrap();
+    let mut bad = f.attestation(&n, &nonce).unwrap();
+    bad.runtime_data.nonce = "not the nonce".into();
+    let e = f.send_attestation(&bad).unwrap_err();
+    assert_eq!(e.kind(), Some("AttestationFailed"), "{e}");
+    assert_eq!(rows(&s), 1, "the failed answer is a row");
+    let good = f.attestation(&n, &nonce).unwrap();
+    for base in [&a.base, &b.base] {
+        let mut again = f.rebase(base);
+        let e = again.send_attestation(&good).unwrap_err();
+        assert!(e.to_string().contains("already answered"), "{e}");
+        f = again;
+    }
+    a.stop();
+    b.stop();
+}
+
 /// At `max_live_sessions` live answers, attestation is refused with 503 rather than any
 /// answer forgotten (which would let its challenge be answered again); the sessions held
 /// still release.
@@ -680,6 +722,11 @@ fn bad_configs_are_refused() {
     let e = s.config.check().unwrap_err();
     assert!(e.to_string().contains("nonce_ttl_secs"), "{e}");
     s.config.nonce_ttl_secs = 30;
+    // A session table that holds nothing.
+    s.config.max_live_sessions = 0;
+    let e = s.config.check().unwrap_err();
+    assert!(e.to_string().contains("max_live_sessions"), "{e}");
+    s.config.max_live_sessions = 100_000;
     // Development trust off loopback.
     s.config.insecure_dev = false;
     s.config.tls = Some(cgx_kbs::server::config::TlsConfig {

@@ -162,7 +162,7 @@ async fn auth(State(kbs): Shared, body: Bytes) -> Result<Response, KbsError> {
     let ch = kbs
         .session_keys
         .issue(req.tee.as_ref(), kbs.clock.unix() + kbs.nonce_ttl)
-        .ok_or_else(|| KbsError::Internal("random".into()))?;
+        .ok_or_else(|| KbsError::Internal("challenge: no randomness, or the clock".into()))?;
     let (id, nonce) = (ch.id, ch.nonce);
     let mut resp = Json(Challenge {
         nonce,
@@ -215,7 +215,12 @@ async fn attest_inner(
         )
     };
     // Replays are caught when the answer is recorded (`sessions.rs`: one INSERT on any replica,
-    // or this process's table); checking first would cost every honest attestation a read.
+    // or this process's table). Checking the database first would cost every honest
+    // attestation a read; this process's table costs a lookup, and spares a replay the
+    // appraisal.
+    if kbs.answered_here(&id) {
+        return Err(replayed());
+    }
     let att: Attestation = json_body(body, "attestation")?;
     let tee: Tee = ch
         .tee

@@ -382,6 +382,11 @@ impl Kbs {
         }
     }
 
+    /// With `memory` sessions, whether challenge `id` was answered here (a replay).
+    pub(crate) fn answered_here(&self, id: &str) -> bool {
+        self.sessions.mode() == SessionMode::Memory && self.sessions.answered(id)
+    }
+
     fn sessions_full(&self) -> KbsError {
         KbsError::Overloaded {
             retry_after: 5,

@@ -6,8 +6,9 @@
 //! with one INSERT keyed by the id: a second answer to the same challenge finds the row and is
 //! refused, on any replica. With `memory` sessions the key is drawn at start
 //! ([`SessionKeys::ephemeral`]) and the answer is recorded in this process
-//! ([`super::sessions`]). Either way failed attestations are recorded too, so a challenge is
-//! answered once.
+//! ([`super::sessions`]). Either way a challenge is answered once, and failed attestations
+//! are recorded too (in memory, while their own cap has room: a new challenge costs nothing,
+//! so answering a failed one again gains nothing).
 //!
 //! The expiry comes first, zero-padded, so ids sort by issue time: the session rows' primary
 //! key then grows at its right edge like a log: a checkpoint copies a few index pages back
@@ -16,6 +17,9 @@
 use aws_lc_rs::hmac;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+
+/// Challenge expiries are below this (12 digits), so every id's leading part has one length.
+const MAX_EXPIRY: i64 = 1_000_000_000_000;
 
 /// The leading part of the ids of challenges expiring at `t` (Unix seconds, at least 0):
 /// zero-padded, so ids compare in byte order as their expiry times do, and an id is less than
@@ -70,6 +74,9 @@ impl SessionKeys {
 
     /// A new challenge for `tee`, valid until `expires_at`.
     pub fn issue(&self, tee: &str, expires_at: i64) -> Option<Challenge> {
+        if !(0..MAX_EXPIRY).contains(&expires_at) {
+            return None;
+        }
         let mut r = [0u8; 16];
         aws_lc_rs::rand::fill(&mut r).ok()?;
         let body = format!("{}.{}.{tee}", id_time_prefix(expires_at), hex::encode(r));
@@ -107,7 +114,11 @@ impl SessionKeys {
         else {
             return Err("malformed session id");
         };
-        let expires_at: i64 = exp.parse().map_err(|_| "malformed session id")?;
+        let expires_at: i64 = exp
+            .parse()
+            .ok()
+            .filter(|e| exp.len() == 12 && (0..MAX_EXPIRY).contains(e))
+            .ok_or("malformed session id")?;
         if now >= expires_at {
             return Err("the challenge has expired; start again with /auth");
         }
@@ -139,6 +150,12 @@ mod tests {
         assert!(k.open(&forged, 50).is_err());
         assert!(k.open("x", 50).is_err());
         assert_ne!(k.issue("snp", 100).unwrap().nonce, c.nonce);
+        // Expiries that would not lead an id with 12 digits (ids must sort by time).
+        assert!(k.issue("snp", MAX_EXPIRY).is_none());
+        assert!(k.issue("snp", -1).is_none());
+        let body = "1000000000000.00.snp";
+        let long = format!("{body}.{}", hex::encode(&k.tag(b"id\0", body)[..16]));
+        assert_eq!(k.open(&long, 50).unwrap_err(), "malformed session id");
     }
 
     #[test]

@@ -19,11 +19,12 @@
 //! a clock stepped back still finds it), and nothing is evicted before then: forgetting an
 //! answer early would let its challenge be answered again. An answer recorded after its
 //! challenge expired (an attestation that waited on collateral) is refused, so an answer can
-//! only have been dropped once its challenge no longer opens. At [`Sessions::capacity`]
-//! attested answers, none droppable, attestation is refused with 503. Failed answers are
-//! counted apart, under the same cap: where that is full a failure is not recorded (a new
-//! challenge costs nothing, so a failed one being answered again gains nothing), and a flood
-//! of failing attestations cannot lock attested ones out.
+//! only have been dropped once its challenge no longer opens, and an id below the highest cut
+//! ever swept is refused whatever the clock says. At [`Sessions::capacity`] affirming
+//! sessions, none droppable, attestation is refused with 503. Sessions whose appraisal is not
+//! affirming, and failed answers, are counted apart under caps of their own, so neither can
+//! lock affirming ones out; where the failed answers' cap is full a failure is not recorded
+//! (a new challenge costs nothing, so a failed one being answered again gains nothing).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,23 +33,56 @@ use super::LiveSession;
 pub use super::config::SessionMode;
 use super::session::id_time_prefix;
 
-/// Answered challenges, by session id: attested ones with their session, failed ones apart.
-/// Ids lead with their challenge's expiry, zero-padded (`session.rs`), so both are in time
-/// order and a sweep cuts off what is over without a scan.
+/// Answered challenges, by session id, in three kinds each under its own cap: affirming
+/// sessions (the ones release serves), other attested sessions (a genuine TEE whose appraisal
+/// is not affirming gets a session, so release can say why it refuses, but cannot crowd the
+/// affirming ones out), and failed answers. Ids lead with their challenge's expiry,
+/// zero-padded (`session.rs`), so all three are in time order and a sweep cuts the expired
+/// answers off at one key.
 #[derive(Debug, Default)]
 struct Table {
-    attested: BTreeMap<String, Arc<LiveSession>>,
+    affirming: BTreeMap<String, Arc<LiveSession>>,
+    other: BTreeMap<String, Arc<LiveSession>>,
     failed: BTreeSet<String>,
+    /// The highest cut swept at: ids below it are never taken again, whatever the clock does
+    /// afterwards (a clock stepped back would otherwise reopen a swept challenge).
+    cut: String,
 }
 
+/// What a sweep took out, dropped once the lock is released.
+type Swept = (
+    BTreeMap<String, Arc<LiveSession>>,
+    BTreeMap<String, Arc<LiveSession>>,
+    BTreeSet<String>,
+);
+
 impl Table {
-    /// Drop the answers to challenges that expired `hold` or more before `now`.
-    fn sweep(&mut self, now: i64, hold: i64) -> usize {
+    /// Take out the answers to challenges that expired `hold` or more before `now`.
+    fn sweep(&mut self, now: i64, hold: i64) -> Swept {
         let cut = id_time_prefix(now.saturating_sub(hold).saturating_add(1));
-        let before = self.attested.len() + self.failed.len();
-        self.attested = self.attested.split_off(cut.as_str());
-        self.failed = self.failed.split_off(cut.as_str());
-        before - self.attested.len() - self.failed.len()
+        if cut > self.cut {
+            self.cut = cut;
+        }
+        let cut = self.cut.as_str();
+        let keep = (
+            self.affirming.split_off(cut),
+            self.other.split_off(cut),
+            self.failed.split_off(cut),
+        );
+        (
+            std::mem::replace(&mut self.affirming, keep.0),
+            std::mem::replace(&mut self.other, keep.1),
+            std::mem::replace(&mut self.failed, keep.2),
+        )
+    }
+
+    fn holds(&self, id: &str) -> bool {
+        self.affirming.contains_key(id) || self.other.contains_key(id) || self.failed.contains(id)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.affirming.len() + self.other.len() + self.failed.len()
     }
 }
 
@@ -92,6 +126,13 @@ impl Sessions {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether the challenge `id` has an answer here (`memory` mode: a replay, refused before
+    /// its evidence costs an appraisal).
+    pub(crate) fn answered(&self, id: &str) -> bool {
+        let t = self.lock();
+        t.holds(id) || id < t.cut.as_str()
+    }
+
     /// `memory` mode: record the answer to challenge `id` (expiring at `challenge_expires`),
     /// with its session when it attested (`session.expires_at` at most `challenge_expires` +
     /// the session lifetime).
@@ -107,62 +148,77 @@ impl Sessions {
         if now >= challenge_expires || !id.starts_with(&id_time_prefix(challenge_expires)) {
             return Err(Refused::Expired);
         }
+        let affirming = |s: &LiveSession| s.ear.tier() == cgx_attestation::results::Tier::Affirming;
+        let mut swept = None;
         let mut t = self.lock();
-        if t.attested.contains_key(id) || t.failed.contains(id) {
+        if id < t.cut.as_str() {
+            return Err(Refused::Expired);
+        }
+        if t.holds(id) {
             return Err(Refused::Replayed);
         }
         let full = |t: &Table| match &session {
-            Some(_) => t.attested.len() >= self.capacity,
+            Some(s) if affirming(s) => t.affirming.len() >= self.capacity,
+            Some(_) => t.other.len() >= self.capacity,
             None => t.failed.len() >= self.capacity,
         };
         if full(&t) {
-            t.sweep(now, self.hold);
+            swept = Some(t.sweep(now, self.hold));
             if full(&t) {
                 return Err(Refused::Full);
             }
         }
         match session {
-            Some(session) => {
-                t.attested.insert(id.to_string(), session);
+            Some(s) if affirming(&s) => {
+                t.affirming.insert(id.to_string(), s);
+            }
+            Some(s) => {
+                t.other.insert(id.to_string(), s);
             }
             None => {
                 t.failed.insert(id.to_string());
             }
         }
+        drop(t);
+        drop(swept);
         Ok(())
     }
 
     /// `database` mode: cache a session this replica attested (its answer is in the database,
     /// so the cache may forget it at any time).
     pub(crate) fn remember(&self, id: &str, session: Arc<LiveSession>, now: i64) {
+        let mut swept = None;
         let mut t = self.lock();
-        if t.attested.len() >= self.capacity {
-            t.sweep(now, self.hold);
-            if t.attested.len() >= self.capacity {
-                t.attested.clear();
+        if t.affirming.len() >= self.capacity {
+            swept = Some(t.sweep(now, self.hold));
+            if t.affirming.len() >= self.capacity {
+                t.affirming.clear();
             }
         }
-        t.attested.insert(id.to_string(), session);
+        t.affirming.insert(id.to_string(), session);
+        drop(t);
+        drop(swept);
     }
 
     /// The attested session held for `id` (unexpired or not: the caller checks).
     pub(crate) fn get(&self, id: &str) -> Option<Arc<LiveSession>> {
-        self.lock().attested.get(id).cloned()
+        let t = self.lock();
+        t.affirming.get(id).or_else(|| t.other.get(id)).cloned()
     }
 
     /// Drop what is no longer needed at `now`; returns how many entries went.
     pub(crate) fn prune(&self, now: i64) -> usize {
-        self.lock().sweep(now, self.hold)
+        let swept = self.lock().sweep(now, self.hold);
+        swept.0.len() + swept.1.len() + swept.2.len()
     }
 
     /// How many answers are held.
     #[cfg(test)]
     fn len(&self) -> usize {
-        let t = self.lock();
-        t.attested.len() + t.failed.len()
+        self.lock().len()
     }
 
-    /// The most answers of each kind held at once (attested, failed).
+    /// The most answers of each kind held at once.
     pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
@@ -173,7 +229,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn live(expires_at: i64) -> Arc<LiveSession> {
+    fn session(expires_at: i64, status: &str) -> Arc<LiveSession> {
         let key: cgx_protocol::kbs_types::TeePubKey = serde_json::from_value(serde_json::json!({
             "kty": "EC", "crv": "P-256", "alg": "ECDH-ES+A256KW",
             "x": "YIhTO_G2VHPBFXqIJR1Z28NXwmHUsRX3hCrdVmFeHA0",
@@ -187,10 +243,15 @@ mod tests {
                 "eat_profile": "tag:ietf.org,2026:rats/ear#04",
                 "iat": 0,
                 "ear_verifier_id": {"developer": "cgx", "build": "test"},
-                "submods": {}
+                "submods": {},
+                "ear_status": status,
             }))
             .unwrap(),
         })
+    }
+
+    fn live(expires_at: i64) -> Arc<LiveSession> {
+        session(expires_at, "affirming")
     }
 
     /// An id as `session.rs` makes them: its challenge's expiry first.
@@ -284,12 +345,51 @@ mod tests {
     }
 
     #[test]
+    fn sessions_that_are_not_affirming_cannot_crowd_affirming_ones_out() {
+        let s = Sessions::new(SessionMode::Memory, 1, 300);
+        s.answer(
+            &id(100, "c1"),
+            100,
+            Some(session(400, "contraindicated")),
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            s.answer(&id(100, "c2"), 100, Some(session(400, "warning")), 0),
+            Err(Refused::Full)
+        );
+        // Held, so release can say why it refuses; and the affirming cap is untouched.
+        assert!(s.get(&id(100, "c1")).is_some());
+        assert_eq!(s.answer(&id(100, "a"), 100, Some(live(400)), 0), Ok(()));
+    }
+
+    #[test]
+    fn a_clock_stepped_back_does_not_reopen_a_swept_challenge() {
+        let s = Sessions::new(SessionMode::Memory, 10, 300);
+        let a = id(100, "a");
+        s.answer(&a, 100, None, 10).unwrap();
+        assert_eq!(s.prune(1000), 1);
+        assert!(s.answered(&a));
+        // The clock now says 50: the challenge would open again, but its id is below the cut.
+        assert_eq!(
+            s.answer(&a, 100, Some(live(400)), 50),
+            Err(Refused::Expired)
+        );
+        // An unanswered challenge above the cut is taken.
+        assert!(!s.answered(&id(800, "b")));
+        assert_eq!(s.answer(&id(800, "b"), 800, None, 50), Ok(()));
+        assert!(s.answered(&id(800, "b")));
+    }
+
+    #[test]
     fn the_database_cache_may_forget() {
         let s = Sessions::new(SessionMode::Database, 2, 300);
         s.remember(&id(100, "a"), live(100), 0);
         s.remember(&id(100, "b"), live(100), 0);
         s.remember(&id(100, "c"), live(100), 0);
+        // At the cap, nothing droppable: the cache starts over rather than grow.
         assert!(s.get(&id(100, "c")).is_some());
-        assert!(s.len() <= 2);
+        assert!(s.get(&id(100, "a")).is_none());
+        assert_eq!(s.len(), 1);
     }
 }
