@@ -258,9 +258,10 @@ impl Kbs {
             ));
         }
         let admin_keys = AdminKeys::new(admin, config.admin_token_max_ttl_secs);
+        let session_mode = config.session_mode();
         // Memory sessions are this process's alone: say so, for whoever runs two on one file.
         tracing::info!(
-            sessions = ?config.session_mode(),
+            sessions = ?session_mode,
             max_live_sessions = config.max_live_sessions,
             "sessions"
         );
@@ -289,13 +290,13 @@ impl Kbs {
             default_reference_values,
             engine_source: Mutex::new((policy, refs)),
             policy_cache: Mutex::new(std::collections::HashMap::new()),
-            session_keys: match config.session_mode() {
+            session_keys: match session_mode {
                 SessionMode::Database => session::SessionKeys::derive(&kek),
                 SessionMode::Memory => session::SessionKeys::ephemeral()
                     .ok_or_else(|| KbsError::Config("session keys: no randomness".into()))?,
             },
             sessions: sessions::Sessions::new(
-                config.session_mode(),
+                session_mode,
                 config.max_live_sessions,
                 config.session_ttl_secs,
             ),

@@ -148,8 +148,17 @@ impl Sessions {
         if now >= challenge_expires || !id.starts_with(&id_time_prefix(challenge_expires)) {
             return Err(Refused::Expired);
         }
-        let affirming = |s: &LiveSession| s.ear.tier() == cgx_attestation::results::Tier::Affirming;
-        let mut swept = None;
+        // The kind's own cap applies (`Table`).
+        let affirming = session
+            .as_ref()
+            .map(|s| s.ear.tier() == cgx_attestation::results::Tier::Affirming);
+        let held = |t: &Table| match affirming {
+            Some(true) => t.affirming.len(),
+            Some(false) => t.other.len(),
+            None => t.failed.len(),
+        };
+        // Declared before the guard, so what a sweep took out is dropped after the unlock.
+        let mut _swept = None;
         let mut t = self.lock();
         if id < t.cut.as_str() {
             return Err(Refused::Expired);
@@ -157,47 +166,40 @@ impl Sessions {
         if t.holds(id) {
             return Err(Refused::Replayed);
         }
-        let full = |t: &Table| match &session {
-            Some(s) if affirming(s) => t.affirming.len() >= self.capacity,
-            Some(_) => t.other.len() >= self.capacity,
-            None => t.failed.len() >= self.capacity,
-        };
-        if full(&t) {
-            swept = Some(t.sweep(now, self.hold));
-            if full(&t) {
+        if held(&t) >= self.capacity {
+            _swept = Some(t.sweep(now, self.hold));
+            if held(&t) >= self.capacity {
                 return Err(Refused::Full);
             }
         }
-        match session {
-            Some(s) if affirming(&s) => {
-                t.affirming.insert(id.to_string(), s);
+        let id = id.to_string();
+        match (session, affirming) {
+            (Some(s), Some(true)) => {
+                t.affirming.insert(id, s);
             }
-            Some(s) => {
-                t.other.insert(id.to_string(), s);
+            (Some(s), _) => {
+                t.other.insert(id, s);
             }
-            None => {
-                t.failed.insert(id.to_string());
+            (None, _) => {
+                t.failed.insert(id);
             }
         }
-        drop(t);
-        drop(swept);
         Ok(())
     }
 
     /// `database` mode: cache a session this replica attested (its answer is in the database,
     /// so the cache may forget it at any time).
     pub(crate) fn remember(&self, id: &str, session: Arc<LiveSession>, now: i64) {
-        let mut swept = None;
+        // Declared before the guard, so what a sweep took out is dropped after the unlock.
+        let mut _swept = None;
         let mut t = self.lock();
         if t.affirming.len() >= self.capacity {
-            swept = Some(t.sweep(now, self.hold));
+            _swept = Some(t.sweep(now, self.hold));
             if t.affirming.len() >= self.capacity {
                 t.affirming.clear();
             }
         }
         t.affirming.insert(id.to_string(), session);
-        drop(t);
-        drop(swept);
     }
 
     /// The attested session held for `id` (unexpired or not: the caller checks).

@@ -146,17 +146,18 @@ fn fixed(data: &[u8]) -> [u8; 48] {
 /// Measure a TD launch from its image.
 pub fn measure(tdvf: &Tdvf<'_>, order: PageOrder, boot: Option<&DirectBoot<'_>>) -> Result<Launch> {
     let mut events = Vec::new();
-    if let Some(cfv) = tdvf.cfv() {
+    let cfv = tdvf.cfv().map(crate::sha384);
+    if let Some(digest) = cfv {
         events.push(Expected {
             kind: EventKind::Cfv,
-            digest: crate::sha384(cfv),
+            digest,
         });
     }
     let mut rtmr = None;
     let mut rtmr0 = None;
     if let Some(b) = boot {
         if let Some(p) = b.platform {
-            rtmr0 = Some(platform::rtmr0_events(tdvf, b.memory, p)?);
+            rtmr0 = Some(platform::rtmr0_events(tdvf, b.memory, p, cfv)?);
         }
         let initrd_len = b.initrd.map_or(0, |i| i.len() as u64);
         let kernel = kernel::qemu_patched(b.kernel, initrd_len, b.memory)?;

@@ -243,19 +243,24 @@ pub struct Rtmr0Event {
 }
 
 /// RTMR[0]'s events for a direct boot of `tdvf` with `memory` bytes on `platform`, in the
-/// module's table order; [`rtmr0`] replays them.
+/// module's table order; [`rtmr0`] replays them. `cfv`: the digest of `tdvf`'s CFV, which
+/// [`super::measure`] has already taken for the image's events.
 pub fn rtmr0_events(
     tdvf: &Tdvf<'_>,
     memory: u64,
     platform: &Platform<'_>,
+    cfv: Option<[u8; 48]>,
 ) -> Result<Vec<Rtmr0Event>> {
     let ev = |name: &str, bytes: &[u8]| Rtmr0Event {
         name: name.to_string(),
         digest: sha384(bytes),
     };
     let mut out = vec![ev("TD HOB", &td_hob(tdvf, memory)?)];
-    if let Some(cfv) = tdvf.cfv() {
-        out.push(ev("configuration firmware volume", cfv));
+    if let Some(digest) = cfv {
+        out.push(Rtmr0Event {
+            name: "configuration firmware volume".into(),
+            digest,
+        });
     }
     for ((name, vendor), data) in SECURE_BOOT_VARIABLES.iter().zip(platform.secure_boot) {
         out.push(ev(name, &variable_data(vendor, name, data)));
@@ -481,7 +486,7 @@ mod tests {
             secure_boot: [&[]; 5],
             dbt: None,
         };
-        let events = rtmr0_events(&t, 2 << 30, &p).unwrap();
+        let events = rtmr0_events(&t, 2 << 30, &p, t.cfv().map(sha384)).unwrap();
         let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(
             names,
@@ -504,24 +509,26 @@ mod tests {
         );
         assert_eq!(events[12].digest, sha384(b"one"));
         // The memory size reaches RTMR[0] through the TD HOB.
-        let other = rtmr0_events(&t, 4 << 30, &p).unwrap();
+        let other = rtmr0_events(&t, 4 << 30, &p, t.cfv().map(sha384)).unwrap();
         assert_ne!(rtmr0(&events), rtmr0(&other));
         assert_eq!(events[1..], other[1..]);
         // A dbt goes after dbx; without a BootOrder no boot variable is measured.
         p.dbt = Some(b"dbt");
-        let with_dbt = rtmr0_events(&t, 2 << 30, &p).unwrap();
+        let with_dbt = rtmr0_events(&t, 2 << 30, &p, t.cfv().map(sha384)).unwrap();
         assert_eq!(with_dbt[7].name, "dbt");
         assert_eq!(with_dbt.len(), events.len() + 1);
         p.dbt = None;
         p.boot_order = None;
-        let no_order = rtmr0_events(&t, 2 << 30, &p).unwrap();
+        let no_order = rtmr0_events(&t, 2 << 30, &p, t.cfv().map(sha384)).unwrap();
         assert_eq!(no_order.last().unwrap().name, "etc/acpi/tables");
         p.boot_order = Some(&[1, 0, 0, 0]);
         p.boot_options.pop();
-        let e = rtmr0_events(&t, 2 << 30, &p).unwrap_err().to_string();
+        let e = rtmr0_events(&t, 2 << 30, &p, t.cfv().map(sha384))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("Boot0001"), "{e}");
         p.boot_order = Some(&[1, 0, 0]);
-        assert!(rtmr0_events(&t, 2 << 30, &p).is_err());
+        assert!(rtmr0_events(&t, 2 << 30, &p, t.cfv().map(sha384)).is_err());
     }
 
     #[test]
