@@ -12,6 +12,7 @@
 pub mod appraisal;
 pub mod placement;
 mod program;
+pub mod rego_value;
 pub mod release;
 
 use std::path::Path;

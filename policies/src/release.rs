@@ -5,44 +5,155 @@
 //! simulator roots) and the request as Trustee gives it to its policies — `plugin`
 //! (`"resource"`), `resource-path` (`[repo, type, tag]`) and `query`.
 
+use std::collections::{BTreeMap, HashMap};
+
+use cgx_attestation::results::{Ear, TRUST_CLAIMS};
+use regorus::Value;
+
 use crate::Error;
 use crate::program::RegoProgram;
+use crate::rego_value::to_rego;
 
 /// Trustee's release entry point.
 pub(crate) const ENTRY_POINT: &str = "data.policy.allow";
 
-/// A release policy's input, converted once and evaluated by every policy that applies.
-#[derive(Debug, Clone)]
-pub struct ReleaseInput(regorus::Value);
-
-impl ReleaseInput {
-    pub fn new(input: serde_json::Value) -> Self {
-        ReleaseInput(regorus::Value::from(input))
+fn unconvertible(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Policy {
+        detail: format!("release {what}: {e}"),
     }
 }
 
-/// A release policy's data for one request: the service's (`allow_sim`) and the request's.
+/// What a request asks for, as release policies read it beside the EAR.
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseRequest<'a> {
+    /// `repo/type/tag`.
+    pub path: &'a str,
+    pub repository: &'a str,
+    pub kind: &'a str,
+    pub tag: &'a str,
+    /// The request's query parameters.
+    pub query: &'a HashMap<String, String>,
+    /// The claims of the lease the request carried, verified.
+    pub lease: Option<&'a serde_json::Value>,
+}
+
+/// A release policy's input, built once per request and evaluated by every policy that
+/// applies: the session's EAR (each part with Trustee's spellings too, [`trustee_spellings`])
+/// and `resource-path`, `repository`, `type`, `tag`, `query` and `lease` (null without one).
 #[derive(Debug, Clone)]
-pub struct ReleaseData(regorus::Value);
+pub struct ReleaseInput(Value);
+
+impl ReleaseInput {
+    pub fn new(ear: &Ear, request: &ReleaseRequest<'_>) -> Result<Self, Error> {
+        let mut input = to_rego(ear).map_err(|e| unconvertible("input", e))?;
+        trustee_spellings(&mut input);
+        let fields = [
+            ("resource-path", Value::from(request.path)),
+            ("repository", Value::from(request.repository)),
+            ("type", Value::from(request.kind)),
+            ("tag", Value::from(request.tag)),
+            (
+                "query",
+                to_rego(request.query).map_err(|e| unconvertible("query", e))?,
+            ),
+            (
+                "lease",
+                match request.lease {
+                    Some(l) => to_rego(l).map_err(|e| unconvertible("lease", e))?,
+                    None => Value::Null,
+                },
+            ),
+        ];
+        let object = input
+            .as_object_mut()
+            .map_err(|e| unconvertible("input", e))?;
+        for (name, value) in fields {
+            object.insert(Value::from(name), value);
+        }
+        Ok(ReleaseInput(input))
+    }
+}
+
+/// Trustee's attestation service writes EAR claims with the `ear` crate's dotted names
+/// (`ear.status`, `ear.trustworthiness-vector`, `ear.appraisal-policy-id`), and CoCo's release
+/// policies read those (kbs-client's `--affirming` checks `submod["ear.status"]`). cgx's EAR
+/// uses draft-ietf-rats-ear's JSON names; each part carries both, so a policy written for
+/// either checks what it means to — a name it does not find would make its check silently pass.
+fn trustee_spellings(input: &mut Value) {
+    let Some(submods) = input
+        .as_object_mut()
+        .ok()
+        .and_then(|o| o.get_mut(&Value::from("submods")))
+        .and_then(|s| s.as_object_mut().ok())
+    else {
+        return;
+    };
+    let (status, vector, ids) = (
+        Value::from("ear_status"),
+        Value::from("ear_trustworthiness_vector"),
+        Value::from("ear_appraisal_policy_ids"),
+    );
+    for (_, part) in submods.iter_mut() {
+        let Ok(p) = part.as_object_mut() else {
+            continue;
+        };
+        if let Some(s) = p.get(&status).cloned() {
+            p.insert(Value::from("ear.status"), s);
+        }
+        // Trustee writes all eight claims, 0 for those not set.
+        let set = p.get(&vector).and_then(|v| v.as_object().ok());
+        let full: BTreeMap<Value, Value> = TRUST_CLAIMS
+            .iter()
+            .map(|c| {
+                let name = Value::from(*c);
+                let code = set
+                    .and_then(|v| v.get(&name))
+                    .cloned()
+                    .unwrap_or_else(|| Value::from(0u64));
+                (name, code)
+            })
+            .collect();
+        p.insert(Value::from("ear.trustworthiness-vector"), Value::from(full));
+        if let Some(id) = p
+            .get(&ids)
+            .and_then(|i| i.as_array().ok())
+            .and_then(|i| i.first())
+            .cloned()
+        {
+            p.insert(Value::from("ear.appraisal-policy-id"), id);
+        }
+    }
+}
+
+/// A release policy's data: the service's (`allow_sim`), converted once, and for each request
+/// the request as Trustee gives it to its policies ([`ReleaseData::for_request`]).
+#[derive(Debug, Clone)]
+pub struct ReleaseData(Value);
 
 impl ReleaseData {
-    /// `service`: the service's data (an object); `path`: `repo/type/tag`; `query`: the
-    /// request's query parameters.
-    pub fn new(
-        service: &serde_json::Value,
-        path: &str,
-        query: &std::collections::HashMap<String, String>,
-    ) -> Self {
-        let mut data = service.clone();
-        if let serde_json::Value::Object(m) = &mut data {
-            m.insert("plugin".into(), "resource".into());
+    /// `service`: the service's data (an object).
+    pub fn service(service: &serde_json::Value) -> Result<Self, Error> {
+        to_rego(service)
+            .map(ReleaseData)
+            .map_err(|e| unconvertible("data", e))
+    }
+
+    /// The service's data with the request's: `plugin` (`"resource"`), `resource-path`
+    /// (`[repo, type, tag]`) and `query`.
+    pub fn for_request(&self, path: &str, query: &HashMap<String, String>) -> Result<Self, Error> {
+        let mut data = self.0.clone();
+        if let Ok(m) = data.as_object_mut() {
+            m.insert(Value::from("plugin"), Value::from("resource"));
             m.insert(
-                "resource-path".into(),
-                path.split('/').map(serde_json::Value::from).collect(),
+                Value::from("resource-path"),
+                Value::from(path.split('/').map(Value::from).collect::<Vec<_>>()),
             );
-            m.insert("query".into(), serde_json::json!(query));
+            m.insert(
+                Value::from("query"),
+                to_rego(query).map_err(|e| unconvertible("query", e))?,
+            );
         }
-        ReleaseData(regorus::Value::from(data))
+        Ok(ReleaseData(data))
     }
 }
 
@@ -58,6 +169,117 @@ impl ReleasePolicy {
 
     /// `true` only when the policy's `allow` is exactly `true` (undefined denies).
     pub fn allows(&self, input: &ReleaseInput, data: &ReleaseData) -> Result<bool, Error> {
-        Ok(self.0.eval_with_data(input.0.clone(), data.0.clone())? == regorus::Value::Bool(true))
+        Ok(self.0.eval_with_data(input.0.clone(), data.0.clone())? == Value::Bool(true))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// How the KBS built the input before [`ReleaseInput::new`]: the EAR through a
+    /// `serde_json` tree, Trustee's spellings added there, then converted.
+    fn through_json(ear: &Ear, r: &ReleaseRequest<'_>) -> Value {
+        let mut input = serde_json::to_value(ear).unwrap();
+        for part in input["submods"].as_object_mut().unwrap().values_mut() {
+            let p = part.as_object_mut().unwrap();
+            if let Some(status) = p.get("ear_status").cloned() {
+                p.insert("ear.status".into(), status);
+            }
+            let vector = p.get("ear_trustworthiness_vector");
+            let full: serde_json::Map<String, serde_json::Value> = TRUST_CLAIMS
+                .iter()
+                .map(|c| {
+                    let code = vector.and_then(|v| v.get(c)).cloned().unwrap_or(json!(0));
+                    (c.to_string(), code)
+                })
+                .collect();
+            p.insert("ear.trustworthiness-vector".into(), full.into());
+            if let Some(id) = p
+                .get("ear_appraisal_policy_ids")
+                .and_then(|ids| ids.get(0))
+                .cloned()
+            {
+                p.insert("ear.appraisal-policy-id".into(), id);
+            }
+        }
+        input["resource-path"] = json!(r.path);
+        input["repository"] = json!(r.repository);
+        input["type"] = json!(r.kind);
+        input["tag"] = json!(r.tag);
+        input["query"] = json!(r.query);
+        input["lease"] = r.lease.cloned().unwrap_or(serde_json::Value::Null);
+        Value::from(input)
+    }
+
+    fn ear() -> Ear {
+        serde_json::from_value(json!({
+            "eat_profile": "tag:ietf.org,2026:rats/ear#04",
+            "iat": 1_790_000_000,
+            "ear_verifier_id": {"developer": "cgx", "build": "test"},
+            "ear_status": "affirming",
+            "submods": {
+                "cpu0": {
+                    "ear_status": "affirming",
+                    "ear_trustworthiness_vector": {"instance-identity": 2, "executables": 2},
+                    "ear_appraisal_policy_ids": ["policy:cgx-default", "policy:second"],
+                    "ear_verifier_claims": {"cgx.kind": "sample", "sample": {"svn": 1}}
+                },
+                "gpu0": {"ear_status": "warning"}
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_input_is_the_one_the_json_tree_made() {
+        let ear = ear();
+        let query: HashMap<String, String> = [("lease".to_string(), "t".to_string())].into();
+        let lease = json!({"lease": "l-1", "resources": ["a/key/x"], "exp": 5});
+        for lease in [None, Some(&lease)] {
+            let r = ReleaseRequest {
+                path: "a/key/x",
+                repository: "a",
+                kind: "key",
+                tag: "x",
+                query: &query,
+                lease,
+            };
+            let input = ReleaseInput::new(&ear, &r).unwrap();
+            assert_eq!(input.0, through_json(&ear, &r));
+            // What Trustee's policies read is there.
+            let cpu = &input.0["submods"]["cpu0"];
+            assert_eq!(cpu["ear.status"], Value::from("affirming"));
+            assert_eq!(
+                cpu["ear.trustworthiness-vector"]["hardware"],
+                Value::from(0u64)
+            );
+            assert_eq!(
+                cpu["ear.trustworthiness-vector"]["executables"],
+                Value::from(2u64)
+            );
+            assert_eq!(
+                cpu["ear.appraisal-policy-id"],
+                Value::from("policy:cgx-default")
+            );
+        }
+    }
+
+    #[test]
+    fn request_data_is_the_service_data_and_the_request() {
+        let service = ReleaseData::service(&json!({"allow_sim": false})).unwrap();
+        let query: HashMap<String, String> = [("k".to_string(), "v".to_string())].into();
+        let data = service.for_request("a/key/x", &query).unwrap();
+        let expected = Value::from(json!({
+            "allow_sim": false,
+            "plugin": "resource",
+            "resource-path": ["a", "key", "x"],
+            "query": {"k": "v"}
+        }));
+        assert_eq!(data.0, expected);
+        // The service's own stays as it was for the next request.
+        assert_eq!(service.0, Value::from(json!({"allow_sim": false})));
     }
 }

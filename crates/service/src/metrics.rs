@@ -24,14 +24,21 @@ struct Histogram {
     count: u64,
 }
 
+/// One route's requests.
+#[derive(Debug, Default)]
+struct Route {
+    by_status: BTreeMap<u16, u64>,
+    latency: Histogram,
+}
+
 /// A service's metrics, named `<prefix>_requests_total`, `<prefix>_request_duration_seconds`
 /// and `<prefix>_events_total`.
 #[derive(Debug)]
 pub struct Metrics {
     prefix: &'static str,
-    /// Route → status → count (looked up by `&str`: no allocation per request).
-    requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
-    durations: Mutex<BTreeMap<String, Histogram>>,
+    /// Route → its counts by status and its latencies (looked up by `&str`: no allocation
+    /// per request; one lock per request).
+    routes: Mutex<BTreeMap<String, Route>>,
     events: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
 
@@ -53,37 +60,31 @@ impl Metrics {
     pub fn new(prefix: &'static str) -> Self {
         Metrics {
             prefix,
-            requests: Mutex::new(BTreeMap::new()),
-            durations: Mutex::new(BTreeMap::new()),
+            routes: Mutex::new(BTreeMap::new()),
             events: Mutex::new(BTreeMap::new()),
         }
     }
 
     pub(crate) fn request(&self, route: &str, status: u16, took: Duration) {
-        if let Ok(mut r) = self.requests.lock() {
-            if !r.contains_key(route) {
-                r.insert(route.to_string(), BTreeMap::new());
-            }
-            if let Some(by_status) = r.get_mut(route) {
-                *by_status.entry(status).or_default() += 1;
+        let Ok(mut routes) = self.routes.lock() else {
+            return;
+        };
+        if !routes.contains_key(route) {
+            routes.insert(route.to_string(), Route::default());
+        }
+        let Some(r) = routes.get_mut(route) else {
+            return;
+        };
+        *r.by_status.entry(status).or_default() += 1;
+        let h = &mut r.latency;
+        let s = took.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if s <= *b {
+                h.counts[i] += 1;
             }
         }
-        if let Ok(mut d) = self.durations.lock() {
-            if !d.contains_key(route) {
-                d.insert(route.to_string(), Histogram::default());
-            }
-            let Some(h) = d.get_mut(route) else {
-                return;
-            };
-            let s = took.as_secs_f64();
-            for (i, b) in BUCKETS.iter().enumerate() {
-                if s <= *b {
-                    h.counts[i] += 1;
-                }
-            }
-            h.sum += s;
-            h.count += 1;
-        }
+        h.sum += s;
+        h.count += 1;
     }
 
     /// Count an outcome, e.g. `("attestation", "affirming")`, `("release", "denied")`.
@@ -100,9 +101,9 @@ impl Metrics {
             "# HELP {p}_requests_total HTTP requests by route and status.\n"
         ));
         out.push_str(&format!("# TYPE {p}_requests_total counter\n"));
-        if let Ok(r) = self.requests.lock() {
-            for (e, by_status) in r.iter() {
-                for (s, n) in by_status {
+        if let Ok(r) = self.routes.lock() {
+            for (e, route) in r.iter() {
+                for (s, n) in &route.by_status {
                     out.push_str(&format!(
                         "{p}_requests_total{{route=\"{e}\",status=\"{s}\"}} {n}\n"
                     ));
@@ -113,8 +114,8 @@ impl Metrics {
             "# HELP {p}_request_duration_seconds Request latency by route.\n"
         ));
         out.push_str(&format!("# TYPE {p}_request_duration_seconds histogram\n"));
-        if let Ok(d) = self.durations.lock() {
-            for (e, h) in d.iter() {
+        if let Ok(d) = self.routes.lock() {
+            for (e, h) in d.iter().map(|(e, r)| (e, &r.latency)) {
                 for (i, b) in BUCKETS.iter().enumerate() {
                     out.push_str(&format!(
                         "{p}_request_duration_seconds_bucket{{route=\"{e}\",le=\"{b}\"}} {}\n",

@@ -344,6 +344,7 @@ async fn accept_loop(
     };
     tokio::pin!(stop);
     let graceful = GracefulShutdown::new();
+    let anchor = tokio::spawn(timer_anchor(shared.config.header_timeout));
     loop {
         let conn = tokio::select! {
             c = listener.accept() => c,
@@ -405,12 +406,27 @@ async fn accept_loop(
         });
     }
     drop(listener);
+    anchor.abort();
     let drain = shared.config.drain;
     tokio::select! {
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(drain) => {
             tracing::warn!(?drain, "connections still open after the drain time; closing");
         }
+    }
+}
+
+/// A timer that is always set, sooner than any connection's header-read timer.
+///
+/// tokio's timer wakes its event loop (a write to its eventfd, then one more turn of the loop)
+/// whenever a timer is set earlier than every timer it already holds. With none set, that is
+/// every new connection's first header-read timer: about 1% of a CoCo flow's server CPU.
+/// With this one always due within half a header timeout, a connection's timer is never the
+/// earliest, and the loop is woken once per period instead of once per connection.
+async fn timer_anchor(header_timeout: Duration) {
+    let period = (header_timeout / 2).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(period).await;
     }
 }
 

@@ -22,6 +22,7 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use cgx_attestation::results::Tier;
 use cgx_policies::PolicyEngine;
+use cgx_policies::release::ReleaseRequest;
 use cgx_protocol::kbs_types::{Attestation, Challenge, Request, Tee};
 use serde_json::{Value, json};
 
@@ -383,20 +384,19 @@ async fn release(
         )?),
         None => None,
     };
-    // Release policies read the EAR as Trustee's do (`input.submods.cpu0…`), plus the request.
-    let mut input =
-        serde_json::to_value(&session.ear).map_err(|e| KbsError::Internal(e.to_string()))?;
-    trustee_spellings(&mut input);
-    input["resource-path"] = json!(path);
-    input["repository"] = json!(repo);
-    input["type"] = json!(kind);
-    input["tag"] = json!(tag);
-    input["query"] = json!(query);
-    input["lease"] = lease.clone().unwrap_or(Value::Null);
     let stored = kbs.release_policies(&path, repo).await?;
     // Policies, tenant isolation included, before the lookup: a denied requester learns
-    // nothing about what exists.
-    kbs.release.check(&path, query, &stored, input)?;
+    // nothing about what exists. They read the EAR as Trustee's do (`input.submods.cpu0…`),
+    // plus the request.
+    let request = ReleaseRequest {
+        path: &path,
+        repository: repo,
+        kind,
+        tag,
+        query,
+        lease: lease.as_ref(),
+    };
+    kbs.release.check(&session.ear, &request, &stored)?;
     let resource = kbs
         .store
         .resource(&path)
@@ -828,40 +828,4 @@ async fn healthz(State(kbs): Shared) -> Response {
 
 async fn not_found() -> Response {
     KbsError::NotFound("no such endpoint".into()).into_response()
-}
-
-/// Trustee's attestation service writes EAR claims with the `ear` crate's dotted names
-/// (`ear.status`, `ear.trustworthiness-vector`, `ear.appraisal-policy-id`), and CoCo's release
-/// policies read those (kbs-client's `--affirming` checks `submod["ear.status"]`). cgx's EAR
-/// uses draft-ietf-rats-ear's JSON names; each part carries both, so a policy written for
-/// either checks what it means to — a name it does not find would make its check silently pass.
-fn trustee_spellings(input: &mut Value) {
-    let Some(submods) = input.get_mut("submods").and_then(Value::as_object_mut) else {
-        return;
-    };
-    for part in submods.values_mut() {
-        let Some(p) = part.as_object_mut() else {
-            continue;
-        };
-        if let Some(status) = p.get("ear_status").cloned() {
-            p.insert("ear.status".into(), status);
-        }
-        // Trustee writes all eight claims, 0 for those not set.
-        let vector = p.get("ear_trustworthiness_vector");
-        let full: serde_json::Map<String, Value> = cgx_attestation::results::TRUST_CLAIMS
-            .iter()
-            .map(|c| {
-                let code = vector.and_then(|v| v.get(c)).cloned().unwrap_or(json!(0));
-                (c.to_string(), code)
-            })
-            .collect();
-        p.insert("ear.trustworthiness-vector".into(), Value::Object(full));
-        if let Some(id) = p
-            .get("ear_appraisal_policy_ids")
-            .and_then(|ids| ids.get(0))
-            .cloned()
-        {
-            p.insert("ear.appraisal-policy-id".into(), id);
-        }
-    }
 }

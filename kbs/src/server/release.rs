@@ -16,7 +16,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cgx_policies::release::{ReleaseData, ReleaseInput, ReleasePolicy};
+use cgx_attestation::results::Ear;
+use cgx_policies::release::{ReleaseData, ReleaseInput, ReleasePolicy, ReleaseRequest};
 use cgx_protocol::kbs_types::TeePubKey;
 use serde_json::Value;
 
@@ -32,6 +33,8 @@ pub(crate) struct ReleasePolicies {
     default_global: Arc<ReleasePolicy>,
     tenant_isolation: bool,
     data: Value,
+    /// `data`, converted once for every request's.
+    request_data: ReleaseData,
     cache: Mutex<HashMap<String, Arc<ReleasePolicy>>>,
 }
 
@@ -61,6 +64,7 @@ impl ReleasePolicies {
                     .map_err(invalid)?,
             ),
             tenant_isolation,
+            request_data: ReleaseData::service(&data).map_err(invalid)?,
             data,
             cache: Mutex::new(HashMap::new()),
         })
@@ -86,15 +90,18 @@ impl ReleasePolicies {
     /// the global scope falls back to the shipped default.
     pub fn check(
         &self,
-        path: &str,
-        query: &HashMap<String, String>,
+        ear: &Ear,
+        request: &ReleaseRequest<'_>,
         stored: &[(String, String)],
-        input: Value,
     ) -> Result<(), KbsError> {
-        let leased = !input["lease"].is_null();
-        let repository = input["repository"].as_str().unwrap_or_default().to_string();
-        let input = ReleaseInput::new(input);
-        let data = ReleaseData::new(&self.data, path, query);
+        let path = request.path;
+        // Neither conversion fails on what a session and a request hold (string keys only).
+        let internal = |e: cgx_policies::Error| KbsError::Internal(e.to_string());
+        let input = ReleaseInput::new(ear, request).map_err(internal)?;
+        let data = self
+            .request_data
+            .for_request(path, request.query)
+            .map_err(internal)?;
         let has_global = stored.iter().any(|(s, _)| s == GLOBAL_SCOPE);
         if !has_global && !self.default_global.allows(&input, &data).map_err(invalid)? {
             return Err(KbsError::PolicyDeny(format!(
@@ -109,11 +116,13 @@ impl ReleasePolicies {
             }
         }
         // Every stored policy allowed: one of the tenant's own, or a lease, names the requester.
-        let tenant_named = leased || stored.iter().any(|(scope, _)| scope != GLOBAL_SCOPE);
+        let tenant_named =
+            request.lease.is_some() || stored.iter().any(|(scope, _)| scope != GLOBAL_SCOPE);
         if self.tenant_isolation && !tenant_named {
             return Err(KbsError::PolicyDeny(format!(
                 "{path}: tenant {repository} names no requester for it (tenant isolation): \
-                 release needs a lease, or a release policy on {repository} or on {path}"
+                 release needs a lease, or a release policy on {repository} or on {path}",
+                repository = request.repository
             )));
         }
         Ok(())

@@ -23,15 +23,28 @@ fn key_value(tee_pubkey: &TeePubKey) -> Value {
     serde_json::to_value(tee_pubkey).unwrap_or(Value::Null)
 }
 
-/// The 64-byte CPU report data for a session.
+/// What the CPU report data binds, in the members' canonical order.
+#[derive(serde::Serialize)]
+struct CpuBinding<'a> {
+    #[serde(rename = "additional-evidence")]
+    additional_evidence: &'a str,
+    nonce: &'a str,
+    #[serde(rename = "tee-pubkey")]
+    tee_pubkey: &'a TeePubKey,
+}
+
+/// The 64-byte CPU report data for a session. Written straight to canonical JSON (no
+/// `serde_json` tree: this runs once per attestation); a key with no canonical form (none of
+/// `TeePubKey`'s, whose members are strings) binds nothing any evidence could carry.
 pub fn cpu_report_data(nonce: &str, tee_pubkey: &TeePubKey, additional_evidence: &str) -> [u8; 64] {
-    let v = json!({
-        "additional-evidence": additional_evidence,
-        "nonce": nonce,
-        "tee-pubkey": key_value(tee_pubkey),
-    });
+    let text = crate::jcs::to_canonical(&CpuBinding {
+        additional_evidence,
+        nonce,
+        tee_pubkey,
+    })
+    .map_or_else(|_| String::new(), crate::jcs::Canonical::into_string);
     let mut out = [0u8; 64];
-    out[..48].copy_from_slice(&sha384(&crate::jcs::canonical(&v)));
+    out[..48].copy_from_slice(&sha384(&text));
     out
 }
 
@@ -109,5 +122,32 @@ mod tests {
             text,
             r#"{"additional-evidence":"","nonce":"n","tee-pubkey":{"alg":"ECDH-ES+A256KW","crv":"P-256","kty":"EC","x":"a","y":"y"}}"#
         );
+        assert_eq!(base[..48], sha384(&text));
+    }
+
+    #[test]
+    fn the_cpu_binding_is_the_canonical_text_of_its_json() {
+        let rsa = TeePubKey::RSA {
+            alg: "RSA1_5".into(),
+            k_mod: "bW9kdWx1cw".into(),
+            k_exp: "AQAB".into(),
+        };
+        let ec = TeePubKey::EC {
+            crv: "P-256".into(),
+            alg: "ECDH-ES+A256KW".into(),
+            x: "\u{e9}\"x".into(),
+            y: "y".into(),
+        };
+        for key in [rsa, ec] {
+            for additional in ["", r#"{"nvgpu":["é"]}"#] {
+                let text = crate::jcs::canonical(&json!({
+                    "additional-evidence": additional,
+                    "nonce": "bm9uY2U",
+                    "tee-pubkey": key_value(&key),
+                }));
+                let rd = cpu_report_data("bm9uY2U", &key, additional);
+                assert_eq!(rd[..48], sha384(&text), "{text}");
+            }
+        }
     }
 }
