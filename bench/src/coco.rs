@@ -257,7 +257,19 @@ struct Series {
     /// Time slices each server's threads ran in, over all rounds (Trustee, cgx): every wake-up
     /// of a server thread costs CPU of its own, more so after the machine idled.
     slices: [u64; 2],
+    /// Host steal and all CPU time, in jiffies, over the rounds kept.
+    steal: [u64; 2],
+    /// Rounds run again because the host took more than [`STEAL_MAX`] of the CPU time.
+    redone_for_steal: usize,
+    /// Rounds kept over [`STEAL_MAX`] after [`STEAL_RETRIES`] retries.
+    kept_with_steal: usize,
 }
+
+/// The share of the machine's CPU time the hypervisor may take from a round before the round
+/// is run again.
+const STEAL_MAX: f64 = 0.05;
+/// How many times one round is run again for steal before it is kept anyway (and counted).
+const STEAL_RETRIES: usize = 3;
 
 pub fn bench(flows: usize, rounds: usize, client: CocoClient, json_out: bool) -> CliResult {
     if flows == 0 || rounds == 0 {
@@ -369,21 +381,50 @@ pub fn bench(flows: usize, rounds: usize, client: CocoClient, json_out: bool) ->
     let mut sums = [0.0f64; 2];
     for r in 0..rounds {
         for (s, drivers) in &mut series {
-            let mut round = [0.0f64; 2];
-            // Alternate which server goes first, so drift on the machine falls on both.
-            for side in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
-                let before = servers[side].sched()?;
-                drivers[side]
-                    .round(flows)
-                    .map_err(|e| format!("{}: {e}", servers[side].name))?;
-                let after = servers[side].sched()?;
-                let used = after.0 - before.0;
-                sums[side] += used;
-                round[side] = used * 1e3 / flows as f64;
-                s.slices[side] += after.1.saturating_sub(before.1);
+            // A round the hypervisor took more than STEAL_MAX of the machine's CPU time from
+            // measures the host, not the servers (it inflated cgx's CPU per flow by up to 2x
+            // here, Trustee's less): it is run again, up to STEAL_RETRIES times, both servers
+            // alike, and every retry is reported.
+            let mut tries = 0;
+            let (round, slices, steal) = loop {
+                let mut round = [0.0f64; 2];
+                let mut slices = [0u64; 2];
+                let steal_before = crate::kbs::host_steal();
+                // Alternate which server goes first, so drift on the machine falls on both.
+                for side in if r % 2 == 0 { [0, 1] } else { [1, 0] } {
+                    let before = servers[side].sched()?;
+                    drivers[side]
+                        .round(flows)
+                        .map_err(|e| format!("{}: {e}", servers[side].name))?;
+                    let after = servers[side].sched()?;
+                    round[side] = after.0 - before.0;
+                    slices[side] = after.1.saturating_sub(before.1);
+                    // Every try's CPU, for the cross-check against the processes' ticks.
+                    sums[side] += round[side];
+                }
+                let steal = steal_before
+                    .zip(crate::kbs::host_steal())
+                    .map(|((s0, t0), (s1, t1))| (s1.saturating_sub(s0), t1.saturating_sub(t0)));
+                let share = steal.map_or(0.0, |(st, t)| st as f64 / t.max(1) as f64);
+                if share <= STEAL_MAX || tries == STEAL_RETRIES {
+                    if share > STEAL_MAX {
+                        s.kept_with_steal += 1;
+                    }
+                    break (round, slices, steal);
+                }
+                tries += 1;
+                s.redone_for_steal += 1;
+            };
+            for side in 0..2 {
+                s.slices[side] += slices[side];
             }
-            s.trustee_ms.push(round[0]);
-            s.cgx_ms.push(round[1]);
+            if let Some((st, t)) = steal {
+                s.steal[0] += st;
+                s.steal[1] += t;
+            }
+            let per_flow = |secs: f64| secs * 1e3 / flows as f64;
+            s.trustee_ms.push(per_flow(round[0]));
+            s.cgx_ms.push(per_flow(round[1]));
             s.ratios.push(round[1] / round[0].max(1e-9));
         }
     }
@@ -414,6 +455,10 @@ pub fn bench(flows: usize, rounds: usize, client: CocoClient, json_out: bool) ->
                     round3(s.slices[0] as f64 / (flows * rounds) as f64),
                     round3(s.slices[1] as f64 / (flows * rounds) as f64),
                 ],
+                "host_steal_pct": (s.steal[1] > 0)
+                    .then(|| round3(100.0 * s.steal[0] as f64 / s.steal[1] as f64)),
+                "rounds_redone_for_steal": s.redone_for_steal,
+                "rounds_kept_with_steal": s.kept_with_steal,
             })
         })
         .collect();
@@ -430,6 +475,7 @@ pub fn bench(flows: usize, rounds: usize, client: CocoClient, json_out: bool) ->
         "python_skipped": skipped,
         "ratio": worst,
         "goal_ratio": 0.2,
+        "steal_max_pct": STEAL_MAX * 100.0,
         "cpu_secs_threads": [round3(sums[0]), round3(sums[1])],
         "cpu_secs_process_ticks": [round3(ticks[0]), round3(ticks[1])],
     });
@@ -448,6 +494,13 @@ pub fn bench(flows: usize, rounds: usize, client: CocoClient, json_out: bool) ->
             println!(
                 "    per round: ratio {}; server thread wake-ups per flow (Trustee, cgx) {}",
                 c["rounds_ratio"], c["thread_wakeups_per_flow"]
+            );
+            println!(
+                "    host steal {}% of CPU time in the rounds kept; rounds run again for steal over {}%: {}, kept after {STEAL_RETRIES} retries: {}",
+                c["host_steal_pct"],
+                STEAL_MAX * 100.0,
+                c["rounds_redone_for_steal"],
+                c["rounds_kept_with_steal"]
             );
         }
         println!(
@@ -476,6 +529,9 @@ impl Series {
             cgx_ms: vec![],
             ratios: vec![],
             slices: [0; 2],
+            steal: [0; 2],
+            redone_for_steal: 0,
+            kept_with_steal: 0,
         }
     }
 }

@@ -199,7 +199,7 @@ pub(crate) fn tasks_sched(task_dir: &Path, keep: impl Fn(&str) -> bool) -> Optio
 
 /// (steal, total) jiffies of the whole machine so far, from `/proc/stat`: time the hypervisor
 /// ran something else while this VM's CPUs wanted to run. `None` where `/proc` does not say.
-fn host_steal() -> Option<(u64, u64)> {
+pub(crate) fn host_steal() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
     let v: Vec<u64> = cpu
