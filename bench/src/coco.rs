@@ -415,8 +415,8 @@ pub fn bench(flows: usize, rounds: usize, client: CocoClient, json_out: bool) ->
                 tries += 1;
                 s.redone_for_steal += 1;
             };
-            for side in 0..2 {
-                s.slices[side] += slices[side];
+            for (total, n) in s.slices.iter_mut().zip(slices) {
+                *total += n;
             }
             if let Some((st, t)) = steal {
                 s.steal[0] += st;
