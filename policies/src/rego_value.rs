@@ -3,10 +3,18 @@
 //! tree in between: a release policy's input is built per request, and the tree (every string
 //! allocated twice, every map built twice) cost a CoCo flow about 4% of the KBS's CPU.
 //!
-//! Equal to the two-step conversion by construction (the same serde data model, mapped the way
-//! `serde_json` maps it: non-finite floats are null, bytes are arrays of numbers, enum variants
-//! are one-key objects, map keys are strings or integers written as strings) and by the
-//! differential test below.
+//! Equal to the two-step conversion (the same serde data model, mapped the way `serde_json`
+//! maps it: non-finite floats are null, bytes are arrays of numbers, enum variants are one-key
+//! objects, map keys are strings, or integers, booleans and characters written as text), as the
+//! differential tests below check, with three deliberate differences:
+//!
+//! - an object whose first member is named `$serde_json::private::Number` stays an object. The
+//!   round trip turned it into a number, or the whole value into `undefined` (a requester
+//!   could name a query parameter so);
+//! - a float map key is refused (`serde_json` writes it as text): every input here is keyed by
+//!   strings;
+//! - a `serde_json::value::RawValue` is refused (`serde_json` parses it): none is reachable from
+//!   the values converted here, and an error beats a silently different value.
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -38,6 +46,9 @@ impl ser::Error for ToRegoError {
 pub fn to_rego<T: Serialize + ?Sized>(value: &T) -> Result<Value, ToRegoError> {
     value.serialize(RegoSerializer)
 }
+
+/// The struct name `serde_json` gives a `RawValue` when serializing it.
+const RAW_VALUE: &str = "$serde_json::private::RawValue";
 
 /// Serializes into a [`Value`].
 struct RegoSerializer;
@@ -188,7 +199,10 @@ impl ser::Serializer for RegoSerializer {
             key: None,
         })
     }
-    fn serialize_struct(self, _: &'static str, len: usize) -> Result<Map, ToRegoError> {
+    fn serialize_struct(self, name: &'static str, len: usize) -> Result<Map, ToRegoError> {
+        if name == RAW_VALUE {
+            return Err(ToRegoError("raw JSON values are not supported".into()));
+        }
         self.serialize_map(Some(len))
     }
     fn serialize_struct_variant(
@@ -600,11 +614,51 @@ mod tests {
 
     #[test]
     fn keys_serde_json_refuses_are_refused() {
-        let by_float: BTreeMap<Vec<u8>, u8> = [(vec![1], 1)].into();
-        assert!(serde_json::to_value(&by_float).is_err());
+        let by_bytes: BTreeMap<Vec<u8>, u8> = [(vec![1], 1)].into();
+        assert!(serde_json::to_value(&by_bytes).is_err());
         assert_eq!(
-            to_rego(&by_float).unwrap_err().to_string(),
+            to_rego(&by_bytes).unwrap_err().to_string(),
             "a map key must be a string"
+        );
+    }
+
+    #[test]
+    fn the_deliberate_differences() {
+        // A float key: serde_json writes it as text, this refuses it.
+        let by_float: HashMap<String, f64> = [("k".to_string(), 0.5)].into();
+        assert_eq!(to_rego(&by_float).unwrap(), via_json(&by_float));
+        #[derive(Serialize)]
+        struct FloatKeyed(#[serde(serialize_with = "float_keyed")] ());
+        fn float_keyed<S: serde::Serializer>(_: &(), s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut m = s.serialize_map(Some(1))?;
+            m.serialize_entry(&1.5f64, "x")?;
+            m.end()
+        }
+        assert!(serde_json::to_value(FloatKeyed(())).is_ok());
+        assert_eq!(
+            to_rego(&FloatKeyed(())).unwrap_err().to_string(),
+            "a map key must be a string"
+        );
+        // serde_json's private number member: the round trip made the whole object a number
+        // (or undefined); here it is the object a requester sent.
+        let query: HashMap<String, String> =
+            [("$serde_json::private::Number".to_string(), "5".to_string())].into();
+        assert_eq!(via_json(&query), Value::from(5u64));
+        let kept = to_rego(&query).unwrap();
+        assert_eq!(kept["$serde_json::private::Number"], Value::from("5"));
+        let query: HashMap<String, String> =
+            [("$serde_json::private::Number".to_string(), "x".to_string())].into();
+        assert_eq!(via_json(&query), Value::Undefined);
+        assert_eq!(
+            to_rego(&query).unwrap()["$serde_json::private::Number"],
+            Value::from("x")
+        );
+        // A raw value: refused, not carried as a one-member object.
+        let raw = serde_json::value::RawValue::from_string("[1,2]".into()).unwrap();
+        assert_eq!(
+            to_rego(&raw).unwrap_err().to_string(),
+            "raw JSON values are not supported"
         );
     }
 }

@@ -344,7 +344,7 @@ async fn accept_loop(
     };
     tokio::pin!(stop);
     let graceful = GracefulShutdown::new();
-    let anchor = tokio::spawn(timer_anchor(shared.config.header_timeout));
+    let _anchor = AbortOnDrop(tokio::spawn(timer_anchor(shared.config.header_timeout)));
     loop {
         let conn = tokio::select! {
             c = listener.accept() => c,
@@ -406,13 +406,21 @@ async fn accept_loop(
         });
     }
     drop(listener);
-    anchor.abort();
     let drain = shared.config.drain;
     tokio::select! {
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(drain) => {
             tracing::warn!(?drain, "connections still open after the drain time; closing");
         }
+    }
+}
+
+/// A task that ends when this is dropped, however its owner ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -216,7 +216,8 @@ impl Attester {
         }
         let key = &att.runtime_data.tee_pubkey;
         let additional = att.tee_evidence.additional_evidence.as_str();
-        let expected = cgx_protocol::kbs::binding::cpu_report_data(nonce, key, additional);
+        let expected = cgx_protocol::kbs::binding::cpu_report_data(nonce, key, additional)
+            .map_err(|e| failed(format!("runtime-data has no canonical form: {e}")))?;
         let t = now.unix_timestamp();
         let primary = &att.tee_evidence.primary_evidence;
         let cpu = match tee {

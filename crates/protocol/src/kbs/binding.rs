@@ -33,19 +33,23 @@ struct CpuBinding<'a> {
     tee_pubkey: &'a TeePubKey,
 }
 
-/// The 64-byte CPU report data for a session. Written straight to canonical JSON (no
-/// `serde_json` tree: this runs once per attestation); a key with no canonical form (none of
-/// `TeePubKey`'s, whose members are strings) binds nothing any evidence could carry.
-pub fn cpu_report_data(nonce: &str, tee_pubkey: &TeePubKey, additional_evidence: &str) -> [u8; 64] {
+/// The 64-byte CPU report data for a session, written straight to canonical JSON (no
+/// `serde_json` tree: this runs once per attestation). `Err` where the members have no
+/// canonical form, which no `TeePubKey` of kbs-types 0.18 hits (its members are strings); a
+/// caller refuses the attestation then, never binds a stand-in.
+pub fn cpu_report_data(
+    nonce: &str,
+    tee_pubkey: &TeePubKey,
+    additional_evidence: &str,
+) -> Result<[u8; 64], crate::jcs::Error> {
     let text = crate::jcs::to_canonical(&CpuBinding {
         additional_evidence,
         nonce,
         tee_pubkey,
-    })
-    .map_or_else(|_| String::new(), crate::jcs::Canonical::into_string);
+    })?;
     let mut out = [0u8; 64];
-    out[..48].copy_from_slice(&sha384(&text));
-    out
+    out[..48].copy_from_slice(&sha384(text.as_str()));
+    Ok(out)
 }
 
 /// The 48-byte device binding for a session.
@@ -109,11 +113,12 @@ mod tests {
             x: x.into(),
             y: "y".into(),
         };
-        let base = cpu_report_data("n", &k("a"), "");
+        let rd = |n: &str, k: &TeePubKey, a: &str| cpu_report_data(n, k, a).unwrap();
+        let base = rd("n", &k("a"), "");
         assert_eq!(base[48..], [0u8; 16]);
-        assert_ne!(base, cpu_report_data("m", &k("a"), ""));
-        assert_ne!(base, cpu_report_data("n", &k("b"), ""));
-        assert_ne!(base, cpu_report_data("n", &k("a"), "{}"));
+        assert_ne!(base, rd("m", &k("a"), ""));
+        assert_ne!(base, rd("n", &k("b"), ""));
+        assert_ne!(base, rd("n", &k("a"), "{}"));
         assert_ne!(nvidia_nonce("n", &k("a")), nvidia_nonce("n", &k("b")));
         // The canonical text hashed: keys sorted, the JWK's members sorted, no whitespace.
         let text = crate::jcs::canonical(&json!({
@@ -138,14 +143,18 @@ mod tests {
             x: "\u{e9}\"x".into(),
             y: "y".into(),
         };
-        for key in [rsa, ec] {
+        let akp = TeePubKey::AKP {
+            alg: "ML-KEM-768".into(),
+            public_key: "cHVibGlj".into(),
+        };
+        for key in [rsa, ec, akp] {
             for additional in ["", r#"{"nvgpu":["é"]}"#] {
                 let text = crate::jcs::canonical(&json!({
                     "additional-evidence": additional,
                     "nonce": "bm9uY2U",
                     "tee-pubkey": key_value(&key),
                 }));
-                let rd = cpu_report_data("bm9uY2U", &key, additional);
+                let rd = cpu_report_data("bm9uY2U", &key, additional).unwrap();
                 assert_eq!(rd[..48], sha384(&text), "{text}");
             }
         }

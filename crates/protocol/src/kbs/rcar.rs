@@ -115,7 +115,8 @@ pub fn challenge(status: u16, body: &[u8]) -> Result<String> {
 pub fn attestation(key: &TeeKey, source: &dyn EvidenceSource, nonce: &str) -> Result<Attestation> {
     let key = key.public()?;
     let additional = source.additional_evidence(nonce, &key)?;
-    let rd = crate::kbs::binding::cpu_report_data(nonce, &key, &additional);
+    let rd = crate::kbs::binding::cpu_report_data(nonce, &key, &additional)
+        .map_err(|e| ClientError::Evidence(format!("runtime data: {e}")))?;
     Ok(Attestation {
         init_data: None,
         runtime_data: RuntimeData {
