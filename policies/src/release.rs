@@ -44,6 +44,11 @@ pub struct ReleaseRequest<'a> {
 pub struct ReleaseInput(Value);
 
 impl ReleaseInput {
+    /// The input for policies that cannot read one ([`ReleasePolicy::reads_input`]).
+    pub fn unread() -> Self {
+        ReleaseInput(Value::Undefined)
+    }
+
     pub fn new(ear: &Ear, request: &ReleaseRequest<'_>) -> Result<Self, Error> {
         let mut input = to_rego(ear).map_err(|e| unconvertible("input", e))?;
         trustee_spellings(&mut input);
@@ -171,6 +176,18 @@ impl ReleasePolicy {
     pub fn allows(&self, input: &ReleaseInput, data: &ReleaseData) -> Result<bool, Error> {
         Ok(self.0.eval_with_data(input.0.clone(), data.0.clone())? == Value::Bool(true))
     }
+
+    /// The decision, where the policy reads nothing from outside itself (`default allow :=
+    /// true`): the caller need build neither input nor data for it.
+    pub fn constant(&self) -> Option<bool> {
+        self.0.constant().map(|v| *v == Value::Bool(true))
+    }
+
+    /// Whether the policy can read its input at all: Trustee's `--allow-all` (`allow if
+    /// data.plugin == "resource"`) cannot, and is given [`ReleaseInput::unread`].
+    pub fn reads_input(&self) -> bool {
+        self.0.reads().input
+    }
 }
 
 #[cfg(test)]
@@ -281,5 +298,58 @@ mod tests {
         assert_eq!(data.0, expected);
         // The service's own stays as it was for the next request.
         assert_eq!(service.0, Value::from(json!({"allow_sim": false})));
+    }
+
+    /// Trustee's stock release policies, as its kbs-client installs them, and what each can
+    /// read: the KBS builds the EAR input only for those that read it, and gives the others
+    /// [`ReleaseInput::unread`] with the same decision.
+    #[test]
+    fn what_trustees_policies_read_decides_what_is_built() {
+        let allow_all = "package policy\ndefault allow = false\nplugin = data.plugin\nallow if {\n\tplugin == \"resource\"\n}\n";
+        let affirming = "package policy\nimport rego.v1\ndefault allow = false\n\
+            allow if {\n    not any_not_affirming\n    count(input.submods) > 0\n}\n\
+            any_not_affirming if {\n    some _, submod in input.submods\n    \
+            submod[\"ear.status\"] != \"affirming\"\n}\n";
+        let deny_all = "package policy\ndefault allow = false\n";
+        let mut ear = ear();
+        ear.submods.retain(|name, _| name == "cpu0");
+        let query = HashMap::new();
+        let r = ReleaseRequest {
+            path: "a/key/x",
+            repository: "a",
+            kind: "key",
+            tag: "x",
+            query: &query,
+            lease: None,
+        };
+        let input = ReleaseInput::new(&ear, &r).unwrap();
+        let data = ReleaseData::service(&json!({"allow_sim": false}))
+            .unwrap()
+            .for_request(r.path, &query)
+            .unwrap();
+        let compile = |rego| ReleasePolicy::compile(rego, json!({"allow_sim": false})).unwrap();
+
+        let p = compile(allow_all);
+        assert!(!p.reads_input());
+        assert_eq!(p.constant(), None);
+        assert!(p.allows(&ReleaseInput::unread(), &data).unwrap());
+        assert!(p.allows(&input, &data).unwrap());
+        // It still reads the data: another plugin's request is denied.
+        let mut other = data.clone();
+        other
+            .0
+            .as_object_mut()
+            .unwrap()
+            .insert(Value::from("plugin"), Value::from("x"));
+        assert!(!p.allows(&ReleaseInput::unread(), &other).unwrap());
+
+        let p = compile(affirming);
+        assert!(p.reads_input());
+        assert!(p.allows(&input, &data).unwrap());
+        assert!(!p.allows(&ReleaseInput::unread(), &data).unwrap());
+
+        let p = compile(deny_all);
+        assert_eq!(p.constant(), Some(false));
+        assert!(!p.allows(&input, &data).unwrap());
     }
 }

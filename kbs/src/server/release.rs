@@ -94,25 +94,51 @@ impl ReleasePolicies {
         request: &ReleaseRequest<'_>,
         stored: &[(String, String)],
     ) -> Result<(), KbsError> {
-        let path = request.path;
-        // Neither conversion fails on what a session and a request hold (string keys only).
         let internal = |e: cgx_policies::Error| KbsError::Internal(e.to_string());
-        let input = ReleaseInput::new(ear, request).map_err(internal)?;
-        let data = self
-            .request_data
-            .for_request(path, request.query)
-            .map_err(internal)?;
+        let path = request.path;
         let has_global = stored.iter().any(|(s, _)| s == GLOBAL_SCOPE);
-        if !has_global && !self.default_global.allows(&input, &data).map_err(invalid)? {
-            return Err(KbsError::PolicyDeny(format!(
-                "{path}: the default release policy (every part affirming, no simulated evidence)"
-            )));
-        }
         let mut ordered: Vec<&(String, String)> = stored.iter().collect();
         ordered.sort_by_key(|(s, _)| s.len());
+        let mut applicable = Vec::with_capacity(ordered.len() + 1);
+        if !has_global {
+            applicable.push((None, self.default_global.clone()));
+        }
         for (scope, text) in ordered {
-            if !self.program(text)?.allows(&input, &data).map_err(invalid)? {
-                return Err(KbsError::PolicyDeny(format!("{path}: policy {scope}")));
+            applicable.push((Some(scope), self.program(text)?));
+        }
+        // The input (the whole EAR) is built only where a policy can read it: Trustee's
+        // `--allow-all` reads `data.plugin` alone, and a constant policy nothing.
+        let reads_input = applicable
+            .iter()
+            .any(|(_, p)| p.constant().is_none() && p.reads_input());
+        let input = if reads_input {
+            ReleaseInput::new(ear, request).map_err(internal)?
+        } else {
+            ReleaseInput::unread()
+        };
+        let mut data = None;
+        for (scope, policy) in applicable {
+            let allowed = match policy.constant() {
+                Some(allowed) => allowed,
+                None => {
+                    let d = match data.take() {
+                        Some(d) => d,
+                        None => self
+                            .request_data
+                            .for_request(path, request.query)
+                            .map_err(internal)?,
+                    };
+                    policy.allows(&input, data.insert(d)).map_err(invalid)?
+                }
+            };
+            if !allowed {
+                return Err(KbsError::PolicyDeny(match scope {
+                    None => format!(
+                        "{path}: the default release policy \
+                         (every part affirming, no simulated evidence)"
+                    ),
+                    Some(scope) => format!("{path}: policy {scope}"),
+                }));
             }
         }
         // Every stored policy allowed: one of the tenant's own, or a lease, names the requester.
