@@ -74,9 +74,8 @@ pub(super) fn router(broker: Arc<Broker>) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .route_layer(axum::middleware::from_fn_with_state(
+        .route_layer(cgx_service::metrics::TrackLayer::new(
             broker.metrics.clone(),
-            cgx_service::metrics::track,
         ))
         .fallback(not_found)
         .with_state(broker)

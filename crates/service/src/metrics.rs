@@ -1,16 +1,20 @@
 //! Prometheus metrics in the text exposition format, kept in small maps: no metrics crate,
-//! nothing on the hot path heavier than a mutex around a counter bump. [`track`] is the layer
-//! that counts every request by its matched route (`/kbs/v0/resource/{repo}/{kind}/{tag}`, not
+//! nothing on the hot path heavier than a mutex around a counter bump. [`TrackLayer`] is the
+//! layer that counts every request by its matched route (`/kbs/v0/resource/{repo}/{kind}/{tag}`, not
 //! the path a client sent, so the label set stays bounded) and status, with a latency
 //! histogram; services add their own outcome counters with [`Metrics::event`].
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
+use axum::extract::{MatchedPath, Request};
 use axum::response::Response;
+use tower::{Layer, Service};
 
 /// Upper bounds (seconds) of the request-duration histogram buckets.
 const BUCKETS: [f64; 10] = [
@@ -42,18 +46,85 @@ pub struct Metrics {
     events: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
 
-/// The layer (`Router::route_layer(from_fn_with_state(metrics, track))`) that records every
-/// matched request.
-pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
-    let route = req.extensions().get::<MatchedPath>().cloned();
-    let started = Instant::now();
-    let resp = next.run(req).await;
-    metrics.request(
-        route.as_ref().map_or("unmatched", |r| r.as_str()),
-        resp.status().as_u16(),
-        started.elapsed(),
-    );
-    resp
+/// The layer (`Router::route_layer(TrackLayer::new(metrics))`) that records every matched
+/// request. A tower service written out, not `from_fn` (see `limits.rs`): no boxing per request.
+#[derive(Debug, Clone)]
+pub struct TrackLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl TrackLayer {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        TrackLayer { metrics }
+    }
+}
+
+impl<S> Layer<S> for TrackLayer {
+    type Service = Track<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Track {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// [`TrackLayer`]'s service.
+#[derive(Debug, Clone)]
+pub struct Track<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Service<Request> for Track<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Tracked<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        Tracked {
+            route: req.extensions().get::<MatchedPath>().cloned(),
+            started: Instant::now(),
+            metrics: self.metrics.clone(),
+            inner: self.inner.call(req),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request being answered, recorded when it is.
+    pub struct Tracked<F> {
+        #[pin]
+        inner: F,
+        route: Option<MatchedPath>,
+        started: Instant,
+        metrics: Arc<Metrics>,
+    }
+}
+
+impl<F: Future<Output = Result<Response, Infallible>>> Future for Tracked<F> {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answered = ready!(this.inner.poll(cx));
+        if let Ok(resp) = &answered {
+            this.metrics.request(
+                this.route.as_ref().map_or("unmatched", |r| r.as_str()),
+                resp.status().as_u16(),
+                this.started.elapsed(),
+            );
+        }
+        Poll::Ready(answered)
+    }
 }
 
 impl Metrics {

@@ -161,15 +161,11 @@ pub async fn start(
             detail: "no listening socket".into(),
         })?;
     let slots = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight.max(1)));
-    // One layer for both (each `from_fn` layer costs every request a boxed clone of the
-    // service below it).
-    let router = router.layer(axum::middleware::from_fn_with_state(
-        crate::limits::Admission {
-            slots,
-            timeout: config.request_timeout,
-        },
-        crate::limits::admit,
-    ));
+    // One layer for both.
+    let router = router.layer(crate::limits::AdmitLayer {
+        slots,
+        timeout: config.request_timeout,
+    });
     let shared = Arc::new(Shared {
         acceptor: tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c))),
         router,

@@ -94,10 +94,7 @@ pub(super) fn router(kbs: Arc<Kbs>) -> Router {
         .route("/kbs/v0/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .route_layer(axum::middleware::from_fn_with_state(
-            kbs.metrics.clone(),
-            cgx_service::metrics::track,
-        ))
+        .route_layer(cgx_service::metrics::TrackLayer::new(kbs.metrics.clone()))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(16 << 20))
         .with_state(kbs)
