@@ -268,12 +268,13 @@ mod tests {
     }
 
     #[test]
-    fn trustees_allow_all_and_deny_all_are_folded() {
+    fn constant_policies_are_folded() {
         for (rego, allowed) in [
-            // kbs-client's --allow-all and --deny-all, and the older spelling.
+            // Both assignment spellings; `default allow = false` alone denies everything.
             ("package policy\ndefault allow := true\n", true),
             ("package policy\ndefault allow := false\n", false),
             ("package policy\ndefault allow = true\n", true),
+            ("package policy\ndefault allow = false\n", false),
         ] {
             let p = compile(rego);
             assert_eq!(p.constant(), Some(&regorus::Value::Bool(allowed)), "{rego}");
