@@ -325,4 +325,35 @@ mod tests {
         let refused = regorus::Value::from(serde_json::json!({"ok": false}));
         assert_eq!(p.eval(refused).unwrap(), regorus::Value::Bool(false));
     }
+
+    /// Every way a Rego policy reaches its input or data shows in what it reads.
+    #[test]
+    fn every_way_to_the_input_or_data_is_seen() {
+        let input_forms = [
+            "allow if { some p in input.submods; p.ok }",
+            "allow if { count([x | some x in input.items]) > 0 }",
+            "allow if { every x in input.items { x > 0 } }",
+            "f(v) := v.ok\nallow if f(input)",
+            "x := input\nallow if x.ok",
+            "allow if { input[k]; k == \"ok\" }",
+        ];
+        for form in input_forms {
+            let p = compile(&format!("package policy\nimport rego.v1\n{form}\n"));
+            assert!(p.reads().input, "{form}");
+        }
+        let p =
+            compile("package policy\nimport rego.v1\nimport input.submods as s\nallow if s.cpu0\n");
+        assert!(p.reads().input);
+        let data_forms = [
+            "allow if data.allow_sim == false",
+            "allow if { some k; data.cfg[k] == 1 }",
+            "allow if { x := \"n\"; data.cfg[x] == 1 }",
+        ];
+        for form in data_forms {
+            let p = compile(&format!("package policy\nimport rego.v1\n{form}\n"));
+            assert!(p.reads().data, "{form}");
+            assert!(!p.reads().input, "{form}");
+            assert_eq!(p.constant(), None, "{form}");
+        }
+    }
 }

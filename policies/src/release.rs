@@ -136,6 +136,11 @@ fn trustee_spellings(input: &mut Value) {
 pub struct ReleaseData(Value);
 
 impl ReleaseData {
+    /// The data for policies that cannot read any ([`ReleasePolicy::reads_data`]).
+    pub fn unread() -> Self {
+        ReleaseData(Value::Undefined)
+    }
+
     /// `service`: the service's data (an object).
     pub fn service(service: &serde_json::Value) -> Result<Self, Error> {
         to_rego(service)
@@ -187,6 +192,12 @@ impl ReleasePolicy {
     /// data.plugin == "resource"`) cannot, and is given [`ReleaseInput::unread`].
     pub fn reads_input(&self) -> bool {
         self.0.reads().input
+    }
+
+    /// Whether the policy can read its data at all; one that cannot is given
+    /// [`ReleaseData::unread`].
+    pub fn reads_data(&self) -> bool {
+        self.0.reads().data
     }
 }
 

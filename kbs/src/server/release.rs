@@ -99,37 +99,38 @@ impl ReleasePolicies {
         let has_global = stored.iter().any(|(s, _)| s == GLOBAL_SCOPE);
         let mut ordered: Vec<&(String, String)> = stored.iter().collect();
         ordered.sort_by_key(|(s, _)| s.len());
+        // Each policy as compiled, or the error it fails with: an error is answered only at
+        // its policy's turn, so a requester an earlier policy denies learns nothing of a later
+        // one (regorus's compile errors quote the policy's text).
         let mut applicable = Vec::with_capacity(ordered.len() + 1);
         if !has_global {
-            applicable.push((None, self.default_global.clone()));
+            applicable.push((None, Ok(self.default_global.clone())));
         }
         for (scope, text) in ordered {
-            applicable.push((Some(scope), self.program(text)?));
+            applicable.push((Some(scope), self.program(text)));
         }
-        // The input (the whole EAR) is built only where a policy can read it: Trustee's
-        // `--allow-all` reads `data.plugin` alone, and a constant policy nothing.
-        let reads_input = applicable
-            .iter()
-            .any(|(_, p)| p.constant().is_none() && p.reads_input());
-        let input = if reads_input {
+        let needed = |p: &ReleasePolicy| p.constant().is_none();
+        // The input (the whole EAR) and the request's data are built only where a policy can
+        // read them: Trustee's `--allow-all` reads `data.plugin` alone, and a constant policy
+        // nothing.
+        let compiled = || applicable.iter().filter_map(|(_, p)| p.as_ref().ok());
+        let input = if compiled().any(|p| needed(p) && p.reads_input()) {
             ReleaseInput::new(ear, request).map_err(internal)?
         } else {
             ReleaseInput::unread()
         };
-        let mut data = None;
+        let data = if compiled().any(|p| needed(p) && p.reads_data()) {
+            self.request_data
+                .for_request(path, request.query)
+                .map_err(internal)?
+        } else {
+            ReleaseData::unread()
+        };
         for (scope, policy) in applicable {
+            let policy = policy?;
             let allowed = match policy.constant() {
                 Some(allowed) => allowed,
-                None => {
-                    let d = match data.take() {
-                        Some(d) => d,
-                        None => self
-                            .request_data
-                            .for_request(path, request.query)
-                            .map_err(internal)?,
-                    };
-                    policy.allows(&input, data.insert(d)).map_err(invalid)?
-                }
+                None => policy.allows(&input, &data).map_err(invalid)?,
             };
             if !allowed {
                 return Err(KbsError::PolicyDeny(match scope {
@@ -219,4 +220,79 @@ pub fn check_lease(
         )));
     }
     Ok(claims)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn ear() -> Ear {
+        serde_json::from_value(serde_json::json!({
+            "eat_profile": "tag:ietf.org,2026:rats/ear#04",
+            "iat": 1_790_000_000,
+            "ear_verifier_id": {"developer": "cgx", "build": "test"},
+            "ear_status": "affirming",
+            "submods": {"cpu0": {"ear_status": "affirming"}}
+        }))
+        .unwrap()
+    }
+
+    fn check(stored: &[(&str, &str)]) -> Result<(), KbsError> {
+        let policies = ReleasePolicies::new(false, false).unwrap();
+        let query = HashMap::new();
+        let request = ReleaseRequest {
+            path: "a/key/x",
+            repository: "a",
+            kind: "key",
+            tag: "x",
+            query: &query,
+            lease: None,
+        };
+        let stored: Vec<(String, String)> = stored
+            .iter()
+            .map(|(s, t)| (s.to_string(), t.to_string()))
+            .collect();
+        policies.check(&ear(), &request, &stored)
+    }
+
+    /// A policy that no longer compiles (stored by older code) answers only at its turn: a
+    /// requester an earlier policy denies learns nothing of its text.
+    #[test]
+    fn a_broken_policy_speaks_only_at_its_turn() {
+        let deny = "package policy\ndefault allow := false\n";
+        let allow = "package policy\ndefault allow := true\n";
+        let broken = "package policy\nallow if { input.x == \"secret-text\" \n";
+        let e = check(&[("resource:a", deny), ("resource:a/key/x", broken)]).unwrap_err();
+        assert!(
+            matches!(&e, KbsError::PolicyDeny(d) if d == "a/key/x: policy resource:a"),
+            "{e:?}"
+        );
+        let e = check(&[("resource:a", allow), ("resource:a/key/x", broken)]).unwrap_err();
+        assert!(matches!(e, KbsError::PolicyInvalid(_)), "{e:?}");
+        // No global policy stored: the shipped default decides, and this EAR passes it.
+        check(&[("resource:a", allow)]).unwrap();
+    }
+
+    /// Trustee's `--allow-all` reads `data.plugin` only: it is given the request's data and
+    /// no input, and decides as before; a policy that reads the input gets it.
+    #[test]
+    fn policies_get_what_they_read() {
+        let allow_all = "package policy\ndefault allow = false\nplugin = data.plugin\nallow if plugin == \"resource\"\n";
+        let by_path = "package policy\ndefault allow = false\n\
+                       allow if data[\"resource-path\"][2] == \"x\"\n";
+        let by_input = "package policy\ndefault allow = false\n\
+                        allow if input.submods.cpu0[\"ear.status\"] == \"affirming\"\n";
+        let by_tag = "package policy\ndefault allow = false\nallow if input.tag == \"y\"\n";
+        check(&[("resource:*", allow_all)]).unwrap();
+        check(&[("resource:*", allow_all), ("resource:a", by_path)]).unwrap();
+        check(&[("resource:*", allow_all), ("resource:a", by_input)]).unwrap();
+        let e = check(&[("resource:*", allow_all), ("resource:a", by_tag)]).unwrap_err();
+        assert!(
+            matches!(&e, KbsError::PolicyDeny(d) if d == "a/key/x: policy resource:a"),
+            "{e:?}"
+        );
+    }
 }
