@@ -82,6 +82,7 @@ impl RegoProgram {
     }
 
     /// The value every evaluation gives, where the program is closed ([`Reads::closed`]).
+    #[cfg(test)]
     pub(crate) fn constant(&self) -> Option<&regorus::Value> {
         self.constant.as_ref()
     }

@@ -109,17 +109,16 @@ impl ReleasePolicies {
         for (scope, text) in ordered {
             applicable.push((Some(scope), self.program(text)));
         }
-        let needed = |p: &ReleasePolicy| p.constant().is_none();
         // The input (the whole EAR) and the request's data are built only where a policy can
         // read them: Trustee's `--allow-all` reads `data.plugin` alone, and a constant policy
-        // nothing.
+        // (answered from its fold) nothing.
         let compiled = || applicable.iter().filter_map(|(_, p)| p.as_ref().ok());
-        let input = if compiled().any(|p| needed(p) && p.reads_input()) {
+        let input = if compiled().any(|p| p.reads_input()) {
             ReleaseInput::new(ear, request).map_err(internal)?
         } else {
             ReleaseInput::unread()
         };
-        let data = if compiled().any(|p| needed(p) && p.reads_data()) {
+        let data = if compiled().any(|p| p.reads_data()) {
             self.request_data
                 .for_request(path, request.query)
                 .map_err(internal)?
@@ -127,11 +126,7 @@ impl ReleasePolicies {
             ReleaseData::unread()
         };
         for (scope, policy) in applicable {
-            let policy = policy?;
-            let allowed = match policy.constant() {
-                Some(allowed) => allowed,
-                None => policy.allows(&input, &data).map_err(invalid)?,
-            };
+            let allowed = policy?.allows(&input, &data).map_err(invalid)?;
             if !allowed {
                 return Err(KbsError::PolicyDeny(match scope {
                     None => format!(
