@@ -36,6 +36,8 @@ impl Net {
         for n in also_trusted {
             pins.extend(n.sim.root_pins().iter().map(hex::encode));
         }
+        let extra: Vec<&cgx_kbs::sim::SimNode> = also_trusted.iter().map(|n| &n.sim).collect();
+        cgx_devnet::sim_crls(&kbs.dir.join(cgx_devnet::COLLATERAL_DIR), &extra).unwrap();
         let broker = broker_setup(&kbs, pins, database).unwrap();
         Net { kbs, broker }
     }
@@ -806,4 +808,71 @@ fn the_broker_serves_its_contract() {
     );
     let _ = OPERATOR;
     broker.stop();
+}
+
+/// Issue 28 (8): KBS admin tokens and broker API tokens are one scheme, told apart by their
+/// audience. With one key known to both services (an operator may well do that), a token
+/// made for the KBS is refused by the broker with the reason, and the other way round; a
+/// token that names no audience is refused by both.
+#[test]
+fn a_token_for_one_service_is_refused_by_the_other() {
+    let mut net = Net::new(&[], None);
+    let both = &net.broker.auditor;
+    net.kbs
+        .config
+        .admin_keys
+        .push(cgx_kbs::server::config::AdminKey {
+            public_key: both.public_b64.clone(),
+            repositories: vec!["*".into()],
+        });
+    let kbs = cgx_devnet::Server::start(&net.kbs.config).unwrap();
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let both = &net.broker.auditor;
+    let nodes = format!("{}/v1/nodes", broker.base);
+    let resource = format!("{}/kbs/v0/resource/tenant-a/key/aud", kbs.base);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    // Each service takes its own.
+    let (s, b) = cgx_system_tests::call("GET", &nodes, Some(&both.api_token().unwrap()), None);
+    assert_eq!(s, 200, "{}", text(&b));
+    let (s, b) = cgx_system_tests::call(
+        "POST",
+        &resource,
+        Some(&both.admin_token().unwrap()),
+        Some(b"v"),
+    );
+    assert_eq!(s, 200, "{}", text(&b));
+    // A KBS admin token at the broker.
+    let (s, b) = cgx_system_tests::call("GET", &nodes, Some(&both.admin_token().unwrap()), None);
+    assert_eq!(s, 401, "{}", text(&b));
+    assert!(
+        text(&b).contains("the token is for cgx-kbs/admin, not for cgx-broker/api"),
+        "{}",
+        text(&b)
+    );
+    // A broker API token at the KBS.
+    let (s, b) = cgx_system_tests::call(
+        "POST",
+        &resource,
+        Some(&both.api_token().unwrap()),
+        Some(b"v"),
+    );
+    assert_eq!(s, 401, "{}", text(&b));
+    assert!(
+        text(&b).contains("the token is for cgx-broker/api, not for cgx-kbs/admin"),
+        "{}",
+        text(&b)
+    );
+    // No audience: refused by both, saying so.
+    let t = cgx_devnet::now();
+    let bare =
+        cgx_service::jwt::sign_eddsa(&both.pkcs8, &serde_json::json!({"iat": t, "exp": t + 60}))
+            .unwrap();
+    let (s, b) = cgx_system_tests::call("GET", &nodes, Some(&bare), None);
+    assert_eq!(s, 401, "{}", text(&b));
+    assert!(text(&b).contains("names no audience"), "{}", text(&b));
+    let (s, b) = cgx_system_tests::call("POST", &resource, Some(&bare), Some(b"v"));
+    assert_eq!(s, 401, "{}", text(&b));
+    assert!(text(&b).contains("names no audience"), "{}", text(&b));
+    broker.stop();
+    kbs.stop();
 }

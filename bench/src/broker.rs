@@ -126,6 +126,7 @@ fn job(r: &mut Rng) -> Requirements {
         ],
     };
     Requirements {
+        tenant: "bench".into(),
         gpu_model: m.into(),
         gpu_count: [1, 1, 1, 2, 2, 4, 4, 8][r.below(8) as usize],
         min_gpu_memory_gib: 0,
@@ -137,6 +138,7 @@ fn job(r: &mut Rng) -> Requirements {
         regions,
         max_price: 2_000_000 + r.below(300) * 10_000,
         policy: None,
+        has_policy: false,
         spec: Arc::new(json!({})),
     }
 }

@@ -104,10 +104,17 @@ pub struct BrokerConfig {
     /// milliseconds (default 500).
     #[serde(default = "default_monitor_ms")]
     pub monitor_interval_ms: u64,
-    /// Pending jobs one tenant may have at once (more are refused, 429): one tenant's
-    /// unplaceable jobs cannot crowd out everyone's placement passes.
+    /// Pending jobs one tenant may have at once (more are refused, 429). At most a quarter
+    /// of `placement_batch`: a pass reads tenants' jobs in turns (each tenant's oldest, then
+    /// each one's second, …), so one tenant's unplaceable jobs cannot hide another's.
     #[serde(default = "default_max_pending")]
     pub max_pending_per_tenant: i64,
+    /// Pending jobs one placement pass reads at most (default 1000).
+    #[serde(default = "default_placement_batch")]
+    pub placement_batch: i64,
+    /// A job pending this long expires (state `expired`, with the reason; default 1 day).
+    #[serde(default = "default_pending_ttl")]
+    pub pending_ttl_secs: i64,
     /// Longest API token accepted (`exp − iat`, seconds).
     #[serde(default = "default_token_ttl")]
     pub api_token_max_ttl_secs: i64,
@@ -115,8 +122,23 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Connections one client address (an IPv6 /64) may hold open; further ones are closed at
+    /// once (default 64). Behind a load balancer that hides client addresses, set it to
+    /// `max_connections`.
+    #[serde(default = "default_max_connections_per_client")]
+    pub max_connections_per_client: usize,
+    /// Requests one client address (an IPv6 /64) may have in flight; past it, 429 with
+    /// `Retry-After` (default 32). As `max_connections_per_client` behind a load balancer.
+    #[serde(default = "default_max_in_flight_per_client")]
+    pub max_in_flight_per_client: usize,
 }
 
+fn default_placement_batch() -> i64 {
+    1000
+}
+fn default_pending_ttl() -> i64 {
+    86_400
+}
 fn default_reattest() -> i64 {
     600
 }
@@ -136,7 +158,7 @@ fn default_monitor_ms() -> u64 {
     500
 }
 fn default_max_pending() -> i64 {
-    1000
+    100
 }
 fn default_token_ttl() -> i64 {
     cgx_service::auth::DEFAULT_ADMIN_TOKEN_TTL
@@ -146,6 +168,12 @@ fn default_max_connections() -> usize {
 }
 fn default_max_in_flight() -> usize {
     1024
+}
+fn default_max_connections_per_client() -> usize {
+    cgx_service::server::DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+}
+fn default_max_in_flight_per_client() -> usize {
+    cgx_service::server::DEFAULT_MAX_IN_FLIGHT_PER_CLIENT
 }
 
 impl BrokerConfig {
@@ -171,6 +199,8 @@ impl BrokerConfig {
         );
         l.max_connections = self.max_connections;
         l.max_in_flight = self.max_in_flight;
+        l.max_connections_per_client = self.max_connections_per_client;
+        l.max_in_flight_per_client = self.max_in_flight_per_client;
         l
     }
 
@@ -199,8 +229,14 @@ impl BrokerConfig {
         if self.lease_ttl_secs <= self.heartbeat_secs * self.missed_heartbeats {
             return bad("lease_ttl_secs must exceed heartbeat_secs × missed_heartbeats");
         }
-        if !(1..=1_000_000).contains(&self.max_pending_per_tenant) {
-            return bad("max_pending_per_tenant must be 1 to 1000000");
+        if !(4..=100_000).contains(&self.placement_batch) {
+            return bad("placement_batch must be 4 to 100000");
+        }
+        if !(1..=self.placement_batch / 4).contains(&self.max_pending_per_tenant) {
+            return bad("max_pending_per_tenant must be 1 to a quarter of placement_batch");
+        }
+        if !(60..=30 * 86_400).contains(&self.pending_ttl_secs) {
+            return bad("pending_ttl_secs must be 60 to 2592000 (30 days)");
         }
         if !(50..=60_000).contains(&self.monitor_interval_ms) {
             return bad("monitor_interval_ms must be 50 to 60000");

@@ -34,6 +34,9 @@ pub enum BrokerError {
     PlacementPolicy(String),
     #[error("{0}")]
     Conflict(String),
+    /// A job row whose seal does not verify (made or edited in the database).
+    #[error("job record: {0}")]
+    JobSeal(String),
     #[error("quota: {0}")]
     Quota(String),
     #[error("storage: {0}")]
@@ -79,9 +82,10 @@ impl ApiError for BrokerError {
             | BrokerError::PlacementPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
             BrokerError::Conflict(_) => StatusCode::CONFLICT,
             BrokerError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
-            BrokerError::Config(_) | BrokerError::Storage(_) | BrokerError::Internal(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            BrokerError::Config(_)
+            | BrokerError::Storage(_)
+            | BrokerError::Internal(_)
+            | BrokerError::JobSeal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -99,6 +103,7 @@ impl ApiError for BrokerError {
             BrokerError::Budget(_) => "BudgetTooSmall",
             BrokerError::PlacementPolicy(_) => "PlacementPolicyInvalid",
             BrokerError::Conflict(_) => "Conflict",
+            BrokerError::JobSeal(_) => "JobRecordInvalid",
             BrokerError::Quota(_) => "TooManyPending",
             BrokerError::Storage(_) => "StorageError",
             BrokerError::Internal(_) => "InternalError",

@@ -118,6 +118,10 @@ pub enum Misfit {
     OverPrice { price: Micros, max: Micros },
     #[error("{free} GPUs free, the job needs {wants}")]
     Full { free: u32, wants: u32 },
+    /// A VM serves one tenant at a time (the other tenant is not named: it is not the
+    /// asker's business).
+    #[error("the node serves another tenant's lease")]
+    OtherTenant,
     #[error("placement policy: {}", .0.join("; "))]
     Policy(Vec<String>),
     #[error("placement policy failed: {0}")]
@@ -137,6 +141,7 @@ impl Misfit {
             Misfit::Region { .. } => "region",
             Misfit::OverPrice { .. } => "over_price",
             Misfit::Full { .. } => "full",
+            Misfit::OtherTenant => "other_tenant",
             Misfit::Policy(_) => "placement_policy",
             Misfit::PolicyError(_) => "placement_policy_error",
         }
@@ -146,6 +151,8 @@ impl Misfit {
 /// A job's requirements as placement reads them (parsed and checked at submission).
 #[derive(Debug, Clone)]
 pub struct Requirements {
+    /// The job's tenant: a node serving another tenant's lease does not fit.
+    pub tenant: String,
     pub gpu_model: String,
     pub gpu_count: u32,
     pub min_gpu_memory_gib: u32,
@@ -155,6 +162,8 @@ pub struct Requirements {
     pub regions: Vec<String>,
     pub max_price: Micros,
     pub policy: Option<Arc<PlacementPolicy>>,
+    /// The job has a placement policy (also where `policy` was not compiled: a status read).
+    pub has_policy: bool,
     /// The spec as submitted (the policy's `input.job`).
     pub spec: Arc<serde_json::Value>,
 }
@@ -178,6 +187,9 @@ struct Entry {
     reattest_asked: bool,
     /// Bit i set: GPU i is allocated (committed, or reserved by a placement in flight).
     used: u64,
+    /// The tenant whose leases hold the VM, until when (`i64::MAX` while one is open; else
+    /// when the last token of its last lease has expired). A VM serves one tenant at a time.
+    tenant: Option<(String, i64)>,
     /// Bit i set: GPU i is reserved by a placement of this replica not yet committed (a sync
     /// from the database must not hand it out meanwhile).
     inflight: u64,
@@ -219,10 +231,23 @@ pub struct Index {
     regions: BTreeSet<String>,
     /// GPU device serial → the node whose evidence carried it.
     gpu_owner: HashMap<String, String>,
+    /// Node id → the newest `attested_at` of a record of it this replica has accepted: an
+    /// older, validly signed record put back in the database is refused (it would undo a
+    /// re-attestation that found the node worse).
+    newest: HashMap<String, i64>,
+}
+
+/// A node that passed every filter but the placement policy, in rank order, with what the
+/// policy reads of it: the policy runs on it outside the index's lock.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub choice: Choice,
+    /// The policy's input (`None` when the job has no policy).
+    pub input: Option<serde_json::Value>,
 }
 
 /// The device serials of a record's GPUs (from the verified claims).
-fn serials(record: &NodeRecord) -> Vec<String> {
+pub(crate) fn serials(record: &NodeRecord) -> Vec<String> {
     record.claims["gpus"]
         .as_array()
         .map(|g| {
@@ -258,7 +283,14 @@ impl Index {
             parts: HashMap::new(),
             regions: BTreeSet::new(),
             gpu_owner: HashMap::new(),
+            newest: HashMap::new(),
         }
+    }
+
+    /// Whether a record of `id` attested at `attested_at` may replace what this replica has
+    /// seen: never one older than the newest accepted.
+    pub fn accepts_record(&self, id: &str, attested_at: i64) -> bool {
+        self.newest.get(id).is_none_or(|n| attested_at >= *n)
     }
 
     /// Another node, placeable at `now`, whose evidence carries one of `record`'s GPUs: a GPU
@@ -311,6 +343,11 @@ impl Index {
         used: u64,
     ) {
         self.remove(&record.id);
+        let newest = self
+            .newest
+            .entry(record.id.clone())
+            .or_insert(record.attested_at);
+        *newest = (*newest).max(record.attested_at);
         let key = self.rank_key(&record, node_reputation);
         let used = used & full_mask(record.gpu_count);
         for serial in serials(&record) {
@@ -328,6 +365,7 @@ impl Index {
                 heartbeat_seq,
                 reattest_asked: false,
                 used,
+                tenant: None,
                 inflight: 0,
                 key,
                 part: None,
@@ -344,16 +382,18 @@ impl Index {
         let Some(e) = self.nodes.get(&id) else {
             return false;
         };
-        let (rep, last, seq, used, inflight) = (
+        let (rep, last, seq, used, inflight, tenant) = (
             e.node_reputation,
             e.last_heartbeat.max(now),
             e.heartbeat_seq,
             e.used,
             e.inflight,
+            e.tenant.clone(),
         );
         self.upsert(record, record_token, rep, last, seq, used);
         if let Some(e) = self.nodes.get_mut(&id) {
             e.inflight = inflight & full_mask(e.record.gpu_count);
+            e.tenant = tenant;
         }
         true
     }
@@ -591,10 +631,30 @@ impl Index {
                 wants: req.gpu_count,
             });
         }
+        if e.tenant
+            .as_ref()
+            .is_some_and(|(t, until)| *t != req.tenant && now < *until)
+        {
+            return Err(Misfit::OtherTenant);
+        }
         Ok(())
     }
 
-    /// The policy's input for a node: its verified claims and its offer.
+    /// Does `req` still fit node `id` at `now`, the policy aside? (Checked again, under the
+    /// lock, after the policy ran outside it.)
+    pub fn cheap_fits(&self, id: &str, req: &Requirements, now: i64) -> Result<(), Misfit> {
+        match self.nodes.get(id) {
+            Some(e) => self.cheap_fit(e, req, now),
+            None => Err(Misfit::Unplaceable(Unplaceable::NotAffirming {
+                status: "none".into(),
+                detail: "no longer registered".into(),
+            })),
+        }
+    }
+
+    /// The policy's input for a node: its offer and what placement needs of its verified
+    /// claims ([`placement_claims`]: no chip id, device serial, FWID, nonce or report data — a
+    /// tenant's policy has no business fingerprinting machines), and the job.
     pub fn policy_input(
         &self,
         record: &NodeRecord,
@@ -608,7 +668,7 @@ impl Index {
                 "gpu_chip": record.gpu_chip, "gpu_count": record.gpu_count,
                 "gpu_memory_gib": record.gpu_memory_gib,
                 "price_per_gpu_hour": record.price as f64 / 1e6,
-                "reputation": reputation, "claims": record.claims,
+                "reputation": reputation, "claims": placement_claims(&record.claims),
             },
             "job": job,
         })
@@ -618,12 +678,10 @@ impl Index {
         let Some(policy) = &req.policy else {
             return Ok(());
         };
-        let input = self.policy_input(&e.record, self.reputation_of(e), &req.spec);
-        match policy.refusals(&input) {
-            Ok(r) if r.is_empty() => Ok(()),
-            Ok(r) => Err(Misfit::Policy(r)),
-            Err(err) => Err(Misfit::PolicyError(err.to_string())),
-        }
+        policy_verdict(
+            policy,
+            &self.policy_input(&e.record, self.reputation_of(e), &req.spec),
+        )
     }
 
     /// Does `req` fit node `id` at `now`? (`None`: no such node.)
@@ -641,6 +699,26 @@ impl Index {
     /// merges their heads; the policy runs only on the best remaining head. Equal to
     /// [`Index::scan_choose`] (the property tests hold them to it).
     pub fn choose(&self, req: &Requirements, now: i64) -> Option<Choice> {
+        let policy = req.policy.as_ref();
+        self.candidates(req, now)
+            .into_iter()
+            .find_map(|c| match (policy, &c.input) {
+                (Some(p), Some(input)) => policy_verdict(p, input).is_ok().then_some(c.choice),
+                _ => Some(c.choice),
+            })
+    }
+
+    /// The nodes [`Index::choose`] would ask the job's policy about, best first: the
+    /// best-ranked node passing every other filter when the job has no policy, else up to
+    /// [`MAX_POLICY_EVALS`] of them, each with the policy's input. The policy itself runs on
+    /// them outside the index's lock (a tenant's code never runs while the lock is held).
+    pub fn candidates(&self, req: &Requirements, now: i64) -> Vec<Candidate> {
+        let want = if req.policy.is_some() {
+            MAX_POLICY_EVALS
+        } else {
+            1
+        };
+        let mut out = Vec::new();
         let tees: &[TeeKind] = if req.tee.is_empty() {
             &[TeeKind::Snp, TeeKind::Tdx]
         } else {
@@ -680,32 +758,32 @@ impl Index {
         };
         let mut heads: Vec<(Option<(&Entry, usize)>, Walk<'_>)> =
             walks.into_iter().map(|mut w| (head(&mut w), w)).collect();
-        let mut evals = 0;
-        loop {
-            let best = heads
+        while out.len() < want {
+            let Some((i, e, _)) = heads
                 .iter()
                 .enumerate()
                 .filter_map(|(i, (h, _))| h.map(|(e, r)| (i, e, r)))
                 .min_by(|a, b| {
                     (a.1.key.0, a.1.key.1, a.2, &a.1.key.2)
                         .cmp(&(b.1.key.0, b.1.key.1, b.2, &b.1.key.2))
-                })?;
-            let (i, e, _) = best;
-            if req.policy.is_some() {
-                evals += 1;
-                if evals > MAX_POLICY_EVALS {
-                    return None;
-                }
-            }
-            if self.policy_fit(e, req).is_ok() {
-                return Some(Choice {
+                })
+            else {
+                break;
+            };
+            out.push(Candidate {
+                choice: Choice {
                     node_id: e.record.id.clone(),
                     gpus: free_indices(e.used, e.record.gpu_count, req.gpu_count),
-                });
-            }
+                },
+                input: req
+                    .policy
+                    .as_ref()
+                    .map(|_| self.policy_input(&e.record, self.reputation_of(e), &req.spec)),
+            });
             let (h, w) = &mut heads[i];
             *h = head(w);
         }
+        out
     }
 
     /// The same decision by scanning every node: the oracle `choose` is tested against, and
@@ -745,25 +823,38 @@ impl Index {
 
     /// A one-line summary of why no node fits (`3 full, 1 region`), from at most
     /// [`WHY_NONE_SAMPLE`] nodes (a pending job's answer stays cheap on a large fleet).
-    pub fn why_none(&self, req: &Requirements, now: i64) -> String {
+    ///
+    /// The policy is not run here (this is answered under the index's lock, and for every
+    /// status read): `verdicts` are what the policy said of nodes in the last placement
+    /// attempt, and a node passing every other filter without one counts as
+    /// `placement_policy_not_evaluated`.
+    pub fn why_none(
+        &self,
+        req: &Requirements,
+        now: i64,
+        verdicts: &HashMap<String, Misfit>,
+    ) -> String {
         let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
-        let (mut seen, mut evals) = (0, 0);
+        let mut seen = 0;
         for e in self.nodes.values().take(WHY_NONE_SAMPLE) {
             seen += 1;
-            // The policy runs on at most MAX_POLICY_EVALS nodes; the others count as
-            // "policy not evaluated" when they pass every other filter.
             let fit = self.cheap_fit(e, req, now).and_then(|()| {
-                if req.policy.is_none() {
+                if !req.has_policy {
                     return Ok(());
                 }
-                evals += 1;
-                if evals > MAX_POLICY_EVALS {
-                    return Err(Misfit::PolicyError("not evaluated (budget)".into()));
+                match verdicts.get(&e.record.id) {
+                    Some(m) => Err(m.clone()),
+                    None => Err(Misfit::PolicyError("not evaluated".into())),
                 }
-                self.policy_fit(e, req)
             });
             if let Err(m) = fit {
-                *counts.entry(m.code()).or_default() += 1;
+                let code = match &m {
+                    Misfit::PolicyError(d) if d == "not evaluated" => {
+                        "placement_policy_not_evaluated"
+                    }
+                    _ => m.code(),
+                };
+                *counts.entry(code).or_default() += 1;
             }
         }
         if seen == 0 {
@@ -795,6 +886,23 @@ impl Index {
         true
     }
 
+    /// [`Index::reserve`] for `tenant` at `now`: also false (nothing changed) if the node
+    /// serves another tenant.
+    pub fn reserve_for(&mut self, id: &str, gpus: &[u32], tenant: &str, now: i64) -> bool {
+        let serves_other = self.nodes.get(id).is_none_or(|e| {
+            e.tenant
+                .as_ref()
+                .is_some_and(|(t, until)| t != tenant && now < *until)
+        });
+        if serves_other || !self.reserve(id, gpus) {
+            return false;
+        }
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.tenant = Some((tenant.to_string(), i64::MAX));
+        }
+        true
+    }
+
     /// The reservation of `gpus` committed: they are allocated like any other.
     pub fn confirm(&mut self, id: &str, gpus: &[u32]) {
         if let Some(e) = self.nodes.get_mut(id) {
@@ -818,6 +926,28 @@ impl Index {
             e.used = (used | e.inflight) & full_mask(e.record.gpu_count);
         }
         self.repartition(id);
+    }
+
+    /// [`Index::set_used`] with the tenant the database says holds the VM (this replica's
+    /// reservation in flight keeps its own).
+    pub fn set_use(&mut self, id: &str, used: &super::store::NodeUse) {
+        self.set_used(id, used.gpus);
+        if let Some(e) = self.nodes.get_mut(id)
+            && (e.inflight == 0 || e.tenant.is_none())
+        {
+            e.tenant = used.tenant.clone();
+        }
+    }
+
+    /// The tenant a lease of node `id` was just ended for holds the VM until `until` (its last
+    /// token's expiry), not past it.
+    pub fn hold_until(&mut self, id: &str, until: i64) {
+        if let Some(e) = self.nodes.get_mut(id)
+            && e.used == 0
+            && let Some((_, u)) = &mut e.tenant
+        {
+            *u = (*u).min(until);
+        }
     }
 
     /// Nodes with allocated GPUs that are no longer placeable: their leases end and their jobs
@@ -853,6 +983,98 @@ impl Index {
     pub fn reputation(&self, id: &str) -> Option<i64> {
         self.nodes.get(id).map(|e| self.reputation_of(e))
     }
+}
+
+/// What a placement policy says of one node's input: a fit, refusals, or its failure (a limit
+/// it hit, an error): each that node's misfit, never the service's.
+pub fn policy_verdict(policy: &PlacementPolicy, input: &serde_json::Value) -> Result<(), Misfit> {
+    match policy.refusals(input) {
+        Ok(r) if r.is_empty() => Ok(()),
+        Ok(r) => Err(Misfit::Policy(r)),
+        Err(err) => Err(Misfit::PolicyError(err.to_string())),
+    }
+}
+
+/// Claim members a placement policy sees, per evidence kind's claims: what identifies the
+/// platform and its software (kind, TCB, measurements of the image, firmware and driver
+/// versions, modes), never what identifies one machine or one exchange (chip id, device
+/// serial, FWID, report data, nonce, report ids).
+const PLACEMENT_CLAIMS: &[&str] = &[
+    // every kind
+    "schema",
+    "kind",
+    "sim",
+    "debug",
+    // SEV-SNP
+    "version",
+    "product",
+    "signing_key",
+    "measurement",
+    "host_data",
+    "reported_tcb",
+    "current_tcb",
+    "committed_tcb",
+    "launch_tcb",
+    "policy",
+    "guest_svn",
+    "vmpl",
+    "family_id",
+    "image_id",
+    "id_key_digest",
+    "author_key_digest",
+    "platform_info",
+    "smt_enabled",
+    "migration_agent_allowed",
+    "firmware",
+    // TDX
+    "quote_version",
+    "body",
+    "tcb_status",
+    "advisory_ids",
+    "mr_td",
+    "mr_config_id",
+    "mr_owner",
+    "mr_owner_config",
+    "mr_seam",
+    "mr_signer_seam",
+    "rtmr",
+    "td_attributes",
+    "xfam",
+    "tee_tcb_svn",
+    "seam_attributes",
+    "tee_tcb_svn2",
+    "mr_service_td",
+    // NVIDIA
+    "spdm_version",
+    "driver_version",
+    "vbios_version",
+    "chip",
+    "ocsp",
+    "cc_mode",
+    "devtools_mode",
+    "ppcie_mode",
+];
+
+/// `{"cpu": claims, "gpus": [claims…]}` reduced to [`PLACEMENT_CLAIMS`].
+pub fn placement_claims(claims: &serde_json::Value) -> serde_json::Value {
+    let keep = |c: &serde_json::Value| -> serde_json::Value {
+        match c.as_object() {
+            Some(o) => serde_json::Value::Object(
+                o.iter()
+                    .filter(|(k, _)| PLACEMENT_CLAIMS.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+            None => serde_json::Value::Null,
+        }
+    };
+    serde_json::json!({
+        "cpu": keep(&claims["cpu"]),
+        "gpus": claims["gpus"]
+            .as_array()
+            .map(|g| g.iter().map(keep).collect::<Vec<_>>())
+            .unwrap_or_default(),
+    })
 }
 
 pub fn gpus_mask(gpus: &[u32]) -> u64 {
@@ -913,6 +1135,7 @@ mod tests {
 
     fn req(gpus: u32) -> Requirements {
         Requirements {
+            tenant: "t".into(),
             gpu_model: "H100".into(),
             gpu_count: gpus,
             min_gpu_memory_gib: 0,
@@ -920,6 +1143,7 @@ mod tests {
             regions: Vec::new(),
             max_price: micros(10.0).unwrap(),
             policy: None,
+            has_policy: false,
             spec: Arc::new(serde_json::json!({})),
         }
     }
@@ -1011,7 +1235,7 @@ mod tests {
         assert!(why.contains("simulated hardware"), "{why}");
         // Only the good node is chosen, whatever the ranks of the others.
         assert_eq!(i.choose(&r, NOW).unwrap().node_id, "good");
-        let summary = i.why_none(&req(64), NOW);
+        let summary = i.why_none(&req(64), NOW, &HashMap::new());
         assert!(summary.starts_with("no node fits ("), "{summary}");
         assert!(i.fit("nobody", &r, NOW).is_none());
     }

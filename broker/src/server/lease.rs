@@ -12,6 +12,11 @@
 //!   the KBS releases only to a session that attested that very TEE key. Short-lived; renewed
 //!   in heartbeat answers from the signed copy kept in the lease row, never from the row's
 //!   columns.
+//!
+//! And what it MACs: a **job seal**, HMAC-SHA-256 under a key derived from the signing key over
+//! the job's id, tenant, spec (the exact stored text) and creation time, made at submission and
+//! checked before every lease is signed. A database writer can insert a job row, edit its spec
+//! or move it to another tenant, but cannot make a seal for it: such a job is never leased.
 
 use std::path::Path;
 
@@ -33,6 +38,7 @@ pub(crate) struct Keys {
     pkcs8: Vec<u8>,
     pub public: [u8; 32],
     nonce_mac: aws_lc_rs::hmac::Key,
+    job_mac: aws_lc_rs::hmac::Key,
 }
 
 /// A registration nonce: 16 random bytes ‖ expiry (u64 BE) ‖ 16 bytes of
@@ -59,6 +65,22 @@ pub(super) fn verify_signed(token: &str, key: &[u8; 32]) -> Option<Value> {
         .map(|(_, c)| c)
 }
 
+/// What a job seal covers, each part length-prefixed so no two jobs share a message.
+fn job_message(id: &str, tenant: &str, spec: &str, created_at: i64) -> Vec<u8> {
+    let mut m = Vec::with_capacity(64 + spec.len());
+    for part in [
+        b"cgx/broker/job/v1".as_slice(),
+        id.as_bytes(),
+        tenant.as_bytes(),
+        spec.as_bytes(),
+    ] {
+        m.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        m.extend_from_slice(part);
+    }
+    m.extend_from_slice(&created_at.to_be_bytes());
+    m
+}
+
 impl Keys {
     pub(crate) fn load(path: &Path) -> Result<Self, BrokerError> {
         let pkcs8 = std::fs::read(path)
@@ -80,10 +102,16 @@ impl Keys {
         m.extend_from_slice(&pkcs8);
         let k = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &m);
         let nonce_mac = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, k.as_ref());
+        // The job seal's key, under a label of its own.
+        let mut m = b"cgx/broker/job-seal/v1".to_vec();
+        m.extend_from_slice(&pkcs8);
+        let k = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &m);
+        let job_mac = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, k.as_ref());
         Ok(Keys {
             pkcs8,
             public,
             nonce_mac,
+            job_mac,
         })
     }
 
@@ -116,6 +144,31 @@ impl Keys {
             return bad("expired: ask for a new one");
         }
         Ok(expires_at)
+    }
+
+    /// The seal of a job: HMAC over length-prefixed id, tenant and spec text, and the creation
+    /// time (base64url).
+    pub(crate) fn seal_job(&self, id: &str, tenant: &str, spec: &str, created_at: i64) -> String {
+        let tag = aws_lc_rs::hmac::sign(&self.job_mac, &job_message(id, tenant, spec, created_at));
+        URL_SAFE_NO_PAD.encode(tag.as_ref())
+    }
+
+    /// The job row as submitted: its seal verifies over its id, tenant, spec and creation
+    /// time. Checked before every lease is signed (the row is the database's word only).
+    pub(crate) fn check_job(&self, row: &super::store::JobRow) -> Result<(), BrokerError> {
+        let refused = || {
+            BrokerError::JobSeal(format!(
+                "job {} was not submitted as stored (its seal does not verify over its tenant and spec); it is never leased",
+                row.id
+            ))
+        };
+        let tag = URL_SAFE_NO_PAD.decode(&row.seal).map_err(|_| refused())?;
+        aws_lc_rs::hmac::verify(
+            &self.job_mac,
+            &job_message(&row.id, &row.tenant, &row.spec, row.created_at),
+            &tag,
+        )
+        .map_err(|_| refused())
     }
 
     /// The signing key (PKCS#8), for the records other modules sign (`settings.rs`).

@@ -36,7 +36,7 @@ use cgx_service::{Background, SharedClock, jwt};
 pub use config::BrokerConfig;
 pub use error::BrokerError;
 
-use index::{Freshness, Index, NodeRecord, Requirements, TeeKind};
+use index::{Freshness, Index, Misfit, NodeRecord, Requirements, TeeKind};
 use store::{JobRow, LeaseRow, Outcome, PlacementRow, Refusal, Store, Write, state};
 
 /// The most jobs one listing returns.
@@ -156,6 +156,30 @@ fn probe_input(spec: &JobSpec) -> serde_json::Value {
         },
         "job": spec,
     })
+}
+
+/// Every resource is `repository/type/tag` in `tenant`'s own repository: a lease releases
+/// keys, only the tenant's own (its KBS repository is its name). Checked at submission and
+/// again before every lease is signed.
+fn owned_resources(tenant: &str, resources: &[String]) -> Result<(), BrokerError> {
+    for r in resources {
+        let parts: Vec<&str> = r.split('/').collect();
+        if parts.len() != 3
+            || parts
+                .iter()
+                .any(|p| register::check_name(p, "resource").is_err())
+        {
+            return Err(BrokerError::BadRequest(format!(
+                "resource '{r}' is not repository/type/tag"
+            )));
+        }
+        if parts[0] != tenant {
+            return Err(BrokerError::Forbidden(format!(
+                "resource '{r}' is not tenant {tenant}'s (repository {tenant})"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// May `admin` read every node and job?
@@ -310,7 +334,14 @@ impl Broker {
             .await?;
         Ok(match out {
             Outcome::Ended(l) => {
-                self.index().release(&l.node_id, &l.gpus);
+                let mut idx = self.index();
+                idx.release(&l.node_id, &l.gpus);
+                // Its last token lives until a lease TTL from now: the VM stays its tenant's
+                // until then (a VM serves one tenant at a time).
+                idx.hold_until(
+                    &l.node_id,
+                    self.clock.unix().saturating_add(self.config.lease_ttl_secs),
+                );
                 Some(l)
             }
             _ => None,
@@ -416,6 +447,7 @@ impl Broker {
             )));
         }
         let token = self.keys.sign_record(&record)?;
+        let f = self.index().freshness();
         let written = self
             .store
             .write(Write::Register {
@@ -424,12 +456,24 @@ impl Broker {
                 record: token.clone(),
                 attested_at: now,
                 now_ms: self.now_ms(),
+                gpus: index::serials(&record),
+                live_after: now
+                    .saturating_sub(f.heartbeat_secs.saturating_mul(f.missed_heartbeats)),
+                attested_after: now.saturating_sub(f.reattest_secs),
             })
             .await?;
-        if !matches!(written, Outcome::Done) {
-            return Err(BrokerError::Internal(
-                "the node record was not stored".into(),
-            ));
+        match written {
+            Outcome::Done => {}
+            Outcome::Refused(Refusal::GpuOffered { serial, node }) => {
+                return Err(BrokerError::Inventory(format!(
+                    "GPU {serial} is already offered by node {node}, which is attested and live"
+                )));
+            }
+            _ => {
+                return Err(BrokerError::Internal(
+                    "the node record was not stored".into(),
+                ));
+            }
         }
         // A node this replica indexes keeps its allocations (and reservations in flight); a new
         // one (or one another replica registered) reads them.
@@ -439,11 +483,15 @@ impl Broker {
         } else {
             Some(
                 self.store
-                    .allocations(Some(std::slice::from_ref(&id)))
+                    .allocations(
+                        Some(std::slice::from_ref(&id)),
+                        now - self.config.lease_ttl_secs,
+                        self.config.lease_ttl_secs,
+                    )
                     .await?
                     .get(&id)
-                    .copied()
-                    .unwrap_or(0),
+                    .cloned()
+                    .unwrap_or_default(),
             )
         };
         let fresh_until;
@@ -451,7 +499,11 @@ impl Broker {
             let mut idx = self.index();
             match used {
                 None if idx.refresh(record.clone(), token.clone(), now) => {}
-                _ => idx.upsert(record.clone(), token, 0, now, 0, used.unwrap_or(0)),
+                _ => {
+                    let used = used.unwrap_or_default();
+                    idx.upsert(record.clone(), token, 0, now, 0, used.gpus);
+                    idx.set_use(&id, &used);
+                }
             }
             fresh_until = idx.fresh_until(&record);
         }
@@ -843,8 +895,62 @@ impl Broker {
 
     // --- jobs
 
-    /// Parse and check a job's requirements (submission and every placement attempt).
-    fn requirements(&self, job_id: &str, spec: &JobSpec) -> Result<Requirements, BrokerError> {
+    /// A job's requirements with its placement policy compiled (cached per job): the policy
+    /// is compiled and tried once on a sample node off the async threads, under the limits
+    /// `cgx-policies` puts on a tenant's code; an error refuses the job.
+    async fn requirements(
+        &self,
+        job_id: &str,
+        tenant: &str,
+        spec: &JobSpec,
+    ) -> Result<Requirements, BrokerError> {
+        let mut req = self.cheap_requirements(tenant, spec)?;
+        let Some(text) = &spec.placement_policy else {
+            return Ok(req);
+        };
+        let cached = self
+            .policies
+            .lock()
+            .ok()
+            .and_then(|p| p.get(job_id).cloned());
+        let policy = match cached {
+            Some(p) => p,
+            None => {
+                if text.len() > 64 << 10 {
+                    return Err(BrokerError::PlacementPolicy("larger than 64 KiB".into()));
+                }
+                let (text, probe) = (text.clone(), probe_input(spec));
+                // Evaluated once on a sample node: a policy that cannot evaluate is refused
+                // now, not left pending for ever.
+                let p = tokio::task::spawn_blocking(move || -> Result<PlacementPolicy, String> {
+                    let p = PlacementPolicy::compile(&text).map_err(|e| e.to_string())?;
+                    p.refusals(&probe).map_err(|e| e.to_string())?;
+                    Ok(p)
+                })
+                .await
+                .map_err(|e| BrokerError::Internal(format!("policy task: {e}")))?
+                .map_err(BrokerError::PlacementPolicy)?;
+                let p = Arc::new(p);
+                if let Ok(mut c) = self.policies.lock() {
+                    if c.len() > 10_000 {
+                        c.clear();
+                    }
+                    c.insert(job_id.to_string(), p.clone());
+                }
+                p
+            }
+        };
+        req.policy = Some(policy);
+        Ok(req)
+    }
+
+    /// Parse and check a job's requirements, its policy not compiled (a status read; the
+    /// first step of [`Broker::requirements`]).
+    fn cheap_requirements(
+        &self,
+        tenant: &str,
+        spec: &JobSpec,
+    ) -> Result<Requirements, BrokerError> {
         let bad = |m: String| Err(BrokerError::BadRequest(m));
         register::check_name(&spec.gpu_model, "gpu_model")?;
         if spec.gpu_count == 0 || spec.gpu_count > index::MAX_GPUS {
@@ -865,47 +971,23 @@ impl Broker {
         let Some(max_price) = index::micros(spec.max_price_per_gpu_hour) else {
             return bad("max_price_per_gpu_hour must be a finite number from 0 to 10^9".into());
         };
-        let policy = match &spec.placement_policy {
-            None => None,
-            Some(text) => {
-                let cached = self
-                    .policies
-                    .lock()
-                    .ok()
-                    .and_then(|p| p.get(job_id).cloned());
-                match cached {
-                    Some(p) => Some(p),
-                    None => {
-                        if text.len() > 64 << 10 {
-                            return Err(BrokerError::PlacementPolicy("larger than 64 KiB".into()));
-                        }
-                        let p = Arc::new(
-                            PlacementPolicy::compile(text)
-                                .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?,
-                        );
-                        // Evaluated once on a sample node: a policy that cannot evaluate is
-                        // refused now, not left pending for ever.
-                        p.refusals(&probe_input(spec))
-                            .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?;
-                        if let Ok(mut c) = self.policies.lock() {
-                            if c.len() > 10_000 {
-                                c.clear();
-                            }
-                            c.insert(job_id.to_string(), p.clone());
-                        }
-                        Some(p)
-                    }
-                }
-            }
-        };
+        if spec
+            .placement_policy
+            .as_ref()
+            .is_some_and(|t| t.len() > 64 << 10)
+        {
+            return Err(BrokerError::PlacementPolicy("larger than 64 KiB".into()));
+        }
         Ok(Requirements {
+            tenant: tenant.to_string(),
             gpu_model: spec.gpu_model.clone(),
             gpu_count: spec.gpu_count,
             min_gpu_memory_gib: spec.min_gpu_memory_gib,
             tee,
             regions: spec.regions.clone(),
             max_price,
-            policy,
+            policy: None,
+            has_policy: spec.placement_policy.is_some(),
             spec: Arc::new(serde_json::to_value(spec).unwrap_or_default()),
         })
     }
@@ -925,26 +1007,9 @@ impl Broker {
         if spec.resources.len() > 32 {
             return Err(BrokerError::BadRequest("at most 32 resources".into()));
         }
-        for r in &spec.resources {
-            let parts: Vec<&str> = r.split('/').collect();
-            if parts.len() != 3
-                || parts
-                    .iter()
-                    .any(|p| register::check_name(p, "resource").is_err())
-            {
-                return Err(BrokerError::BadRequest(format!(
-                    "resource '{r}' is not repository/type/tag"
-                )));
-            }
-            // A lease releases keys: only the tenant's own (its KBS repository is its name).
-            if parts[0] != tenant {
-                return Err(BrokerError::Forbidden(format!(
-                    "resource '{r}' is not tenant {tenant}'s (repository {tenant})"
-                )));
-            }
-        }
+        owned_resources(&tenant, &spec.resources)?;
         let id = random_id("j")?;
-        let req = self.requirements(&id, &spec)?;
+        let req = self.requirements(&id, &tenant, &spec).await?;
         let Some(budget) = index::micros(spec.budget) else {
             return Err(BrokerError::BadRequest(
                 "budget must be a finite number from 0 to 10^9".into(),
@@ -969,10 +1034,13 @@ impl Broker {
             tenant: Some(tenant.clone()),
             ..spec
         };
+        let spec_text =
+            serde_json::to_string(&spec).map_err(|e| BrokerError::Internal(e.to_string()))?;
         let row = JobRow {
+            seal: self.keys.seal_job(&id, &tenant, &spec_text, now),
             id: id.clone(),
             tenant,
-            spec: serde_json::to_string(&spec).map_err(|e| BrokerError::Internal(e.to_string()))?,
+            spec: spec_text,
             state: state::PENDING.into(),
             reason: "submitted".into(),
             node_id: None,
@@ -981,7 +1049,7 @@ impl Broker {
             updated_at: now,
         };
         self.metrics.event("job", "submitted");
-        let placed = self.place_job(&row, Some(req), true).await?;
+        let (placed, verdicts) = self.place_job(&row, Some(req.clone()), true).await?;
         let mut events = vec![cgx_protocol::broker::JobEvent {
             at: now,
             from: None,
@@ -1007,7 +1075,7 @@ impl Broker {
             None => {
                 self.pending
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let why = self.index().why_none(&self.requirements(&id, &spec)?, now);
+                let why = self.index().why_none(&req, now, &verdicts);
                 (
                     state::PENDING,
                     format!("submitted; {why}"),
@@ -1034,33 +1102,91 @@ impl Broker {
     }
 
     /// Try to place one job (`new`: not stored yet — it is stored with its placement, or
-    /// pending without one). The placement that committed, if any.
+    /// pending without one). The placement that committed, if any, and what the job's policy
+    /// said of the nodes it ran on.
+    ///
+    /// The job row is the database's word only: before a lease is signed its seal must verify
+    /// (tenant and spec as submitted) and every resource must be the tenant's own. The policy
+    /// runs outside the index's lock and off the async threads; a policy that fails (a limit,
+    /// an error) fails its job, never the pass.
     async fn place_job(
         &self,
         job: &JobRow,
         req: Option<Requirements>,
         new: bool,
-    ) -> Result<Option<PlacementRow>, BrokerError> {
+    ) -> Result<(Option<PlacementRow>, HashMap<String, Misfit>), BrokerError> {
+        self.keys.check_job(job)?;
         let spec: JobSpec = serde_json::from_str(&job.spec)
             .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
+        if spec.tenant.as_deref() != Some(job.tenant.as_str()) {
+            return Err(BrokerError::JobSeal(format!(
+                "job {}'s spec names another tenant than its row",
+                job.id
+            )));
+        }
+        owned_resources(&job.tenant, &spec.resources)?;
         let req = match req {
             Some(r) => r,
-            None => self.requirements(&job.id, &spec)?,
+            None => self.requirements(&job.id, &job.tenant, &spec).await?,
         };
+        let mut verdicts = HashMap::new();
         for _attempt in 0..8 {
             let now = self.clock.unix();
-            let choice = {
-                let mut idx = self.index();
-                match idx.choose(&req, now) {
-                    Some(c) if idx.reserve(&c.node_id, &c.gpus) => {
-                        let record = idx.record(&c.node_id);
-                        Some((c, record))
+            let candidates = self.index().candidates(&req, now);
+            let chosen = match &req.policy {
+                None => candidates.into_iter().next().map(|c| c.choice),
+                Some(policy) => {
+                    let policy = policy.clone();
+                    let (chosen, said) = tokio::task::spawn_blocking(move || {
+                        let mut said = Vec::new();
+                        for c in candidates {
+                            let verdict = c
+                                .input
+                                .as_ref()
+                                .map_or(Ok(()), |i| index::policy_verdict(&policy, i));
+                            match verdict {
+                                Ok(()) => return (Some(c.choice), said),
+                                Err(m) => {
+                                    let failed = matches!(m, Misfit::PolicyError(_));
+                                    said.push((c.choice.node_id, m));
+                                    if failed {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        (None, said)
+                    })
+                    .await
+                    .map_err(|e| BrokerError::Internal(format!("policy task: {e}")))?;
+                    for (node, m) in said {
+                        if let Misfit::PolicyError(e) = &m {
+                            return Err(BrokerError::PlacementPolicy(format!(
+                                "failed on node {node}: {e}"
+                            )));
+                        }
+                        verdicts.insert(node, m);
                     }
-                    _ => None,
+                    chosen
                 }
             };
-            let Some((choice, Some(record))) = choice else {
+            let Some(choice) = chosen else {
                 break;
+            };
+            // The index may have changed while the policy ran: check again under the lock.
+            let record = {
+                let mut idx = self.index();
+                if idx.cheap_fits(&choice.node_id, &req, now).is_ok()
+                    && idx.reserve_for(&choice.node_id, &choice.gpus, &job.tenant, now)
+                {
+                    idx.record(&choice.node_id)
+                } else {
+                    continue;
+                }
+            };
+            let Some(record) = record else {
+                self.index().release(&choice.node_id, &choice.gpus);
+                continue;
             };
             let lease_id = random_id("l")?;
             let ends_at = now.saturating_add(i64::try_from(spec.duration_secs).unwrap_or(i64::MAX));
@@ -1082,6 +1208,8 @@ impl Broker {
                     store::gpus_text(&choice.gpus)
                 ),
                 job_id: job.id.clone(),
+                tenant: job.tenant.clone(),
+                tenant_ended_after: now - self.config.lease_ttl_secs,
                 node_id: choice.node_id.clone(),
                 lease_id: lease_id.clone(),
                 gpus: choice.gpus.clone(),
@@ -1099,22 +1227,27 @@ impl Broker {
                 Write::Place(placement.clone())
             };
             match self.store.write(write).await {
-                Ok(Outcome::Refused(Refusal::GpuTaken)) => {
-                    // Another replica took one of these GPUs: learn its allocations, choose again.
+                Ok(Outcome::Refused(Refusal::GpuTaken | Refusal::OtherTenant(_))) => {
+                    // Another replica took one of these GPUs, or placed another tenant on the
+                    // node: learn its allocations, choose again.
                     self.metrics.event("placement", "conflict");
                     self.index().release(&choice.node_id, &choice.gpus);
                     let used = self
                         .store
-                        .allocations(Some(std::slice::from_ref(&choice.node_id)))
+                        .allocations(
+                            Some(std::slice::from_ref(&choice.node_id)),
+                            now - self.config.lease_ttl_secs,
+                            self.config.lease_ttl_secs,
+                        )
                         .await?;
-                    self.index().set_used(
+                    self.index().set_use(
                         &choice.node_id,
-                        used.get(&choice.node_id).copied().unwrap_or(0),
+                        &used.get(&choice.node_id).cloned().unwrap_or_default(),
                     );
                 }
                 Ok(Outcome::Refused(_)) => {
                     self.index().release(&choice.node_id, &choice.gpus);
-                    return Ok(None);
+                    return Ok((None, verdicts));
                 }
                 Ok(_) => {
                     self.index().confirm(&choice.node_id, &choice.gpus);
@@ -1123,7 +1256,7 @@ impl Broker {
                     if let Ok(mut p) = self.policies.lock() {
                         p.remove(&job.id);
                     }
-                    return Ok(Some(placement));
+                    return Ok((Some(placement), verdicts));
                 }
                 Err(e) => {
                     self.index().release(&choice.node_id, &choice.gpus);
@@ -1145,7 +1278,7 @@ impl Broker {
                 })
                 .await?;
         }
-        Ok(None)
+        Ok((None, verdicts))
     }
 
     /// Place every pending job that fits now, oldest first (nothing to read when this replica
@@ -1162,7 +1295,7 @@ impl Broker {
         let Ok(_one) = self.placing.try_lock() else {
             return;
         };
-        let jobs = match self.store.pending_jobs(MAX_LIST).await {
+        let jobs = match self.store.pending_jobs(self.config.placement_batch).await {
             Ok(j) => j,
             Err(e) => {
                 tracing::warn!(error = %e, "pending jobs");
@@ -1172,13 +1305,18 @@ impl Broker {
         let mut left = jobs.len() as i64;
         for job in jobs {
             match self.place_job(&job, None, false).await {
-                Ok(Some(_)) => left -= 1,
-                Ok(None) => {}
+                Ok((Some(_), _)) => left -= 1,
+                Ok((None, _)) => {}
                 Err(e) => {
                     tracing::warn!(job = %job.id, error = %e, "placement failed");
+                    // The job's own fault (its policy, its spec, its seal, resources not its
+                    // tenant's): it fails with the reason; the pass goes on.
                     if matches!(
                         e,
-                        BrokerError::PlacementPolicy(_) | BrokerError::BadRequest(_)
+                        BrokerError::PlacementPolicy(_)
+                            | BrokerError::BadRequest(_)
+                            | BrokerError::JobSeal(_)
+                            | BrokerError::Forbidden(_)
                     ) && self
                         .transition(&job.id, &[state::PENDING], state::FAILED, &e.to_string())
                         .await
@@ -1207,13 +1345,15 @@ impl Broker {
             .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
         let mut reason = row.reason.clone();
         // Why a job waits is worked out for one job's status only, not for a listing.
+        // The policy is not run for a read: nodes passing every other filter are counted.
         if events
             && row.state == state::PENDING
-            && let Ok(req) = self.requirements(&row.id, &spec)
+            && let Ok(req) = self.cheap_requirements(&row.tenant, &spec)
         {
             reason = format!(
                 "{reason}; {}",
-                self.index().why_none(&req, self.clock.unix())
+                self.index()
+                    .why_none(&req, self.clock.unix(), &HashMap::new())
             );
         }
         let gpus = match &row.lease_id {
@@ -1365,7 +1505,9 @@ impl Broker {
         let rows = self.store.nodes_since((cursor - 2000).max(0)).await?;
         let operators = self.store.operators().await?;
         let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
-        let used = self.store.allocations(Some(&ids)).await?;
+        let now = self.clock.unix();
+        let ttl = self.config.lease_ttl_secs;
+        let used = self.store.allocations(Some(&ids), now - ttl, ttl).await?;
         let mut max_ms = cursor;
         let mut idx = self.index();
         for (name, rep) in operators {
@@ -1376,6 +1518,16 @@ impl Broker {
             let same = idx.record_token(&row.id) == Some(row.record.as_str());
             if !same {
                 match self.keys.verify_record(&row.record) {
+                    Ok(record)
+                        if record.id == row.id
+                            && !idx.accepts_record(&row.id, record.attested_at) =>
+                    {
+                        // Validly signed, but older than a record of this node already seen: a
+                        // database writer putting back an attestation the node has since
+                        // replaced. The newer one stays.
+                        tracing::error!(node = %row.id, attested_at = record.attested_at, "a node row carries an older record than one already seen; ignored");
+                        continue;
+                    }
                     Ok(record) if record.id == row.id => {
                         idx.upsert(
                             record,
@@ -1397,7 +1549,7 @@ impl Broker {
             }
             idx.observe_heartbeat(&row.id, row.last_heartbeat, row.heartbeat_seq);
             idx.ask_reattest(&row.id, row.reattest_asked > 0);
-            idx.set_used(&row.id, used.get(&row.id).copied().unwrap_or(0));
+            idx.set_use(&row.id, &used.get(&row.id).cloned().unwrap_or_default());
         }
         drop(idx);
         if let Ok(mut c) = self.sync_cursor.lock() {
@@ -1438,10 +1590,14 @@ impl Broker {
             // Leases another replica ended: the allocation rows are gone.
             let used = self
                 .store
-                .allocations(Some(std::slice::from_ref(&node)))
+                .allocations(
+                    Some(std::slice::from_ref(&node)),
+                    now - self.config.lease_ttl_secs,
+                    self.config.lease_ttl_secs,
+                )
                 .await?;
             self.index()
-                .set_used(&node, used.get(&node).copied().unwrap_or(0));
+                .set_use(&node, &used.get(&node).cloned().unwrap_or_default());
         }
         for l in self.store.due_leases(now).await? {
             if self
@@ -1457,7 +1613,29 @@ impl Broker {
                 self.metrics.event("job", "completed");
             }
         }
+        self.expire_pending(now).await?;
         self.place_pending_all().await;
+        Ok(())
+    }
+
+    /// Pending jobs older than `pending_ttl_secs` expire, with the reason (a read first, so a
+    /// pass with nothing to expire writes nothing).
+    async fn expire_pending(&self, now: i64) -> Result<(), BrokerError> {
+        let before = now.saturating_sub(self.config.pending_ttl_secs);
+        if !self.store.any_pending_before(before).await? {
+            return Ok(());
+        }
+        self.store
+            .write(Write::ExpirePending {
+                before,
+                now,
+                reason: format!(
+                    "expired: pending longer than {} s without a node that fits",
+                    self.config.pending_ttl_secs
+                ),
+            })
+            .await?;
+        self.metrics.event("job", "expired");
         Ok(())
     }
 

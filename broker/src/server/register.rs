@@ -154,16 +154,25 @@ pub(crate) fn decode(
                     .and_then(|product| lookup(CollateralKey::AmdCertChain { product, vlek }))
                     .ok_or_else(|| missing("AMD ASK/ARK chain"))?,
             };
-            let mut crls = crls
-                .iter()
-                .map(|c| bytes(c, "cpu.crls"))
-                .collect::<Result<Vec<_>, _>>()?;
-            if crls.is_empty()
-                && let Some(crl) =
-                    product.and_then(|product| lookup(CollateralKey::AmdCrl { product, vlek }))
-            {
-                crls.push(crl);
-            }
+            // Revocation is the broker's to judge: a node chooses which CRLs it sends (one
+            // from before a revocation hides it), so what it sends is not used, and the
+            // store's current CRL for the chain's ARK is required.
+            let _ = crls;
+            let key = cgx_attestation::trust::amd_crl_key(&chain, vlek).ok_or_else(|| {
+                BrokerError::Evidence {
+                    code: "collateral_missing",
+                    detail: "the AMD chain has no readable root, so no CRL can be found for it"
+                        .into(),
+                }
+            })?;
+            let path = key.path();
+            let crl = lookup(key).ok_or_else(|| BrokerError::Evidence {
+                code: "collateral_missing",
+                detail: format!(
+                    "AMD CRL for the chain's ARK ({path}): the broker's collateral store has no current one (CRLs a node sends are not used)"
+                ),
+            })?;
+            let crls = vec![crl];
             Cpu::Snp {
                 report,
                 cert,
@@ -174,24 +183,26 @@ pub(crate) fn decode(
         }
         CpuEvidence::Tdx { quote, collateral } => {
             let quote = bytes(quote, "cpu.quote")?;
-            let collateral = match collateral {
-                Some(c) => c.clone().into_bytes(),
-                None => {
-                    let (fmspc, ca) =
-                        tdx::collateral_ids(&quote).map_err(|e| BrokerError::Evidence {
-                            code: e.code(),
-                            detail: e.to_string(),
-                        })?;
-                    let [a, b, c, d] = tdx_keys(fmspc, ca).map(lookup);
-                    let (Some(a), Some(b), Some(c), Some(d)) = (a, b, c, d) else {
-                        return Err(missing("Intel collateral"));
-                    };
-                    tdx_collateral_json(&a, &b, &c, &d).map_err(|e| BrokerError::Evidence {
-                        code: e.code(),
-                        detail: e.to_string(),
-                    })?
-                }
+            // As for SNP, revocation is the broker's to judge: Intel's collateral carries the
+            // PCK and root CA CRLs, so the node's is not used and the store's current
+            // collateral is required.
+            let _ = collateral;
+            let (fmspc, ca) = tdx::collateral_ids(&quote).map_err(|e| BrokerError::Evidence {
+                code: e.code(),
+                detail: e.to_string(),
+            })?;
+            let [a, b, c, d] = tdx_keys(fmspc, ca).map(lookup);
+            let (Some(a), Some(b), Some(c), Some(d)) = (a, b, c, d) else {
+                return Err(BrokerError::Evidence {
+                    code: "collateral_missing",
+                    detail: "Intel collateral (TCB info, QE identity, PCK and root CA CRLs): the broker's collateral store has no current copy (collateral a node sends is not used)".into(),
+                });
             };
+            let collateral =
+                tdx_collateral_json(&a, &b, &c, &d).map_err(|e| BrokerError::Evidence {
+                    code: e.code(),
+                    detail: e.to_string(),
+                })?;
             Cpu::Tdx { quote, collateral }
         }
     };
@@ -298,6 +309,22 @@ pub(crate) struct Proven {
 }
 
 /// The offer must claim only what the appraisal's verified claims prove.
+/// One GPU is one device: the same device serial twice in one registration is one GPU offered
+/// as several. The serial is the device leaf certificate's, whose key the GPU derives from its
+/// own secret. (The FWID is not refused twice: it is a digest of the firmware, DICE TcbInfo,
+/// which every GPU on the same firmware shares.)
+pub(crate) fn one_report_per_gpu(serials: &[&str]) -> Result<(), BrokerError> {
+    let mut seen = std::collections::HashSet::with_capacity(serials.len());
+    for (i, s) in serials.iter().enumerate() {
+        if s.is_empty() || !seen.insert(*s) {
+            return Err(BrokerError::Inventory(format!(
+                "GPU {i}'s device serial '{s}' is empty or appears twice in this registration: one GPU offered as several"
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_inventory(offer: &Offer, a: &Appraisal) -> Result<Proven, BrokerError> {
     let parts = a.parts();
     let Some(cpu) = parts.first() else {
@@ -332,12 +359,14 @@ pub(crate) fn check_inventory(offer: &Offer, a: &Appraisal) -> Result<Proven, Br
                 .join(", ")
         )));
     };
+    let mut serials = Vec::with_capacity(gpus.len());
     for (i, g) in gpus.iter().enumerate() {
         let KindClaims::Nvidia(n) = &g.claims.detail else {
             return Err(BrokerError::Inventory(format!(
                 "GPU {i}'s evidence is not an NVIDIA report"
             )));
         };
+        serials.push(n.device_serial.as_str());
         if n.chip.as_deref() != Some(*chip) {
             return Err(BrokerError::Inventory(format!(
                 "the offer claims {} ({chip}), GPU {i}'s certificate names {}",
@@ -346,6 +375,7 @@ pub(crate) fn check_inventory(offer: &Offer, a: &Appraisal) -> Result<Proven, Br
             )));
         }
     }
+    one_report_per_gpu(&serials)?;
     if offer.gpu_memory_gib == 0 || offer.gpu_memory_gib > *max_mem {
         return Err(BrokerError::Inventory(format!(
             "{} GiB per GPU: a {} has 1 to {max_mem} GiB",
@@ -357,4 +387,18 @@ pub(crate) fn check_inventory(offer: &Offer, a: &Appraisal) -> Result<Proven, Br
         chip: chip.to_string(),
         sim: parts.iter().any(|p| p.claims.sim),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_twice_in_one_registration_is_refused() {
+        assert!(one_report_per_gpu(&["a", "b", "c"]).is_ok());
+        for bad in [&["a", "b", "a"][..], &["a", ""][..]] {
+            let e = one_report_per_gpu(bad).unwrap_err().to_string();
+            assert!(e.contains("one GPU offered as several"), "{e}");
+        }
+    }
 }

@@ -85,6 +85,14 @@ macro_rules! settings_v3 {
     };
 }
 
+/// Migration 4 (issue 28), the same on both backends: a job's tenant and spec sealed at
+/// submission under a key the database does not hold (`lease.rs`, `Keys::seal_job`), checked
+/// before every lease is signed; and which node a GPU (device serial) is offered by, so one GPU
+/// is one live node across replicas, not per replica's index.
+const JOB_SEAL_GPU_OWNERS: &str = "ALTER TABLE jobs ADD COLUMN seal TEXT NOT NULL DEFAULT '';
+     CREATE TABLE gpu_owners (serial TEXT PRIMARY KEY, node_id TEXT NOT NULL);
+     CREATE INDEX gpu_owners_node ON gpu_owners (node_id)";
+
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -103,6 +111,11 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: settings_v3!("seq INTEGER PRIMARY KEY"),
         postgres: settings_v3!("seq BIGSERIAL PRIMARY KEY"),
     },
+    Migration {
+        version: 4,
+        sqlite: JOB_SEAL_GPU_OWNERS,
+        postgres: JOB_SEAL_GPU_OWNERS,
+    },
 ];
 
 /// Job states.
@@ -113,10 +126,12 @@ pub mod state {
     pub const COMPLETED: &str = "completed";
     pub const FAILED: &str = "failed";
     pub const CANCELLED: &str = "cancelled";
+    /// Pending longer than the broker's `pending_ttl_secs`: never placed, never paid for.
+    pub const EXPIRED: &str = "expired";
 
     /// States a job leaves no more.
     pub fn is_final(s: &str) -> bool {
-        matches!(s, COMPLETED | FAILED | CANCELLED)
+        matches!(s, COMPLETED | FAILED | CANCELLED | EXPIRED)
     }
 }
 
@@ -145,6 +160,18 @@ pub struct JobRow {
     pub lease_id: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// MAC of (id, tenant, spec, created_at) under the broker's job key (`lease.rs`): a row a
+    /// database writer made or edited does not carry one that verifies.
+    pub seal: String,
+}
+
+/// What a node's GPUs are allocated to: the bitmap, and the tenant whose leases hold the VM
+/// (a VM serves one tenant at a time) with until when: `i64::MAX` while a lease is open, else
+/// the end of its last lease plus the lease TTL (when its last token has expired).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeUse {
+    pub gpus: u64,
+    pub tenant: Option<(String, i64)>,
 }
 
 /// An open lease row.
@@ -181,6 +208,7 @@ fn job_row(r: &sqlx::any::AnyRow) -> Result<JobRow, sqlx::Error> {
         lease_id: r.try_get("lease_id")?,
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
+        seal: r.try_get("seal")?,
     })
 }
 
@@ -197,7 +225,7 @@ fn lease_row(r: &sqlx::any::AnyRow) -> Result<LeaseRow, sqlx::Error> {
 }
 
 const JOB_COLUMNS: &str =
-    "id, tenant, spec, state, reason, node_id, lease_id, created_at, updated_at";
+    "id, tenant, spec, state, reason, node_id, lease_id, created_at, updated_at, seal";
 const LEASE_COLUMNS: &str = "id, job_id, node_id, gpus, token, started_at, ends_at";
 const LEASE_COLUMNS_L: &str = "l.id AS id, l.job_id AS job_id, l.node_id AS node_id, l.gpus AS gpus, l.token AS token, l.started_at AS started_at, l.ends_at AS ends_at";
 
@@ -229,13 +257,19 @@ pub(crate) enum Write {
         nonce: String,
         expires_at: i64,
     },
-    /// A registration: store the node's signed record.
+    /// A registration: store the node's signed record, and take its GPUs (device serials)
+    /// from any node that is no longer live; refused if another live node offers one.
     Register {
         id: String,
         operator: String,
         record: String,
         attested_at: i64,
         now_ms: i64,
+        gpus: Vec<String>,
+        /// Another node counts as live if it heartbeat at or after this…
+        live_after: i64,
+        /// …and attested at or after this.
+        attested_after: i64,
     },
     Heartbeat {
         id: String,
@@ -263,6 +297,12 @@ pub(crate) enum Write {
         to: &'static str,
         reason: String,
         now: i64,
+    },
+    /// Pending jobs created before `before` expire (state `expired`, with the reason).
+    ExpirePending {
+        before: i64,
+        now: i64,
+        reason: String,
     },
     /// Ask node `id` to re-attest at its next heartbeat.
     AskReattest {
@@ -312,6 +352,13 @@ pub(crate) enum Refusal {
     NoSuchNode,
     /// A setting changed since the version the write was made against.
     SettingChanged,
+    /// A GPU of the registration is offered by another live node.
+    GpuOffered {
+        serial: String,
+        node: String,
+    },
+    /// The node's GPUs serve another tenant's leases (a VM serves one tenant at a time).
+    OtherTenant(String),
     /// A statement failed (logged); the write was undone.
     Failed,
 }
@@ -320,6 +367,10 @@ pub(crate) enum Refusal {
 #[derive(Debug, Clone)]
 pub struct PlacementRow {
     pub job_id: String,
+    /// The job's tenant: the node must serve no other tenant's lease…
+    pub tenant: String,
+    /// …open, or ended after this (the end of a lease whose last token may still be valid).
+    pub tenant_ended_after: i64,
     pub node_id: String,
     pub lease_id: String,
     pub gpus: Vec<u32>,
@@ -407,6 +458,28 @@ async fn event(
     Ok(())
 }
 
+/// Another tenant whose lease on `node` is open, or ended after `ended_after` (its last token
+/// may still be valid): a VM serves one tenant at a time, so one tenant's workload never
+/// shares a TEE key, or the leases a node is handed, with another's.
+async fn other_tenant(
+    tx: &mut Tx,
+    node: &str,
+    tenant: &str,
+    ended_after: i64,
+) -> Result<Option<String>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT j.tenant AS tenant FROM leases l JOIN jobs j ON j.id = l.job_id
+         WHERE l.node_id = $1 AND j.tenant <> $2 AND (l.ended_at IS NULL OR l.ended_at > $3)
+         LIMIT 1",
+    )
+    .bind(node)
+    .bind(tenant)
+    .bind(ended_after)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(|r| r.try_get("tenant")).transpose()
+}
+
 /// Take `p`'s GPUs: all or none (a GPU another lease holds undoes this lease's rows).
 async fn take_gpus(tx: &mut Tx, p: &PlacementRow) -> Result<bool, sqlx::Error> {
     let sql = format!(
@@ -470,7 +543,52 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             record,
             attested_at,
             now_ms,
+            gpus,
+            live_after,
+            attested_after,
         } => {
+            // One GPU, one live node, across replicas: checked before anything changes (the
+            // writer applies writes one at a time, and PostgreSQL replicas' batches commit one
+            // at a time), so the check and the claim below cannot interleave with another's.
+            for chunk in gpus.chunks(64) {
+                let sql = format!(
+                    "SELECT g.serial AS serial, g.node_id AS node_id FROM gpu_owners g
+                     JOIN nodes n ON n.id = g.node_id
+                     WHERE g.node_id <> $1 AND n.last_heartbeat >= $2 AND n.attested_at >= $3
+                       AND g.serial IN ({}) LIMIT 1",
+                    (4..4 + chunk.len())
+                        .map(|i| format!("${i}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(id)
+                    .bind(live_after)
+                    .bind(attested_after);
+                for g in chunk {
+                    q = q.bind(g);
+                }
+                if let Some(r) = q.fetch_optional(&mut **tx).await? {
+                    return Ok(Outcome::Refused(Refusal::GpuOffered {
+                        serial: r.try_get("serial")?,
+                        node: r.try_get("node_id")?,
+                    }));
+                }
+            }
+            sqlx::query("DELETE FROM gpu_owners WHERE node_id = $1")
+                .bind(id)
+                .execute(&mut **tx)
+                .await?;
+            for g in gpus {
+                sqlx::query(
+                    "INSERT INTO gpu_owners (serial, node_id) VALUES ($1, $2)
+                     ON CONFLICT (serial) DO UPDATE SET node_id = excluded.node_id",
+                )
+                .bind(g)
+                .bind(id)
+                .execute(&mut **tx)
+                .await?;
+            }
             sqlx::query(
                 "INSERT INTO nodes (id, operator, record, attested_at, last_heartbeat, heartbeat_seq, updated_ms)
                  VALUES ($1, $2, $3, $4, $4, 0, $5)
@@ -512,10 +630,15 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
         }
         Write::Submit { job, placement } => {
             // GPUs first: a refusal then leaves nothing behind.
-            if let Some(p) = placement
-                && !take_gpus(tx, p).await?
-            {
-                return Ok(Outcome::Refused(Refusal::GpuTaken));
+            if let Some(p) = placement {
+                if let Some(t) =
+                    other_tenant(tx, &p.node_id, &p.tenant, p.tenant_ended_after).await?
+                {
+                    return Ok(Outcome::Refused(Refusal::OtherTenant(t)));
+                }
+                if !take_gpus(tx, p).await? {
+                    return Ok(Outcome::Refused(Refusal::GpuTaken));
+                }
             }
             let (state_now, reason, node, lease) = match placement {
                 Some(p) => (
@@ -527,7 +650,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 None => (job.state.as_str(), job.reason.as_str(), None, None),
             };
             sqlx::query(
-                "INSERT INTO jobs (id, tenant, spec, state, reason, node_id, lease_id, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
+                "INSERT INTO jobs (id, tenant, spec, state, reason, node_id, lease_id, created_at, updated_at, seal) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)",
             )
             .bind(&job.id)
             .bind(&job.tenant)
@@ -537,6 +660,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             .bind(node.cloned())
             .bind(lease.cloned())
             .bind(job.created_at)
+            .bind(&job.seal)
             .execute(&mut **tx)
             .await?;
             match placement {
@@ -560,6 +684,9 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             Ok(Outcome::Done)
         }
         Write::Place(p) => {
+            if let Some(t) = other_tenant(tx, &p.node_id, &p.tenant, p.tenant_ended_after).await? {
+                return Ok(Outcome::Refused(Refusal::OtherTenant(t)));
+            }
             if !take_gpus(tx, p).await? {
                 return Ok(Outcome::Refused(Refusal::GpuTaken));
             }
@@ -646,6 +773,35 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 None => Outcome::Refused(Refusal::JobNotPending),
             },
         ),
+        Write::ExpirePending {
+            before,
+            now,
+            reason,
+        } => {
+            // Events first (they select the jobs the update then moves).
+            sqlx::query(
+                "INSERT INTO job_events (job_id, at, from_state, to_state, reason)
+                 SELECT id, $1, $2, $3, $4 FROM jobs WHERE state = $2 AND created_at < $5",
+            )
+            .bind(now)
+            .bind(state::PENDING)
+            .bind(state::EXPIRED)
+            .bind(reason)
+            .bind(before)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query(
+                "UPDATE jobs SET state = $1, reason = $2, updated_at = $3 WHERE state = $4 AND created_at < $5",
+            )
+            .bind(state::EXPIRED)
+            .bind(reason)
+            .bind(now)
+            .bind(state::PENDING)
+            .bind(before)
+            .execute(&mut **tx)
+            .await?;
+            Ok(Outcome::Done)
+        }
         Write::PutSetting {
             name,
             body,
@@ -907,43 +1063,74 @@ impl Store {
             .map_err(Into::into)
     }
 
-    /// Allocated GPUs of `nodes` (every node for `None`) as bitmaps.
+    /// Allocated GPUs of `nodes` (every node for `None`) as bitmaps, with the tenant whose
+    /// leases hold each VM: open ones, or ones that ended after `ended_after` (their last
+    /// token may still be valid until `ended_at + ttl`).
     pub async fn allocations(
         &self,
         nodes: Option<&[String]>,
-    ) -> Result<HashMap<String, u64>, BrokerError> {
-        let rows = match nodes {
-            None => {
-                sqlx::query("SELECT node_id, gpu FROM allocations")
+        ended_after: i64,
+        ttl: i64,
+    ) -> Result<HashMap<String, NodeUse>, BrokerError> {
+        const GPUS: &str = "SELECT node_id, gpu FROM allocations";
+        const TENANTS: &str =
+            "SELECT l.node_id AS node_id, j.tenant AS tenant, l.ended_at AS ended_at
+             FROM leases l JOIN jobs j ON j.id = l.job_id
+             WHERE (l.ended_at IS NULL OR l.ended_at > $1)";
+        let (gpus, tenants) = match nodes {
+            None => (
+                sqlx::query(GPUS).fetch_all(self.db.pool()).await?,
+                sqlx::query(TENANTS)
+                    .bind(ended_after)
                     .fetch_all(self.db.pool())
-                    .await?
-            }
-            Some([]) => Vec::new(),
+                    .await?,
+            ),
+            Some([]) => (Vec::new(), Vec::new()),
             Some(ids) => {
                 // In chunks: a statement takes a bounded number of parameters.
-                let mut rows = Vec::new();
+                let (mut gpus, mut tenants) = (Vec::new(), Vec::new());
                 for chunk in ids.chunks(500) {
-                    let list = (1..=chunk.len())
-                        .map(|i| format!("${i}"))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    let sql =
-                        format!("SELECT node_id, gpu FROM allocations WHERE node_id IN ({list})");
+                    let list = |from: usize| {
+                        (from..from + chunk.len())
+                            .map(|i| format!("${i}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    let sql = format!("{GPUS} WHERE node_id IN ({})", list(1));
                     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
                     for id in chunk {
                         q = q.bind(id.clone());
                     }
-                    rows.extend(q.fetch_all(self.db.pool()).await?);
+                    gpus.extend(q.fetch_all(self.db.pool()).await?);
+                    let sql = format!("{TENANTS} AND l.node_id IN ({})", list(2));
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(ended_after);
+                    for id in chunk {
+                        q = q.bind(id.clone());
+                    }
+                    tenants.extend(q.fetch_all(self.db.pool()).await?);
                 }
-                rows
+                (gpus, tenants)
             }
         };
-        let mut out: HashMap<String, u64> = HashMap::new();
-        for r in rows {
+        let mut out: HashMap<String, NodeUse> = HashMap::new();
+        for r in gpus {
             let id: String = r.try_get("node_id")?;
             let gpu: i64 = r.try_get("gpu")?;
             if (0..64).contains(&gpu) {
-                *out.entry(id).or_default() |= 1u64 << gpu;
+                out.entry(id).or_default().gpus |= 1u64 << gpu;
+            }
+        }
+        for r in tenants {
+            let id: String = r.try_get("node_id")?;
+            let tenant: String = r.try_get("tenant")?;
+            let ended: Option<i64> = r.try_get("ended_at")?;
+            let until = ended.map_or(i64::MAX, |e| e.saturating_add(ttl));
+            let u = out.entry(id).or_default();
+            match &mut u.tenant {
+                Some((t, u)) if *t == tenant => *u = (*u).max(until),
+                // Two tenants (rows from before this rule): the longer hold stands.
+                Some((_, u)) if *u >= until => {}
+                slot => *slot = Some((tenant, until)),
             }
         }
         Ok(out)
@@ -983,6 +1170,16 @@ impl Store {
         Ok(rows.iter().map(job_row).collect::<Result<_, _>>()?)
     }
 
+    /// Whether a job created before `before` is still pending.
+    pub async fn any_pending_before(&self, before: i64) -> Result<bool, BrokerError> {
+        let row = sqlx::query("SELECT id FROM jobs WHERE state = $1 AND created_at < $2 LIMIT 1")
+            .bind(state::PENDING)
+            .bind(before)
+            .fetch_optional(self.db.pool())
+            .await?;
+        Ok(row.is_some())
+    }
+
     /// How many jobs `tenant` has pending.
     pub async fn count_pending(&self, tenant: &str) -> Result<i64, BrokerError> {
         let row = sqlx::query("SELECT COUNT(*) AS n FROM jobs WHERE tenant = $1 AND state = $2")
@@ -993,10 +1190,14 @@ impl Store {
         Ok(row.try_get::<i64, _>("n")?)
     }
 
-    /// Pending jobs, oldest first.
+    /// Pending jobs, fairly across tenants: each tenant's oldest first, then each tenant's
+    /// second, and so on (oldest first within a round), at most `limit`. A tenant with many
+    /// jobs waiting takes one place per round, so it cannot hide another tenant's jobs from a
+    /// placement pass however many it has.
     pub async fn pending_jobs(&self, limit: i64) -> Result<Vec<JobRow>, BrokerError> {
         let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE state = $1 ORDER BY created_at, id LIMIT $2"
+            "SELECT {JOB_COLUMNS} FROM (SELECT {JOB_COLUMNS}, ROW_NUMBER() OVER (PARTITION BY tenant ORDER BY created_at, id) AS turn
+               FROM jobs WHERE state = $1) AS p ORDER BY turn, created_at, id LIMIT $2"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(state::PENDING)

@@ -19,7 +19,7 @@ use cgx_protocol::broker::{
 use cgx_protocol::kbs::jwe::{Curve, TeeKey};
 use serde_json::json;
 
-use crate::{DevnetError, Ed, Result, Setup, io, now, temp_dir};
+use crate::{DevnetError, Ed, Result, Setup, now, temp_dir, write_private};
 
 /// Tenants and roles the development broker knows.
 pub const TENANT_A: &str = "acme";
@@ -46,7 +46,7 @@ pub struct BrokerSetup {
 impl Ed {
     /// A bearer API token for the broker (five minutes).
     pub fn api_token(&self) -> Result<String> {
-        self.token_at(now())
+        self.token_at(cgx_service::auth::BROKER_API_AUDIENCE, now())
     }
 }
 
@@ -58,10 +58,7 @@ pub fn broker_setup(
     database: Option<String>,
 ) -> Result<BrokerSetup> {
     let dir = temp_dir("broker")?;
-    let write = |name: &str, bytes: &[u8]| {
-        let p = dir.join(name);
-        std::fs::write(&p, bytes).map_err(|e| io(&p, e))
-    };
+    let write = |name: &str, bytes: &[u8]| write_private(&dir, name, bytes).map(drop);
     write("signing.pk8", &kbs.broker.pkcs8)?;
     let result_key = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
         &aws_lc_rs::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
@@ -97,7 +94,11 @@ pub fn broker_setup(
             key(&admin, &["reference-values"]),
         ],
         sim_roots,
-        collateral: Default::default(),
+        // The store the KBS setup wrote the simulated nodes' CRLs to (the broker requires a
+        // current CRL from its store for every SNP chain).
+        collateral: cgx_broker::server::config::CollateralConfig {
+            store: Some(kbs.dir.join(crate::COLLATERAL_DIR)).filter(|d| d.is_dir()),
+        },
         appraisal: AppraisalConfig {
             policy: None,
             reference_values: Some(kbs.dir.join("refs.json")),
@@ -109,9 +110,14 @@ pub fn broker_setup(
         nonce_ttl_secs: 60,
         monitor_interval_ms: 250,
         api_token_max_ttl_secs: 3600,
-        max_pending_per_tenant: 1000,
+        max_pending_per_tenant: 250,
+        placement_batch: 1000,
+        pending_ttl_secs: 86_400,
         max_connections: 4096,
         max_in_flight: 1024,
+        // Every client of a development network is 127.0.0.1 (see `setup`).
+        max_connections_per_client: 4096,
+        max_in_flight_per_client: 1024,
     };
     Ok(BrokerSetup {
         dir,
@@ -136,8 +142,12 @@ impl BrokerSetup {
 
     /// A client whose token is issued at `t` (a broker on a manual clock).
     pub fn client_at(&self, base: &str, who: &Ed, t: i64) -> Result<BrokerClient> {
-        BrokerClient::new(base, None, Some(who.token_at(t)?))
-            .map_err(|e| DevnetError::Kbs(e.to_string()))
+        BrokerClient::new(
+            base,
+            None,
+            Some(who.token_at(cgx_service::auth::BROKER_API_AUDIENCE, t)?),
+        )
+        .map_err(|e| DevnetError::Kbs(e.to_string()))
     }
 }
 
@@ -428,6 +438,6 @@ pub fn reference_values(measurements: &[[u8; 48]]) -> serde_json::Value {
     json!({
         "allow_sim": "affirming",
         "snp": {"measurements": measurements.iter().map(hex::encode).collect::<Vec<_>>()},
-        "nvidia": {"require_ocsp": false}
+        "nvidia": crate::sim_gpu_reference_values()
     })
 }

@@ -6,6 +6,11 @@
 //! One setup serves the test suites of every crate, the benchmarks and `cgx up`, so they all
 //! exercise the KBS as it is configured in production, through its public configuration.
 //! Development only: keys are generated per setup and the folder is removed on [`Setup::cleanup`].
+//!
+//! The folder holds a KEK and signing keys, so it is private: a fresh directory with an
+//! unguessable name created 0700 (never an existing one, never a path another user could have
+//! prepared), and every file in it written 0600 under a temporary name and renamed into place,
+//! so no file is ever readable by others or seen half written.
 
 pub mod broker;
 
@@ -19,6 +24,18 @@ use cgx_kbs::server::config::{AdminKey, AppraisalConfig, KbsConfig, KekSource};
 use cgx_kbs::server::{Running, start_with_clock};
 use cgx_kbs::sim::SimNode;
 use serde_json::json;
+
+/// Reference values for the simulated GPUs: their driver and VBIOS versions, stated, and their
+/// golden measurements waived in writing (`"any"`: the simulator's are not NVIDIA's RIMs).
+/// Revocation is not required (sim OCSP responses are not fetched here).
+pub fn sim_gpu_reference_values() -> serde_json::Value {
+    json!({
+        "require_ocsp": false,
+        "driver_versions": [cgx_attestation::sim::SIM_GPU_DRIVER_VERSION],
+        "vbios_versions": [cgx_attestation::sim::SIM_GPU_VBIOS_VERSION],
+        "measurements": "any",
+    })
+}
 
 /// Launch measurement of the simulated nodes the default reference values accept.
 pub const MEASUREMENT: [u8; 48] = [0x5A; 48];
@@ -106,17 +123,55 @@ pub fn shared_anchors(starts: &[&Path]) -> Option<PathBuf> {
     dir.join("kbs-client").is_file().then_some(dir)
 }
 
-/// A fresh, empty folder under the system's temporary folder, unique to this process and call.
+/// A fresh, empty, private folder (0700) under the system's temporary folder, with a name no
+/// one can predict. Created with `mkdir`, which fails on anything already there: a directory
+/// or a symbolic link another user planted under the shared temporary folder is never used.
 pub fn temp_dir(name: &str) -> Result<PathBuf> {
     static N: AtomicU32 = AtomicU32::new(0);
+    let mut tag = [0u8; 8];
+    aws_lc_rs::rand::fill(&mut tag).map_err(|_| DevnetError::Keys)?;
     let p = std::env::temp_dir().join(format!(
-        "cgx-{}-{}-{name}",
+        "cgx-{}-{}-{}-{name}",
         std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
+        N.fetch_add(1, Ordering::SeqCst),
+        hex::encode(tag)
     ));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).map_err(|e| io(&p, e))?;
+    let mut builder = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(&p).map_err(|e| io(&p, e))?;
     Ok(p)
+}
+
+/// Write `bytes` to `dir/name` readable by the owner only (0600), atomically: into a new file
+/// with a random name in `dir` (created 0600 with `O_EXCL`, so it is never readable by others
+/// and never an existing file or link), synced, then renamed over `name`.
+pub fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    use std::io::Write;
+    let path = dir.join(name);
+    let mut tag = [0u8; 8];
+    aws_lc_rs::rand::fill(&mut tag).map_err(|_| DevnetError::Keys)?;
+    let tmp = dir.join(format!(".{name}.tmp-{}", hex::encode(tag)));
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let written = opts.open(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    let renamed = written.and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = renamed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(&path, e));
+    }
+    Ok(path)
 }
 
 /// A simulated confidential VM (SNP report, `gpus` simulated H100s) measured as
@@ -151,16 +206,22 @@ impl Ed {
         })
     }
 
-    /// An admin bearer token (as CoCo's kbs-client makes them), valid for five minutes.
+    /// A KBS admin bearer token (as CoCo's kbs-client makes them, for the KBS's audience),
+    /// valid for five minutes.
     pub fn admin_token(&self) -> Result<String> {
-        self.token_at(now())
+        self.token_at(cgx_service::auth::KBS_ADMIN_AUDIENCE, now())
     }
 
-    /// A bearer token issued at `t` (a service on a manual clock), valid for five minutes:
-    /// KBS admin tokens and broker API tokens are the same scheme.
-    pub fn token_at(&self, t: i64) -> Result<String> {
-        cgx_service::jwt::sign_eddsa(&self.pkcs8, &json!({"iat": t, "exp": t + 300}))
-            .map_err(DevnetError::Kbs)
+    /// A bearer token for `audience` issued at `t` (a service on a manual clock), valid for
+    /// five minutes: KBS admin tokens ([`cgx_service::auth::KBS_ADMIN_AUDIENCE`]) and broker
+    /// API tokens ([`cgx_service::auth::BROKER_API_AUDIENCE`]) are one scheme, told apart by
+    /// their audience.
+    pub fn token_at(&self, audience: &str, t: i64) -> Result<String> {
+        cgx_service::jwt::sign_eddsa(
+            &self.pkcs8,
+            &json!({"iat": t, "exp": t + 300, "aud": audience}),
+        )
+        .map_err(DevnetError::Kbs)
     }
 
     /// A broker lease for `node_key` (RFC 7638 thumbprint of the TEE key) covering `resources`.
@@ -204,12 +265,34 @@ pub fn setup(nodes: &[&SimNode], database: Option<String>) -> Result<Setup> {
     let database = database.map(|url| fresh_postgres(&url)).transpose()?;
     let pins: Vec<[u8; 32]> = nodes.iter().flat_map(|n| n.root_pins()).collect();
     let measurements: Vec<String> = nodes.iter().map(|n| hex::encode(n.measurement)).collect();
-    setup_with(
+    let setup = setup_with(
         pins.iter().map(hex::encode).collect(),
         pins,
         measurements,
         database,
-    )
+    )?;
+    sim_crls(&setup.dir.join(COLLATERAL_DIR), nodes)?;
+    Ok(setup)
+}
+
+/// The collateral store a setup's services read (in its folder): the simulated nodes' CRLs.
+pub const COLLATERAL_DIR: &str = "collateral";
+
+/// Each node's AMD CRL (revoking nothing, current for 30 days) in the collateral store at
+/// `dir`, where a broker looks it up (`cgx_attestation::trust::amd_crl_key`): the broker
+/// requires the store's current CRL for every chain and uses none a node sends.
+pub fn sim_crls(dir: &Path, nodes: &[&SimNode]) -> Result<()> {
+    let sim = |e: cgx_attestation::Error| DevnetError::Simulator(e.to_string());
+    let mut store = cgx_attestation::collateral::CollateralStore::open(dir).map_err(sim)?;
+    let t = now();
+    for n in nodes {
+        let chain = n.amd.cert_chain_pem();
+        let key = cgx_attestation::trust::amd_crl_key(chain.as_bytes(), false)
+            .ok_or_else(|| DevnetError::Simulator("a simulated AMD chain without a root".into()))?;
+        let crl = n.amd.crl(&[], t - 86_400, t + 30 * 86_400).map_err(sim)?;
+        store.put(&key.path(), &crl, "devnet", t).map_err(sim)?;
+    }
+    Ok(())
 }
 
 /// A KBS configuration that trusts every simulator root (`sim_roots: ["*"]`) and accepts
@@ -231,10 +314,7 @@ fn setup_with(
     database: Option<String>,
 ) -> Result<Setup> {
     let dir = temp_dir("kbs")?;
-    let write = |name: &str, bytes: &[u8]| {
-        let p = dir.join(name);
-        std::fs::write(&p, bytes).map_err(|e| io(&p, e))
-    };
+    let write = |name: &str, bytes: &[u8]| write_private(&dir, name, bytes).map(drop);
     let mut kek = [0u8; 32];
     aws_lc_rs::rand::fill(&mut kek).map_err(|_| DevnetError::Keys)?;
     write("kek.hex", hex::encode(kek).as_bytes())?;
@@ -247,7 +327,7 @@ fn setup_with(
     let refs = json!({
         "allow_sim": "affirming",
         "snp": {"measurements": measurements},
-        "nvidia": {"require_ocsp": false}
+        "nvidia": sim_gpu_reference_values()
     });
     write("refs.json", refs.to_string().as_bytes())?;
     let database = database.unwrap_or_else(|| format!("sqlite://{}", dir.join("kbs.db").display()));
@@ -286,6 +366,10 @@ fn setup_with(
         accept_new_version_file: false,
         max_connections: 4096,
         max_in_flight: 1024,
+        // Every client of a development network is 127.0.0.1: one address, so no per-client
+        // share below the server's own caps (the tests and benchmarks run many clients).
+        max_connections_per_client: 4096,
+        max_in_flight_per_client: 1024,
         serving_threads: None,
         admin_token_max_ttl_secs: 3600,
         lease_max_ttl_secs: 86_400,
@@ -438,5 +522,78 @@ impl Drop for Server {
         if let Some(r) = self.running.take() {
             self.rt.block_on(r.shutdown());
         }
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// What `cgx up` writes (the KBS's KEK and result key, the broker's signing and result
+    /// keys): private folders with unguessable names, every file 0600, no temporary left.
+    #[test]
+    fn keys_are_private_and_written_atomically() {
+        let kbs = setup_any_sim(MEASUREMENT).unwrap();
+        let broker = broker::broker_setup(&kbs, vec!["*".into()], None).unwrap();
+        for (dir, files) in [
+            (&kbs.dir, &["kek.hex", "ear.pk8", "refs.json"][..]),
+            (&broker.dir, &["signing.pk8", "ear.pk8"][..]),
+        ] {
+            assert_eq!(mode(dir), 0o700, "{}", dir.display());
+            // The name carries 16 random hex digits: another user cannot prepare it.
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                name.split('-')
+                    .any(|p| p.len() == 16 && hex::decode(p).is_ok()),
+                "{name}"
+            );
+            for f in files {
+                assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
+            }
+            let leftovers: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+                .collect();
+            assert!(leftovers.is_empty(), "{leftovers:?}");
+        }
+        // The broker's signing key is the KBS's broker key, byte for byte.
+        assert_eq!(
+            std::fs::read(broker.dir.join("signing.pk8")).unwrap(),
+            kbs.broker.pkcs8
+        );
+        broker.cleanup();
+        kbs.cleanup();
+    }
+
+    /// A file rewritten is replaced whole and stays 0600, even when what sat at its name was
+    /// readable by others (or a link elsewhere: rename replaces the link, never its target).
+    #[test]
+    fn write_private_replaces_atomically() {
+        let dir = temp_dir("write-private").unwrap();
+        let target = dir.join("elsewhere");
+        std::fs::write(&target, b"not yours").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&target, dir.join("kek.hex")).unwrap();
+        write_private(&dir, "kek.hex", b"secret").unwrap();
+        assert_eq!(std::fs::read(dir.join("kek.hex")).unwrap(), b"secret");
+        assert_eq!(mode(&dir.join("kek.hex")), 0o600);
+        assert_eq!(std::fs::read(&target).unwrap(), b"not yours");
+        std::fs::write(dir.join("plain"), b"x").unwrap();
+        std::fs::set_permissions(dir.join("plain"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        write_private(&dir, "plain", b"y").unwrap();
+        assert_eq!(mode(&dir.join("plain")), 0o600);
+        // A second temp_dir of the same name is another folder.
+        let again = temp_dir("write-private").unwrap();
+        assert_ne!(again, dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&again).unwrap();
     }
 }
