@@ -6,9 +6,10 @@
 #             price_per_gpu_hour, reputation, and claims {cpu, gpus} as the verifier produced them
 # input.job:  the job as submitted
 #
-# `deny` is a set of readable reasons; a node fits when it is empty. Builtins that allocate as
-# much as an argument asks are refused in placement policies (FORBIDDEN_BUILTINS in
-# policies/src/placement.rs): build messages with concat.
+# `deny` is a set of readable reasons; a node fits when it is empty. A placement policy is
+# untrusted code: it may call only builtins whose output and time are bounded by their arguments
+# (ALLOWED_BUILTINS in policies/src/limits.rs: no sprintf, replace, numbers.range, ...), and each
+# evaluation runs under instruction, time and allocation limits: build messages with concat.
 package placement
 
 import rego.v1

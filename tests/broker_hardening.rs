@@ -486,3 +486,92 @@ fn revocation_is_judged_on_the_brokers_crl_not_the_nodes() {
     );
     broker.stop();
 }
+
+/// The KBS holds the same line at release: a TEE key that received one tenant's job resource
+/// under a live lease gets no other tenant's, even under a lease the broker's key signed.
+#[test]
+fn a_tee_key_holding_one_tenants_lease_gets_no_other_tenants_key() {
+    let a = node(1);
+    let net = Net::new(&[&a], None);
+    let kbs = cgx_devnet::Server::start(&net.kbs.config).unwrap();
+    for (path, value) in [
+        ("acme/weights/m", b"acme key".as_slice()),
+        ("globex/weights/m", b"globex key".as_slice()),
+    ] {
+        kbs.put_resource(&net.kbs.admin, path, value, true).unwrap();
+    }
+    let now = cgx_devnet::now();
+    let lease = |tenant: &str, path: &str, exp: i64| {
+        cgx_service::jwt::sign_eddsa(
+            &net.kbs.broker.pkcs8,
+            &serde_json::json!({"lease": format!("l-{tenant}"), "tenant": tenant,
+                "resources": [path], "node_key": a.tee_thumbprint().unwrap(),
+                "aud": "cgx-kbs", "iat": now - 1, "exp": exp}),
+        )
+        .unwrap()
+    };
+    let mut vm = a.kbs_client(&kbs.base).unwrap();
+    vm.attest(&a.sim).unwrap();
+    let acme = lease("acme", "acme/weights/m", now + 60);
+    assert_eq!(vm.resource("acme/weights/m", Some(&acme)).unwrap(), b"acme key");
+    let globex = lease("globex", "globex/weights/m", now + 60);
+    let refused = vm
+        .resource("globex/weights/m", Some(&globex))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("one tenant at a time"), "{refused}");
+    // acme's own resources still flow to it.
+    assert_eq!(vm.resource("acme/weights/m", Some(&acme)).unwrap(), b"acme key");
+    kbs.stop();
+}
+
+/// A tenant's placement policy is untrusted code: what cannot be bounded is refused at
+/// submission, and a bomb that goes off only on a real node fails its own job when that node
+/// appears — the broker goes on serving.
+#[test]
+fn a_tenants_policy_bomb_fails_its_job_not_the_broker() {
+    let a = node(1);
+    let net = Net::new(&[&a], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let acme = net.client(&broker, &net.broker.tenant);
+    // The review's bomb: four nested self-substitutions (10^16 bytes asked for).
+    let mut spec = job(1);
+    spec.placement_policy = Some(
+        "package placement\n\
+         deny contains msg if {\n\
+           s := concat(\"\", [\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"])\n\
+           s1 := replace(s, \"a\", s)\n s2 := replace(s1, \"a\", s1)\n\
+           s3 := replace(s2, \"a\", s2)\n s4 := replace(s3, \"a\", s3)\n\
+           msg := s4\n}\n"
+            .into(),
+    );
+    let (c, d) = code(acme.submit(&spec));
+    assert_eq!(c, "PlacementPolicyInvalid", "{d}");
+    assert!(d.contains("replace"), "{d}");
+    // A bomb that waits for a node in eu-west (the submission's sample node is elsewhere).
+    let squarings: String = (1..=22)
+        .map(|i| format!("  x{i} := x{} * x{}\n", i - 1, i - 1))
+        .collect();
+    spec.placement_policy = Some(format!(
+        "package placement\n\
+         deny contains \"too big\" if {{\n  input.node.region == \"eu-west\"\n  x0 := 12345678901234567\n{squarings}  x22 > 0\n}}\n"
+    ));
+    let armed = acme.submit(&spec).unwrap();
+    assert_eq!(armed.state, "pending", "{}", armed.reason);
+    let honest = acme.submit(&job(1)).unwrap();
+    assert_eq!(honest.state, "pending");
+    let started = Instant::now();
+    let op = net.client(&broker, &net.broker.operator);
+    a.register(&op).unwrap();
+    eventually("the armed job failed", || {
+        acme.job(&armed.id).unwrap().state == "failed"
+    });
+    let failed = acme.job(&armed.id).unwrap();
+    assert!(failed.reason.contains("limit"), "{}", failed.reason);
+    // The broker is up, and the honest job got the node.
+    eventually("the honest job placed", || {
+        acme.job(&honest.id).unwrap().state == "placed"
+    });
+    println!("bomb failed and honest job placed in {:?}", started.elapsed());
+    broker.stop();
+}

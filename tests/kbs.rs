@@ -1093,7 +1093,15 @@ fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
     let srv = Server::start(&s.config);
     let base = srv.base.clone();
     let url = |p: &str| format!("{base}{p}");
-    let sign = |key: &Ed, claims: serde_json::Value| {
+    // Every token below names the KBS's audience unless it says otherwise.
+    let sign = |key: &Ed, mut claims: serde_json::Value| {
+        let c = claims.as_object_mut().unwrap();
+        if !c.contains_key("aud") {
+            c.insert("aud".into(), cgx_service::auth::KBS_ADMIN_AUDIENCE.into());
+        }
+        if c.get("aud") == Some(&serde_json::Value::Null) {
+            c.remove("aud");
+        }
         cgx_service::jwt::sign_eddsa(&key.pkcs8, &claims).unwrap()
     };
     let t = now();
@@ -1140,6 +1148,19 @@ fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
         &sign(&s.broker, json!({"iat": t, "exp": t + 60})),
         "a broker's key",
     );
+    // Issue 28: a token names the service it is for. Another service's (the broker's API,
+    // whose keys may be the same), a lease's, none at all, or a list: refused.
+    for aud in [
+        json!(cgx_service::auth::BROKER_API_AUDIENCE),
+        json!(cgx_protocol::broker::LEASE_AUDIENCE),
+        json!(null),
+        json!([cgx_service::auth::KBS_ADMIN_AUDIENCE]),
+    ] {
+        refused(
+            &sign(&s.admin, json!({"iat": t, "exp": t + 60, "aud": aud})),
+            &format!("audience {aud}"),
+        );
+    }
     let (st, _) = call(
         "POST",
         &url("/kbs/v0/resource/tenant-a/key/adm"),

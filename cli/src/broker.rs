@@ -37,7 +37,11 @@ pub struct Conn {
 impl Conn {
     fn client(&self) -> Result<BrokerClient, String> {
         let token = match &self.key {
-            Some(k) => Some(crate::kbs::admin_token(k, 300)?),
+            Some(k) => Some(crate::kbs::bearer_token(
+                k,
+                cgx_service::auth::BROKER_API_AUDIENCE,
+                300,
+            )?),
             None => None,
         };
         let ca = match &self.ca {

@@ -54,11 +54,22 @@ fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-/// An admin bearer token signed with an Ed25519 PKCS#8 key (as CoCo's kbs-client makes them).
+/// A KBS admin bearer token signed with an Ed25519 PKCS#8 key (as CoCo's kbs-client makes
+/// them, plus the KBS's audience: the broker refuses it, whatever key signed it).
 pub(crate) fn admin_token(key: &Path, ttl: i64) -> Result<String, String> {
+    bearer_token(key, cgx_service::auth::KBS_ADMIN_AUDIENCE, ttl)
+}
+
+/// A bearer token for the service whose tokens name `audience`, signed with an Ed25519
+/// PKCS#8 key (DER or PEM), living `ttl` seconds.
+pub(crate) fn bearer_token(key: &Path, audience: &str, ttl: i64) -> Result<String, String> {
     let der = std::fs::read(key).map_err(|e| format!("{}: {e}", key.display()))?;
     let der = pem_or_der(&der, "PRIVATE KEY");
-    cgx_service::jwt::sign_eddsa(&der, &json!({"iat": now(), "exp": now() + ttl}))
+    let now = now();
+    cgx_service::jwt::sign_eddsa(
+        &der,
+        &json!({"iat": now, "exp": now + ttl, "aud": audience}),
+    )
 }
 
 pub(crate) fn pem_or_der(bytes: &[u8], label: &str) -> Vec<u8> {

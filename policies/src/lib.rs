@@ -10,10 +10,12 @@
 //! `reference-values/`, `tests/*.rego`) so operators can read, copy and override them.
 
 pub mod appraisal;
+pub mod limits;
 pub mod placement;
 mod program;
 pub mod rego_value;
 pub mod release;
+pub mod sandbox;
 
 use std::path::Path;
 
@@ -39,6 +41,13 @@ pub enum Error {
     /// result is not of the package's shape.
     #[error("policy: {detail}")]
     Policy { detail: String },
+    /// The evaluation ran into one of its limits ([`limits::Limits`]): the refusal of what it
+    /// was deciding, never the service's failure.
+    #[error("{0}")]
+    Limit(limits::Exceeded),
+    /// Every evaluator thread is busy and the queue is full ([`sandbox`]).
+    #[error("the policy evaluators are busy")]
+    Busy,
     #[error("{path}: {detail}")]
     Io { path: String, detail: String },
     #[error("{file}: {detail}")]
@@ -51,6 +60,8 @@ impl Error {
         match self {
             Error::Attestation(e) => e.code(),
             Error::Policy { .. } => "policy_error",
+            Error::Limit(_) => "policy_limit",
+            Error::Busy => "policy_busy",
             Error::Io { .. } => "policy_unreadable",
             Error::Rego { .. } => "rego_invalid",
         }

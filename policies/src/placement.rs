@@ -4,8 +4,13 @@
 //! gpu_model, gpu_chip, gpu_count, gpu_memory_gib, price_per_gpu_hour, reputation, claims:
 //! {cpu, gpus: [...]}}, "job": <the job spec>}` — the node's *verified* claims, and its offer.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::Error;
+use crate::limits::{Limits, Trust};
 use crate::program::RegoProgram;
+use crate::sandbox::{Pending, Sandbox};
 
 /// The placement entry point.
 pub const ENTRY_POINT: &str = "data.placement.deny";
@@ -13,66 +18,153 @@ pub const ENTRY_POINT: &str = "data.placement.deny";
 /// The most reasons one refusal reports (a policy that emits thousands says enough with these).
 const MAX_REASONS: usize = 8;
 
-/// Builtins a tenant's placement policy may not call: each allocates as much as an argument
-/// says before any limit is checked (`numbers.range(0, 1e14)`; a `sprintf` width of 10¹²), which
-/// would take the broker down, and a placement policy never needs them.
+/// The longest reason reported, in bytes (longer ones are cut at a character boundary).
+const MAX_REASON_BYTES: usize = 256;
+
+/// Builtins that were refused by name before the allow-list ([`crate::limits::ALLOWED_BUILTINS`])
+/// replaced this list; kept for callers that name it. None of them is on the allow-list.
 pub const FORBIDDEN_BUILTINS: &[&str] = &["numbers.range", "sprintf"];
 
 /// Longest placement policy accepted.
 pub const MAX_POLICY_BYTES: usize = 64 << 10;
 
-/// One compiled placement policy.
+/// How long one batch of evaluations ([`PlacementPolicy::refusals_many`]) may take in all,
+/// queueing included; past it the batch is refused with "policy exceeded its time limit".
+pub const BATCH_TIME: Duration = Duration::from_millis(500);
+
+/// One compiled placement policy: a tenant's, so untrusted ([`Trust::Untrusted`]): only
+/// allow-listed builtins, every evaluation under [`Limits::UNTRUSTED`].
 #[derive(Debug)]
 pub struct PlacementPolicy(RegoProgram);
 
 impl PlacementPolicy {
-    /// Compile `rego` (package `placement`), refusing policies over [`MAX_POLICY_BYTES`] or
-    /// naming a [`FORBIDDEN_BUILTINS`] builtin anywhere in its text (whitespace cannot hide
-    /// one).
+    /// Compile `rego` (package `placement`), refusing policies over [`MAX_POLICY_BYTES`], with
+    /// a number literal too large to parse safely, or calling a builtin off the allow-list
+    /// (`replace`, `sprintf`, `numbers.range`, ...: each makes a value as large as its arguments
+    /// ask). The error names the builtin and the rule.
     pub fn compile(rego: &str) -> Result<Self, Error> {
         if rego.len() > MAX_POLICY_BYTES {
             return Err(Error::Policy {
                 detail: format!("placement: longer than {MAX_POLICY_BYTES} bytes"),
             });
         }
-        // Whitespace removed (comments kept: a `#` inside a string would otherwise hide the
-        // rest of its line), so `numbers . range` is found too; a mention in a comment or a
-        // string is refused as well, erring on the side of refusing.
-        let squeezed: String = rego.chars().filter(|c| !c.is_whitespace()).collect();
-        if let Some(b) = FORBIDDEN_BUILTINS.iter().find(|b| squeezed.contains(*b)) {
-            return Err(Error::Policy {
-                detail: format!(
-                    "placement: `{b}` may not be used in a placement policy (it allocates as \
-                     much as its argument asks)"
-                ),
-            });
-        }
-        RegoProgram::compile("placement.rego", rego, serde_json::json!({}), ENTRY_POINT)
-            .map(PlacementPolicy)
+        RegoProgram::compile_as(
+            "placement.rego",
+            rego,
+            serde_json::json!({}),
+            ENTRY_POINT,
+            Trust::Untrusted,
+        )
+        .map(PlacementPolicy)
+        .map_err(|e| match e {
+            Error::Policy { detail } => Error::Policy {
+                detail: format!("placement: {detail}"),
+            },
+            e => e,
+        })
     }
 
-    /// The reasons the policy refuses `input` (empty: the node fits). A `deny` that is not a
-    /// set or array of strings is a policy error, never a pass.
+    /// The builtins the policy calls, by name (each on the allow-list).
+    pub fn builtins(&self) -> &[String] {
+        self.0.builtins()
+    }
+
+    /// The limits each evaluation runs under.
+    pub fn limits(&self) -> Limits {
+        self.0.limits()
+    }
+
+    /// The reasons the policy refuses `input` (empty: the node fits), evaluated on the calling
+    /// thread under the policy's limits. A `deny` that is not a set or array is a policy error,
+    /// never a pass; a limit reached is [`Error::Limit`] (the job's refusal, with its reason).
+    ///
+    /// One VM instruction is not interrupted (see [`crate::limits`]): services call
+    /// [`PlacementPolicy::refusals_off_thread`] or [`PlacementPolicy::refusals_many`] instead,
+    /// never this on an async or serving thread or under a lock.
     pub fn refusals(&self, input: &serde_json::Value) -> Result<Vec<String>, Error> {
-        let out = self.0.eval(regorus::Value::from(input.clone()))?;
+        self.refusals_of(regorus::Value::from(input.clone()))
+    }
+
+    fn refusals_of(&self, input: regorus::Value) -> Result<Vec<String>, Error> {
+        let out = self.0.eval(input)?;
         let items: Vec<regorus::Value> = match &out {
             regorus::Value::Undefined => return Ok(Vec::new()),
-            regorus::Value::Set(s) => s.iter().cloned().collect(),
-            regorus::Value::Array(a) => a.iter().cloned().collect(),
+            regorus::Value::Set(s) => s.iter().take(MAX_REASONS).cloned().collect(),
+            regorus::Value::Array(a) => a.iter().take(MAX_REASONS).cloned().collect(),
             _ => {
                 return Err(Error::Policy {
                     detail: "placement: `deny` must be a set of strings".into(),
                 });
             }
         };
-        let mut reasons = Vec::with_capacity(items.len().min(MAX_REASONS));
-        for v in items.iter().take(MAX_REASONS) {
+        let mut reasons = Vec::with_capacity(items.len());
+        for v in &items {
             match v {
-                regorus::Value::String(s) => reasons.push(s.to_string()),
-                other => reasons.push(other.to_string()),
+                regorus::Value::String(s) => reasons.push(cut(s)),
+                // Never printed: a value built with shared structure prints exponentially large.
+                other => reasons.push(format!(
+                    "(a reason that is not a string: {})",
+                    type_name(other)
+                )),
             }
         }
         Ok(reasons)
+    }
+
+    /// [`PlacementPolicy::refusals`] on an evaluator thread of the process-wide sandbox: the
+    /// answer comes (as a `Future`, or by [`Pending::wait`]) within the policy's time limit
+    /// ([`Limits::UNTRUSTED`]), or is [`Error::Limit`] "policy exceeded its time limit".
+    pub fn refusals_off_thread(self: &Arc<Self>, input: serde_json::Value) -> Pending<Vec<String>> {
+        let policy = self.clone();
+        Sandbox::global().submit(self.limits().time, move || policy.refusals(&input))
+    }
+
+    /// The policy on many nodes in one hop to an evaluator thread: one answer per input, in
+    /// order, each evaluation under the policy's own limits; the whole batch within
+    /// [`BATCH_TIME`], or [`Error::Limit`] for all of it. How placement should call it: build
+    /// the inputs under the index lock, release the lock, await this, then decide.
+    pub fn refusals_many(
+        self: &Arc<Self>,
+        inputs: Vec<serde_json::Value>,
+    ) -> Pending<Vec<Result<Vec<String>, Error>>> {
+        let policy = self.clone();
+        Sandbox::global().submit(BATCH_TIME, move || {
+            let started = std::time::Instant::now();
+            Ok(inputs
+                .iter()
+                .map(|input| {
+                    // Past the batch's time, the rest are refused without running.
+                    if started.elapsed() >= BATCH_TIME {
+                        return Err(Error::Limit(crate::limits::Exceeded::Time(BATCH_TIME)));
+                    }
+                    policy.refusals(input)
+                })
+                .collect())
+        })
+    }
+}
+
+fn cut(s: &str) -> String {
+    if s.len() <= MAX_REASON_BYTES {
+        return s.to_string();
+    }
+    let mut end = MAX_REASON_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+fn type_name(v: &regorus::Value) -> &'static str {
+    match v {
+        regorus::Value::Null => "null",
+        regorus::Value::Bool(_) => "boolean",
+        regorus::Value::Number(_) => "number",
+        regorus::Value::String(_) => "string",
+        regorus::Value::Array(_) => "array",
+        regorus::Value::Set(_) => "set",
+        regorus::Value::Object(_) => "object",
+        _ => "undefined",
     }
 }
 
@@ -105,20 +197,43 @@ mod tests {
 
     #[test]
     fn builtins_that_allocate_on_demand_are_refused() {
-        for bomb in [
-            "package placement\ndeny contains \"x\" if count(numbers.range(0, 100000000000000)) > 0",
-            "package placement\ndeny contains x if x := numbers . range_step(0, 1e14, 1)",
-            "package placement\ndeny contains x if x := sprintf(\"%999999999999d\", [1])",
-            "package placement\ndeny contains x if x := sprintf (\"%d\", [1])",
+        for (bomb, builtin) in [
+            (
+                "package placement\ndeny contains \"x\" if count(numbers.range(0, 100000000000000)) > 0",
+                "numbers.range",
+            ),
+            (
+                "package placement\ndeny contains x if x := numbers.range_step(0, 1e14, 1)",
+                "numbers.range_step",
+            ),
+            (
+                "package placement\ndeny contains x if x := sprintf(\"%999999999999d\", [1])",
+                "sprintf",
+            ),
+            (
+                "package placement\ndeny contains x if x := sprintf (\"%d\", [1])",
+                "sprintf",
+            ),
+            (
+                "package placement\ndeny contains x if { y := \"#\"; x := sprintf(\"%9d\", [1]) }",
+                "sprintf",
+            ),
         ] {
             let e = PlacementPolicy::compile(bomb).unwrap_err().to_string();
-            assert!(e.contains("may not be used"), "{bomb}: {e}");
+            assert!(
+                e.contains(&format!("`{builtin}` may not be used")),
+                "{bomb}: {e}"
+            );
         }
-        // A `#` in a string does not hide the rest of its line; a mere mention is refused too.
-        let hidden =
-            "package placement\ndeny contains x if { y := \"#\"; x := sprintf(\"%9d\", [1]) }";
-        assert!(PlacementPolicy::compile(hidden).is_err());
-        assert!(PlacementPolicy::compile("package placement\n# sprintf\ndeny := set()").is_err());
+        // Whitespace cannot hide a builtin: regorus refuses it there.
+        assert!(
+            PlacementPolicy::compile(
+                "package placement\ndeny contains x if x := numbers . range_step(0, 1e14, 1)"
+            )
+            .is_err()
+        );
+        // The allow-list reads the program, not the text: a mention in a comment is harmless.
+        assert!(PlacementPolicy::compile("package placement\n# sprintf\ndeny := set()").is_ok());
         assert!(PlacementPolicy::compile("package placement\ndeny := set()").is_ok());
         assert!(PlacementPolicy::compile(&"#".repeat(MAX_POLICY_BYTES + 1)).is_err());
     }

@@ -9,10 +9,18 @@
 //! `data.plugin` only), and a program that reads nothing from outside itself (no input, no
 //! data, no builtin: `default allow := true`) has one value whatever it is asked with; it is
 //! evaluated once, when compiled, and that value is its answer from then on.
+//!
+//! Every program runs under the limits of who wrote it ([`Trust`], [`Limits`]): an instruction
+//! budget and a wall-clock limit always; for an untrusted one also the builtin allow-list and the
+//! literal check when compiled, its `*` rewritten into a bounded multiplication, and an
+//! allocation budget per evaluation ([`crate::limits`]). A limit reached is
+//! [`Error::Limit`], the evaluation's refusal, never a panic.
 
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 
 use crate::Error;
+use crate::limits::{self, BudgetScope, Exceeded, Limits, Trust};
 
 /// VMs kept for reuse; more concurrent evaluations than this make VMs that are then dropped.
 const POOL: usize = 64;
@@ -20,6 +28,9 @@ const POOL: usize = 64;
 /// A Rego policy compiled for one entry point with its data.
 pub(crate) struct RegoProgram {
     entry_point: String,
+    limits: Limits,
+    /// Every builtin the program's instructions call, by name (before `*` was rewritten).
+    builtins: Vec<String>,
     compiled: regorus::CompiledPolicy,
     program: Arc<regorus::rvm::Program>,
     data: regorus::Value,
@@ -39,7 +50,7 @@ impl std::fmt::Debug for RegoProgram {
 }
 
 impl RegoProgram {
-    /// Compile `rego` (named `file` in messages) with `data` for `entry_point`
+    /// Compile the operator's `rego` (named `file` in messages) with `data` for `entry_point`
     /// (`data.<package>.<rule>`).
     pub(crate) fn compile(
         file: &str,
@@ -47,9 +58,24 @@ impl RegoProgram {
         data: serde_json::Value,
         entry_point: &str,
     ) -> Result<Self, Error> {
+        Self::compile_as(file, rego, data, entry_point, Trust::Operator)
+    }
+
+    /// Compile `rego` written by `trust`: an untrusted text is checked for huge number
+    /// literals before it is parsed, and its program for builtins off the allow-list.
+    pub(crate) fn compile_as(
+        file: &str,
+        rego: &str,
+        data: serde_json::Value,
+        entry_point: &str,
+        trust: Trust,
+    ) -> Result<Self, Error> {
         let bad = |what: &str, e: &dyn std::fmt::Display| Error::Policy {
             detail: format!("{what}: {e}"),
         };
+        if trust == Trust::Untrusted {
+            limits::check_source(rego).map_err(|e| bad("policy", &e))?;
+        }
         let mut engine = regorus::Engine::new();
         engine
             .add_policy(file.to_string(), rego.to_string())
@@ -64,9 +90,17 @@ impl RegoProgram {
             &[entry_point],
         )
         .map_err(|e| bad("policy (RVM)", &e))?;
+        let reads = Reads::of(&program);
+        let builtins = builtins_of(&program);
+        let program = match trust {
+            Trust::Operator => program,
+            Trust::Untrusted => bounded(program, &builtins).map_err(|e| bad("policy", &e))?,
+        };
         let mut p = RegoProgram {
             entry_point: entry_point.to_string(),
-            reads: Reads::of(&program),
+            limits: Limits::of(trust),
+            builtins,
+            reads,
             constant: None,
             compiled,
             program,
@@ -74,11 +108,17 @@ impl RegoProgram {
             vms: Mutex::new(Vec::new()),
         };
         // Evaluated now, on no input: a closed program cannot tell. One that fails is left to
-        // fail, with its error, on every evaluation.
-        if p.reads.closed() {
+        // fail, with its error, on every evaluation. An untrusted one only where it is flat (no
+        // loop, call or collection built), so the fold, run where it is compiled, is cheap.
+        if p.reads.closed() && (trust == Trust::Operator || p.reads.flat) {
             p.constant = p.run(regorus::Value::Undefined, None).ok();
         }
         Ok(p)
+    }
+
+    /// Whether every evaluation is answered from the fold, without running.
+    pub(crate) fn is_constant(&self) -> bool {
+        self.constant.is_some()
     }
 
     /// The value every evaluation gives, where the program is closed ([`Reads::closed`]).
@@ -90,6 +130,16 @@ impl RegoProgram {
     /// What the program can read: an input or data it cannot read need not be built.
     pub(crate) fn reads(&self) -> Reads {
         self.reads
+    }
+
+    /// The builtins the program calls, by name.
+    pub(crate) fn builtins(&self) -> &[String] {
+        &self.builtins
+    }
+
+    /// The limits each evaluation runs under.
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// Evaluate the entry point on `input`.
@@ -127,6 +177,11 @@ impl RegoProgram {
                 let mut vm = regorus::rvm::RegoVM::new_with_policy(self.compiled.clone());
                 vm.load_program(self.program.clone());
                 vm.set_data(self.data.clone()).map_err(|e| failed(&e))?;
+                vm.set_max_instructions(self.limits.max_instructions);
+                vm.set_execution_timer_config(Some(regorus::utils::limits::ExecutionTimerConfig {
+                    limit: self.limits.time,
+                    check_interval: TIMER_INTERVAL,
+                }));
                 vm
             }
         };
@@ -136,9 +191,28 @@ impl RegoProgram {
             vm.set_data(data).map_err(|e| failed(&e))?;
         }
         vm.set_input(input);
+        let budget = BudgetScope::arm(self.limits.allocation);
         let out = vm
             .execute_entry_point_by_name(&self.entry_point)
-            .map_err(|e| failed(&e));
+            .map_err(|e| {
+                use regorus::rvm::vm::VmError as V;
+                match (&e, budget.hit()) {
+                    (V::InstructionLimitExceeded { limit, .. }, _) => {
+                        Error::Limit(Exceeded::Instructions(*limit))
+                    }
+                    (V::TimeLimitExceeded { limit, .. }, _) => Error::Limit(Exceeded::Time(*limit)),
+                    (_, Some(hit)) => Error::Limit(hit),
+                    _ => failed(&e),
+                }
+            });
+        // A guard's refusal reaches the VM as a builtin error, which Rego turns into an
+        // undefined value and evaluation goes on: any limit reached refuses the whole answer.
+        let out = match (out, budget.hit()) {
+            (Err(Error::Limit(e)), _) => Err(Error::Limit(e)),
+            (_, Some(hit)) => Err(Error::Limit(hit)),
+            (out, None) => out,
+        };
+        drop(budget);
         if let Ok(mut pool) = self.vms.lock()
             && pool.len() < POOL
         {
@@ -146,6 +220,77 @@ impl RegoProgram {
         }
         out
     }
+}
+
+/// Instructions between two looks at the clock: a few microseconds of work.
+const TIMER_INTERVAL: NonZeroU32 = NonZeroU32::MIN.saturating_add(63);
+
+/// The builtins `program` calls, by name, each once.
+fn builtins_of(program: &regorus::rvm::Program) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for i in &program.instructions {
+        if let regorus::rvm::Instruction::BuiltinCall { params_index } = i
+            && let Some(name) = program
+                .instruction_data
+                .get_builtin_call_params(*params_index)
+                .and_then(|p| program.get_builtin_info(p.builtin_index))
+                .map(|b| b.name.clone())
+            && !names.contains(&name)
+        {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// An untrusted program made bounded: every builtin it calls must be on the allow-list and is
+/// called through its guard (charged to the evaluation's allocation budget), and every `*`
+/// becomes the guarded multiplication ([`limits`]).
+fn bounded(
+    program: Arc<regorus::rvm::Program>,
+    builtins: &[String],
+) -> Result<Arc<regorus::rvm::Program>, String> {
+    use regorus::rvm::Instruction as I;
+    for name in builtins {
+        limits::check_builtin(name)?;
+    }
+    let mut program = Arc::try_unwrap(program).unwrap_or_else(|shared| (*shared).clone());
+    // The table may name builtins no instruction calls: each gets its guard, or a refusal.
+    let mut resolved = Vec::with_capacity(program.builtin_info_table.len() + 1);
+    for info in &program.builtin_info_table {
+        limits::check_builtin(&info.name)?;
+        resolved.push(
+            limits::guard_for(&info.name).ok_or_else(|| format!("`{}` has no guard", info.name))?,
+        );
+    }
+    let muls = program
+        .instructions
+        .iter()
+        .any(|i| matches!(i, I::Mul { .. }));
+    if muls {
+        let index = program.add_builtin_info(regorus::rvm::program::BuiltinInfo {
+            name: limits::MUL.to_string(),
+            num_args: 2,
+        });
+        resolved.push(limits::mul_guard());
+        for n in 0..program.instructions.len() {
+            if let Some(&I::Mul { dest, left, right }) = program.instructions.get(n) {
+                let params_index = program.add_builtin_call_params(
+                    regorus::rvm::instructions::BuiltinCallParams {
+                        dest,
+                        builtin_index: index,
+                        num_args: 2,
+                        args: [left, right, 0, 0, 0, 0, 0, 0],
+                    },
+                );
+                if let Some(slot) = program.instructions.get_mut(n) {
+                    *slot = I::BuiltinCall { params_index };
+                }
+            }
+        }
+    }
+    program.resolved_builtins = resolved;
+    Ok(Arc::new(program))
 }
 
 /// What a program's instructions can read from outside the program. Rules and functions it
@@ -160,6 +305,10 @@ pub(crate) struct Reads {
     /// Anything else from outside: context, metadata, builtins (time, randomness, ...), the
     /// host.
     pub world: bool,
+    /// No collection built (no comprehension, no array, set or object made): no value with
+    /// shared structure, whose comparison would be one slow instruction; with the instruction
+    /// budget its evaluation is cheap wherever it runs.
+    pub flat: bool,
 }
 
 impl Reads {
@@ -169,6 +318,7 @@ impl Reads {
             input: false,
             data: false,
             world: false,
+            flat: true,
         };
         for i in &program.instructions {
             match i {
@@ -180,6 +330,16 @@ impl Reads {
                 | I::BuiltinCall { .. }
                 | I::HostAwait { .. }
                 | I::PolicyCondition { .. } => r.world = true,
+                I::ComprehensionBegin { .. }
+                | I::ArrayNew { .. }
+                | I::ArrayPush { .. }
+                | I::ArrayPushDefined { .. }
+                | I::ArrayCreate { .. }
+                | I::SetNew { .. }
+                | I::SetAdd { .. }
+                | I::SetCreate { .. }
+                | I::ObjectSet { .. }
+                | I::ObjectCreate { .. } => r.flat = false,
                 I::Load { .. }
                 | I::LoadTrue { .. }
                 | I::LoadFalse { .. }
@@ -202,18 +362,9 @@ impl Reads {
                 | I::Not { .. }
                 | I::FunctionCall { .. }
                 | I::Return { .. }
-                | I::ObjectSet { .. }
-                | I::ObjectCreate { .. }
                 | I::Index { .. }
                 | I::IndexLiteral { .. }
                 | I::ChainedIndex { .. }
-                | I::ArrayNew { .. }
-                | I::ArrayPush { .. }
-                | I::ArrayPushDefined { .. }
-                | I::ArrayCreate { .. }
-                | I::SetNew { .. }
-                | I::SetAdd { .. }
-                | I::SetCreate { .. }
                 | I::Contains { .. }
                 | I::Count { .. }
                 | I::AssertEq { .. }
@@ -227,7 +378,6 @@ impl Reads {
                 | I::DestructuringSuccess { .. }
                 | I::RuleReturn { .. }
                 | I::Halt { .. }
-                | I::ComprehensionBegin { .. }
                 | I::ComprehensionYield { .. }
                 | I::ComprehensionEnd { .. }
                 | I::LogicalBlockStart { .. }
@@ -356,5 +506,55 @@ mod tests {
             assert!(!p.reads().input, "{form}");
             assert_eq!(p.constant(), None, "{form}");
         }
+    }
+
+    /// An untrusted program's `*` is the guarded multiplication: the same answers as the VM's
+    /// own on numbers, undefined operands and floats; a product past the cap is a limit.
+    #[test]
+    fn the_rewritten_multiplication_answers_as_the_vms() {
+        let rego = "package policy\nimport rego.v1\ndefault allow := false\n\
+                    allow if input.a * input.b == input.c\n";
+        let trusted = compile(rego);
+        let untrusted = RegoProgram::compile_as(
+            "t.rego",
+            rego,
+            serde_json::json!({}),
+            "data.policy.allow",
+            Trust::Untrusted,
+        )
+        .unwrap();
+        assert!(
+            untrusted.builtins().is_empty(),
+            "{:?}",
+            untrusted.builtins()
+        );
+        for input in [
+            serde_json::json!({"a": 2, "b": 3, "c": 6}),
+            serde_json::json!({"a": 2, "b": 3, "c": 7}),
+            serde_json::json!({"a": 1.5, "b": 2, "c": 3}),
+            serde_json::json!({"a": -4, "b": 3, "c": -12}),
+            serde_json::json!({"b": 3, "c": 6}),
+            serde_json::json!({"a": 4294967296u64, "b": 4294967296u64, "c": 18446744073709551616.0}),
+        ] {
+            let input = regorus::Value::from(input);
+            assert_eq!(
+                untrusted.eval(input.clone()).unwrap(),
+                trusted.eval(input.clone()).unwrap(),
+                "{input}"
+            );
+        }
+        let e = untrusted
+            .eval(regorus::Value::from(
+                serde_json::json!({"a": "x", "b": 2, "c": 1}),
+            ))
+            .is_err();
+        assert_eq!(
+            e,
+            trusted
+                .eval(regorus::Value::from(
+                    serde_json::json!({"a": "x", "b": 2, "c": 1})
+                ))
+                .is_err()
+        );
     }
 }

@@ -10,9 +10,13 @@ use std::collections::{BTreeMap, HashMap};
 use cgx_attestation::results::{Ear, TRUST_CLAIMS};
 use regorus::Value;
 
+use std::sync::Arc;
+
 use crate::Error;
+use crate::limits::{Limits, Trust};
 use crate::program::RegoProgram;
 use crate::rego_value::to_rego;
+use crate::sandbox::{Pending, Sandbox};
 
 /// Trustee's release entry point.
 pub(crate) const ENTRY_POINT: &str = "data.policy.allow";
@@ -169,36 +173,80 @@ impl ReleaseData {
 
 /// One compiled release policy.
 #[derive(Debug)]
-pub struct ReleasePolicy(RegoProgram);
+pub struct ReleasePolicy {
+    program: RegoProgram,
+    trust: Trust,
+}
 
 impl ReleasePolicy {
-    /// Compile `rego` with `data` (placed at `data`).
+    /// Compile the operator's `rego` with `data` (placed at `data`).
     pub fn compile(rego: &str, data: serde_json::Value) -> Result<Self, Error> {
-        RegoProgram::compile("release.rego", rego, data, ENTRY_POINT).map(ReleasePolicy)
+        Self::compile_as(rego, data, Trust::Operator)
     }
 
-    /// `true` only when the policy's `allow` is exactly `true` (undefined denies).
+    /// Compile `rego` written by `trust`: a repository administrator's policy is
+    /// [`Trust::Untrusted`] (the builtin allow-list, the literal check, the allocation budget;
+    /// see [`crate::limits`]), refused here, at upload, where it cannot be bounded.
+    pub fn compile_as(rego: &str, data: serde_json::Value, trust: Trust) -> Result<Self, Error> {
+        RegoProgram::compile_as("release.rego", rego, data, ENTRY_POINT, trust)
+            .map(|program| ReleasePolicy { program, trust })
+    }
+
+    /// Who wrote it.
+    pub fn trust(&self) -> Trust {
+        self.trust
+    }
+
+    /// The limits each evaluation runs under.
+    pub fn limits(&self) -> Limits {
+        self.program.limits()
+    }
+
+    /// `true` only when the policy's `allow` is exactly `true` (undefined denies). Evaluated on
+    /// the calling thread: for the operator's policies; an untrusted one is evaluated with
+    /// [`ReleasePolicy::allows_off_thread`].
     pub fn allows(&self, input: &ReleaseInput, data: &ReleaseData) -> Result<bool, Error> {
-        Ok(self.0.eval_with_data(input.0.clone(), data.0.clone())? == Value::Bool(true))
+        Ok(self
+            .program
+            .eval_with_data(input.0.clone(), data.0.clone())?
+            == Value::Bool(true))
+    }
+
+    /// Whether it answers without evaluating (a closed program folded when compiled): then
+    /// [`ReleasePolicy::allows`] costs nothing wherever it is called.
+    pub fn is_constant(&self) -> bool {
+        self.program.is_constant()
+    }
+
+    /// [`ReleasePolicy::allows`] on an evaluator thread of the process-wide sandbox; the
+    /// answer comes within the policy's time limit, or is [`Error::Limit`] "policy exceeded its
+    /// time limit" (the resource's refusal, never the service's failure).
+    pub fn allows_off_thread(
+        self: &Arc<Self>,
+        input: &ReleaseInput,
+        data: &ReleaseData,
+    ) -> Pending<bool> {
+        let (policy, input, data) = (self.clone(), input.clone(), data.clone());
+        Sandbox::global().submit(self.limits().time, move || policy.allows(&input, &data))
     }
 
     /// The decision, where the policy reads nothing from outside itself (`default allow :=
     /// true`): folded when compiled, it is what [`ReleasePolicy::allows`] answers.
     #[cfg(test)]
     fn constant(&self) -> Option<bool> {
-        self.0.constant().map(|v| *v == Value::Bool(true))
+        self.program.constant().map(|v| *v == Value::Bool(true))
     }
 
     /// Whether the policy can read its input at all: Trustee's `--allow-all` (`allow if
     /// data.plugin == "resource"`) cannot, and is given [`ReleaseInput::unread`].
     pub fn reads_input(&self) -> bool {
-        self.0.reads().input
+        self.program.reads().input
     }
 
     /// Whether the policy can read its data at all; one that cannot is given
     /// [`ReleaseData::unread`].
     pub fn reads_data(&self) -> bool {
-        self.0.reads().data
+        self.program.reads().data
     }
 }
 

@@ -265,7 +265,11 @@ impl Broker {
                 missed_heartbeats: config.missed_heartbeats,
             })),
             keys,
-            api_keys: AdminKeys::new(api, config.api_token_max_ttl_secs),
+            api_keys: AdminKeys::for_audience(
+                cgx_service::auth::BROKER_API_AUDIENCE,
+                api,
+                config.api_token_max_ttl_secs,
+            ),
             clock,
             metrics: Arc::new(Metrics::new("cgx_broker")),
             config: config.clone(),
@@ -919,18 +923,19 @@ impl Broker {
                 if text.len() > 64 << 10 {
                     return Err(BrokerError::PlacementPolicy("larger than 64 KiB".into()));
                 }
-                let (text, probe) = (text.clone(), probe_input(spec));
-                // Evaluated once on a sample node: a policy that cannot evaluate is refused
-                // now, not left pending for ever.
-                let p = tokio::task::spawn_blocking(move || -> Result<PlacementPolicy, String> {
-                    let p = PlacementPolicy::compile(&text).map_err(|e| e.to_string())?;
-                    p.refusals(&probe).map_err(|e| e.to_string())?;
-                    Ok(p)
-                })
-                .await
-                .map_err(|e| BrokerError::Internal(format!("policy task: {e}")))?
-                .map_err(BrokerError::PlacementPolicy)?;
+                let text = text.clone();
+                // Compiled (the builtin allow-list and literal checks of `cgx-policies`'
+                // limits) off the async threads…
+                let p = tokio::task::spawn_blocking(move || PlacementPolicy::compile(&text))
+                    .await
+                    .map_err(|e| BrokerError::Internal(format!("policy task: {e}")))?
+                    .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?;
                 let p = Arc::new(p);
+                // …and evaluated once on a sample node in the sandbox: a policy that cannot
+                // evaluate, or hits a limit, is refused now, not left pending for ever.
+                p.refusals_off_thread(probe_input(spec))
+                    .await
+                    .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?;
                 if let Ok(mut c) = self.policies.lock() {
                     if c.len() > 10_000 {
                         c.clear();
@@ -1136,36 +1141,39 @@ impl Broker {
             let chosen = match &req.policy {
                 None => candidates.into_iter().next().map(|c| c.choice),
                 Some(policy) => {
-                    let policy = policy.clone();
-                    let (chosen, said) = tokio::task::spawn_blocking(move || {
-                        let mut said = Vec::new();
-                        for c in candidates {
-                            let verdict = c
-                                .input
-                                .as_ref()
-                                .map_or(Ok(()), |i| index::policy_verdict(&policy, i));
-                            match verdict {
-                                Ok(()) => return (Some(c.choice), said),
-                                Err(m) => {
-                                    let failed = matches!(m, Misfit::PolicyError(_));
-                                    said.push((c.choice.node_id, m));
-                                    if failed {
-                                        break;
-                                    }
-                                }
-                            }
-                        }
-                        (None, said)
-                    })
-                    .await
-                    .map_err(|e| BrokerError::Internal(format!("policy task: {e}")))?;
-                    for (node, m) in said {
-                        if let Misfit::PolicyError(e) = &m {
+                    // One hop to the policy sandbox's evaluator threads for every candidate,
+                    // each under its own limits; the answers come back in rank order.
+                    let (choices, inputs): (Vec<_>, Vec<_>) = candidates
+                        .into_iter()
+                        .map(|c| (c.choice, c.input.unwrap_or_default()))
+                        .unzip();
+                    let answers = match policy.refusals_many(inputs).await {
+                        Ok(a) => a,
+                        Err(e) => {
                             return Err(BrokerError::PlacementPolicy(format!(
-                                "failed on node {node}: {e}"
+                                "failed: {e}"
                             )));
                         }
-                        verdicts.insert(node, m);
+                    };
+                    let mut chosen = None;
+                    for (choice, answer) in choices.into_iter().zip(answers) {
+                        match answer {
+                            Ok(r) if r.is_empty() => {
+                                chosen = Some(choice);
+                                break;
+                            }
+                            Ok(r) => {
+                                verdicts.insert(choice.node_id, Misfit::Policy(r));
+                            }
+                            // A limit or an error is the job's failure, with its reason, once:
+                            // it does not cost every pass again.
+                            Err(e) => {
+                                return Err(BrokerError::PlacementPolicy(format!(
+                                    "failed on node {}: {e}",
+                                    choice.node_id
+                                )));
+                            }
+                        }
                     }
                     chosen
                 }
@@ -1220,7 +1228,7 @@ impl Broker {
             };
             let write = if new {
                 Write::Submit {
-                    job: job.clone(),
+                    job: Box::new(job.clone()),
                     placement: Some(placement.clone()),
                 }
             } else {
@@ -1273,7 +1281,7 @@ impl Broker {
             }
             self.store
                 .write(Write::Submit {
-                    job: job.clone(),
+                    job: Box::new(job.clone()),
                     placement: None,
                 })
                 .await?;

@@ -279,7 +279,8 @@ pub(crate) enum Write {
     },
     /// A new job, and its placement when one was found at once.
     Submit {
-        job: JobRow,
+        /// Boxed: the largest write by far, and the queue holds many small ones.
+        job: Box<JobRow>,
         placement: Option<PlacementRow>,
     },
     Place(PlacementRow),

@@ -4,6 +4,12 @@
 //!
 //! [`Admin`] is an extractor: a handler that takes one cannot run for an unauthenticated
 //! caller, and it runs before the handler reads its path or body.
+//!
+//! Every token names the one service it is for in `aud` (a single string): the KBS's admin
+//! API takes [`KBS_ADMIN_AUDIENCE`], the broker's API [`BROKER_API_AUDIENCE`], so a token
+//! made for one is refused by the other even where an operator gave both the same key. A
+//! token without `aud` is refused. There is no `iss` check: the key that verifies the token
+//! is its issuer.
 
 use std::sync::Arc;
 
@@ -26,11 +32,29 @@ pub enum AuthError {
     OutOfScope { key: usize, what: String },
     #[error("a lease is not an admin token")]
     NotAnAdminToken,
+    #[error("the token names no audience (aud); this service takes tokens for {expected}")]
+    NoAudience { expected: &'static str },
+    #[error("the token is for {found}, not for {expected}")]
+    WrongAudience {
+        expected: &'static str,
+        found: String,
+    },
 }
+
+/// The audience of KBS admin tokens (`cgx kbs token`, the KBS's admin API).
+pub const KBS_ADMIN_AUDIENCE: &str = "cgx-kbs/admin";
+
+/// The audience of broker API tokens (tenants, operators, auditors; `cgx broker …`).
+pub const BROKER_API_AUDIENCE: &str = "cgx-broker/api";
+
+/// The longest audience echoed in a refusal (the rest is the caller's own text).
+const MAX_AUDIENCE_SHOWN: usize = 64;
 
 /// Configured admin keys and their scopes.
 #[derive(Debug, Clone, Default)]
 pub struct AdminKeys {
+    /// The `aud` every token must name: this service's.
+    audience: &'static str,
     keys: Vec<[u8; 32]>,
     scopes: Vec<Arc<Vec<String>>>,
     /// Longest accepted token lifetime (`exp − iat`), seconds.
@@ -49,13 +73,19 @@ const VERIFIED_CACHE: usize = 4096;
 pub const DEFAULT_ADMIN_TOKEN_TTL: i64 = 3600;
 
 impl AdminKeys {
-    /// `(Ed25519 public key, repositories)` pairs; tokens live at most `max_ttl` seconds.
-    pub fn new(keys: Vec<([u8; 32], Vec<String>)>, max_ttl: i64) -> Self {
+    /// `(Ed25519 public key, repositories)` pairs of the service whose tokens name `audience`;
+    /// tokens live at most `max_ttl` seconds.
+    pub fn for_audience(
+        audience: &'static str,
+        keys: Vec<([u8; 32], Vec<String>)>,
+        max_ttl: i64,
+    ) -> Self {
         let (keys, scopes) = keys
             .into_iter()
             .map(|(key, scope)| (key, Arc::new(scope)))
             .unzip();
         AdminKeys {
+            audience,
             keys,
             scopes,
             max_ttl,
@@ -84,6 +114,22 @@ impl AdminKeys {
         // Lease claims in an admin token: a token made for one role is not taken for another.
         if claims.get("lease").is_some() || claims.get("resources").is_some() {
             return Err(AuthError::NotAnAdminToken);
+        }
+        // Another service's token is not this one's, whoever signed it.
+        let expected = self.audience;
+        match claims.get("aud") {
+            None => return Err(AuthError::NoAudience { expected }),
+            Some(serde_json::Value::String(aud)) if aud == expected => {}
+            Some(other) => {
+                let found = match other {
+                    serde_json::Value::String(aud) => aud.clone(),
+                    v => v.to_string(),
+                };
+                return Err(AuthError::WrongAudience {
+                    expected,
+                    found: found.chars().take(MAX_AUDIENCE_SHOWN).collect(),
+                });
+            }
         }
         if let (Some(exp), Ok(mut m)) = (
             claims.get("exp").and_then(serde_json::Value::as_i64),
@@ -184,13 +230,18 @@ mod tests {
         let (all_sk, all_pk) = key();
         let (tenant_sk, tenant_pk) = key();
         let (stranger_sk, _) = key();
-        let keys = AdminKeys::new(
+        let keys = AdminKeys::for_audience(
+            KBS_ADMIN_AUDIENCE,
             vec![(all_pk, vec!["*".into()]), (tenant_pk, vec!["acme".into()])],
             3600,
         );
         let now = 1_000_000;
         let token = |sk: &[u8], exp: i64| {
-            jwt::sign_eddsa(sk, &serde_json::json!({"iat": now, "exp": exp})).unwrap()
+            jwt::sign_eddsa(
+                sk,
+                &serde_json::json!({"iat": now, "exp": exp, "aud": KBS_ADMIN_AUDIENCE}),
+            )
+            .unwrap()
         };
         let root = keys.authenticate(&token(&all_sk, now + 60), now).unwrap();
         assert_eq!(root.actor(), "admin:0");
@@ -227,7 +278,8 @@ mod tests {
         ));
         let lease = jwt::sign_eddsa(
             &all_sk,
-            &serde_json::json!({"iat": now, "exp": now + 60, "lease": "l", "resources": []}),
+            &serde_json::json!({"iat": now, "exp": now + 60, "lease": "l", "resources": [],
+                                "aud": KBS_ADMIN_AUDIENCE}),
         )
         .unwrap();
         assert_eq!(
@@ -242,6 +294,60 @@ mod tests {
             keys.authenticate(&short, now + 6),
             Err(AuthError::Token(jwt::JwtError::Expired(_)))
         ));
+        // Audiences: this service's, as one string, and nothing else — not the other
+        // service's, not none, not a list, not a near miss.
+        let with = |claims: serde_json::Value| {
+            let mut c = serde_json::json!({"iat": now, "exp": now + 60});
+            c.as_object_mut()
+                .unwrap()
+                .extend(claims.as_object().unwrap().clone());
+            jwt::sign_eddsa(&all_sk, &c).unwrap()
+        };
+        assert_eq!(
+            keys.authenticate(&with(serde_json::json!({})), now)
+                .unwrap_err(),
+            AuthError::NoAudience {
+                expected: KBS_ADMIN_AUDIENCE
+            }
+        );
+        let broker =
+            AdminKeys::for_audience(BROKER_API_AUDIENCE, vec![(all_pk, vec!["*".into()])], 3600);
+        let for_kbs = with(serde_json::json!({"aud": KBS_ADMIN_AUDIENCE}));
+        assert!(keys.authenticate(&for_kbs, now).is_ok());
+        let e = broker.authenticate(&for_kbs, now).unwrap_err();
+        assert_eq!(
+            e,
+            AuthError::WrongAudience {
+                expected: BROKER_API_AUDIENCE,
+                found: KBS_ADMIN_AUDIENCE.into()
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "the token is for cgx-kbs/admin, not for cgx-broker/api"
+        );
+        let for_broker = with(serde_json::json!({"aud": BROKER_API_AUDIENCE}));
+        assert!(broker.authenticate(&for_broker, now).is_ok());
+        assert!(matches!(
+            keys.authenticate(&for_broker, now),
+            Err(AuthError::WrongAudience { .. })
+        ));
+        for aud in [
+            serde_json::json!([KBS_ADMIN_AUDIENCE]),
+            serde_json::json!([KBS_ADMIN_AUDIENCE, BROKER_API_AUDIENCE]),
+            serde_json::json!("cgx-kbs/admin "),
+            serde_json::json!("CGX-KBS/ADMIN"),
+            serde_json::json!(""),
+            serde_json::json!(null),
+            serde_json::json!(cgx_protocol::broker::LEASE_AUDIENCE),
+            serde_json::json!("x".repeat(10_000)),
+        ] {
+            let e = keys
+                .authenticate(&with(serde_json::json!({ "aud": aud })), now)
+                .unwrap_err();
+            assert!(matches!(e, AuthError::WrongAudience { .. }), "{aud}: {e}");
+            assert!(e.to_string().len() < 200, "{e}");
+        }
         // Scopes match whole names, case and all.
         for other in ["acm", "acme2", "ACME", "acme/x", "*"] {
             assert!(tenant.may(Some(other)).is_err(), "{other}");

@@ -1,9 +1,10 @@
 //! The service layer every cgx server stands on (the KBS now, the broker next): only this crate
 //! and the services' own `http` modules know HTTP.
 //!
-//! - [`server`]: bind, TLS or loopback-only plain HTTP, a connection cap, a header timeout,
-//!   background tasks, graceful drain, signals;
-//! - [`limits`]: body limits per route before parsing and authentication, load shedding (503);
+//! - [`server`]: bind, TLS or loopback-only plain HTTP, a connection cap, a timeout on the TLS
+//!   handshake and the request head, background tasks, graceful drain, signals;
+//! - [`limits`]: body limits per route before parsing and authentication, load shedding (503),
+//!   caps on connections and requests in flight per client (429);
 //! - [`clock`]: the injected clock (tests move time instead of sleeping);
 //! - [`error`]: errors as RFC 9457 problem details with stable codes, no internals on the wire;
 //! - [`metrics`]: Prometheus metrics with a layer keyed by matched route;

@@ -1,6 +1,8 @@
 //! The listener every service runs: bind, TLS (rustls) or plain HTTP on loopback, a cap on open
-//! connections, HTTP/1.1 with a header-read timeout, background tasks tied to the server's life,
-//! and a graceful drain at shutdown (SIGINT/SIGTERM or [`Running::shutdown`]).
+//! connections and one per client (an IPv4 address, an IPv6 /64; `limits::Clients`), a TLS
+//! handshake and then a request head each bounded by the header timeout, HTTP/1.1, background
+//! tasks tied to the server's life, and a graceful drain at shutdown (SIGINT/SIGTERM or
+//! [`Running::shutdown`]).
 //!
 //! Connections are served on the caller's runtime, or thread-per-core
 //! ([`ListenerConfig::serving_threads`], Linux): each serving thread runs a single-threaded
@@ -41,6 +43,11 @@ pub struct ListenerConfig {
     pub insecure_dev: bool,
     /// Connections served at once; further ones wait in the kernel's accept backlog.
     pub max_connections: usize,
+    /// Connections one client (an IPv4 address, an IPv6 /64) may hold open at once; a further
+    /// one is closed as soon as it is accepted, before it takes one of `max_connections`.
+    /// Behind a load balancer or proxy that hides client addresses, every request comes from
+    /// its address: raise this to `max_connections` there.
+    pub max_connections_per_client: usize,
     /// How long a client has to finish the TLS handshake, and then to send a request's head.
     pub header_timeout: Duration,
     /// How long one request may take, its body included (answered 408 past it): a client that
@@ -51,24 +58,31 @@ pub struct ListenerConfig {
     /// Requests handled at once; past it, requests are answered 503 with `Retry-After`
     /// instead of queueing (memory stays bounded under overload).
     pub max_in_flight: usize,
+    /// Requests one client may have in flight at once (over all its connections); past it,
+    /// 429 with `Retry-After`. As `max_connections_per_client` behind a load balancer.
+    pub max_in_flight_per_client: usize,
     /// Serving threads, each with its own runtime and socket (see the module's doc; Linux
     /// only, elsewhere one); 0: serve on the caller's runtime.
     pub serving_threads: usize,
 }
 
 impl ListenerConfig {
-    /// Defaults for the limits: 4 096 connections, 30 s for the TLS handshake and for a request's
-    /// head, 120 s for a whole request, 10 s to drain.
+    /// Defaults for the limits: 4 096 connections (64 per client), 1 024 requests in flight (32
+    /// per client), 30 s for the TLS handshake and for a request's head, 120 s for a whole
+    /// request, 10 s to drain. One address holds at most 1/64 of the connections and 1/32 of
+    /// the requests: an attacker needs that many addresses (IPv6: that many /64s) to fill them.
     pub fn new(listen: impl Into<String>, tls: Option<TlsFiles>, insecure_dev: bool) -> Self {
         ListenerConfig {
             listen: listen.into(),
             tls,
             insecure_dev,
             max_connections: 4096,
+            max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             header_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(120),
             drain: Duration::from_secs(10),
             max_in_flight: 1024,
+            max_in_flight_per_client: DEFAULT_MAX_IN_FLIGHT_PER_CLIENT,
             serving_threads: 0,
         }
     }
@@ -93,10 +107,23 @@ impl ListenerConfig {
             _ if self.max_connections == 0 => Err(ServiceError::Config(
                 "max_connections must be positive".into(),
             )),
+            _ if self.max_connections_per_client == 0 || self.max_in_flight_per_client == 0 => {
+                Err(ServiceError::Config(
+                    "max_connections_per_client and max_in_flight_per_client must be positive"
+                        .into(),
+                ))
+            }
             _ => Ok(addr),
         }
     }
 }
+
+/// Connections one client may hold open by default ([`ListenerConfig::max_connections_per_client`]).
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 64;
+
+/// Requests one client may have in flight by default
+/// ([`ListenerConfig::max_in_flight_per_client`]).
+pub const DEFAULT_MAX_IN_FLIGHT_PER_CLIENT: usize = 32;
 
 /// A task that lives as long as the server (housekeeping); aborted at shutdown, before the drain.
 pub type Background = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -170,6 +197,10 @@ pub async fn start(
         acceptor: tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c))),
         router,
         connections: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
+        clients: crate::limits::Clients::new(
+            config.max_connections_per_client,
+            config.max_in_flight_per_client,
+        ),
         config: config.clone(),
     });
     // A start that fails below drops `stop`: the threads already started end with it.
@@ -315,6 +346,8 @@ struct Shared {
     router: Router,
     /// The cap on open connections, over all threads.
     connections: Arc<tokio::sync::Semaphore>,
+    /// Connections and requests per client, over all threads.
+    clients: Arc<crate::limits::Clients>,
     config: ListenerConfig,
 }
 
@@ -358,6 +391,13 @@ async fn accept_loop(
                 }
             }
         };
+        // Past its client's cap a connection is closed at once, before it can wait for (or
+        // take) a server-wide slot: one address cannot hold them all.
+        let Some(client) = shared.clients.connect(peer.ip()) else {
+            tracing::debug!(%peer, "connection over the per-client cap; closed");
+            drop(stream);
+            continue;
+        };
         // A slot before serving. At the cap each accept loop holds the one connection it took
         // and accepts no more, so the rest wait in the kernel's backlog. (Taking the slot before
         // accepting would strand slots on threads the kernel sends no connection to.)
@@ -366,27 +406,30 @@ async fn accept_loop(
             _ = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
-        // Handlers may ask who is calling (`ConnectInfo<SocketAddr>`): per-client budgets.
-        let svc = TowerToHyperService::new(tower::ServiceExt::map_request(
-            shared.router.clone(),
-            move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut()
-                    .insert(axum::extract::ConnectInfo(peer));
-                req
-            },
-        ));
+        // The client's in-flight cap, then who is calling for handlers
+        // (`ConnectInfo<SocketAddr>`: per-client budgets), then the router.
+        let svc = TowerToHyperService::new(crate::limits::PerClient {
+            inner: shared.router.clone(),
+            peer,
+            client: client.client(),
+        });
         let watcher = graceful.watcher();
         let acceptor = shared.acceptor.clone();
         let header_timeout = shared.config.header_timeout;
         tokio::spawn(async move {
             let _permit = permit;
+            let _client = client;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout);
             match acceptor {
                 Some(a) => {
-                    let Ok(s) = a.accept(stream).await else {
+                    // The handshake has the header timeout too: hyper's timer starts only once
+                    // there is a stream to read a head from, and a client that sends one byte
+                    // (past deferred accept) and stalls would otherwise hold its slots for ever.
+                    let Ok(Ok(s)) = tokio::time::timeout(header_timeout, a.accept(stream)).await
+                    else {
                         return;
                     };
                     let _ = watcher

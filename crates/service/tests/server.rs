@@ -1,10 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! The listener under the ways clients misbehave: silent connections and trickled bodies lose
-//! their slot to the timeouts, so a full connection cap does not lock honest clients out;
-//! plain HTTP is refused off loopback; shutdown lets a request in flight finish.
+//! The listener under the ways clients misbehave: silent connections, stalled TLS handshakes
+//! and trickled bodies lose their slot to the timeouts, and one client address holds at most
+//! its share of connections and requests in flight, so a full cap does not lock honest
+//! clients out; plain HTTP is refused off loopback; shutdown lets a request in flight finish.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -366,4 +368,263 @@ async fn a_port_someone_holds_is_refused_not_shared() {
         .unwrap_err();
     assert!(e.to_string().contains("in use"), "{e}");
     running.shutdown().await;
+}
+
+/// A connection from `from` (a loopback address other than 127.0.0.1 stands for another
+/// client: Linux routes all of 127/8 to loopback).
+fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    let local: SocketAddr = format!("{from}:0").parse().unwrap();
+    s.bind(&local.into()).unwrap();
+    s.connect(&addr.into()).unwrap();
+    s.into()
+}
+
+/// Whatever `s` receives within `limit` (until it closes, or the time is up).
+fn read_for(s: &mut TcpStream, limit: Duration) -> std::io::Result<String> {
+    s.set_read_timeout(Some(limit))?;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if out.is_empty() => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Has the server closed `s` within `limit` (end of stream or a reset, not a timeout)?
+fn closed_within(s: &TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 64];
+    let mut r = s;
+    match r.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+/// Issue 28: sockets that send one byte of a TLS ClientHello (enough to pass deferred accept)
+/// and stall held their connection slots for ever, since nothing bounded the handshake. Now
+/// the handshake has the header timeout: the stalled sockets are closed and an honest TLS
+/// client is served once it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_tls_handshakes_lose_their_slots_to_the_header_timeout() {
+    use rustls_pki_types::pem::PemObject;
+    let (cert, key) = cgx_service::tls::self_signed(&["localhost"]).unwrap();
+    let dir = std::env::temp_dir().join(format!("cgx-service-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("c.pem"), &cert).unwrap();
+    std::fs::write(dir.join("k.pem"), &key).unwrap();
+    let mut c = config(3);
+    c.insecure_dev = false;
+    c.tls = Some(cgx_service::tls::TlsFiles {
+        cert: dir.join("c.pem"),
+        key: dir.join("k.pem"),
+    });
+    let running = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap())
+        .unwrap();
+    let client = Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let (stalled, honest) = tokio::task::spawn_blocking(move || {
+        // Every slot: a TLS record's first byte (handshake, 0x16), then nothing.
+        let stalled: Vec<TcpStream> = (0..3)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(&[0x16]).unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let tcp = TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let conn = rustls::ClientConnection::new(client, "localhost".try_into().unwrap()).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        let answer = tls
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .and_then(|()| {
+                let mut out = Vec::new();
+                let mut buf = [0u8; 1024];
+                loop {
+                    match tls.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => out.extend_from_slice(&buf[..n]),
+                        // No close_notify after the answer is no matter here.
+                        Err(_) if !out.is_empty() => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(String::from_utf8_lossy(&out).into_owned())
+            });
+        let honest = (answer, started.elapsed());
+        // The stalled sockets were closed by the server, not left open.
+        let closed = stalled
+            .iter()
+            .filter(|s| closed_within(s, Duration::from_secs(3)))
+            .count();
+        (closed, honest)
+    })
+    .await
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (answer, waited) = honest;
+    let answer = answer.unwrap_or_else(|e| panic!("the honest client was not served: {e}"));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // It waited for the stalled handshakes' timeout (the cap held), and no longer.
+    assert!(waited >= Duration::from_millis(500), "{waited:?}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert_eq!(stalled, 3, "stalled handshakes still open");
+    running.shutdown().await;
+}
+
+/// Issue 28: one address cannot hold every connection slot. The attacker (127.0.0.1) opens
+/// more connections than its share, each with a request begun and stalled; those over its
+/// share are closed at once, those within hold their slots until the header timeout, and
+/// an honest client (127.0.0.2) is served meanwhile without waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_hold_every_connection_slot() {
+    let mut c = config(6);
+    c.max_connections_per_client = 3;
+    c.header_timeout = Duration::from_secs(4);
+    let running = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let (closed_at_once, held, honest, waited) = tokio::task::spawn_blocking(move || {
+        let attacker: Vec<TcpStream> = (0..8)
+            .map(|_| {
+                let mut s = connect_from("127.0.0.1", addr);
+                s.write_all(b"GET").unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut closed_at_once = 0;
+        let mut open = Vec::new();
+        for s in &attacker {
+            if closed_within(s, Duration::from_millis(300)) {
+                closed_at_once += 1;
+            } else {
+                open.push(s);
+            }
+        }
+        let started = Instant::now();
+        let mut h = connect_from("127.0.0.2", addr);
+        h.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let honest = read_for(&mut h, Duration::from_secs(6)).unwrap_or_default();
+        let waited = started.elapsed();
+        // The attacker's connections within its share are still open (their slots held).
+        let held = open
+            .into_iter()
+            .filter(|s| !closed_within(s, Duration::from_millis(50)))
+            .count();
+        (closed_at_once, held, honest, waited)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        closed_at_once, 5,
+        "connections over the share are closed at once"
+    );
+    assert_eq!(held, 3, "the attacker holds its whole share");
+    assert!(honest.starts_with("HTTP/1.1 200"), "{honest}");
+    // Served at once, not after the attacker's header timeout (4 s).
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    running.shutdown().await;
+}
+
+/// Issue 28: trickled bodies hold in-flight slots until the request timeout; one address
+/// holds at most its share of them. Past it its requests are answered 429 with `Retry-After`
+/// at once, and another client is served although the attacker holds all it may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickled_bodies_hold_at_most_one_clients_share_of_requests_in_flight() {
+    let mut c = config(16);
+    c.max_in_flight = 3;
+    c.max_in_flight_per_client = 2;
+    c.request_timeout = Duration::from_secs(3);
+    c.header_timeout = Duration::from_secs(3);
+    let running = cgx_service::server::start(&c, router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let (answers, honest, late) = tokio::task::spawn_blocking(move || {
+        let mut attacker: Vec<TcpStream> = (0..4)
+            .map(|_| {
+                let mut s = connect_from("127.0.0.1", addr);
+                s.write_all(
+                    b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n0123456789",
+                )
+                .unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let answers: Vec<String> = attacker
+            .iter_mut()
+            .map(|s| read_for(s, Duration::from_millis(400)).unwrap_or_default())
+            .collect();
+        let mut h = connect_from("127.0.0.2", addr);
+        h.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let honest = read_for(&mut h, Duration::from_secs(2)).unwrap_or_default();
+        // The two held requests end with the request timeout (408), as before.
+        let late: Vec<String> = attacker
+            .iter_mut()
+            .zip(&answers)
+            .filter(|(_, a)| a.is_empty())
+            .map(|(s, _)| read_for(s, Duration::from_secs(5)).unwrap_or_default())
+            .collect();
+        (answers, honest, late)
+    })
+    .await
+    .unwrap();
+    let refused: Vec<&String> = answers.iter().filter(|a| !a.is_empty()).collect();
+    assert_eq!(refused.len(), 2, "{answers:?}");
+    for a in refused {
+        assert!(a.starts_with("HTTP/1.1 429"), "{a}");
+        assert!(a.to_ascii_lowercase().contains("retry-after: 1"), "{a}");
+        assert!(a.contains("TooManyRequests"), "{a}");
+    }
+    assert!(honest.starts_with("HTTP/1.1 200"), "{honest}");
+    assert_eq!(late.len(), 2);
+    for a in &late {
+        assert!(a.starts_with("HTTP/1.1 408"), "{a}");
+    }
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn per_client_caps_must_be_positive() {
+    for (conns, in_flight) in [(0, 1), (1, 0)] {
+        let mut c = config(8);
+        c.max_connections_per_client = conns;
+        c.max_in_flight_per_client = in_flight;
+        let e = cgx_service::server::start(&c, router(), vec![])
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("per_client"), "{e}");
+    }
 }

@@ -170,6 +170,15 @@ pub struct KbsConfig {
     /// Requests handled at once; past it, 503 with `Retry-After` (memory stays bounded).
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Connections one client address (an IPv6 /64) may hold open; further ones are closed at
+    /// once (default 64). Behind a load balancer that hides client addresses, set it to
+    /// `max_connections`.
+    #[serde(default = "default_max_connections_per_client")]
+    pub max_connections_per_client: usize,
+    /// Requests one client address (an IPv6 /64) may have in flight; past it, 429 with
+    /// `Retry-After` (default 32). As `max_connections_per_client` behind a load balancer.
+    #[serde(default = "default_max_in_flight_per_client")]
+    pub max_in_flight_per_client: usize,
     /// Threads that serve connections, each with its own runtime and listening socket
     /// (thread-per-core, Linux; `cgx_service::server`); 0: the main runtime serves them.
     /// Default: one per CPU with a SQLite database, 0 with PostgreSQL (a connection a serving
@@ -231,6 +240,14 @@ fn default_max_in_flight() -> usize {
     1024
 }
 
+fn default_max_connections_per_client() -> usize {
+    cgx_service::server::DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+}
+
+fn default_max_in_flight_per_client() -> usize {
+    cgx_service::server::DEFAULT_MAX_IN_FLIGHT_PER_CLIENT
+}
+
 fn default_admin_token_ttl() -> i64 {
     cgx_service::auth::DEFAULT_ADMIN_TOKEN_TTL
 }
@@ -275,6 +292,8 @@ impl KbsConfig {
         );
         l.max_connections = self.max_connections;
         l.max_in_flight = self.max_in_flight;
+        l.max_connections_per_client = self.max_connections_per_client;
+        l.max_in_flight_per_client = self.max_in_flight_per_client;
         l.serving_threads = self.serving_threads.unwrap_or_else(|| {
             if cgx_service::db::Backend::of(&self.database)
                 == Some(cgx_service::db::Backend::Sqlite)
@@ -449,5 +468,25 @@ mod tests {
         let e = config("postgres://kbs@db/kbs", Some("memory")).unwrap_err();
         assert!(e.to_string().contains("share their sessions"), "{e}");
         assert!(config("sqlite://kbs.db", Some("disk")).is_err());
+    }
+
+    /// Issue 28: per-client caps default well below the server's, reach the listener as
+    /// configured, and cannot be 0.
+    #[test]
+    fn per_client_caps_default_below_the_servers_and_reach_the_listener() {
+        let c = config("sqlite://kbs.db", None).unwrap();
+        let l = c.listener();
+        assert_eq!(
+            (l.max_connections, l.max_connections_per_client),
+            (4096, 64)
+        );
+        assert_eq!((l.max_in_flight, l.max_in_flight_per_client), (1024, 32));
+        let mut c = c;
+        c.max_connections_per_client = 4096;
+        c.max_in_flight_per_client = 1024;
+        assert_eq!(c.listener().max_in_flight_per_client, 1024);
+        c.max_in_flight_per_client = 0;
+        let e = c.check().unwrap_err();
+        assert!(e.to_string().contains("per_client"), "{e}");
     }
 }

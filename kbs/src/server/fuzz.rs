@@ -63,7 +63,7 @@ pub fn admin_body(body: &[u8]) {
     if let Ok(text) = super::http::policy_text(body) {
         static P: OnceLock<Option<ReleasePolicies>> = OnceLock::new();
         if let Some(p) = P.get_or_init(|| ReleasePolicies::new(false, true).ok()) {
-            let _ = p.program(&text);
+            let _ = p.program("resource:fuzz", &text);
         }
         let _ = PolicyEngine::new("fuzz", &text, cgx_policies::DEFAULT_REFERENCE_VALUES);
         let _ = PolicyEngine::new("fuzz", cgx_policies::APPRAISAL_POLICY, &text);

@@ -393,7 +393,7 @@ async fn release(
         query,
         lease: lease.as_ref(),
     };
-    kbs.release.check(&session.ear, &request, &stored)?;
+    kbs.release.check(&session.ear, &request, &stored).await?;
     let resource = kbs
         .store
         .resource(&path)
@@ -403,6 +403,18 @@ async fn release(
         return Err(KbsError::LeaseInvalid(format!(
             "{path} is a job resource and needs a lease token (query parameter lease)"
         )));
+    }
+    // A TEE key serves one tenant at a time: another tenant's lease for this key must have
+    // expired (`tenancy.rs`). The lease names its tenant (checked against the repository).
+    if let Some(l) = &lease {
+        let tenant = l.get("tenant").and_then(Value::as_str).unwrap_or(repo);
+        let until = l.get("exp").and_then(Value::as_i64).unwrap_or(i64::MAX);
+        kbs.tee_tenants.claim(
+            &cgx_protocol::kbs::jwe::thumbprint(key),
+            tenant,
+            kbs.clock.unix(),
+            until,
+        )?;
     }
     let jwe = cgx_protocol::kbs::jwe::encrypt(key, &resource.value).map_err(|e| match e {
         cgx_protocol::kbs::jwe::JweError::UnsupportedKey(_)
@@ -515,7 +527,9 @@ async fn set_policy(
     admin.may(repository)?;
     let actor = admin.actor();
     let text = policy_text(body)?;
-    kbs.release.program(&text)?; // refuse what does not compile, before storing it
+    // Refuse what does not compile, or (below the global scope) what the allow-list refuses,
+    // before storing it.
+    kbs.release.program(&scope, &text)?;
     let digest = hex::encode(aws_lc_rs::digest::digest(
         &aws_lc_rs::digest::SHA256,
         text.as_bytes(),

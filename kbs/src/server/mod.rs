@@ -14,6 +14,7 @@ mod release;
 mod session;
 mod sessions;
 pub mod store;
+mod tenancy;
 mod watermark;
 
 use std::net::SocketAddr;
@@ -51,6 +52,8 @@ pub(crate) struct Kbs {
     broker_keys: Vec<[u8; 32]>,
     /// Longest accepted lease lifetime (`exp − iat`).
     lease_max_ttl: i64,
+    /// Which tenant each TEE key's live lease is for (`tenancy.rs`).
+    pub(crate) tee_tenants: tenancy::TeeTenants,
     nonce_ttl: i64,
     session_ttl: i64,
     allow_sample: bool,
@@ -257,7 +260,11 @@ impl Kbs {
                 "a key is configured both as an admin key and as a broker key".into(),
             ));
         }
-        let admin_keys = AdminKeys::new(admin, config.admin_token_max_ttl_secs);
+        let admin_keys = AdminKeys::for_audience(
+            cgx_service::auth::KBS_ADMIN_AUDIENCE,
+            admin,
+            config.admin_token_max_ttl_secs,
+        );
         let session_mode = config.session_mode();
         // Memory sessions are this process's alone: say so, for whoever runs two on one file.
         tracing::info!(
@@ -283,6 +290,7 @@ impl Kbs {
             admin_keys,
             broker_keys,
             lease_max_ttl: config.lease_max_ttl_secs,
+            tee_tenants: tenancy::TeeTenants::default(),
             nonce_ttl: config.nonce_ttl_secs,
             session_ttl: config.session_ttl_secs,
             allow_sample: config.allow_sample,

@@ -8,6 +8,15 @@
 //! text to a regorus RVM program. Scopes as stored: `resource:*`, `resource:<repo>`,
 //! `resource:<repo>/<type>/<tag>`.
 //!
+//! Who wrote a policy decides how it runs. The global scope is the operator's (only an unscoped
+//! administrator sets it): trusted, evaluated inline under instruction and time limits — the
+//! release path's speed. A repository's or a resource's policy is a repository administrator's:
+//! untrusted ([`Trust::Untrusted`]: the builtin allow-list and literal check at upload, an
+//! allocation budget), evaluated on the policy evaluator threads with a deadline, never on a
+//! serving thread. A policy that reaches a limit is that resource's refusal naming the limit
+//! (`PolicyDeny`), and a stored policy the allow-list now refuses answers `PolicyInvalid` at its
+//! turn, never at startup.
+//!
 //! A lease is an EdDSA JWT from a configured broker key: `{"lease", "resources": [paths],
 //! "node_key": <RFC 7638 thumbprint of the TEE key>, "aud": "cgx-kbs", "iat", "exp"}`, living at
 //! most `lease_max_ttl_secs`. It must name this resource and the very TEE key the session
@@ -17,6 +26,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cgx_attestation::results::Ear;
+use cgx_policies::limits::Trust;
 use cgx_policies::release::{ReleaseData, ReleaseInput, ReleasePolicy, ReleaseRequest};
 use cgx_protocol::kbs_types::TeePubKey;
 use serde_json::Value;
@@ -35,7 +45,7 @@ pub(crate) struct ReleasePolicies {
     data: Value,
     /// `data`, converted once for every request's.
     request_data: ReleaseData,
-    cache: Mutex<HashMap<String, Arc<ReleasePolicy>>>,
+    cache: Mutex<HashMap<(Trust, String), Arc<ReleasePolicy>>>,
 }
 
 impl std::fmt::Debug for ReleasePolicies {
@@ -70,25 +80,30 @@ impl ReleasePolicies {
         })
     }
 
-    /// Compile (or find) the program for `rego`. Also how the admin API validates a policy
+    /// Compile (or find) the program for `rego` stored at `scope`: the operator's at the global
+    /// scope, untrusted anywhere else ([`trust_of`]). Also how the admin API validates a policy
     /// before storing it.
-    pub fn program(&self, rego: &str) -> Result<Arc<ReleasePolicy>, KbsError> {
-        if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(rego).cloned()) {
+    pub fn program(&self, scope: &str, rego: &str) -> Result<Arc<ReleasePolicy>, KbsError> {
+        let trust = trust_of(scope, rego);
+        let key = (trust, rego.to_string());
+        if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
             return Ok(p);
         }
-        let p = Arc::new(ReleasePolicy::compile(rego, self.data.clone()).map_err(invalid)?);
+        let p =
+            Arc::new(ReleasePolicy::compile_as(rego, self.data.clone(), trust).map_err(invalid)?);
         if let Ok(mut c) = self.cache.lock() {
             if c.len() > 1024 {
                 c.clear();
             }
-            c.insert(rego.to_string(), p.clone());
+            c.insert(key, p.clone());
         }
         Ok(p)
     }
 
     /// Every applicable policy must allow. `stored`: (scope, text) rows for the three scopes;
-    /// the global scope falls back to the shipped default.
-    pub fn check(
+    /// the global scope falls back to the shipped default. Untrusted policies are awaited from
+    /// the evaluator threads; a limit reached is the resource's refusal naming it.
+    pub async fn check(
         &self,
         ear: &Ear,
         request: &ReleaseRequest<'_>,
@@ -107,7 +122,7 @@ impl ReleasePolicies {
             applicable.push((None, Ok(self.default_global.clone())));
         }
         for (scope, text) in ordered {
-            applicable.push((Some(scope), self.program(text)));
+            applicable.push((Some(scope), self.program(scope, text)));
         }
         // The input (the whole EAR) and the request's data are built only where a policy can
         // read them: Trustee's `--allow-all` reads `data.plugin` alone, and a constant policy
@@ -126,7 +141,25 @@ impl ReleasePolicies {
             ReleaseData::unread()
         };
         for (scope, policy) in applicable {
-            let allowed = policy?.allows(&input, &data).map_err(invalid)?;
+            let policy = policy?;
+            // The operator's run here (the release path's speed); a repository administrator's
+            // on the evaluator threads, unless its answer is folded (it then runs nothing).
+            let allowed = if policy.trust() == Trust::Untrusted && !policy.is_constant() {
+                policy.allows_off_thread(&input, &data).await
+            } else {
+                policy.allows(&input, &data)
+            };
+            let allowed = allowed.map_err(|e| match e {
+                cgx_policies::Error::Limit(limit) => KbsError::PolicyDeny(format!(
+                    "{path}: policy {}: {limit}",
+                    scope.map_or(GLOBAL_SCOPE, String::as_str)
+                )),
+                cgx_policies::Error::Busy => KbsError::Overloaded {
+                    retry_after: 1,
+                    detail: "the release policy evaluators are busy".into(),
+                },
+                e => invalid(e),
+            })?;
             if !allowed {
                 return Err(KbsError::PolicyDeny(match scope {
                     None => format!(
@@ -153,6 +186,18 @@ impl ReleasePolicies {
 
 /// The release-policy scope that applies to every resource (an unscoped administrator's).
 pub const GLOBAL_SCOPE: &str = "resource:*";
+
+/// Who wrote a policy stored at `scope`: only an unscoped administrator sets the global scope;
+/// a repository's and a resource's are a repository administrator's — unless its text is the
+/// shipped default ([`cgx_policies::RELEASE_POLICY`], what `cgx-devnet` installs per resource):
+/// that program is the operator's whoever stores it, and runs as the global default does.
+pub fn trust_of(scope: &str, rego: &str) -> Trust {
+    if scope == GLOBAL_SCOPE || rego == cgx_policies::RELEASE_POLICY {
+        Trust::Operator
+    } else {
+        Trust::Untrusted
+    }
+}
 
 /// The audience a lease names: leases are made for this KBS's release, nothing else.
 pub const LEASE_AUDIENCE: &str = cgx_protocol::broker::LEASE_AUDIENCE;
@@ -236,6 +281,19 @@ mod tests {
     }
 
     fn check(stored: &[(&str, &str)]) -> Result<(), KbsError> {
+        // The evaluator threads answer through a future: any executor will do in a test.
+        block_on(check_async(stored))
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    async fn check_async(stored: &[(&str, &str)]) -> Result<(), KbsError> {
         let policies = ReleasePolicies::new(false, false).unwrap();
         let query = HashMap::new();
         let request = ReleaseRequest {
@@ -250,7 +308,7 @@ mod tests {
             .iter()
             .map(|(s, t)| (s.to_string(), t.to_string()))
             .collect();
-        policies.check(&ear(), &request, &stored)
+        policies.check(&ear(), &request, &stored).await
     }
 
     /// A policy that no longer compiles (stored by older code) answers only at its turn: a
@@ -289,5 +347,113 @@ mod tests {
             matches!(&e, KbsError::PolicyDeny(d) if d == "a/key/x: policy resource:a"),
             "{e:?}"
         );
+    }
+
+    /// The review's release policy: 22 lines, each squaring the last (5.8 s of a serving
+    /// thread before, each further line ×2.6).
+    fn squarings(lines: usize) -> String {
+        let mut rego = String::from(
+            "package policy\nimport rego.v1\ndefault allow := false\n\
+             x0 := count(input.submods) + 98765432109876543210\n",
+        );
+        for i in 1..=lines {
+            rego.push_str(&format!("x{i} := x{p} * x{p}\n", p = i - 1));
+        }
+        rego.push_str(&format!("allow if x{lines} > 0\n"));
+        rego
+    }
+
+    /// Two chains of shared arrays compared at their ends: one VM instruction that runs for
+    /// seconds, which only the evaluator threads' deadline answers for.
+    fn stuck(depth: usize) -> String {
+        let mut rego = String::from(
+            "package policy\nimport rego.v1\ndefault allow := false\n\
+             a0 := [input.tag]\nb0 := [input.tag]\n",
+        );
+        for i in 1..=depth {
+            rego.push_str(&format!(
+                "a{i} := [a{p}, a{p}]\nb{i} := [b{p}, b{p}]\n",
+                p = i - 1
+            ));
+        }
+        rego.push_str(&format!("allow if a{depth} == b{depth}\n"));
+        rego
+    }
+
+    /// A repository administrator's squarings: a refusal of that resource naming the limit,
+    /// at once; the operator's global scope is not held to the product cap.
+    #[test]
+    fn a_repository_admins_squarings_are_refused_naming_the_limit() {
+        let allow = "package policy\ndefault allow := true\n";
+        let started = std::time::Instant::now();
+        let e = check(&[("resource:*", allow), ("resource:a", &squarings(22))]).unwrap_err();
+        assert!(
+            matches!(&e, KbsError::PolicyDeny(d)
+                if d.starts_with("a/key/x: policy resource:a: policy exceeded its number limit")),
+            "{e:?}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // On a resource of its own too.
+        let e = check(&[("resource:a/key/x", &squarings(22))]).unwrap_err();
+        assert!(
+            matches!(&e, KbsError::PolicyDeny(d) if d.contains("number limit")),
+            "{e:?}"
+        );
+        assert_eq!(trust_of("resource:*", "x"), Trust::Operator);
+        assert_eq!(trust_of("resource:a", "x"), Trust::Untrusted);
+        assert_eq!(trust_of("resource:a/key/x", "x"), Trust::Untrusted);
+    }
+
+    /// A repository administrator's policy that holds an evaluator thread past its deadline:
+    /// the request is refused at the deadline naming the time limit, and an honest request on
+    /// another resource, with an untrusted policy of its own, is served meanwhile.
+    #[test]
+    fn a_stuck_policy_is_refused_on_time_and_others_are_served() {
+        let bomb = stuck(27);
+        let honest = "package policy\nimport rego.v1\ndefault allow := false\n\
+                      allow if { some _, p in input.submods; p.ear_status == \"affirming\" }\n";
+        let stored = [("resource:a", bomb.as_str())];
+        block_on(async {
+            let started = std::time::Instant::now();
+            let (refused, served) = tokio::join!(check_async(&stored), async {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                check_async(&[("resource:a/key/x", honest)]).await
+            });
+            let e = refused.unwrap_err();
+            assert!(
+                matches!(&e, KbsError::PolicyDeny(d) if d.contains("policy resource:a: policy exceeded its time limit")),
+                "{e:?}"
+            );
+            assert!(
+                started.elapsed() < std::time::Duration::from_millis(900),
+                "{:?}",
+                started.elapsed()
+            );
+            served.unwrap();
+        });
+    }
+
+    /// Refused at upload where the allow-list refuses it; stored anyway (by older code), it
+    /// answers `PolicyInvalid` at its turn, and nothing at startup.
+    #[test]
+    fn builtins_off_the_allow_list_are_refused_at_upload_and_at_their_turn() {
+        let policies = ReleasePolicies::new(false, false).unwrap();
+        let bomb = "package policy\nimport rego.v1\ndefault allow := false\n\
+                    allow if { a := input.tag; b := replace(a, \"x\", a); count(b) > 0 }\n";
+        let e = policies.program("resource:a", bomb).unwrap_err();
+        assert!(
+            matches!(&e, KbsError::PolicyInvalid(d) if d.contains("`replace` may not be used")),
+            "{e:?}"
+        );
+        // The operator's global scope is trusted.
+        policies.program(GLOBAL_SCOPE, bomb).unwrap();
+        let e = check(&[("resource:a/key/x", bomb)]).unwrap_err();
+        assert!(matches!(e, KbsError::PolicyInvalid(_)), "{e:?}");
+        // The shipped default, stored per resource as cgx-devnet does, runs as the operator's.
+        assert_eq!(
+            trust_of("resource:a/key/x", cgx_policies::RELEASE_POLICY),
+            Trust::Operator
+        );
+        check(&[("resource:a/key/x", cgx_policies::RELEASE_POLICY)]).unwrap();
     }
 }
