@@ -204,15 +204,25 @@ violations contains v if {
 	}
 }
 
+# VMPL 0 is the guest's most privileged level: a report requested from VMPL 1..3 comes from
+# code below an SVSM or paravisor, which may not be the launch-measured kernel the policy
+# expects to speak for the guest. Only a written max_vmpl (a number) raises the limit.
+default max_vmpl := 0
+
+max_vmpl := m if {
+	m := object.get(kind_ref, "max_vmpl", 0)
+	is_number(m)
+}
+
 violations contains v if {
 	input.kind == "snp"
-	input.vmpl > object.get(kind_ref, "max_vmpl", 3)
+	input.vmpl > max_vmpl
 	v := {
 		"rule": "snp_vmpl_too_high",
 		"claim": "configuration",
 		"code": 32,
 		"value": input.vmpl,
-		"expected": sprintf("VMPL <= %v", [object.get(kind_ref, "max_vmpl", 3)]),
+		"expected": sprintf("VMPL <= %v (reference values snp.max_vmpl)", [max_vmpl]),
 	}
 }
 
@@ -317,9 +327,49 @@ default gpu_vbios := "none"
 
 gpu_vbios := input.vbios_version
 
+# GPU reference values fail closed, as snp.measurements and tdx.mr_td do: driver_versions,
+# vbios_versions and measurements each either list what is accepted or say, in writing, the
+# string "any" to accept everything. A list that is missing, empty or of another shape is a
+# violation of its own, so reference values that merely forget the GPU accept no GPU.
+gpu_written_any(field) if object.get(kind_ref, field, null) == "any"
+
+gpu_list_set(field) if {
+	field != "measurements"
+	allowed := object.get(kind_ref, field, [])
+	is_array(allowed)
+	count(allowed) > 0
+}
+
+gpu_list_set("measurements") if {
+	golden := object.get(kind_ref, "measurements", {})
+	is_object(golden)
+	count(golden) > 0
+}
+
+gpu_unset_rules := {
+	"driver_versions": {"rule": "gpu_driver_versions_not_set", "claim": "runtime-opaque"},
+	"vbios_versions": {"rule": "gpu_vbios_versions_not_set", "claim": "executables"},
+	"measurements": {"rule": "gpu_measurements_not_set", "claim": "executables"},
+}
+
+violations contains v if {
+	input.kind == "nvidia"
+	some field, r in gpu_unset_rules
+	not gpu_written_any(field)
+	not gpu_list_set(field)
+	v := {
+		"rule": r.rule,
+		"claim": r.claim,
+		"code": 33,
+		"value": sprintf("nvidia.%s = %v", [field, object.get(kind_ref, field, "absent")]),
+		"expected": sprintf("reference values nvidia.%s listing what is accepted, or \"any\" written to accept everything", [field]),
+	}
+}
+
 violations contains v if {
 	input.kind == "nvidia"
 	allowed := object.get(kind_ref, "driver_versions", [])
+	is_array(allowed)
 	count(allowed) > 0
 	not input.driver_version in allowed
 	v := {
@@ -334,6 +384,7 @@ violations contains v if {
 violations contains v if {
 	input.kind == "nvidia"
 	allowed := object.get(kind_ref, "vbios_versions", [])
+	is_array(allowed)
 	count(allowed) > 0
 	not input.vbios_version in allowed
 	v := {
@@ -342,6 +393,28 @@ violations contains v if {
 		"code": 33,
 		"value": gpu_vbios,
 		"expected": concat(" or ", allowed),
+	}
+}
+
+# CC mode, as the GPU signed it (docs/claims.md `cc_mode`): by default only `on`, one GPU
+# passed through to one confidential VM. Protected PCIe and multi-GPU modes trust the NVLink
+# fabric and switches; `unknown` is firmware this policy has not reviewed. DevTools mode has no
+# signed field: it shows as measurements that differ from the golden ones (above and below).
+gpu_cc_modes := object.get(kind_ref, "allowed_cc_modes", ["on"])
+
+default gpu_cc_mode := "absent"
+
+gpu_cc_mode := input.cc_mode
+
+violations contains v if {
+	input.kind == "nvidia"
+	not gpu_cc_mode in gpu_cc_modes
+	v := {
+		"rule": "gpu_cc_mode_not_allowed",
+		"claim": "configuration",
+		"code": 96,
+		"value": sprintf("cc_mode %v", [gpu_cc_mode]),
+		"expected": sprintf("a CC mode listed in reference values nvidia.allowed_cc_modes: %v", [gpu_cc_modes]),
 	}
 }
 
@@ -362,7 +435,9 @@ violations contains v if {
 }
 
 # Golden measurements (from verified RIMs; reference values nvidia.measurements: index -> allowed
-# digests) are compared by the engine before evaluation, as NVIDIA's verifier reports `measres`:
+# digests, or "any") are compared by the engine before evaluation, as NVIDIA's verifier reports
+# `measres` (and, from a match alone, `dbgstat: disabled`: a GPU in DevTools mode, or running
+# other firmware, measures differently):
 # input.measurement_mismatches lists {index, value, expected} per index whose digest is not
 # allowed (value "absent" when the evidence lacks the index). A set lookup over 64 measurements
 # decides nothing, and walking it here cost more than verifying the evidence.

@@ -63,6 +63,8 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
     let node = SimBrokerNode::new(sim, offer(1, "eu-west", 1.0)).unwrap();
     let mut pins: Vec<String> = kbs.pins.iter().map(hex::encode).collect();
     pins.extend(node.sim.root_pins().iter().map(hex::encode));
+    // Its CRL in the store the broker reads (the broker uses no CRL a node sends).
+    cgx_devnet::sim_crls(&kbs.dir.join(cgx_devnet::COLLATERAL_DIR), &[&node.sim]).unwrap();
     let setup = broker_setup(&kbs, pins, None).unwrap();
     let broker = BrokerServer::start(&setup.config).unwrap();
     let client = |who| setup.client(&broker.base, who).unwrap();
@@ -243,6 +245,8 @@ fn reference_values_put_on_one_replica_reach_the_other() {
     let node = SimBrokerNode::new(sim, offer(1, "eu-west", 1.0)).unwrap();
     let mut pins: Vec<String> = kbs.pins.iter().map(hex::encode).collect();
     pins.extend(node.sim.root_pins().iter().map(hex::encode));
+    // Its CRL in the store the broker reads (the broker uses no CRL a node sends).
+    cgx_devnet::sim_crls(&kbs.dir.join(cgx_devnet::COLLATERAL_DIR), &[&node.sim]).unwrap();
     let db = cgx_devnet::fresh_postgres(&url).unwrap();
     let setup = broker_setup(&kbs, pins, Some(db)).unwrap();
     let r1 = BrokerServer::start(&setup.config).unwrap();

@@ -90,18 +90,31 @@ pub(crate) const MEASUREMENT_MISMATCHES: &str = "measurement_mismatches";
 /// set lookup with nothing to decide. The policy decides what a mismatch means; for NVIDIA
 /// evidence it receives `input.measurement_mismatches`: per index whose digest is not allowed,
 /// `{index, value, expected}` (value `absent` when the evidence lacks the index).
+///
+/// An empty table compares nothing, and so proves nothing: the policy refuses GPUs then
+/// (`gpu_measurements_not_set`) unless the reference values say `"measurements": "any"` in
+/// writing, which also compares nothing here.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Golden(Vec<(String, Vec<String>)>);
+
+/// The written waiver of a GPU reference list (`nvidia.measurements`, `driver_versions`,
+/// `vbios_versions`): accept every value. Never a default.
+pub const ANY: &str = "any";
 
 impl Golden {
     fn from_reference(reference: &serde_json::Value) -> Result<Self> {
         let bad = || Error::Policy {
-            detail: "reference values nvidia.measurements must map an index to a list of digests"
-                .into(),
+            detail: format!(
+                "reference values nvidia.measurements must map an index to a list of digests, \
+                 or be \"{ANY}\""
+            ),
         };
         let Some(table) = reference.get("nvidia").and_then(|n| n.get("measurements")) else {
             return Ok(Golden::default());
         };
+        if table.as_str() == Some(ANY) {
+            return Ok(Golden::default());
+        }
         let table = table.as_object().ok_or_else(bad)?;
         let mut out = Vec::with_capacity(table.len());
         for (index, allowed) in table {
@@ -133,6 +146,46 @@ impl Golden {
                 .collect(),
         )
     }
+}
+
+/// `nvidia` is an object; its `driver_versions` and `vbios_versions`, where present, a list of
+/// strings or the written [`ANY`]; its `allowed_cc_modes` a list of strings. A misspelt waiver
+/// (`"ANY"`, `"all"`, `true`) is refused when the reference values are set rather than read as
+/// either.
+fn check_gpu_lists(reference: &serde_json::Value) -> Result<()> {
+    let Some(nvidia) = reference.get("nvidia") else {
+        return Ok(());
+    };
+    if !nvidia.is_object() {
+        return Err(Error::Policy {
+            detail: "reference values nvidia must be an object".into(),
+        });
+    }
+    let strings = |v: &serde_json::Value| {
+        v.as_array()
+            .is_some_and(|items| items.iter().all(|i| i.is_string()))
+    };
+    if nvidia.get("allowed_cc_modes").is_some_and(|m| !strings(m)) {
+        return Err(Error::Policy {
+            detail: "reference values nvidia.allowed_cc_modes must be a list of CC modes".into(),
+        });
+    }
+    for field in ["driver_versions", "vbios_versions"] {
+        let ok = match nvidia.get(field) {
+            None => true,
+            Some(serde_json::Value::String(s)) => s == ANY,
+            Some(serde_json::Value::Array(items)) => items.iter().all(|i| i.is_string()),
+            Some(_) => false,
+        };
+        if !ok {
+            return Err(Error::Policy {
+                detail: format!(
+                    "reference values nvidia.{field} must be a list of versions or \"{ANY}\""
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The names `x` of every `input.x` in a policy, or `None` when `input` is used any other way
@@ -199,6 +252,7 @@ impl PolicyEngine {
             });
         }
         let golden = Golden::from_reference(&reference)?;
+        check_gpu_lists(&reference)?;
         let program = RegoProgram::compile(
             &format!("{name}.rego"),
             rego,

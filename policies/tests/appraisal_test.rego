@@ -34,7 +34,7 @@ tdx := {
 gpu := {
 	"schema": "cgx.claims.v1", "kind": "nvidia", "sim": false, "debug": false,
 	"driver_version": "550.90.07", "vbios_version": "96.00.9F.00.01",
-	"measurements": {"1": "m1", "2": "m2"}, "ocsp": "good",
+	"measurements": {"1": "m1", "2": "m2"}, "ocsp": "good", "cc_mode": "on",
 	"measurement_mismatches": [],
 }
 
@@ -195,6 +195,91 @@ test_gpu_unchecked_revocation_waived_by_reference_values if {
 test_gpu_driver_not_allowed if {
 	r := result(object.union(gpu, {"driver_version": "535.1"}))
 	r.trust_vector["runtime-opaque"] == 33
+}
+
+# Reference values that forget the GPU accept no GPU: each missing or empty list is named.
+test_gpu_without_reference_lists_is_refused if {
+	out := appraisal.result with input as gpu
+		with data.reference as object.union(object.remove(refs, ["nvidia"]), {"nvidia": {"require_ocsp": true}})
+	rules(out) == {
+		"gpu_driver_versions_not_set",
+		"gpu_vbios_versions_not_set",
+		"gpu_measurements_not_set",
+	}
+	fold(out).executables == 33
+	fold(out)["runtime-opaque"] == 33
+	some v in out.violations
+	v.rule == "gpu_measurements_not_set"
+	v.value == "nvidia.measurements = absent"
+}
+
+test_gpu_empty_reference_lists_are_refused if {
+	out := appraisal.result with input as gpu
+		with data.reference as {"nvidia": {"driver_versions": [], "vbios_versions": [], "measurements": {}}}
+	rules(out) == {
+		"gpu_driver_versions_not_set",
+		"gpu_vbios_versions_not_set",
+		"gpu_measurements_not_set",
+	}
+	# No reference values at all: the same.
+	none := appraisal.result with input as gpu with data.reference as {}
+	count({v | some v in none.violations; endswith(v.rule, "_not_set")}) == 3
+}
+
+# "any", written, waives a list; nothing else does (a misspelt waiver is not one).
+test_gpu_any_written_accepts_every_value if {
+	out := appraisal.result with input as object.union(gpu, {"driver_version": "1.2.3", "vbios_version": "x"})
+		with data.reference as {"nvidia": {"driver_versions": "any", "vbios_versions": "any", "measurements": "any"}}
+	count(out.violations) == 0
+	bad := appraisal.result with input as gpu
+		with data.reference as {"nvidia": {"driver_versions": "ANY", "vbios_versions": "all", "measurements": "any"}}
+	rules(bad) == {"gpu_driver_versions_not_set", "gpu_vbios_versions_not_set"}
+}
+
+test_gpu_not_in_cc_mode_on_is_contraindicated if {
+	every mode in ["ppcie", "mpt", "unknown"] {
+		r := result(object.union(gpu, {"cc_mode": mode}))
+		r.trust_vector.configuration == 96
+		some v in r.violations
+		v.rule == "gpu_cc_mode_not_allowed"
+		v.value == sprintf("cc_mode %s", [mode])
+	}
+	# Claims without the field (written before it existed) are not taken as `on`.
+	r := result(object.remove(gpu, ["cc_mode"]))
+	some v in r.violations
+	v.rule == "gpu_cc_mode_not_allowed"
+	v.value == "cc_mode absent"
+}
+
+test_gpu_cc_mode_allowed_only_by_a_written_list if {
+	ok := appraisal.result with input as object.union(gpu, {"cc_mode": "ppcie"})
+		with data.reference as object.union(refs, {"nvidia": object.union(refs.nvidia, {"allowed_cc_modes": ["on", "ppcie"]})})
+	count(ok.violations) == 0
+}
+
+# DevTools mode signs no field of its own: its measured configuration differs from the golden
+# measurements NVIDIA's RIMs give for CC on, and that mismatch refuses it.
+test_gpu_devtools_measurements_are_contraindicated if {
+	devtools := {"index": "2", "value": "devtools", "expected": ["m2"]}
+	r := result(object.union(gpu, {"measurement_mismatches": [devtools]}))
+	r.trust_vector.executables == 96
+	"gpu_measurement_mismatch" in rules(r)
+}
+
+test_snp_vmpl_above_zero_is_refused_by_default if {
+	r := result(object.union(snp, {"vmpl": 1}))
+	r.trust_vector.configuration == 32
+	some v in r.violations
+	v.rule == "snp_vmpl_too_high"
+	v.value == 1
+	v.expected == "VMPL <= 0 (reference values snp.max_vmpl)"
+	ok := appraisal.result with input as object.union(snp, {"vmpl": 1})
+		with data.reference as object.union(refs, {"snp": object.union(refs.snp, {"max_vmpl": 1})})
+	count(ok.violations) == 0
+	# A limit that is not a number raises nothing.
+	text := appraisal.result with input as object.union(snp, {"vmpl": 1})
+		with data.reference as object.union(refs, {"snp": object.union(refs.snp, {"max_vmpl": "3"})})
+	"snp_vmpl_too_high" in rules(text)
 }
 
 sample := {"schema": "cgx.claims.v1", "kind": "sample", "sim": true, "debug": true, "svn": "1"}

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use cgx_attestation::bundle::Bundle;
 use cgx_attestation::results::Tier;
+use cgx_attestation::sim::{SIM_GPU_DRIVER_VERSION, SIM_GPU_VBIOS_VERSION};
 use cgx_attestation::{Verifier, VerifierConfig};
 
 #[test]
@@ -159,7 +160,9 @@ fn golden_measurements_are_compared_and_named() {
         .map(|(k, v)| (k.clone(), serde_json::json!(["00", v])))
         .collect();
     let refs = |golden: &serde_json::Map<String, serde_json::Value>| {
-        serde_json::json!({"allow_sim": true, "nvidia": {"measurements": golden}}).to_string()
+        serde_json::json!({"allow_sim": true, "nvidia": {"measurements": golden,
+            "driver_versions": [SIM_GPU_DRIVER_VERSION], "vbios_versions": [SIM_GPU_VBIOS_VERSION]}})
+        .to_string()
     };
     let engine = cgx_policies::appraisal_engine(Some(&refs(&golden))).unwrap();
     let out = engine.evaluate(&claims).unwrap();
@@ -213,6 +216,8 @@ fn golden_measurements_are_compared_and_named() {
         r#"{"nvidia": {"measurements": []}}"#,
         r#"{"nvidia": {"measurements": {"1": "ab"}}}"#,
         r#"{"nvidia": {"measurements": {"1": [1]}}}"#,
+        r#"{"nvidia": {"measurements": "ANY"}}"#,
+        r#"{"nvidia": {"measurements": true}}"#,
     ] {
         let e = cgx_policies::appraisal_engine(Some(bad)).unwrap_err();
         assert!(e.to_string().contains("nvidia.measurements"), "{e}");
@@ -276,4 +281,211 @@ fn outcomes_are_memoized_only_for_pure_policies() {
     let clocked = "package cgx.appraisal\nimport rego.v1\n# time.now_ns\nresult := {\"affirming\": {\"hardware\": 2}, \"violations\": []}\n";
     let e = cgx_policies::PolicyEngine::new("c", clocked, "{}").unwrap();
     assert!(!e.memoizes());
+}
+
+fn rules(out: &cgx_attestation::results::Outcome) -> Vec<&str> {
+    out.violations.iter().map(|v| v.rule.as_str()).collect()
+}
+
+/// Reference values that say nothing about GPUs accept no GPU: each list that is missing or
+/// empty is its own violation; `"any"` written accepts every value; a misspelt waiver is an
+/// error when the reference values are set.
+#[test]
+fn gpu_reference_lists_fail_closed_unless_any_is_written() {
+    let claims = sim_gpu_claims();
+    let not_set = [
+        "gpu_driver_versions_not_set",
+        "gpu_measurements_not_set",
+        "gpu_vbios_versions_not_set",
+    ];
+    for refs in [
+        serde_json::json!({"allow_sim": "affirming"}),
+        serde_json::json!({"allow_sim": "affirming", "nvidia": {}}),
+        serde_json::json!({"allow_sim": "affirming", "nvidia":
+            {"driver_versions": [], "vbios_versions": [], "measurements": {}}}),
+    ] {
+        let out = cgx_policies::appraisal_engine(Some(&refs.to_string()))
+            .unwrap()
+            .evaluate(&claims)
+            .unwrap();
+        assert_eq!(out.status, Tier::Warning, "{refs}: {out:#?}");
+        let mut got = rules(&out);
+        got.sort();
+        assert_eq!(got, not_set, "{refs}");
+        assert!(
+            out.violations
+                .iter()
+                .all(|v| v.expected.as_str().unwrap().contains("\"any\"")),
+            "{out:#?}"
+        );
+    }
+    // The shipped defaults: the same three, and nothing accepts the GPU.
+    let out = cgx_policies::appraisal_engine(None)
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
+    for rule in not_set {
+        assert!(rules(&out).contains(&rule), "{rule}: {out:#?}");
+    }
+    // Written "any": affirming (sim allowed as affirming here, revocation checked by the sim).
+    let any = serde_json::json!({"allow_sim": "affirming", "nvidia":
+        {"driver_versions": "any", "vbios_versions": "any", "measurements": "any"}});
+    let out = cgx_policies::appraisal_engine(Some(&any.to_string()))
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
+    assert_eq!(out.status, Tier::Affirming, "{out:#?}");
+    // Waivers spelt any other way are refused when the engine is built.
+    for bad in [
+        r#"{"nvidia": {"driver_versions": "ANY"}}"#,
+        r#"{"nvidia": {"vbios_versions": "all"}}"#,
+        r#"{"nvidia": {"driver_versions": true}}"#,
+        r#"{"nvidia": {"driver_versions": [1]}}"#,
+        r#"{"nvidia": "any"}"#,
+        r#"{"nvidia": {"allowed_cc_modes": "any"}}"#,
+    ] {
+        let e = cgx_policies::appraisal_engine(Some(bad)).unwrap_err();
+        assert_eq!(e.code(), "policy_error", "{bad}");
+        assert!(e.to_string().contains("nvidia"), "{bad}: {e}");
+    }
+}
+
+/// A GPU that signs another CC mode than `on` is contraindicated by default, naming the mode;
+/// a written `allowed_cc_modes` admits it.
+#[test]
+fn gpu_not_in_cc_mode_on_is_refused_by_default() {
+    let claims = sim_gpu_claims();
+    let cgx_attestation::KindClaims::Nvidia(n) = &claims.detail else {
+        panic!()
+    };
+    assert_eq!(n.cc_mode.as_deref(), Some("on"));
+    let refs = |modes: Option<&[&str]>| {
+        let mut r = serde_json::json!({"allow_sim": "affirming", "nvidia":
+            {"driver_versions": "any", "vbios_versions": "any", "measurements": "any"}});
+        if let Some(m) = modes {
+            r["nvidia"]["allowed_cc_modes"] = serde_json::json!(m);
+        }
+        cgx_policies::appraisal_engine(Some(&r.to_string())).unwrap()
+    };
+    let engine = refs(None);
+    for (mode, value) in [
+        (Some("ppcie"), "cc_mode ppcie"),
+        (Some("unknown"), "cc_mode unknown"),
+        (None, "cc_mode absent"),
+    ] {
+        let mut c = claims.clone();
+        if let cgx_attestation::KindClaims::Nvidia(n) = &mut c.detail {
+            n.cc_mode = mode.map(str::to_string);
+        }
+        let out = engine.evaluate(&c).unwrap();
+        assert_eq!(out.status, Tier::Contraindicated, "{mode:?}");
+        assert_eq!(out.trust_vector["configuration"], 96);
+        let v = &out.violations[0];
+        assert_eq!(v.rule, "gpu_cc_mode_not_allowed");
+        assert_eq!(v.value, value);
+    }
+    let mut ppcie = claims.clone();
+    if let cgx_attestation::KindClaims::Nvidia(n) = &mut ppcie.detail {
+        n.cc_mode = Some("ppcie".into());
+    }
+    let out = refs(Some(&["on", "ppcie"])).evaluate(&ppcie).unwrap();
+    assert_eq!(out.status, Tier::Affirming, "{out:#?}");
+}
+
+/// Real H100 evidence: refused by the shipped defaults (nothing listed), affirming once its
+/// versions and golden measurements are the reference values — its signed CC mode is `on`.
+#[test]
+fn real_gpu_evidence_under_gpu_reference_values() {
+    let Some(v) = cgx_attestation::bundle::shared_vectors(Path::new(env!("CARGO_MANIFEST_DIR")))
+    else {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED real_gpu_evidence_under_gpu_reference_values: no vectors"
+        );
+        return;
+    };
+    let verifier = Verifier::new(VerifierConfig::default());
+    for name in ["h100-nvtrust-sample", "h100-trustee-coco"] {
+        let dir = v.join("nvidia").join(name);
+        let expected: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let at = expected["at"]
+            .as_str()
+            .map(|t| {
+                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                    .unwrap()
+            })
+            .unwrap_or_else(time::OffsetDateTime::now_utc);
+        let b = Bundle::load(&dir).unwrap();
+        let claims = verifier.verify(&b.evidence(), at).unwrap().into_claims();
+        let out = cgx_policies::appraisal_engine(None)
+            .unwrap()
+            .evaluate(&claims)
+            .unwrap();
+        assert_ne!(out.status, Tier::Affirming, "{name}");
+        assert!(
+            rules(&out).contains(&"gpu_measurements_not_set"),
+            "{name}: {out:#?}"
+        );
+        assert!(!rules(&out).contains(&"gpu_cc_mode_not_allowed"), "{name}");
+        let cgx_attestation::KindClaims::Nvidia(n) = &claims.detail else {
+            panic!()
+        };
+        let refs = serde_json::json!({"nvidia": {
+            "require_ocsp": false,
+            "driver_versions": [n.driver_version],
+            "vbios_versions": [n.vbios_version],
+            "measurements": n.measurements.iter().map(|(k, v)| (k.clone(), serde_json::json!([v])))
+                .collect::<serde_json::Map<_, _>>()}});
+        let out = cgx_policies::appraisal_engine(Some(&refs.to_string()))
+            .unwrap()
+            .evaluate(&claims)
+            .unwrap();
+        assert_eq!(out.status, Tier::Affirming, "{name}: {out:#?}");
+    }
+}
+
+/// An SNP report requested at VMPL 1 (a real one: Trustee's VLEK sample) is refused by default,
+/// naming the VMPL; only a written `snp.max_vmpl` admits it.
+#[test]
+fn snp_report_above_vmpl_0_is_refused_by_default() {
+    let Some(v) = cgx_attestation::bundle::shared_vectors(Path::new(env!("CARGO_MANIFEST_DIR")))
+    else {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED snp_report_above_vmpl_0_is_refused_by_default: no vectors"
+        );
+        return;
+    };
+    let verifier = Verifier::new(VerifierConfig::default());
+    let at = time::macros::datetime!(2025-06-01 00:00 UTC);
+    let b = Bundle::load(&v.join("snp/milan-v3-vlek-trustee")).unwrap();
+    let claims = verifier.verify(&b.evidence(), at).unwrap().into_claims();
+    let cgx_attestation::KindClaims::Snp(s) = &claims.detail else {
+        panic!()
+    };
+    assert_eq!(s.vmpl, 1);
+    let refs = serde_json::json!({"snp": {"measurements": [s.measurement]}});
+    let out = cgx_policies::appraisal_engine(Some(&refs.to_string()))
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
+    assert_eq!(rules(&out), ["snp_vmpl_too_high"], "{out:#?}");
+    assert_eq!(out.violations[0].value, 1);
+    assert_eq!(out.trust_vector["configuration"], 32);
+    assert_ne!(out.status, Tier::Affirming);
+    // The shipped defaults say max_vmpl 0 as well.
+    let out = cgx_policies::appraisal_engine(None)
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
+    assert!(rules(&out).contains(&"snp_vmpl_too_high"), "{out:#?}");
+    let refs = serde_json::json!({"snp": {"measurements": [s.measurement], "max_vmpl": 1}});
+    let out = cgx_policies::appraisal_engine(Some(&refs.to_string()))
+        .unwrap()
+        .evaluate(&claims)
+        .unwrap();
+    assert_eq!(out.status, Tier::Affirming, "{out:#?}");
 }
