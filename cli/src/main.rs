@@ -340,34 +340,24 @@ enum NodeCommand {
 
 #[derive(Subcommand, Debug)]
 enum WeightsCommand {
-    /// Create an X25519 identity as the KBS resource PATH and print its age recipient.
-    Keygen {
-        /// KBS base URL.
-        #[arg(long)]
-        kbs: String,
-        /// Resource path REPO/TYPE/TAG.
-        #[arg(long)]
-        path: String,
-        /// Admin Ed25519 key (PKCS#8, DER or PEM) for the repository.
-        #[arg(long)]
-        admin_key: PathBuf,
-        /// CA certificate(s) of the KBS (PEM); default: WebPKI roots.
-        #[arg(long)]
-        ca: Option<PathBuf>,
-        /// Release the identity without a lease too: then only to requesters a release policy
-        /// of the repository or of this resource names (tenant isolation). By default the
-        /// identity is a job resource, released only with a lease token.
-        #[arg(long)]
-        no_lease: bool,
-    },
-    /// Encrypt a file to an age recipient (age v1; `age -d` opens it), in parallel.
+    /// Encrypt a file with age (v1; `age -d` opens it), in parallel, and print its SHA-256. With
+    /// --kbs: to a fresh identity stored in the KBS as PATH, bound to the encrypted file's
+    /// SHA-256 (the guest agent opens that file only); the identity never touches disk.
     Encrypt {
-        #[arg(long, short = 'r')]
-        recipient: String,
+        /// Encrypt to this recipient only (bind its identity later with `cgx weights bind`).
+        #[arg(
+            long,
+            short = 'r',
+            required_unless_present = "kbs",
+            conflicts_with = "kbs"
+        )]
+        recipient: Option<String>,
         #[arg(long = "in")]
         input: PathBuf,
         #[arg(long = "out")]
         output: PathBuf,
+        #[command(flatten)]
+        store: WeightsStore,
         /// Threads (0: one per core).
         #[arg(long, default_value_t = 0)]
         threads: usize,
@@ -375,6 +365,52 @@ enum WeightsCommand {
         #[arg(long)]
         quiet: bool,
     },
+    /// Store an age identity (`age-keygen -o`) in the KBS as PATH, bound to the SHA-256 of the
+    /// age file encrypted to it (the stock `age -r` made it).
+    Bind {
+        /// The identity file.
+        #[arg(long)]
+        identity: PathBuf,
+        /// The encrypted weights.
+        #[arg(long = "in")]
+        input: PathBuf,
+        #[command(flatten)]
+        store: WeightsStore,
+    },
+}
+
+/// Where a weights key goes.
+#[derive(clap::Args, Debug)]
+struct WeightsStore {
+    /// KBS base URL.
+    #[arg(long, requires = "path", requires = "admin_key")]
+    kbs: Option<String>,
+    /// Resource path REPO/TYPE/TAG.
+    #[arg(long, requires = "kbs")]
+    path: Option<String>,
+    /// Admin Ed25519 key (PKCS#8, DER or PEM) for the repository.
+    #[arg(long, requires = "kbs")]
+    admin_key: Option<PathBuf>,
+    /// CA certificate(s) of the KBS (PEM); default: WebPKI roots.
+    #[arg(long, requires = "kbs")]
+    ca: Option<PathBuf>,
+    /// Release the key without a lease too: then only to requesters a release policy of the
+    /// repository or of this resource names (tenant isolation). By default the key is a job
+    /// resource, released only with a lease token.
+    #[arg(long, requires = "kbs")]
+    no_lease: bool,
+}
+
+impl WeightsStore {
+    fn get(&self) -> Option<weights::Store<'_>> {
+        Some(weights::Store {
+            kbs: self.kbs.as_deref()?,
+            path: self.path.as_deref()?,
+            admin_key: self.admin_key.as_deref()?,
+            ca: self.ca.as_deref(),
+            lease_required: !self.no_lease,
+        })
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -560,20 +596,29 @@ fn main() -> ExitCode {
             KbsCommand::DevCert { out, names } => kbs::dev_cert(&out, &names),
         },
         Command::Weights { command } => match command {
-            WeightsCommand::Keygen {
-                kbs: url,
-                path,
-                admin_key,
-                ca,
-                no_lease,
-            } => weights::keygen(&url, &path, &admin_key, ca.as_deref(), !no_lease),
             WeightsCommand::Encrypt {
                 recipient,
                 input,
                 output,
+                store,
                 threads,
                 quiet,
-            } => weights::encrypt(&recipient, &input, &output, threads, quiet),
+            } => weights::encrypt(
+                recipient.as_deref(),
+                store.get(),
+                &input,
+                &output,
+                threads,
+                quiet,
+            ),
+            WeightsCommand::Bind {
+                identity,
+                input,
+                store,
+            } => match store.get() {
+                Some(st) => weights::bind(&identity, &input, st),
+                None => Err("cgx weights bind needs --kbs, --path and --admin-key".into()),
+            },
         },
         Command::Bench { args } => bench::run(&args),
         Command::Measure { command } => match command {

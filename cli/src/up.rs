@@ -14,6 +14,7 @@ use cgx_attestation::{Verifier, VerifierConfig};
 use cgx_broker::client::BrokerClient;
 use cgx_devnet::broker::{BrokerServer, SimBrokerNode, broker_setup, offer};
 use cgx_protocol::broker::JobSpec;
+use cgx_protocol::weights::WeightsKey;
 
 use crate::output::CliResult;
 
@@ -108,6 +109,12 @@ pub fn up() -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut d = [0u8; 32];
+    d.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
+    d
+}
+
 fn run(
     nodes: &[Arc<SimBrokerNode>],
     names: &[&str],
@@ -149,29 +156,30 @@ fn run(
     for line in crate::broker::node_table(&auditor.nodes().map_err(s)?) {
         println!("           {line}");
     }
-    // The tenant's weights: an age identity in the KBS, released only with a lease.
+    // The tenant's weights: an age identity in the KBS, bound to the SHA-256 of the encrypted
+    // file (`cgx weights encrypt --kbs` does this), released only with a lease.
     let path = "acme/weights/llama";
     let id = Identity::generate().map_err(s)?;
-    kbs.put_resource(
-        &kbs_setup.admin,
-        path,
-        id.to_secret_string().as_bytes(),
-        true,
-    )
-    .map_err(s)?;
     let weights: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
-    let mut file = Vec::new();
-    cgx_age::encrypt(
-        &id.recipient().map_err(s)?,
-        &mut &weights[..],
-        weights.len() as u64,
-        &mut file,
-        0,
-        &mut |_| {},
-    )
-    .map_err(s)?;
+    let encrypt = |plain: &[u8]| -> Result<Vec<u8>, String> {
+        let mut file = Vec::new();
+        cgx_age::encrypt(
+            &id.recipient().map_err(s)?,
+            &mut &plain[..],
+            plain.len() as u64,
+            &mut file,
+            0,
+            &mut |_| {},
+        )
+        .map_err(s)?;
+        Ok(file)
+    };
+    let file = encrypt(&weights)?;
+    let key = WeightsKey::new(&id.to_secret_string(), sha256(&file)).map_err(s)?;
+    kbs.put_resource(&kbs_setup.admin, path, key.to_resource().as_bytes(), true)
+        .map_err(s)?;
     println!(
-        "[tenant] 4 MiB of weights age-encrypted; identity stored in the KBS at {path} (lease required)"
+        "[tenant] 4 MiB of weights age-encrypted; identity stored in the KBS at {path} (lease required), bound to the file's SHA-256"
     );
     let tenant = b.client(&broker.base, &b.tenant).map_err(s)?;
     let spec = JobSpec {
@@ -217,7 +225,20 @@ fn run(
         vm.resource(path, Some(lease)).map_err(s)
     };
     let secret = fetch(&nodes[0], &grant.token)?;
-    let identity = Identity::parse(&String::from_utf8_lossy(&secret)).map_err(s)?;
+    let key = WeightsKey::parse(&secret).map_err(s)?;
+    let identity = Identity::parse(key.identity()).map_err(s)?;
+    // The guest agent's check: the recipient is public, so anyone can encrypt weights of their
+    // own to it; only the file whose digest the tenant bound is opened.
+    let forged = encrypt(b"someone else's weights")?;
+    if sha256(&forged) == *key.sha256() {
+        return Err("a re-encrypted file matched the bound digest".into());
+    }
+    println!(
+        "[vm]     a file re-encrypted to the same recipient is refused: its SHA-256 is not the one the key binds"
+    );
+    if sha256(&file) != *key.sha256() {
+        return Err("the tenant's file does not match its bound digest".into());
+    }
     let mut plain = Vec::new();
     cgx_age::decrypt(
         &identity,

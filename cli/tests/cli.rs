@@ -664,3 +664,159 @@ fn broker_serve_and_the_job_and_node_commands() {
     child.stop_on_sigterm();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `cgx weights encrypt --kbs` stores a fresh identity bound to the SHA-256 of the age file it
+/// wrote (and prints that digest); `cgx weights bind` binds an identity file to a file made
+/// elsewhere. What a VM gets through its lease is exactly that binding.
+#[test]
+fn weights_keys_in_the_kbs_are_bound_to_the_file_digest() {
+    use cgx_protocol::weights::WeightsKey;
+    let sha256 = |b: &[u8]| hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b));
+    let setup = cgx_devnet::setup_any_sim([0u8; 48]).unwrap();
+    let server = cgx_devnet::Server::start(&setup.config).unwrap();
+    let base = server.base.clone();
+    let dir = setup.dir.clone();
+    let admin = cgx_devnet::write_private(&dir, "admin.pk8", &setup.admin.pkcs8).unwrap();
+    let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let plain = vec![5u8; 300_000];
+    std::fs::write(dir.join("w.bin"), &plain).unwrap();
+    // What a VM with a lease for `path` is released.
+    let released = |path: &str| {
+        let node = cgx_kbs::sim::SimNode::generate(0, [0u8; 48], cgx_devnet::now()).unwrap();
+        let mut c = cgx_kbs::client::KbsClient::with_new_key(&base, None).unwrap();
+        let me = cgx_protocol::kbs::jwe::thumbprint(&c.tee_key().public().unwrap());
+        let lease = setup
+            .broker
+            .lease("job-1", &[path], &me, cgx_devnet::now() + 600)
+            .unwrap();
+        c.attest(&node).unwrap();
+        WeightsKey::parse(&c.resource(path, Some(&lease)).unwrap()).unwrap()
+    };
+
+    let (code, out, err) = cgx(&[
+        "weights",
+        "encrypt",
+        "--in",
+        &p("w.bin"),
+        "--out",
+        &p("w.age"),
+        "--kbs",
+        &base,
+        "--path",
+        "acme/weights/m",
+        "--admin-key",
+        admin.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let file = std::fs::read(dir.join("w.age")).unwrap();
+    assert_eq!(out.trim(), sha256(&file));
+    let key = released("acme/weights/m");
+    assert_eq!(hex::encode(key.sha256()), sha256(&file));
+    let id = cgx_age::Identity::parse(key.identity()).unwrap();
+    let mut back = Vec::new();
+    cgx_age::decrypt(
+        &id,
+        &mut &file[..],
+        file.len() as u64,
+        &mut back,
+        1,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(back, plain);
+    // The identity was never written next to the file.
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let text = std::fs::read(e.unwrap().path()).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&text).contains(key.identity()));
+    }
+
+    // `bind`: an identity file (as age-keygen writes it) and a file encrypted elsewhere.
+    let mine = cgx_age::Identity::generate().unwrap();
+    let mut other = Vec::new();
+    cgx_age::encrypt(
+        &mine.recipient().unwrap(),
+        &mut &plain[..],
+        plain.len() as u64,
+        &mut other,
+        1,
+        &mut |_| {},
+    )
+    .unwrap();
+    std::fs::write(dir.join("o.age"), &other).unwrap();
+    cgx_devnet::write_private(
+        &dir,
+        "id.txt",
+        format!(
+            "# created: now\n# public key: {}\n{}\n",
+            mine.recipient().unwrap(),
+            mine.to_secret_string()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let bind = |id_file: &str| {
+        cgx(&[
+            "weights",
+            "bind",
+            "--identity",
+            &p(id_file),
+            "--in",
+            &p("o.age"),
+            "--kbs",
+            &base,
+            "--path",
+            "acme/weights/o",
+            "--admin-key",
+            admin.to_str().unwrap(),
+        ])
+    };
+    let (code, out, err) = bind("id.txt");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), sha256(&other));
+    let key = released("acme/weights/o");
+    assert_eq!(hex::encode(key.sha256()), sha256(&other));
+    assert_eq!(key.identity(), mine.to_secret_string());
+    // Two identities in one file: which one the file was made for is unclear; refused.
+    let two = format!(
+        "{}\n{}\n",
+        mine.to_secret_string(),
+        cgx_age::Identity::generate().unwrap().to_secret_string()
+    );
+    cgx_devnet::write_private(&dir, "two.txt", two.as_bytes()).unwrap();
+    let (code, _, err) = bind("two.txt");
+    assert_eq!(code, 2);
+    assert!(err.contains("exactly one identity"), "{err}");
+    // Neither a recipient nor a KBS: usage error, nothing written.
+    let (code, _, _) = cgx(&[
+        "weights",
+        "encrypt",
+        "--in",
+        &p("w.bin"),
+        "--out",
+        &p("n.age"),
+    ]);
+    assert_eq!(code, 2);
+    assert!(!dir.join("n.age").exists());
+    // A path that is not REPO/TYPE/TAG is refused before anything is encrypted.
+    let (code, _, err) = cgx(&[
+        "weights",
+        "encrypt",
+        "--in",
+        &p("w.bin"),
+        "--out",
+        &p("n.age"),
+        "--kbs",
+        &base,
+        "--path",
+        "acme/m",
+        "--admin-key",
+        admin.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("REPO/TYPE/TAG"), "{err}");
+    assert!(!dir.join("n.age").exists());
+    server.stop();
+    setup.cleanup();
+}

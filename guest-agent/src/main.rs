@@ -6,9 +6,17 @@
 //!                               [--sim [--gpus N]]
 //! ```
 //! Attests to the KBS (configfs-tsm on SNP/TDX; `--sim` for simulated evidence), fetches the
-//! weights identity released to this TEE, and decrypts the age file streaming, in parallel
-//! chunks, straight into DEST (created 0600, never overwritten; removed on any failure, so no
-//! partial plaintext is left). Plaintext is written nowhere else.
+//! weights key released to this TEE — an age identity bound to the SHA-256 of the one age file
+//! it may open (`cgx_protocol::weights`) — and decrypts the age file streaming, in parallel
+//! chunks, hashing exactly the bytes it decrypts. DEST (0600, never overwritten) appears only
+//! once every chunk authenticated and the file's digest equals the bound one: age
+//! authenticates nothing about who encrypted a file, so without the digest anyone who knows
+//! the (public) recipient could hand the VM weights of their own. On any failure the partial
+//! plaintext is removed. Plaintext is written nowhere else.
+//!
+//! `--kbs` is `https://`, or `http://` to a literal loopback address or `localhost` only,
+//! parsed as the transport parses it (no userinfo, query or fragment). `--tee-key` must be
+//! private to its owner (mode 0600 or stricter).
 //!
 //! Exit codes: 0 done, 1 refused or failed, 2 usage.
 
@@ -18,11 +26,13 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 mod evidence;
+mod keyfile;
 
 use cgx_age::Identity;
-use cgx_kbs::client::KbsClient;
+use cgx_kbs::client::{KbsClient, Uri};
 use cgx_protocol::kbs::jwe::{Curve, TeeKey};
 use cgx_protocol::kbs::rcar::EvidenceSource;
+use cgx_protocol::weights::WeightsKey;
 use evidence::ConfigfsTsm;
 
 const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
@@ -81,28 +91,73 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
 
 /// The KBS is reached over TLS; plain `http://` only on this machine's loopback (tests, a
 /// development KBS), since the session cookie and the lease travel in the clear.
+///
+/// The URL is parsed with the transport's own URI parser, and anything that could make the
+/// host we check differ from the host ureq connects to is refused: userinfo
+/// (`http://localhost:80@evil.example/` connects to evil.example), a query or a fragment (the
+/// client appends its paths to the base). Loopback means a literal loopback address or the
+/// name `localhost`; `127.0.0.1.evil.example` is a name like any other.
 fn check_kbs_url(url: &str) -> Result<(), String> {
-    if url.starts_with("https://") {
+    let refuse = |why: &str| Err(format!("--kbs {url}: {why}"));
+    let uri: Uri = match url.parse() {
+        Ok(u) => u,
+        Err(e) => return refuse(&format!("not a URL ({e})")),
+    };
+    let Some(authority) = uri.authority() else {
+        return refuse("not an https:// URL");
+    };
+    // The parser keeps userinfo in the authority, and `host()` skips it: the host ureq
+    // connects to is the one after the '@', whatever precedes it.
+    if authority.as_str().contains('@') {
+        return refuse("a KBS base URL has no userinfo (user@host)");
+    }
+    if uri.query().is_some() {
+        return refuse("a KBS base URL has no query");
+    }
+    // The parser drops a fragment without a trace, so it is looked for in the text.
+    if url.contains('#') {
+        return refuse("a KBS base URL has no fragment");
+    }
+    let scheme = uri.scheme_str().unwrap_or("");
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return refuse("not an https:// URL");
+    }
+    // What the client will request: the same authority, or the check proved nothing.
+    let joined: Result<Uri, _> = format!("{}/kbs/v0/auth", url.trim_end_matches('/')).parse();
+    if joined.ok().and_then(|j| j.authority().cloned()).as_ref() != Some(authority) {
+        return refuse("the KBS paths do not join onto this URL");
+    }
+    if scheme.eq_ignore_ascii_case("https") {
         return Ok(());
     }
-    let Some(rest) = url.strip_prefix("http://") else {
-        return Err(format!("--kbs {url}: not an https:// URL"));
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
-    };
+    let host = authority.host();
+    let literal = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
     let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
+        || literal
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback());
     if loopback {
         Ok(())
     } else {
-        Err(format!(
-            "--kbs {url}: plain http:// is refused except on loopback; use https://"
-        ))
+        refuse("plain http:// is refused except to a loopback address or localhost; use https://")
+    }
+}
+
+/// A reader that hashes every byte it hands on: the digest is of exactly the bytes decrypted,
+/// so a file swapped on disk between a check and a read cannot slip past it.
+struct Sha256Reader<R> {
+    inner: R,
+    ctx: aws_lc_rs::digest::Context,
+}
+
+impl<R: std::io::Read> std::io::Read for Sha256Reader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.ctx.update(&buf[..n]);
+        Ok(n)
     }
 }
 
@@ -140,7 +195,7 @@ fn run(a: &Args) -> Result<(), String> {
     };
     let key = match &a.tee_key {
         Some(p) => {
-            let der = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let der = keyfile::read_private_key(p)?;
             TeeKey::ec_from_der(Curve::P256, &der).map_err(|e| e.to_string())?
         }
         None => TeeKey::generate_ec(Curve::P256).map_err(|e| e.to_string())?,
@@ -150,14 +205,18 @@ fn run(a: &Args) -> Result<(), String> {
     let secret = client
         .resource(&a.resource, a.lease.as_deref())
         .map_err(|e| e.to_string())?;
-    let identity = Identity::parse(&String::from_utf8_lossy(&secret)).map_err(|e| e.to_string())?;
+    let key = WeightsKey::parse(&secret).map_err(|e| format!("{}: {e}", a.resource))?;
     drop(secret);
-    let mut input =
-        std::fs::File::open(&a.input).map_err(|e| format!("{}: {e}", a.input.display()))?;
+    let identity = Identity::parse(key.identity()).map_err(|e| e.to_string())?;
+    let input = std::fs::File::open(&a.input).map_err(|e| format!("{}: {e}", a.input.display()))?;
     let len = input
         .metadata()
         .map_err(|e| format!("{}: {e}", a.input.display()))?
         .len();
+    let mut input = Sha256Reader {
+        inner: input,
+        ctx: aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256),
+    };
     // Plaintext goes to a temporary file beside DEST (created 0600), and DEST appears only
     // once every chunk has been authenticated: a reader of DEST never sees a prefix of weights
     // that a later chunk would have refused. DEST is never overwritten.
@@ -194,6 +253,23 @@ fn run(a: &Args) -> Result<(), String> {
             out.get_ref().sync_all().map_err(|e| e.to_string())?;
             Ok(n)
         })
+        // Every byte of the file went through the hasher (decrypt reads to its end and refuses
+        // trailing bytes); DEST appears only for the file the key was bound to.
+        .and_then(|n| {
+            let got = input.ctx.clone().finish();
+            if got.as_ref() == key.sha256() {
+                Ok(n)
+            } else {
+                Err(format!(
+                    "{}: weights digest mismatch: the file's SHA-256 is {}, the key {} binds {}; \
+                     not the tenant's weights, refused",
+                    a.input.display(),
+                    hex::encode(got.as_ref()),
+                    a.resource,
+                    hex::encode(key.sha256())
+                ))
+            }
+        })
         // Linking fails if DEST appeared meanwhile: never overwritten.
         .and_then(|n| {
             std::fs::hard_link(&tmp, &a.output)
@@ -229,6 +305,47 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "cgx-guest-agent: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn kbs_url_rule() {
+        for (url, why) in [
+            ("http://localhost:80@evil.example/", "userinfo"),
+            ("https://user:pw@kbs.example/", "userinfo"),
+            ("http://127.0.0.1.evil.example/", "loopback"),
+            ("http://localhost.evil.example:8080", "loopback"),
+            ("http://kbs.example:8080", "loopback"),
+            ("http://10.0.0.1/", "loopback"),
+            ("http://[::ffff:127.0.0.1]/", "loopback"),
+            ("http://127.0.0.1/?a", "query"),
+            ("http://127.0.0.1/#a", "fragment"),
+            ("ftp://kbs.example", "https://"),
+            ("file:///etc/passwd", "not a URL"),
+            ("file://localhost/etc/passwd", "https://"),
+            ("127.0.0.1:8080", "https://"),
+            ("http://", "not a URL"),
+            ("http://127.0.0.1 /", "not a URL"),
+        ] {
+            let e = check_kbs_url(url).unwrap_err();
+            assert!(e.starts_with("--kbs ") && e.contains(why), "{url}: {e}");
+        }
+        for url in [
+            "https://kbs.example",
+            "https://kbs.example:8443/",
+            "http://127.0.0.1:1",
+            "http://127.9.9.9:1/",
+            "http://localhost:1",
+            "HTTP://LOCALHOST:1",
+            "http://[::1]:1",
+        ] {
+            check_kbs_url(url).unwrap();
         }
     }
 }

@@ -1,12 +1,34 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! `cgx-guest-agent fetch-weights` against a KBS on loopback: a job's weights identity is
-//! released only with a lease for this node's key, and age files from our encryptor and from the
-//! stock `age` tool decrypt into DEST and nowhere else.
+//! released only with a lease for this node's key, it opens only the age file whose SHA-256 the
+//! resource binds, and age files from our encryptor and from the stock `age` tool decrypt into
+//! DEST and nowhere else.
 
 use std::path::Path;
 use std::process::Command;
 
 use cgx_age::{Identity, Recipient};
+use cgx_protocol::weights::WeightsKey;
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut d = [0u8; 32];
+    d.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
+    d
+}
+
+fn partials(dir: &Path) -> Vec<std::fs::DirEntry> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
+        .collect()
+}
+
+#[cfg(unix)]
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
 
 fn agent(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_cgx-guest-agent"))
@@ -32,17 +54,18 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
     let server = cgx_devnet::Server::start(&setup.config).unwrap();
     let base = server.base.clone();
 
-    // The enterprise: an identity as the KBS resource (a job resource: lease required).
+    // The enterprise: an identity as the KBS resource (a job resource: lease required), bound
+    // to the SHA-256 of the age file it was made for.
     let id = Identity::generate().unwrap();
     let recipient = id.recipient().unwrap();
-    let token = setup.admin.admin_token().unwrap();
-    let resp = ureq::post(&format!(
-        "{base}/kbs/v0/resource/acme/weights/llama?lease=required"
-    ))
-    .header("authorization", &format!("Bearer {token}"))
-    .send(id.to_secret_string().as_bytes())
-    .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    let put = |path: &str, value: &[u8]| {
+        let token = setup.admin.admin_token().unwrap();
+        let resp = ureq::post(&format!("{base}/kbs/v0/resource/{path}?lease=required"))
+            .header("authorization", &format!("Bearer {token}"))
+            .send(value)
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+    };
 
     // Weights: 3 MiB + 5 bytes, encrypted by us.
     let plain: Vec<u8> = (0..(3 << 20) + 5)
@@ -60,6 +83,10 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
     )
     .unwrap();
     std::fs::write(dir.join("weights.age"), &file).unwrap();
+    let bound = WeightsKey::new(&id.to_secret_string(), sha256(&file)).unwrap();
+    put("acme/weights/llama", bound.to_resource().as_bytes());
+    // The same identity stored bare (as before digests were bound): it binds no file.
+    put("acme/weights/unbound", id.to_secret_string().as_bytes());
 
     let p = |name: &str| dir.join(name).display().to_string();
     // Without a lease: refused, and no DEST is left behind.
@@ -87,12 +114,18 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
     let node =
         cgx_protocol::kbs::jwe::TeeKey::generate_ec(cgx_protocol::kbs::jwe::Curve::P256).unwrap();
     std::fs::write(dir.join("node.pk8"), node.ec_pkcs8().unwrap()).unwrap();
+    #[cfg(unix)]
+    chmod(&dir.join("node.pk8"), 0o600);
     let lease_for = |key: &cgx_protocol::kbs::jwe::TeeKey| {
         setup
             .broker
             .lease(
                 "job-7",
-                &["acme/weights/llama"],
+                &[
+                    "acme/weights/llama",
+                    "acme/weights/unbound",
+                    "acme/weights/stock",
+                ],
                 &cgx_protocol::kbs::jwe::thumbprint(&key.public().unwrap()),
                 cgx_devnet::now() + 600,
             )
@@ -188,12 +221,76 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
     assert!(!Path::new(&p("out3.bin")).exists());
     // Nor is a partial plaintext left beside it: it was decrypted into a temporary file that
     // DEST would have been linked to only after the last chunk authenticated.
-    let partials: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".partial-"))
-        .collect();
-    assert!(partials.is_empty(), "{partials:?}");
+    assert!(partials(&dir).is_empty(), "{:?}", partials(&dir));
+
+    // Weights the tenant never made: an attacker who knows the (public) recipient encrypts
+    // weights of their own to it. age opens the file (every chunk authenticates under the
+    // attacker's file key), so only the digest the resource binds tells it apart: refused,
+    // and neither DEST nor any partial plaintext is left.
+    let evil: Vec<u8> = vec![0x66; (1 << 20) + 3];
+    let mut forged = Vec::new();
+    cgx_age::encrypt(
+        &recipient,
+        &mut &evil[..],
+        evil.len() as u64,
+        &mut forged,
+        2,
+        &mut |_| {},
+    )
+    .unwrap();
+    std::fs::write(dir.join("forged.age"), &forged).unwrap();
+    let fetch = |resource: &str, input: &str, out: &str| {
+        agent(&[
+            "fetch-weights",
+            "--kbs",
+            &base,
+            "--resource",
+            resource,
+            "--in",
+            &p(input),
+            "--out",
+            &p(out),
+            "--sim",
+            "--tee-key",
+            &p("node.pk8"),
+            "--lease",
+            &lease_for(&node),
+        ])
+    };
+    let (ok, err) = fetch("acme/weights/llama", "forged.age", "out5.bin");
+    assert!(!ok);
+    assert!(
+        err.contains("weights digest mismatch")
+            && err.contains(&hex::encode(sha256(&forged)))
+            && err.contains(&hex::encode(sha256(&file))),
+        "{err}"
+    );
+    assert!(!Path::new(&p("out5.bin")).exists());
+    assert!(partials(&dir).is_empty(), "{:?}", partials(&dir));
+    // An identity that binds no file is never used to open one.
+    let (ok, err) = fetch("acme/weights/unbound", "weights.age", "out6.bin");
+    assert!(!ok);
+    assert!(
+        err.contains("acme/weights/unbound") && err.contains("binds no weights file"),
+        "{err}"
+    );
+    assert!(!Path::new(&p("out6.bin")).exists());
+    // A node key that others can read is refused before anything is sent.
+    #[cfg(unix)]
+    {
+        chmod(&dir.join("node.pk8"), 0o644);
+        let (ok, err) = fetch("acme/weights/llama", "weights.age", "out7.bin");
+        assert!(!ok);
+        assert!(
+            err.contains("node.pk8") && err.contains("group or others"),
+            "{err}"
+        );
+        assert!(!Path::new(&p("out7.bin")).exists());
+        chmod(&dir.join("node.pk8"), 0o600);
+        let (ok, err) = fetch("acme/weights/llama", "weights.age", "out7.bin");
+        assert!(ok, "{err}");
+        assert_eq!(std::fs::read(p("out7.bin")).unwrap(), plain);
+    }
     // Usage errors exit 2.
     assert_eq!(
         Command::new(env!("CARGO_BIN_EXE_cgx-guest-agent"))
@@ -208,6 +305,17 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
         ("http://kbs.example:8080", true),
         ("http://10.0.0.1/", true),
         ("ftp://kbs.example", true),
+        // Userinfo: the host is evil.example, whatever precedes the '@'.
+        ("http://localhost:80@evil.example/", true),
+        ("http://127.0.0.1:1@evil.example:1/", true),
+        ("https://user@kbs.example/", true),
+        // A name that begins like an address is a name.
+        ("http://127.0.0.1.evil.example/", true),
+        ("http://localhost.evil.example/", true),
+        ("http://127.0.0.1:1/?x=@evil.example", true),
+        ("http://127.0.0.1:1/#@evil.example", true),
+        ("127.0.0.1:1", true),
+        ("http://[::ffff:10.0.0.1]:1", true),
         ("http://127.0.0.1:1", false),
         ("http://localhost:1", false),
         ("http://[::1]:1", false),
@@ -251,12 +359,23 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
             .status()
             .unwrap();
         assert!(st.success());
+        // Stock age's file is another file: the tenant's own key, bound to our file, refuses it.
+        let (ok, err) = fetch("acme/weights/llama", "stock.age", "out4.bin");
+        assert!(!ok && err.contains("weights digest mismatch"), "{err}");
+        let stock = std::fs::read(p("stock.age")).unwrap();
+        put(
+            "acme/weights/stock",
+            WeightsKey::new(&id.to_secret_string(), sha256(&stock))
+                .unwrap()
+                .to_resource()
+                .as_bytes(),
+        );
         let (ok, err) = agent(&[
             "fetch-weights",
             "--kbs",
             &base,
             "--resource",
-            "acme/weights/llama",
+            "acme/weights/stock",
             "--in",
             &p("stock.age"),
             "--out",
@@ -269,7 +388,8 @@ fn fetch_weights_with_a_lease_and_stock_age_interop() {
         ]);
         assert!(ok, "{err}");
         assert_eq!(std::fs::read(p("out4.bin")).unwrap(), plain);
-        std::fs::write(dir.join("id.txt"), id.to_secret_string()).unwrap();
+        // The bound resource is still an age identity file: stock age reads it as one.
+        std::fs::write(dir.join("id.txt"), bound.to_resource()).unwrap();
         let out = Command::new("age")
             .args(["-d", "-i", &p("id.txt"), &p("weights.age")])
             .output()

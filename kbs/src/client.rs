@@ -10,6 +10,10 @@ pub use cgx_protocol::kbs::rcar::ClientError;
 use cgx_protocol::kbs::rcar::{self, EvidenceSource};
 use cgx_protocol::kbs_types::{Attestation, Response, Tee};
 
+/// The URI type the transport parses URLs with (the `http` crate's, through ureq): a caller that
+/// checks a KBS URL (the guest agent's loopback rule) parses it as the transport will.
+pub use ureq::http::Uri;
+
 type Result<T> = std::result::Result<T, ClientError>;
 
 /// An HTTP agent for a KBS: rustls on aws-lc-rs, trusting `ca_pem`'s certificates (or the
@@ -40,6 +44,9 @@ pub fn agent(ca_pem: Option<&[u8]>) -> Result<ureq::Agent> {
         .build();
     Ok(ureq::Agent::new_with_config(
         ureq::Agent::config_builder()
+            // The KBS is reached directly: a proxy taken from the environment (ureq's default)
+            // would see a plain-HTTP loopback KBS's cookie and lease tokens.
+            .proxy(None)
             .timeout_global(Some(std::time::Duration::from_secs(30)))
             .http_status_as_error(false)
             .tls_config(tls)

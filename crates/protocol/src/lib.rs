@@ -5,11 +5,14 @@
 //!   [`kbs_types`], CoCo's runtime-data binding and resource JWEs.
 //! - [`jcs`]: canonical JSON (RFC 8785), for bindings and digests.
 //! - [`broker`]: node registration, heartbeats, jobs, nodes and leases.
+//! - [`weights`]: the KBS resource that releases model weights: an age identity bound to the
+//!   digest of the one encrypted file it may open.
 //!
 //! The guest agent links this crate; keep it small.
 
 pub mod broker;
 pub mod jcs;
 pub mod kbs;
+pub mod weights;
 
 pub use kbs_types;
