@@ -513,7 +513,10 @@ fn a_tee_key_holding_one_tenants_lease_gets_no_other_tenants_key() {
     let mut vm = a.kbs_client(&kbs.base).unwrap();
     vm.attest(&a.sim).unwrap();
     let acme = lease("acme", "acme/weights/m", now + 60);
-    assert_eq!(vm.resource("acme/weights/m", Some(&acme)).unwrap(), b"acme key");
+    assert_eq!(
+        vm.resource("acme/weights/m", Some(&acme)).unwrap(),
+        b"acme key"
+    );
     let globex = lease("globex", "globex/weights/m", now + 60);
     let refused = vm
         .resource("globex/weights/m", Some(&globex))
@@ -521,7 +524,10 @@ fn a_tee_key_holding_one_tenants_lease_gets_no_other_tenants_key() {
         .to_string();
     assert!(refused.contains("one tenant at a time"), "{refused}");
     // acme's own resources still flow to it.
-    assert_eq!(vm.resource("acme/weights/m", Some(&acme)).unwrap(), b"acme key");
+    assert_eq!(
+        vm.resource("acme/weights/m", Some(&acme)).unwrap(),
+        b"acme key"
+    );
     kbs.stop();
 }
 
@@ -572,6 +578,166 @@ fn a_tenants_policy_bomb_fails_its_job_not_the_broker() {
     eventually("the honest job placed", || {
         acme.job(&honest.id).unwrap().state == "placed"
     });
-    println!("bomb failed and honest job placed in {:?}", started.elapsed());
+    println!(
+        "bomb failed and honest job placed in {:?}",
+        started.elapsed()
+    );
+    broker.stop();
+}
+
+/// A GPU taken over by a later registration of another VM (its first VM silent meanwhile)
+/// leaves the first VM unplaceable when it speaks again: one GPU, one live node.
+#[test]
+fn a_gpu_registered_by_another_vm_leaves_the_first_unplaceable() {
+    let a = node(1);
+    let other = node(1);
+    let net = Net::new(&[&a, &other], None);
+    let clock = ManualClock::default();
+    let broker = BrokerServer::start_with_clock(&net.broker.config, clock.shared()).unwrap();
+    let op_at = |t: i64| {
+        net.broker
+            .client_at(&broker.base, &net.broker.operator, t)
+            .unwrap()
+    };
+    a.register(&op_at(clock.unix())).unwrap();
+    // `a` goes silent past its heartbeat allowance; its GPU is registered by another VM.
+    clock.advance(16);
+    let op = op_at(clock.unix());
+    let n = op.nonce().unwrap();
+    let raw = cgx_protocol::broker::unb64(&n.nonce).unwrap();
+    let mut moved = a
+        .registration_with(
+            &n.nonce,
+            &raw,
+            &other.node_key_raw(),
+            &other.tee_thumbprint().unwrap(),
+        )
+        .unwrap();
+    moved.node_key = cgx_protocol::broker::b64(&other.node_key_raw());
+    moved.tee_pubkey = other.tee_key().unwrap().public().unwrap();
+    moved.proof = cgx_protocol::broker::registration_proof(
+        &other.node_key.pkcs8,
+        &raw,
+        OPERATOR,
+        &other.tee_thumbprint().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(op.register(&moved).unwrap().status, "affirming");
+    // `a` speaks again: it no longer has that GPU, and is told to register again (which the
+    // database refuses while the other VM is live).
+    let ans = op
+        .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap();
+    assert!(ans.reattest, "{ans:?}");
+    let view = op.node(&a.id).unwrap();
+    assert!(!view.placeable);
+    assert!(
+        view.reason.contains("now offered by node"),
+        "{}",
+        view.reason
+    );
+    let (c, d) = code(a.register(&op));
+    assert_eq!(c, "InventoryNotProven", "{d}");
+    broker.stop();
+}
+
+/// A job that fails over waits anew: its pending time counts from the failover, not from its
+/// submission (a long job is not expired by its node's failure).
+#[test]
+fn a_failed_over_job_waits_anew_and_does_not_expire() {
+    let a = node(1);
+    let mut net = Net::new(&[&a], None);
+    net.broker.config.pending_ttl_secs = 60;
+    let clock = ManualClock::default();
+    let broker = BrokerServer::start_with_clock(&net.broker.config, clock.shared()).unwrap();
+    let at = |who: &cgx_devnet::Ed| {
+        net.broker
+            .client_at(&broker.base, who, clock.unix())
+            .unwrap()
+    };
+    a.register(&at(&net.broker.operator)).unwrap();
+    let mut long = job(1);
+    long.duration_secs = 30 * 86_400;
+    long.budget = 4.0 * 30.0 * 24.0;
+    let j = at(&net.broker.tenant).submit(&long).unwrap();
+    assert_eq!(j.state, "placed");
+    // Two minutes of service (past pending_ttl_secs since submission), then the node goes
+    // silent and the job fails over to pending.
+    for _ in 0..24 {
+        clock.advance(5);
+        at(&net.broker.operator)
+            .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+            .unwrap();
+    }
+    clock.advance(16);
+    broker.tick().unwrap();
+    let view = at(&net.broker.tenant).job(&j.id).unwrap();
+    assert_eq!(view.state, "pending", "{}", view.reason);
+    // It expires only after waiting pending_ttl_secs from the failover.
+    clock.advance(61);
+    broker.tick().unwrap();
+    let view = at(&net.broker.tenant).job(&j.id).unwrap();
+    assert_eq!(view.state, "expired", "{}", view.reason);
+    broker.stop();
+}
+
+/// What a tenant's placement policy sees of a node: what placement needs, not what identifies
+/// a machine (chip id, GPU serials, FWIDs, report data, nonces).
+#[test]
+fn a_placement_policy_sees_no_machine_identifiers() {
+    let a = node(1);
+    let net = Net::new(&[&a], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    a.register(&net.client(&broker, &net.broker.operator))
+        .unwrap();
+    let acme = net.client(&broker, &net.broker.tenant);
+    let mut spec = job(1);
+    spec.placement_policy = Some(
+        "package placement\n\
+         deny contains \"sees a chip id\" if input.node.claims.cpu.chip_id\n\
+         deny contains \"sees report data\" if input.node.claims.cpu.report_data\n\
+         deny contains \"sees a GPU serial\" if input.node.claims.gpus[_].device_serial\n\
+         deny contains \"sees a FWID\" if input.node.claims.gpus[_].fwid\n\
+         deny contains \"sees a nonce\" if input.node.claims.gpus[_].nonce\n\
+         deny contains \"sees its own text\" if input.job.placement_policy\n\
+         deny contains \"sees no measurement\" if not input.node.claims.cpu.measurement\n\
+         deny contains \"sees no CC mode\" if not input.node.claims.gpus[0].cc_mode\n"
+            .into(),
+    );
+    let placed = acme.submit(&spec).unwrap();
+    assert_eq!(placed.state, "placed", "{}", placed.reason);
+    broker.stop();
+}
+
+/// A database writer moving a running job to another tenant does not open its VM to that
+/// tenant: which tenant holds a VM is read from the lease tokens the broker signed.
+#[test]
+fn a_job_moved_to_another_tenant_in_the_database_does_not_open_its_vm() {
+    let a = node(2);
+    let net = Net::new(&[&a], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.client(&broker, &net.broker.operator);
+    a.register(&op).unwrap();
+    let acme = net.client(&broker, &net.broker.tenant);
+    let first = acme.submit(&job(1)).unwrap();
+    assert_eq!(first.state, "placed");
+    sql(
+        &net.broker.config.database,
+        &[(
+            "UPDATE jobs SET tenant = 'globex' WHERE id = $1",
+            vec![first.id.clone()],
+        )],
+    );
+    // A replica (re)starting reads who holds each VM from the database.
+    broker.stop();
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let globex = net.client(&broker, &net.broker.other_tenant);
+    let waiting = globex.submit(&job(1)).unwrap();
+    assert_eq!(waiting.state, "pending", "{}", waiting.reason);
+    assert!(
+        waiting.reason.contains("other_tenant"),
+        "{}",
+        waiting.reason
+    );
     broker.stop();
 }

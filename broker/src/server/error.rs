@@ -34,6 +34,9 @@ pub enum BrokerError {
     PlacementPolicy(String),
     #[error("{0}")]
     Conflict(String),
+    /// A bound shared by every caller (the policy sandbox) is reached: try again.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// A job row whose seal does not verify (made or edited in the database).
     #[error("job record: {0}")]
     JobSeal(String),
@@ -81,6 +84,7 @@ impl ApiError for BrokerError {
             | BrokerError::Budget(_)
             | BrokerError::PlacementPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
             BrokerError::Conflict(_) => StatusCode::CONFLICT,
+            BrokerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             BrokerError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             BrokerError::Config(_)
             | BrokerError::Storage(_)
@@ -104,6 +108,7 @@ impl ApiError for BrokerError {
             BrokerError::PlacementPolicy(_) => "PlacementPolicyInvalid",
             BrokerError::Conflict(_) => "Conflict",
             BrokerError::JobSeal(_) => "JobRecordInvalid",
+            BrokerError::Unavailable(_) => "ServiceUnavailable",
             BrokerError::Quota(_) => "TooManyPending",
             BrokerError::Storage(_) => "StorageError",
             BrokerError::Internal(_) => "InternalError",

@@ -99,6 +99,10 @@ pub enum Unplaceable {
     AttestationLapsed { at: i64, every: i64 },
     #[error("missed heartbeats: last at {last}, {missed} intervals of {every} s allowed")]
     HeartbeatsMissed { last: i64, every: i64, missed: i64 },
+    /// A later registration of another node carries one of its GPUs: a GPU is passed through
+    /// to one VM at a time, so this one no longer has it (until it registers again).
+    #[error("GPU {serial} is now offered by node {node}; register again")]
+    GpuMoved { serial: String, node: String },
 }
 
 /// Why a job does not fit a node.
@@ -135,6 +139,7 @@ impl Misfit {
             Misfit::Unplaceable(Unplaceable::NotAffirming { .. }) => "not_affirming",
             Misfit::Unplaceable(Unplaceable::AttestationLapsed { .. }) => "attestation_lapsed",
             Misfit::Unplaceable(Unplaceable::HeartbeatsMissed { .. }) => "heartbeats_missed",
+            Misfit::Unplaceable(Unplaceable::GpuMoved { .. }) => "gpu_moved",
             Misfit::GpuModel { .. } => "gpu_model",
             Misfit::GpuMemory { .. } => "gpu_memory",
             Misfit::Tee { .. } => "tee",
@@ -185,6 +190,8 @@ struct Entry {
     heartbeat_seq: i64,
     /// Asked to re-attest before its interval ends (cleared by re-attestation).
     reattest_asked: bool,
+    /// One of its GPUs (serial) in a later registration of another node (that node).
+    displaced: Option<(String, String)>,
     /// Bit i set: GPU i is allocated (committed, or reserved by a placement in flight).
     used: u64,
     /// The tenant whose leases hold the VM, until when (`i64::MAX` while one is open; else
@@ -242,6 +249,9 @@ pub struct Index {
 #[derive(Debug, Clone)]
 pub struct Candidate {
     pub choice: Choice,
+    /// The record the input was built from: the choice stands only while the node's record
+    /// is still this one (checked again under the lock).
+    pub record: Arc<NodeRecord>,
     /// The policy's input (`None` when the job has no policy).
     pub input: Option<serde_json::Value>,
 }
@@ -350,8 +360,18 @@ impl Index {
         *newest = (*newest).max(record.attested_at);
         let key = self.rank_key(&record, node_reputation);
         let used = used & full_mask(record.gpu_count);
+        let mut displaced = Vec::new();
         for serial in serials(&record) {
-            self.gpu_owner.insert(serial, record.id.clone());
+            if let Some(prev) = self.gpu_owner.insert(serial.clone(), record.id.clone())
+                && prev != record.id
+            {
+                displaced.push((prev, serial));
+            }
+        }
+        for (prev, serial) in displaced {
+            if let Some(e) = self.nodes.get_mut(&prev) {
+                e.displaced = Some((serial, record.id.clone()));
+            }
         }
         self.regions.insert(record.region.clone());
         let id = record.id.clone();
@@ -364,6 +384,7 @@ impl Index {
                 last_heartbeat,
                 heartbeat_seq,
                 reattest_asked: false,
+                displaced: None,
                 used,
                 tenant: None,
                 inflight: 0,
@@ -547,6 +568,12 @@ impl Index {
 
     fn entry_placeable(&self, e: &Entry, now: i64) -> Result<(), Unplaceable> {
         let r = &e.record;
+        if let Some((serial, node)) = &e.displaced {
+            return Err(Unplaceable::GpuMoved {
+                serial: serial.clone(),
+                node: node.clone(),
+            });
+        }
         if r.status != "affirming" {
             return Err(Unplaceable::NotAffirming {
                 status: r.status.clone(),
@@ -633,7 +660,7 @@ impl Index {
         }
         if e.tenant
             .as_ref()
-            .is_some_and(|(t, until)| *t != req.tenant && now < *until)
+            .is_some_and(|(t, until)| *t != req.tenant && now <= *until)
         {
             return Err(Misfit::OtherTenant);
         }
@@ -771,6 +798,7 @@ impl Index {
                 break;
             };
             out.push(Candidate {
+                record: e.record.clone(),
                 choice: Choice {
                     node_id: e.record.id.clone(),
                     gpus: free_indices(e.used, e.record.gpu_count, req.gpu_count),
@@ -892,7 +920,7 @@ impl Index {
         let serves_other = self.nodes.get(id).is_none_or(|e| {
             e.tenant
                 .as_ref()
-                .is_some_and(|(t, until)| t != tenant && now < *until)
+                .is_some_and(|(t, until)| t != tenant && now <= *until)
         });
         if serves_other || !self.reserve(id, gpus) {
             return false;

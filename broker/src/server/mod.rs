@@ -491,6 +491,7 @@ impl Broker {
                         Some(std::slice::from_ref(&id)),
                         now - self.config.lease_ttl_secs,
                         self.config.lease_ttl_secs,
+                        &self.keys.public,
                     )
                     .await?
                     .get(&id)
@@ -595,16 +596,32 @@ impl Broker {
             || now >= fresh_until - self.config.reattest_secs / 5
             || matches!(
                 placeable,
-                Some(Err(index::Unplaceable::AttestationLapsed { .. }))
+                Some(Err(index::Unplaceable::AttestationLapsed { .. }
+                    | index::Unplaceable::GpuMoved { .. }))
             );
         let mut leases = Vec::new();
         if placeable == Some(Ok(())) {
-            for l in self.store.open_leases(Some(id)).await? {
+            let mut open = self.store.open_leases(Some(id)).await?;
+            open.sort_by_key(|l| l.started_at);
+            // A VM serves one tenant at a time: only the leases of the tenant whose lease on
+            // it is oldest are renewed (rows that put another tenant beside it are a database
+            // writer's, or a race placement refuses; either way not renewed).
+            let mut tenant: Option<String> = None;
+            for l in open {
                 // Only a lease this broker signed is renewed: a row alone proves nothing.
                 let Some(grant) = self.keys.renew(&l, now, self.config.lease_ttl_secs) else {
                     tracing::error!(lease = %l.id, "an open lease row carries no valid broker signature; not renewed");
                     continue;
                 };
+                let its = store::lease_tenant(&l.token, &self.keys.public);
+                match (&tenant, its) {
+                    (None, t) => tenant = t,
+                    (Some(t), Some(other)) if *t != other => {
+                        tracing::error!(lease = %l.id, node = %id, "an open lease of a second tenant on one VM; not renewed");
+                        continue;
+                    }
+                    _ => {}
+                }
                 let known = self.running.lock().is_ok_and(|r| r.contains(&l.id));
                 if !known
                     && self
@@ -932,10 +949,16 @@ impl Broker {
                     .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?;
                 let p = Arc::new(p);
                 // …and evaluated once on a sample node in the sandbox: a policy that cannot
-                // evaluate, or hits a limit, is refused now, not left pending for ever.
+                // evaluate, or hits a limit, is refused now, not left pending for ever. A
+                // sandbox without room is the service's state, not the policy's fault.
                 p.refusals_off_thread(probe_input(spec))
                     .await
-                    .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?;
+                    .map_err(|e| match e {
+                        cgx_policies::Error::Busy => BrokerError::Unavailable(
+                            "the placement policy evaluators are busy; try again".into(),
+                        ),
+                        e => BrokerError::PlacementPolicy(e.to_string()),
+                    })?;
                 if let Ok(mut c) = self.policies.lock() {
                     if c.len() > 10_000 {
                         c.clear();
@@ -993,7 +1016,15 @@ impl Broker {
             max_price,
             policy: None,
             has_policy: spec.placement_policy.is_some(),
-            spec: Arc::new(serde_json::to_value(spec).unwrap_or_default()),
+            // The policy's `input.job`: the spec without the policy's own text (up to 64 KiB,
+            // copied into every candidate's input otherwise).
+            spec: Arc::new(
+                serde_json::to_value(JobSpec {
+                    placement_policy: None,
+                    ..spec.clone()
+                })
+                .unwrap_or_default(),
+            ),
         })
     }
 
@@ -1139,27 +1170,33 @@ impl Broker {
             let now = self.clock.unix();
             let candidates = self.index().candidates(&req, now);
             let chosen = match &req.policy {
-                None => candidates.into_iter().next().map(|c| c.choice),
+                None => candidates.into_iter().next().map(|c| (c.choice, c.record)),
                 Some(policy) => {
                     // One hop to the policy sandbox's evaluator threads for every candidate,
                     // each under its own limits; the answers come back in rank order.
-                    let (choices, inputs): (Vec<_>, Vec<_>) = candidates
-                        .into_iter()
-                        .map(|c| (c.choice, c.input.unwrap_or_default()))
-                        .unzip();
+                    let mut inputs = Vec::with_capacity(candidates.len());
+                    let mut choices = Vec::with_capacity(candidates.len());
+                    for c in candidates {
+                        inputs.push(c.input.unwrap_or_default());
+                        choices.push((c.choice, c.record));
+                    }
                     let answers = match policy.refusals_many(inputs).await {
                         Ok(a) => a,
+                        // The sandbox had no room: not evaluated now (the job waits for the
+                        // next pass), which is no fault of the job's.
+                        Err(cgx_policies::Error::Busy) => {
+                            self.metrics.event("placement", "policy_busy");
+                            return Ok((None, verdicts));
+                        }
                         Err(e) => {
-                            return Err(BrokerError::PlacementPolicy(format!(
-                                "failed: {e}"
-                            )));
+                            return Err(BrokerError::PlacementPolicy(format!("failed: {e}")));
                         }
                     };
                     let mut chosen = None;
-                    for (choice, answer) in choices.into_iter().zip(answers) {
+                    for ((choice, record), answer) in choices.into_iter().zip(answers) {
                         match answer {
                             Ok(r) if r.is_empty() => {
-                                chosen = Some(choice);
+                                chosen = Some((choice, record));
                                 break;
                             }
                             Ok(r) => {
@@ -1178,23 +1215,24 @@ impl Broker {
                     chosen
                 }
             };
-            let Some(choice) = chosen else {
+            let Some((choice, judged)) = chosen else {
                 break;
             };
-            // The index may have changed while the policy ran: check again under the lock.
+            // The index may have changed while the policy ran: check again under the lock,
+            // the record the policy judged included (a re-registration brings new claims).
             let record = {
                 let mut idx = self.index();
-                if idx.cheap_fits(&choice.node_id, &req, now).is_ok()
+                let same = idx
+                    .record(&choice.node_id)
+                    .is_some_and(|r| Arc::ptr_eq(&r, &judged));
+                if same
+                    && idx.cheap_fits(&choice.node_id, &req, now).is_ok()
                     && idx.reserve_for(&choice.node_id, &choice.gpus, &job.tenant, now)
                 {
-                    idx.record(&choice.node_id)
+                    judged
                 } else {
                     continue;
                 }
-            };
-            let Some(record) = record else {
-                self.index().release(&choice.node_id, &choice.gpus);
-                continue;
             };
             let lease_id = random_id("l")?;
             let ends_at = now.saturating_add(i64::try_from(spec.duration_secs).unwrap_or(i64::MAX));
@@ -1218,6 +1256,7 @@ impl Broker {
                 job_id: job.id.clone(),
                 tenant: job.tenant.clone(),
                 tenant_ended_after: now - self.config.lease_ttl_secs,
+                broker_key: self.keys.public,
                 node_id: choice.node_id.clone(),
                 lease_id: lease_id.clone(),
                 gpus: choice.gpus.clone(),
@@ -1230,6 +1269,7 @@ impl Broker {
                 Write::Submit {
                     job: Box::new(job.clone()),
                     placement: Some(placement.clone()),
+                    max_pending: self.config.max_pending_per_tenant,
                 }
             } else {
                 Write::Place(placement.clone())
@@ -1246,6 +1286,7 @@ impl Broker {
                             Some(std::slice::from_ref(&choice.node_id)),
                             now - self.config.lease_ttl_secs,
                             self.config.lease_ttl_secs,
+                            &self.keys.public,
                         )
                         .await?;
                     self.index().set_use(
@@ -1273,18 +1314,22 @@ impl Broker {
             }
         }
         if new {
-            if self.store.count_pending(&job.tenant).await? >= self.config.max_pending_per_tenant {
+            // The cap is counted inside the write that adds the job: concurrent submissions
+            // cannot all pass a count taken before it.
+            let written = self
+                .store
+                .write(Write::Submit {
+                    job: Box::new(job.clone()),
+                    placement: None,
+                    max_pending: self.config.max_pending_per_tenant,
+                })
+                .await?;
+            if matches!(written, Outcome::Refused(Refusal::TooManyPending)) {
                 return Err(BrokerError::Quota(format!(
                     "tenant {} has {} jobs pending already; cancel some or wait",
                     job.tenant, self.config.max_pending_per_tenant
                 )));
             }
-            self.store
-                .write(Write::Submit {
-                    job: Box::new(job.clone()),
-                    placement: None,
-                })
-                .await?;
         }
         Ok((None, verdicts))
     }
@@ -1515,7 +1560,10 @@ impl Broker {
         let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         let now = self.clock.unix();
         let ttl = self.config.lease_ttl_secs;
-        let used = self.store.allocations(Some(&ids), now - ttl, ttl).await?;
+        let used = self
+            .store
+            .allocations(Some(&ids), now - ttl, ttl, &self.keys.public)
+            .await?;
         let mut max_ms = cursor;
         let mut idx = self.index();
         for (name, rep) in operators {
@@ -1602,6 +1650,7 @@ impl Broker {
                     Some(std::slice::from_ref(&node)),
                     now - self.config.lease_ttl_secs,
                     self.config.lease_ttl_secs,
+                    &self.keys.public,
                 )
                 .await?;
             self.index()

@@ -236,6 +236,8 @@ pub struct Store {
     /// one transaction (and on SQLite one fsync at `synchronous=FULL`), each in its own
     /// savepoint, so one write's refusal (a GPU taken, a job no longer pending) undoes only it.
     writer: GroupCommit<Write, Outcome>,
+    /// Lease token → the tenant it names, for tokens whose signature verified.
+    lease_tenants: std::sync::Mutex<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -282,6 +284,8 @@ pub(crate) enum Write {
         /// Boxed: the largest write by far, and the queue holds many small ones.
         job: Box<JobRow>,
         placement: Option<PlacementRow>,
+        /// Pending jobs its tenant may have (a job stored pending is refused past it).
+        max_pending: i64,
     },
     Place(PlacementRow),
     EndLease {
@@ -299,7 +303,8 @@ pub(crate) enum Write {
         reason: String,
         now: i64,
     },
-    /// Pending jobs created before `before` expire (state `expired`, with the reason).
+    /// Jobs pending since before `before` expire (state `expired`, with the reason). A job's
+    /// `updated_at` is when it last moved (to pending too: a failed-over job waits anew).
     ExpirePending {
         before: i64,
         now: i64,
@@ -353,6 +358,8 @@ pub(crate) enum Refusal {
     NoSuchNode,
     /// A setting changed since the version the write was made against.
     SettingChanged,
+    /// The tenant has as many jobs pending as it may.
+    TooManyPending,
     /// A GPU of the registration is offered by another live node.
     GpuOffered {
         serial: String,
@@ -370,8 +377,10 @@ pub struct PlacementRow {
     pub job_id: String,
     /// The job's tenant: the node must serve no other tenant's lease…
     pub tenant: String,
-    /// …open, or ended after this (the end of a lease whose last token may still be valid).
+    /// …open, or ended at or after this (a lease whose last token may still be valid)…
     pub tenant_ended_after: i64,
+    /// …as the lease tokens this key signed say.
+    pub broker_key: [u8; 32],
     pub node_id: String,
     pub lease_id: String,
     pub gpus: Vec<u32>,
@@ -459,26 +468,36 @@ async fn event(
     Ok(())
 }
 
-/// Another tenant whose lease on `node` is open, or ended after `ended_after` (its last token
-/// may still be valid): a VM serves one tenant at a time, so one tenant's workload never
-/// shares a TEE key, or the leases a node is handed, with another's.
-async fn other_tenant(
-    tx: &mut Tx,
-    node: &str,
-    tenant: &str,
-    ended_after: i64,
-) -> Result<Option<String>, sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT j.tenant AS tenant FROM leases l JOIN jobs j ON j.id = l.job_id
-         WHERE l.node_id = $1 AND j.tenant <> $2 AND (l.ended_at IS NULL OR l.ended_at > $3)
-         LIMIT 1",
+/// Another tenant whose lease on `node` is open, or ended at or after `ended_after` (its last
+/// token may still be valid): a VM serves one tenant at a time, so one tenant's workload never
+/// shares a TEE key, or the leases a node is handed, with another's. The tenant is read from
+/// each lease's token the broker signed, never from a job row (a database writer could move a
+/// running job to another tenant); a row without a valid signature holds nothing.
+async fn other_tenant(tx: &mut Tx, p: &PlacementRow) -> Result<Option<String>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT token FROM leases WHERE node_id = $1 AND (ended_at IS NULL OR ended_at >= $2)",
     )
-    .bind(node)
-    .bind(tenant)
-    .bind(ended_after)
-    .fetch_optional(&mut **tx)
+    .bind(&p.node_id)
+    .bind(p.tenant_ended_after)
+    .fetch_all(&mut **tx)
     .await?;
-    row.map(|r| r.try_get("tenant")).transpose()
+    for r in rows {
+        let token: String = r.try_get("token")?;
+        if let Some(t) = lease_tenant(&token, &p.broker_key)
+            && t != p.tenant
+        {
+            return Ok(Some(t));
+        }
+    }
+    Ok(None)
+}
+
+/// The tenant a lease token this broker signed names (`None`: not its signature, or none).
+pub(crate) fn lease_tenant(token: &str, key: &[u8; 32]) -> Option<String> {
+    super::lease::verify_signed(token, key)?
+        .get("tenant")?
+        .as_str()
+        .map(str::to_string)
 }
 
 /// Take `p`'s GPUs: all or none (a GPU another lease holds undoes this lease's rows).
@@ -629,12 +648,26 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             .await?;
             Ok(one_row(r.rows_affected(), Refusal::StaleHeartbeat))
         }
-        Write::Submit { job, placement } => {
+        Write::Submit {
+            job,
+            placement,
+            max_pending,
+        } => {
+            if placement.is_none() {
+                let n: i64 =
+                    sqlx::query("SELECT COUNT(*) AS n FROM jobs WHERE tenant = $1 AND state = $2")
+                        .bind(&job.tenant)
+                        .bind(state::PENDING)
+                        .fetch_one(&mut **tx)
+                        .await?
+                        .try_get("n")?;
+                if n >= *max_pending {
+                    return Ok(Outcome::Refused(Refusal::TooManyPending));
+                }
+            }
             // GPUs first: a refusal then leaves nothing behind.
             if let Some(p) = placement {
-                if let Some(t) =
-                    other_tenant(tx, &p.node_id, &p.tenant, p.tenant_ended_after).await?
-                {
+                if let Some(t) = other_tenant(tx, p).await? {
                     return Ok(Outcome::Refused(Refusal::OtherTenant(t)));
                 }
                 if !take_gpus(tx, p).await? {
@@ -685,7 +718,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             Ok(Outcome::Done)
         }
         Write::Place(p) => {
-            if let Some(t) = other_tenant(tx, &p.node_id, &p.tenant, p.tenant_ended_after).await? {
+            if let Some(t) = other_tenant(tx, p).await? {
                 return Ok(Outcome::Refused(Refusal::OtherTenant(t)));
             }
             if !take_gpus(tx, p).await? {
@@ -782,7 +815,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             // Events first (they select the jobs the update then moves).
             sqlx::query(
                 "INSERT INTO job_events (job_id, at, from_state, to_state, reason)
-                 SELECT id, $1, $2, $3, $4 FROM jobs WHERE state = $2 AND created_at < $5",
+                 SELECT id, $1, $2, $3, $4 FROM jobs WHERE state = $2 AND updated_at < $5",
             )
             .bind(now)
             .bind(state::PENDING)
@@ -792,7 +825,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             .execute(&mut **tx)
             .await?;
             sqlx::query(
-                "UPDATE jobs SET state = $1, reason = $2, updated_at = $3 WHERE state = $4 AND created_at < $5",
+                "UPDATE jobs SET state = $1, reason = $2, updated_at = $3 WHERE state = $4 AND updated_at < $5",
             )
             .bind(state::EXPIRED)
             .bind(reason)
@@ -965,7 +998,32 @@ impl Store {
             let db = batch_db.clone();
             Box::pin(async move { write_batch(&db, writes).await.map_err(DbError::from) })
         }));
-        Ok(Store { db, writer })
+        Ok(Store {
+            db,
+            writer,
+            lease_tenants: std::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// [`lease_tenant`], remembered per token (the same bytes verify the same way; each sync
+    /// reads the open leases of every node that heartbeat).
+    fn token_tenant(&self, token: &str, key: &[u8; 32]) -> Option<String> {
+        if let Some(t) = self
+            .lease_tenants
+            .lock()
+            .ok()
+            .and_then(|m| m.get(token).cloned())
+        {
+            return Some(t);
+        }
+        let t = lease_tenant(token, key)?;
+        if let Ok(mut m) = self.lease_tenants.lock() {
+            if m.len() >= 100_000 {
+                m.clear();
+            }
+            m.insert(token.to_string(), t.clone());
+        }
+        Some(t)
     }
 
     pub fn is_sqlite(&self) -> bool {
@@ -1072,12 +1130,12 @@ impl Store {
         nodes: Option<&[String]>,
         ended_after: i64,
         ttl: i64,
+        key: &[u8; 32],
     ) -> Result<HashMap<String, NodeUse>, BrokerError> {
         const GPUS: &str = "SELECT node_id, gpu FROM allocations";
         const TENANTS: &str =
-            "SELECT l.node_id AS node_id, j.tenant AS tenant, l.ended_at AS ended_at
-             FROM leases l JOIN jobs j ON j.id = l.job_id
-             WHERE (l.ended_at IS NULL OR l.ended_at > $1)";
+            "SELECT l.node_id AS node_id, l.token AS token, l.ended_at AS ended_at
+             FROM leases l WHERE (l.ended_at IS NULL OR l.ended_at >= $1)";
         let (gpus, tenants) = match nodes {
             None => (
                 sqlx::query(GPUS).fetch_all(self.db.pool()).await?,
@@ -1123,7 +1181,11 @@ impl Store {
         }
         for r in tenants {
             let id: String = r.try_get("node_id")?;
-            let tenant: String = r.try_get("tenant")?;
+            let token: String = r.try_get("token")?;
+            let Some(tenant) = self.token_tenant(&token, key) else {
+                tracing::error!(node = %id, "a lease row without a valid broker signature; it holds no tenant");
+                continue;
+            };
             let ended: Option<i64> = r.try_get("ended_at")?;
             let until = ended.map_or(i64::MAX, |e| e.saturating_add(ttl));
             let u = out.entry(id).or_default();
@@ -1171,24 +1233,14 @@ impl Store {
         Ok(rows.iter().map(job_row).collect::<Result<_, _>>()?)
     }
 
-    /// Whether a job created before `before` is still pending.
+    /// Whether a job pending since before `before` is still pending.
     pub async fn any_pending_before(&self, before: i64) -> Result<bool, BrokerError> {
-        let row = sqlx::query("SELECT id FROM jobs WHERE state = $1 AND created_at < $2 LIMIT 1")
+        let row = sqlx::query("SELECT id FROM jobs WHERE state = $1 AND updated_at < $2 LIMIT 1")
             .bind(state::PENDING)
             .bind(before)
             .fetch_optional(self.db.pool())
             .await?;
         Ok(row.is_some())
-    }
-
-    /// How many jobs `tenant` has pending.
-    pub async fn count_pending(&self, tenant: &str) -> Result<i64, BrokerError> {
-        let row = sqlx::query("SELECT COUNT(*) AS n FROM jobs WHERE tenant = $1 AND state = $2")
-            .bind(tenant)
-            .bind(state::PENDING)
-            .fetch_one(self.db.pool())
-            .await?;
-        Ok(row.try_get::<i64, _>("n")?)
     }
 
     /// Pending jobs, fairly across tenants: each tenant's oldest first, then each tenant's

@@ -41,7 +41,8 @@ impl TeeTenants {
             .lock()
             .map_err(|_| KbsError::Internal("TEE key table lock".into()))?;
         match held.get_mut(thumbprint) {
-            Some((t, u)) if t != tenant && now < *u => {
+            // A token is accepted at its `exp` second too (`jwt::verify_eddsa`).
+            Some((t, u)) if t != tenant && now <= *u => {
                 return Err(KbsError::LeaseInvalid(format!(
                     "this TEE key holds another tenant's lease until {u}: a VM serves one tenant at a time"
                 )));
@@ -53,7 +54,7 @@ impl TeeTenants {
             _ => {}
         }
         if held.len() >= MAX_TEE_KEYS && !held.contains_key(thumbprint) {
-            held.retain(|_, (_, u)| now < *u);
+            held.retain(|_, (_, u)| now <= *u);
             if held.len() >= MAX_TEE_KEYS {
                 return Err(KbsError::Overloaded {
                     retry_after: 60,
@@ -78,8 +79,9 @@ mod tests {
         t.claim("k", "acme", 150, 250).unwrap();
         let e = t.claim("k", "globex", 240, 400).unwrap_err().to_string();
         assert!(e.contains("one tenant at a time"), "{e}");
-        // acme's last token expired at 250: the key may serve globex now.
-        t.claim("k", "globex", 250, 400).unwrap();
+        // acme's last token is accepted through second 250: globex gets the key after it.
+        assert!(t.claim("k", "globex", 250, 400).is_err());
+        t.claim("k", "globex", 251, 400).unwrap();
         assert!(t.claim("k", "acme", 260, 500).is_err());
         t.claim("other", "acme", 260, 500).unwrap();
     }
