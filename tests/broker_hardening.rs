@@ -741,3 +741,55 @@ fn a_job_moved_to_another_tenant_in_the_database_does_not_open_its_vm() {
     );
     broker.stop();
 }
+
+/// A tenant's policy is not evaluated again on a node it denied that has not changed: a
+/// pending job's passes cost no sandbox time until a node changes (registers again, say).
+#[test]
+fn a_denial_is_remembered_until_the_node_changes() {
+    let a = node(1);
+    let net = Net::new(&[&a], None);
+    let clock = ManualClock::default();
+    let broker = BrokerServer::start_with_clock(&net.broker.config, clock.shared()).unwrap();
+    let at = |who: &cgx_devnet::Ed| {
+        net.broker
+            .client_at(&broker.base, who, clock.unix())
+            .unwrap()
+    };
+    a.register(&at(&net.broker.operator)).unwrap();
+    let batches = || {
+        let text = ureq::get(format!("{}/metrics", broker.base))
+            .call()
+            .unwrap()
+            .into_body()
+            .read_to_string()
+            .unwrap();
+        text.lines()
+            .find(|l| l.contains("outcome=\"policy_batch\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    let mut spec = job(1);
+    spec.placement_policy = Some(cgx_policies::PLACEMENT_POLICY.replace("eu-", "ap-"));
+    let held = at(&net.broker.tenant).submit(&spec).unwrap();
+    assert_eq!(held.state, "pending", "{}", held.reason);
+    let after_submit = batches();
+    assert!(after_submit >= 1);
+    for _ in 0..3 {
+        broker.tick().unwrap();
+    }
+    assert_eq!(
+        batches(),
+        after_submit,
+        "the unchanged node was judged again"
+    );
+    // The node registers again (a new record): judged again.
+    clock.advance(1);
+    a.register(&at(&net.broker.operator)).unwrap();
+    broker.tick().unwrap();
+    assert!(batches() > after_submit);
+    assert_eq!(
+        at(&net.broker.tenant).job(&held.id).unwrap().state,
+        "pending"
+    );
+    broker.stop();
+}

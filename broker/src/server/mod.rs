@@ -55,6 +55,10 @@ pub(crate) struct Broker {
     config: BrokerConfig,
     /// Compiled placement policies of pending jobs, by job id.
     policies: Mutex<HashMap<String, Arc<PlacementPolicy>>>,
+    /// What each pending job's policy denied, per node, with what it judged (the record's EAR
+    /// digest and the node's reputation): a pass does not evaluate a tenant's code again on a
+    /// node that has not changed.
+    denials: Mutex<HashMap<String, HashMap<String, Denial>>>,
     /// One placement pass at a time on this replica (placements inside it are serialized by
     /// the index lock and the database).
     placing: tokio::sync::Mutex<()>,
@@ -182,6 +186,15 @@ fn owned_resources(tenant: &str, resources: &[String]) -> Result<(), BrokerError
     Ok(())
 }
 
+/// A policy's refusal of one node, and what it judged: the same record (EAR digest) and
+/// reputation give the same input, so the same answer.
+#[derive(Debug, Clone)]
+struct Denial {
+    ear_digest: String,
+    reputation: i64,
+    reasons: Vec<String>,
+}
+
 /// May `admin` read every node and job?
 fn auditor(admin: &Admin) -> bool {
     admin.scopes().iter().any(|s| s == "*" || s == "auditor")
@@ -274,6 +287,7 @@ impl Broker {
             metrics: Arc::new(Metrics::new("cgx_broker")),
             config: config.clone(),
             policies: Mutex::new(HashMap::new()),
+            denials: Mutex::new(HashMap::new()),
             placing: tokio::sync::Mutex::new(()),
             sync_cursor: Mutex::new(0),
             running: Mutex::new(std::collections::HashSet::new()),
@@ -1176,30 +1190,65 @@ impl Broker {
                     // each under its own limits; the answers come back in rank order.
                     let mut inputs = Vec::with_capacity(candidates.len());
                     let mut choices = Vec::with_capacity(candidates.len());
+                    let known = self
+                        .denials
+                        .lock()
+                        .ok()
+                        .and_then(|d| d.get(&job.id).cloned())
+                        .unwrap_or_default();
                     for c in candidates {
-                        inputs.push(c.input.unwrap_or_default());
+                        let input = c.input.unwrap_or_default();
+                        let reputation = input["node"]["reputation"].as_i64().unwrap_or(0);
+                        // Denied before on this very record and reputation: denied again.
+                        if let Some(d) = known.get(&c.choice.node_id)
+                            && d.ear_digest == c.record.ear_digest
+                            && d.reputation == reputation
+                        {
+                            verdicts.insert(c.choice.node_id, Misfit::Policy(d.reasons.clone()));
+                            continue;
+                        }
+                        inputs.push((input, reputation));
                         choices.push((c.choice, c.record));
                     }
-                    let answers = match policy.refusals_many(inputs).await {
-                        Ok(a) => a,
-                        // The sandbox had no room: not evaluated now (the job waits for the
-                        // next pass), which is no fault of the job's.
-                        Err(cgx_policies::Error::Busy) => {
-                            self.metrics.event("placement", "policy_busy");
-                            return Ok((None, verdicts));
-                        }
-                        Err(e) => {
-                            return Err(BrokerError::PlacementPolicy(format!("failed: {e}")));
+                    let reputations: Vec<i64> = inputs.iter().map(|(_, r)| *r).collect();
+                    let inputs: Vec<serde_json::Value> =
+                        inputs.into_iter().map(|(i, _)| i).collect();
+                    let answers = if choices.is_empty() {
+                        Vec::new()
+                    } else {
+                        self.metrics.event("placement", "policy_batch");
+                        match policy.refusals_many(inputs).await {
+                            Ok(a) => a,
+                            // The sandbox had no room: not evaluated now (the job waits for the
+                            // next pass), which is no fault of the job's.
+                            Err(cgx_policies::Error::Busy) => {
+                                self.metrics.event("placement", "policy_busy");
+                                return Ok((None, verdicts));
+                            }
+                            Err(e) => {
+                                return Err(BrokerError::PlacementPolicy(format!("failed: {e}")));
+                            }
                         }
                     };
                     let mut chosen = None;
-                    for ((choice, record), answer) in choices.into_iter().zip(answers) {
+                    let mut denied = Vec::new();
+                    for (((choice, record), answer), reputation) in
+                        choices.into_iter().zip(answers).zip(reputations)
+                    {
                         match answer {
                             Ok(r) if r.is_empty() => {
                                 chosen = Some((choice, record));
                                 break;
                             }
                             Ok(r) => {
+                                denied.push((
+                                    choice.node_id.clone(),
+                                    Denial {
+                                        ear_digest: record.ear_digest.clone(),
+                                        reputation,
+                                        reasons: r.clone(),
+                                    },
+                                ));
                                 verdicts.insert(choice.node_id, Misfit::Policy(r));
                             }
                             // A limit or an error is the job's failure, with its reason, once:
@@ -1211,6 +1260,14 @@ impl Broker {
                                 )));
                             }
                         }
+                    }
+                    if !denied.is_empty()
+                        && let Ok(mut d) = self.denials.lock()
+                    {
+                        if d.len() > 10_000 && !d.contains_key(&job.id) {
+                            d.clear();
+                        }
+                        d.entry(job.id.clone()).or_default().extend(denied);
                     }
                     chosen
                 }
@@ -1304,6 +1361,9 @@ impl Broker {
                     tracing::info!(job = %job.id, node = %choice.node_id, lease = %lease_id, "job placed");
                     if let Ok(mut p) = self.policies.lock() {
                         p.remove(&job.id);
+                    }
+                    if let Ok(mut d) = self.denials.lock() {
+                        d.remove(&job.id);
                     }
                     return Ok((Some(placement), verdicts));
                 }
