@@ -423,6 +423,10 @@ async fn accept_loop(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout);
+            // A response the client does not read (a zero receive window) would hold the
+            // connection for ever: no timer covers a write. Writes that make no progress for
+            // the header timeout close it.
+            let stream = StallGuard::new(stream, header_timeout);
             match acceptor {
                 Some(a) => {
                     // The handshake has the header timeout too: hyper's timer starts only once
@@ -451,6 +455,105 @@ async fn accept_loop(
         _ = tokio::time::sleep(drain) => {
             tracing::warn!(?drain, "connections still open after the drain time; closing");
         }
+    }
+}
+
+/// A stream whose writes must make progress: a write (or flush) that stays pending for
+/// `limit` fails with `TimedOut`, and the connection closes. Reads are bounded elsewhere
+/// (the header timeout, the request timeout); nothing else bounds a client that stops reading
+/// its responses. The timer exists only while a write is pending.
+struct StallGuard<S> {
+    inner: S,
+    limit: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> StallGuard<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        StallGuard {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `poll` (a write or flush) answered: a pending one arms the timer (once), past which it
+    /// fails; progress disarms it.
+    fn guard<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        poll: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::task::Poll;
+        match poll {
+            Poll::Pending => {
+                let limit = self.limit;
+                let timer = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client read nothing of its response for the header timeout",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for StallGuard<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for StallGuard<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.guard(cx, poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.guard(cx, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_flush(cx);
+        self.guard(cx, poll)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.guard(cx, poll)
     }
 }
 

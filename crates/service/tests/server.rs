@@ -32,6 +32,10 @@ fn router() -> Router {
             ),
         )
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/big",
+            get(|| async { axum::body::Bytes::from(vec![b'x'; 32 << 20]) }),
+        )
         .route("/echo", post(|body: axum::body::Bytes| async move { body }))
         .route(
             "/slow",
@@ -627,4 +631,29 @@ async fn per_client_caps_must_be_positive() {
             .unwrap_err();
         assert!(e.to_string().contains("per_client"), "{e}");
     }
+}
+
+/// A client that stops reading its response (its receive window closes) loses its connection
+/// once the server's writes make no progress for the header timeout: it cannot hold a slot by
+/// asking for a large answer and never reading it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_response_loses_its_slot() {
+    let running = cgx_service::server::start(&config(1), router(), vec![])
+        .await
+        .unwrap();
+    let addr = running.addr();
+    let (status, waited) = tokio::task::spawn_blocking(move || {
+        let mut hog = TcpStream::connect(addr).unwrap();
+        write!(hog, "GET /big HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        // Never read: the server's writes fill both socket buffers and stall.
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        let status = get_status(addr, "/healthz", Duration::from_secs(10));
+        (status, t.elapsed())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.unwrap(), "HTTP/1.1 200 OK");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    running.shutdown().await;
 }
