@@ -793,3 +793,49 @@ fn a_denial_is_remembered_until_the_node_changes() {
     );
     broker.stop();
 }
+
+/// The same for GPUs: the store's OCSP response for the device chain decides, not the good
+/// one the node sends.
+#[test]
+fn gpu_revocation_is_judged_on_the_brokers_ocsp_not_the_nodes() {
+    use cgx_attestation::collateral::{CollateralKey, CollateralStore};
+    use cgx_attestation::nvidia::ocsp::{CertStatus, chain_cert_ids};
+    use cgx_attestation::sim::{SimOcsp, SimOcspSigner};
+    let a = node(1);
+    let net = Net::new(&[&a], None);
+    let store_dir = net.kbs.dir.join(cgx_devnet::COLLATERAL_DIR);
+    let t = cgx_devnet::now();
+    let gpu = &a.sim.gpus[0];
+    let revoked = gpu
+        .ocsp_response(&SimOcsp {
+            status: CertStatus::Revoked {
+                at: t - 3600,
+                reason: None,
+            },
+            this_update: t - 60,
+            next_update: Some(t + 86_400),
+            signer: SimOcspSigner::Issuer,
+        })
+        .unwrap();
+    // Keep the CRL the setup wrote; replace the GPU chain's good response with a revocation.
+    let crl_key =
+        cgx_attestation::trust::amd_crl_key(a.sim.amd.cert_chain_pem().as_bytes(), false).unwrap();
+    let crl = a.sim.amd.crl(&[], t - 86_400, t + 86_400).unwrap();
+    std::fs::remove_dir_all(&store_dir).unwrap();
+    let mut store = CollateralStore::open(&store_dir).unwrap();
+    store.put(&crl_key.path(), &crl, "test", t).unwrap();
+    for cert_id in chain_cert_ids(gpu.chain_pem.as_bytes()).unwrap() {
+        let key = CollateralKey::NvidiaOcsp { cert_id };
+        store.put(&key.path(), &revoked, "test", t).unwrap();
+    }
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    let op = net.client(&broker, &net.broker.operator);
+    // The node's registration carries the simulator's good responses.
+    let n = op.nonce().unwrap();
+    let reg = a.registration(&n.nonce).unwrap();
+    assert!(!reg.gpus[0].ocsp.is_empty());
+    let (c, d) = code(op.register(&reg));
+    assert_eq!(c, "EvidenceRefused", "{d}");
+    assert!(d.contains("revoked"), "{d}");
+    broker.stop();
+}

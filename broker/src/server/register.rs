@@ -211,14 +211,21 @@ pub(crate) fn decode(
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            Ok((
-                bytes(&g.report, &format!("gpus[{i}].report"))?,
-                g.cert_chain.clone().into_bytes(),
-                g.ocsp
-                    .iter()
-                    .map(|o| bytes(o, &format!("gpus[{i}].ocsp")))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ))
+            let chain = g.cert_chain.clone().into_bytes();
+            // As for CRLs: a node chooses which OCSP responses it sends (one from before a
+            // revocation, still inside its window, hides it), so its own are not used; the
+            // store's current responses for every certificate of the chain are, and without
+            // them the claims say `not_checked` and policy decides (`require_ocsp`).
+            let _ = &g.ocsp;
+            let ocsp = nvidia::ocsp::chain_cert_ids(&chain)
+                .ok()
+                .and_then(|ids| {
+                    ids.into_iter()
+                        .map(|cert_id| lookup(CollateralKey::NvidiaOcsp { cert_id }))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .unwrap_or_default();
+            Ok((bytes(&g.report, &format!("gpus[{i}].report"))?, chain, ocsp))
         })
         .collect::<Result<Vec<_>, BrokerError>>()?;
     Ok(Decoded {
