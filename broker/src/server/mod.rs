@@ -459,7 +459,25 @@ impl Broker {
             )),
             claims,
         };
-        if let Some((serial, owner)) = self.index().gpu_claimed_elsewhere(&record, now) {
+        let claimed = {
+            let idx = self.index();
+            idx.gpu_claimed_elsewhere(&record, now)
+                .map(|(serial, owner)| {
+                    // Another operator's node is not named to this one.
+                    let same = idx
+                        .record(&owner)
+                        .is_some_and(|r| r.operator == record.operator);
+                    (
+                        serial,
+                        if same {
+                            owner
+                        } else {
+                            "of another operator".into()
+                        },
+                    )
+                })
+        };
+        if let Some((serial, owner)) = claimed {
             return Err(BrokerError::Inventory(format!(
                 "GPU {serial} is already offered by node {owner}, which is attested and live"
             )));

@@ -572,7 +572,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             // at a time), so the check and the claim below cannot interleave with another's.
             for chunk in gpus.chunks(64) {
                 let sql = format!(
-                    "SELECT g.serial AS serial, g.node_id AS node_id FROM gpu_owners g
+                    "SELECT g.serial AS serial, g.node_id AS node_id, n.operator AS operator FROM gpu_owners g
                      JOIN nodes n ON n.id = g.node_id
                      WHERE g.node_id <> $1 AND n.last_heartbeat >= $2 AND n.attested_at >= $3
                        AND g.serial IN ({}) LIMIT 1",
@@ -589,9 +589,15 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                     q = q.bind(g);
                 }
                 if let Some(r) = q.fetch_optional(&mut **tx).await? {
+                    // Another operator's node is not named to this one.
+                    let owner: String = r.try_get("operator")?;
                     return Ok(Outcome::Refused(Refusal::GpuOffered {
                         serial: r.try_get("serial")?,
-                        node: r.try_get("node_id")?,
+                        node: if owner == *operator {
+                            r.try_get("node_id")?
+                        } else {
+                            "of another operator".into()
+                        },
                     }));
                 }
             }
