@@ -160,6 +160,11 @@ pub struct NvidiaClaims {
     /// the verified chain vouches for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chip: Option<String>,
+    /// The confidential-computing mode the GPU signed in its opaque data (`on`, `ppcie`,
+    /// `mpt` or `unknown`, from FEATURE_FLAG or PROTECTED_PCIE_STATUS). Absent only in claims written before
+    /// the field existed, which policy treats as unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cc_mode: Option<String>,
     /// Subject of the leaf certificate's issuer chain root.
     pub root: String,
     /// Revocation of the device chain: `good` (OCSP responses showed every certificate between

@@ -100,6 +100,7 @@ pub fn rim(data: &[u8]) {
 pub fn ocsp(data: &[u8]) {
     let f = fields(data, 3);
     let _ = ocsp::OcspResponse::parse(f[0]);
+    let _ = ocsp::canonical(f[0], &DEFAULT_PROVIDER);
     let _ = ocsp::validity_window(f[0]);
     let _ = ocsp::chain_cert_ids(f[1]);
     if let (Ok(cert), Ok(issuer)) = (

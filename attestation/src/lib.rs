@@ -49,6 +49,7 @@ pub mod tdx;
 pub mod trust;
 mod x509;
 
+pub use cache::CacheStats;
 pub use claims::{Claims, EvidenceKind, KindClaims};
 pub use error::{Error, Result};
 pub use trust::SimTrust;
@@ -132,6 +133,18 @@ impl Verifier {
     pub fn allowing_sample(mut self, allow: bool) -> Self {
         self.sample = allow;
         self
+    }
+
+    /// How each of the verifier's caches stands: `snp_chains`, `nvidia_chains`, `nvidia_ocsp`,
+    /// `tdx_known`. Each is bounded in bytes, not entries (see `cache.rs`).
+    pub fn cache_stats(&self) -> [(&'static str, CacheStats); 4] {
+        let [chains, ocsp] = self.nvidia.cache_stats();
+        [
+            ("snp_chains", self.snp.cache_stats()),
+            ("nvidia_chains", chains),
+            ("nvidia_ocsp", ocsp),
+            ("tdx_known", self.tdx.cache_stats()),
+        ]
     }
 
     /// Verify `evidence` at `now`.

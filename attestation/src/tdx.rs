@@ -98,8 +98,9 @@ impl dcap_qvl::config::CryptoProvider for AwsLcDcap {
     }
 }
 
-/// Verifies TDX quotes. Parsed collateral is cached by its exact bytes: one platform's
-/// collateral (per FMSPC) serves every quote it produces until the next TCB info update.
+/// Verifies TDX quotes. Collateral is parsed on every full verification (a few tens of
+/// microseconds beside dcap-qvl's milliseconds): nothing is cached from collateral that has not
+/// verified, so re-spaced or junk collateral JSON makes no entries.
 ///
 /// **Known platforms.** A fleet re-attests constantly, and a TD's next quote differs from its
 /// last only in REPORTDATA (the nonce binding) and the quote signature. So a quote whose every
@@ -110,9 +111,14 @@ impl dcap_qvl::config::CryptoProvider for AwsLcDcap {
 /// earlier verdict holds only while `now` is within every window it relied on (certificates,
 /// CRLs, TCB info and QE identity `nextUpdate`) and not before it was reached; otherwise the
 /// quote is verified in full again.
+///
+/// Known platforms are keyed by the quote's canonical bytes (REPORTDATA, the signature, the
+/// certification data's sizes and its NUL padding left out), so one quote padded many ways is
+/// one entry, and only after dcap-qvl verified it in full; the collateral's SHA-256 is compared,
+/// so collateral re-spaced or otherwise re-encoded replaces that one entry rather than adding
+/// to the cache.
 #[derive(Debug)]
 pub(crate) struct TdxVerifier {
-    collateral: ChainCache<QuoteCollateralV3>,
     known: ChainCache<Known>,
 }
 
@@ -130,7 +136,6 @@ struct Known {
 impl Default for TdxVerifier {
     fn default() -> Self {
         TdxVerifier {
-            collateral: ChainCache::new(),
             known: ChainCache::new(),
         }
     }
@@ -171,11 +176,28 @@ fn layout(bytes: &[u8], version: u16) -> Option<Layout> {
     Some(l)
 }
 
-/// The cache key: the quote with REPORTDATA and the signature zeroed.
-fn masked(quote: &[u8], l: &Layout) -> Vec<u8> {
-    let mut m = quote.to_vec();
+/// The cache key: the quote with REPORTDATA and the signature zeroed, and the certification
+/// data's three sizes (signature data, outer and inner certification data) zeroed and the PCK
+/// chain's NUL padding cut, so that padding, which nothing signs, cannot make new keys. The
+/// inner certification data is the quote's last field (`inner_len` bytes); every other field
+/// is fixed-size or keeps its own length (QE auth data), so the key still determines the quote
+/// but for what it leaves out.
+fn masked(quote: &[u8], l: &Layout, inner_len: usize) -> Vec<u8> {
+    let inner_start = quote.len().saturating_sub(inner_len);
+    let kept = inner_start + trimmed(&quote[inner_start..]).len();
+    let mut m = quote[..kept].to_vec();
     m[l.report_data.clone()].fill(0);
     m[l.signature.clone()].fill(0);
+    let sizes = [
+        l.signed..l.signed + 4,
+        l.attestation_key.end + 2..l.attestation_key.end + 6,
+        inner_start.saturating_sub(4)..inner_start,
+    ];
+    for r in sizes {
+        if let Some(b) = m.get_mut(r) {
+            b.fill(0);
+        }
+    }
     m
 }
 
@@ -183,18 +205,31 @@ fn masked(quote: &[u8], l: &Layout) -> Vec<u8> {
 /// certificate (the quote's PCK chain, the collateral's issuer chains), both CRLs' next update,
 /// and the TCB info's and QE identity's `nextUpdate`. `None`: something could not be read (the
 /// verdict is then not remembered).
-fn valid_until(c: &QuoteCollateralV3, pck_chain: &[u8]) -> Option<i64> {
+fn valid_until(c: &QuoteCollateralV3, pck_ders: &[Vec<u8>]) -> Option<i64> {
     use time::format_description::well_known::Rfc3339;
+    /// Only `nextUpdate` is read (serde skips the rest without building values).
+    #[derive(serde::Deserialize)]
+    struct Signed {
+        #[serde(rename = "tcbInfo", alias = "enclaveIdentity")]
+        inner: Option<Next>,
+        #[serde(rename = "nextUpdate")]
+        next_update: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Next {
+        #[serde(rename = "nextUpdate")]
+        next_update: String,
+    }
     let mut until = i64::MAX;
     for json in [&c.tcb_info, &c.qe_identity] {
-        let v: serde_json::Value = serde_json::from_str(json).ok()?;
-        let inner = v
-            .get("tcbInfo")
-            .or_else(|| v.get("enclaveIdentity"))
-            .unwrap_or(&v);
-        let next = inner.get("nextUpdate")?.as_str()?;
+        let v: Signed = serde_json::from_str(json).ok()?;
+        let next = match (v.inner, v.next_update) {
+            (Some(inner), _) => inner.next_update,
+            (None, Some(next)) => next,
+            (None, None) => return None,
+        };
         until = until.min(
-            time::OffsetDateTime::parse(next, &Rfc3339)
+            time::OffsetDateTime::parse(&next, &Rfc3339)
                 .ok()?
                 .unix_timestamp(),
         );
@@ -205,16 +240,28 @@ fn valid_until(c: &QuoteCollateralV3, pck_chain: &[u8]) -> Option<i64> {
         // A CRL is stale from its nextUpdate on (webpki: `time >= next_update`).
         until = until.min(crl.next_update()?.timestamp().checked_sub(1)?);
     }
+    // The chains share certificates (Intel's root in each, the TCB signing chain twice):
+    // each distinct one is read once.
+    let mut ders: Vec<Vec<u8>> = pck_ders.to_vec();
+    let mut seen_chains: Vec<&str> = Vec::with_capacity(3);
     for pem in [
-        pck_chain,
-        c.pck_crl_issuer_chain.as_bytes(),
-        c.tcb_info_issuer_chain.as_bytes(),
-        c.qe_identity_issuer_chain.as_bytes(),
+        &c.pck_crl_issuer_chain,
+        &c.tcb_info_issuer_chain,
+        &c.qe_identity_issuer_chain,
     ] {
-        for der in crate::x509::pem_certs(pem, "certificate chain").ok()? {
-            let cert = crate::x509::parse_cert(&der, "certificate").ok()?;
-            until = until.min(cert.validity().not_after.timestamp());
+        if seen_chains.contains(&pem.as_str()) {
+            continue;
         }
+        seen_chains.push(pem);
+        for der in crate::x509::pem_certs(pem.as_bytes(), "certificate chain").ok()? {
+            if !ders.contains(&der) {
+                ders.push(der);
+            }
+        }
+    }
+    for der in &ders {
+        let cert = crate::x509::parse_cert(der, "certificate").ok()?;
+        until = until.min(cert.validity().not_after.timestamp());
     }
     Some(until)
 }
@@ -246,15 +293,16 @@ impl TdxVerifier {
                 format!("{:#x} is not TDX (0x81)", quote.header.tee_type),
             ));
         }
-        let (pck_leaf, quote_len) = check_canonical(ev.quote, &quote)?;
+        let (pck_ders, quote_len) = check_canonical(ev.quote, &quote)?;
         let bytes = &ev.quote[..quote_len];
         let layout = layout(bytes, quote.header.version);
-        let key = layout.as_ref().map(|l| masked(bytes, l));
+        let key = layout
+            .as_ref()
+            .map(|l| masked(bytes, l, quote.inner_cert_data().len()));
+        let collateral_digest = crate::crypto::sha256(ev.collateral_json);
         // A quote from a known platform: one signature check.
         if let (Some(l), Some(k)) = (&layout, &key)
-            && let Some(known) = self
-                .known
-                .get(k, &[&crate::crypto::sha256(ev.collateral_json)])
+            && let Some(known) = self.known.get(k, &[&collateral_digest])
             && (known.from..=known.until).contains(&now)
             && quote_signature_ok(bytes, l)
         {
@@ -264,19 +312,15 @@ impl TdxVerifier {
             }
             return Ok(claims);
         }
-        let fmspc = fmspc_of(&pck_leaf)?;
-        let collateral = match self.collateral.get(ev.collateral_json, &[]) {
-            Some(c) => c,
-            None => {
-                let c: QuoteCollateralV3 =
-                    serde_json::from_slice(ev.collateral_json).map_err(|e| Error::Collateral {
-                        detail: format!("collateral JSON: {e}"),
-                    })?;
-                let c = std::sync::Arc::new(c);
-                self.collateral.insert(ev.collateral_json, &[], c.clone());
-                c
-            }
-        };
+        let pck_leaf = pck_ders
+            .first()
+            .ok_or_else(|| Error::malformed("PCK certificate chain", "empty"))?;
+        let fmspc = fmspc_of(pck_leaf)?;
+        self.known.note_miss();
+        let collateral: QuoteCollateralV3 =
+            serde_json::from_slice(ev.collateral_json).map_err(|e| Error::Collateral {
+                detail: format!("collateral JSON: {e}"),
+            })?;
         // dcap-qvl verifies the collateral's PCK chain instead of the quote's when it carries
         // one: only the quote's own chain is accepted (the FMSPC and the windows read it).
         if let Some(chain) = &collateral.pck_certificate_chain
@@ -328,19 +372,26 @@ impl TdxVerifier {
         // Remember the verdict (the layout agreeing with what dcap-qvl parsed).
         if let (Some(l), Some(k)) = (&layout, key)
             && bytes[l.report_data.clone()] == base.report_data[..]
-            && let Some(until) = valid_until(&collateral, trimmed(quote.inner_cert_data()))
+            && let Some(until) = valid_until(&collateral, &pck_ders)
         {
+            // The claims are about 1.5 KiB of hex.
             self.known.insert(
                 &k,
-                &[&crate::crypto::sha256(ev.collateral_json)],
+                &[&collateral_digest],
                 std::sync::Arc::new(Known {
                     claims: claims.clone(),
                     from: now,
                     until,
                 }),
+                2048,
             );
         }
         Ok(claims)
+    }
+
+    /// What the known-platform cache holds (tests and benchmarks).
+    pub(crate) fn cache_stats(&self) -> crate::cache::CacheStats {
+        self.known.stats()
     }
 }
 
@@ -394,9 +445,12 @@ fn td_body(
 pub fn collateral_ids(quote_bytes: &[u8]) -> Result<([u8; 6], &'static str)> {
     let quote = dcap_qvl::quote::Quote::parse(quote_bytes)
         .map_err(|e| Error::malformed("TDX quote", format!("{e:#}")))?;
-    let (leaf, _) = check_canonical(quote_bytes, &quote)?;
-    let fmspc = fmspc_of(&leaf)?;
-    let cert = crate::x509::parse_cert(&leaf, "PCK certificate")?;
+    let (ders, _) = check_canonical(quote_bytes, &quote)?;
+    let leaf = ders
+        .first()
+        .ok_or_else(|| Error::malformed("PCK certificate chain", "empty"))?;
+    let fmspc = fmspc_of(leaf)?;
+    let cert = crate::x509::parse_cert(leaf, "PCK certificate")?;
     let ca = if cert.issuer().to_string().contains("Platform") {
         "platform"
     } else {
@@ -415,8 +469,8 @@ const CERT_TYPE_PCK_CHAIN: u16 = 5;
 /// exactly its own encoding (zero padding after it allowed), the certification data types must be
 /// 6 then 5, the PCK chain must be canonical PEM (64-column lines; NUL padding allowed), and the
 /// root it carries must be Intel's exact certificate.
-/// Returns the PCK leaf certificate (DER) and the quote's length without padding.
-fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<(Vec<u8>, usize)> {
+/// Returns the PCK chain's certificates (DER, leaf first) and the quote's length without padding.
+fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<(Vec<Vec<u8>>, usize)> {
     use dcap_qvl::quote::AuthData;
     use parity_scale_codec::Encode;
     let encoded = quote.encode();
@@ -442,19 +496,12 @@ fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<(Vec<
             ),
         ));
     }
-    let data = trimmed(quote.inner_cert_data());
-    let end = data.len();
-    let ders = crate::x509::pem_certs(data, "PCK certificate chain")?;
-    let canonical: String = ders
-        .iter()
-        .map(|d| crate::x509::to_pem("CERTIFICATE", d))
-        .collect();
-    if canonical.as_bytes() != &data[..end] {
-        return Err(Error::malformed(
+    let ders = canonical_pem_certs(trimmed(quote.inner_cert_data())).ok_or_else(|| {
+        Error::malformed(
             "PCK certificate chain",
             "not canonical PEM (64-column base64, LF line ends)",
-        ));
-    }
+        )
+    })?;
     let root = ders.last().map(|d| crate::crypto::sha256(d));
     if root != Some(crate::trust::INTEL_SGX_ROOT_CA_SHA256) {
         return Err(Error::UntrustedRoot {
@@ -462,11 +509,46 @@ fn check_canonical(bytes: &[u8], quote: &dcap_qvl::quote::Quote) -> Result<(Vec<
             detail: "the quote's PCK chain does not end at the Intel SGX Root CA".into(),
         });
     }
-    let leaf = ders
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::malformed("PCK certificate chain", "empty"))?;
-    Ok((leaf, encoded.len()))
+    Ok((ders, encoded.len()))
+}
+
+/// The certificates of `data` if it is exactly canonical PEM — `CERTIFICATE` blocks only, each
+/// its base64 in 64-column lines (the last one shorter or full), LF line ends, canonical base64
+/// (padding, no stray bits), nothing between or around the blocks — i.e. if `data` is
+/// `to_pem("CERTIFICATE", der)` of each certificate in turn. One pass and one decode per block:
+/// the check runs on every quote verified in full.
+fn canonical_pem_certs(data: &[u8]) -> Option<Vec<Vec<u8>>> {
+    use base64::Engine;
+    const BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----\n";
+    const END: &[u8] = b"-----END CERTIFICATE-----\n";
+    let mut rest = data;
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        rest = rest.strip_prefix(BEGIN)?;
+        let mut b64 = Vec::with_capacity(2048);
+        loop {
+            if let Some(after) = rest.strip_prefix(END) {
+                rest = after;
+                break;
+            }
+            let nl = rest.iter().position(|&b| b == b'\n')?;
+            let line = &rest[..nl];
+            // Every line but the block's last is full; the last is 1..=64 characters.
+            let last = rest[nl + 1..].starts_with(END);
+            if line.is_empty() || line.len() > 64 || (!last && line.len() != 64) {
+                return None;
+            }
+            b64.extend_from_slice(line);
+            rest = &rest[nl + 1..];
+        }
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(&b64)
+            .ok()?;
+        // The base64 engine refuses non-canonical padding and trailing bits, so `der` encodes
+        // back to exactly these lines.
+        out.push(der);
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Intel SGX extensions of a PCK certificate (Intel SGX PCK Certificate and CRL Profile, §1.3.5).
@@ -524,5 +606,54 @@ fn classify(msg: &str) -> Error {
         Error::malformed("TDX quote or collateral", detail)
     } else {
         Error::Collateral { detail }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The one-pass check accepts exactly what `to_pem` writes, block by block.
+    #[test]
+    fn canonical_pem_is_exactly_to_pem() {
+        let ders: Vec<Vec<u8>> = [1usize, 47, 48, 49, 700]
+            .iter()
+            .map(|&n| (0..n).map(|i| (i * 7 + n) as u8).collect())
+            .collect();
+        let pem: String = ders
+            .iter()
+            .map(|d| crate::x509::to_pem("CERTIFICATE", d))
+            .collect();
+        assert_eq!(canonical_pem_certs(pem.as_bytes()).unwrap(), ders);
+        let one = crate::x509::to_pem("CERTIFICATE", &ders[4]);
+        for bad in [
+            one.replace('\n', "\r\n"),
+            format!("junk\n{one}"),
+            format!("{one}junk\n"),
+            format!("{one}\n"),
+            one.replacen("-----END", "\n-----END", 1),
+            one.replace("CERTIFICATE", "X509 CRL"),
+            one.trim_end().to_string(),
+            String::new(),
+        ] {
+            assert!(canonical_pem_certs(bad.as_bytes()).is_none(), "{bad:?}");
+        }
+        // 76-column lines (the same base64, other wrapping) are not canonical.
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&ders[4]);
+        let mut wrapped = String::from("-----BEGIN CERTIFICATE-----\n");
+        for c in b64.as_bytes().chunks(76) {
+            wrapped.push_str(std::str::from_utf8(c).unwrap());
+            wrapped.push('\n');
+        }
+        wrapped.push_str("-----END CERTIFICATE-----\n");
+        assert!(canonical_pem_certs(wrapped.as_bytes()).is_none());
+        // A stray bit in the last base64 character (decodes to the same bytes leniently).
+        let der = vec![0xFFu8; 4]; // "/////w==": the last data character carries 4 spare bits
+        let pem = crate::x509::to_pem("CERTIFICATE", &der);
+        assert!(canonical_pem_certs(pem.as_bytes()).is_some());
+        let stray = pem.replace("/////w==", "/////x==");
+        assert!(canonical_pem_certs(stray.as_bytes()).is_none());
     }
 }

@@ -348,16 +348,49 @@ pub(crate) fn extension<'a>(
     Ok(found)
 }
 
-/// A CRL checked against its issuer and time; yields the revoked serials (raw big-endian).
+/// When a CRL may be relied on: from its thisUpdate to its nextUpdate (Unix seconds; a CRL
+/// without nextUpdate has no end). Kept with a cached chain and checked at every `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CrlWindow {
+    pub this_update: i64,
+    pub next_update: Option<i64>,
+}
+
+impl CrlWindow {
+    pub(crate) fn check(&self, now: i64) -> Result<()> {
+        if now < self.this_update {
+            return Err(Error::Crl {
+                detail: format!("not valid before {}", rfc3339(self.this_update)),
+            });
+        }
+        if let Some(next) = self.next_update
+            && now > next
+        {
+            return Err(Error::Crl {
+                detail: format!("expired at {}", rfc3339(next)),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A CRL checked against its issuer and time; yields the revoked serials (raw big-endian) and
+/// the CRL's window, which a cached verdict must keep checking.
 pub(crate) fn checked_crl_serials(
     crl_der: &[u8],
     issuer: &X509Certificate<'_>,
     provider: &dyn CryptoProvider,
     now: i64,
     chain: ChainKind,
-) -> Result<Vec<Vec<u8>>> {
+) -> Result<(Vec<Vec<u8>>, CrlWindow)> {
     let crl = match CertificateRevocationList::from_der(crl_der) {
-        Ok((_, crl)) => crl,
+        Ok(([], crl)) => crl,
+        // Unsigned bytes after the CRL would make every copy of one CRL a new input.
+        Ok((rest, _)) => {
+            return Err(Error::Crl {
+                detail: format!("{} trailing bytes after the CRL", rest.len()),
+            });
+        }
         Err(e) => {
             return Err(Error::Crl {
                 detail: format!("does not parse: {e}"),
@@ -385,23 +418,17 @@ pub(crate) fn checked_crl_serials(
         .map_err(|_| Error::Crl {
             detail: format!("signature by '{}' does not verify", subject(issuer)),
         })?;
-    let this = crl.last_update().timestamp();
-    if now < this {
-        return Err(Error::Crl {
-            detail: format!("not valid before {}", rfc3339(this)),
-        });
-    }
-    if let Some(next) = crl.next_update()
-        && now > next.timestamp()
-    {
-        return Err(Error::Crl {
-            detail: format!("expired at {}", rfc3339(next.timestamp())),
-        });
-    }
-    Ok(crl
-        .iter_revoked_certificates()
-        .map(|r| r.raw_serial().to_vec())
-        .collect())
+    let window = CrlWindow {
+        this_update: crl.last_update().timestamp(),
+        next_update: crl.next_update().map(|t| t.timestamp()),
+    };
+    window.check(now)?;
+    Ok((
+        crl.iter_revoked_certificates()
+            .map(|r| r.raw_serial().to_vec())
+            .collect(),
+        window,
+    ))
 }
 
 /// Is this certificate self-signed under its own key?

@@ -410,6 +410,19 @@ fn sim_gpu_verifies_and_each_check_refuses_tampering() {
     assert_eq!(n.fwid, hex::encode(g.fwid));
     assert_eq!(n.vbios_version.as_deref(), Some("96.00.74.00.1A"));
     assert_eq!(
+        n.vbios_version.as_deref(),
+        Some(cgx_attestation::sim::SIM_GPU_VBIOS_VERSION)
+    );
+    assert_eq!(
+        n.driver_version.as_deref(),
+        Some(cgx_attestation::sim::SIM_GPU_DRIVER_VERSION)
+    );
+    // The opaque fields the real H100 signs: CC mode on, as the shared vectors report.
+    assert_eq!(
+        n.cc_mode.as_deref(),
+        Some(cgx_attestation::nvidia::CC_MODE_ON)
+    );
+    assert_eq!(
         verify(&Verifier::new(VerifierConfig::default()), &b)
             .unwrap_err()
             .code(),

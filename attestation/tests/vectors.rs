@@ -211,6 +211,37 @@ fn shared_rims_all_verify_and_match_a_real_report() {
     );
 }
 
+/// Both real H100s signed the CC mode the simulator writes: `on` — one from its
+/// PROTECTED_PCIE_STATUS alone (driver 550, no FEATURE_FLAG), one from FEATURE_FLAG SPT.
+#[test]
+fn real_h100_evidence_reports_cc_mode_on() {
+    let Some(root) = vectors_dir() else {
+        skip("SKIPPED real_h100_evidence_reports_cc_mode_on: no vectors");
+        return;
+    };
+    let verifier = Verifier::new(VerifierConfig::default());
+    for name in ["h100-nvtrust-sample", "h100-trustee-coco"] {
+        let dir = root.join("nvidia").join(name);
+        let expected: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let at = expected
+            .get("at")
+            .and_then(Value::as_str)
+            .map(|t| OffsetDateTime::parse(t, &Rfc3339).unwrap())
+            .unwrap_or_else(OffsetDateTime::now_utc);
+        let bundle = Bundle::load(&dir).unwrap();
+        let claims = verifier.verify(&bundle.evidence(), at).unwrap();
+        let cgx_attestation::KindClaims::Nvidia(gpu) = &claims.claims().detail else {
+            panic!("{name}: not nvidia")
+        };
+        assert_eq!(
+            gpu.cc_mode.as_deref(),
+            Some(cgx_attestation::nvidia::CC_MODE_ON),
+            "{name}"
+        );
+    }
+}
+
 /// Say that a test skipped, past libtest's output capture (a plain `eprintln!` in a passing
 /// test is swallowed), so a user without the vectors sees it.
 fn skip(msg: &str) {

@@ -122,7 +122,9 @@ enum BenchWhat {
         #[arg(long)]
         vectors: Option<PathBuf>,
     },
-    /// Verifications per second per kind on one core, against the raw signature bound.
+    /// Verifications per second per kind on one core: warm (a known platform re-attesting),
+    /// cold (a platform seen for the first time) and the peer's, side by side; the warm path
+    /// against the raw signature bound.
     Verify {
         #[arg(long)]
         json: bool,

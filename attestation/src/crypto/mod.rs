@@ -13,6 +13,9 @@ use std::fmt;
 
 pub(crate) mod p384;
 
+#[cfg(feature = "test-support")]
+pub use p384::table_verifications;
+
 /// Signature algorithms the verifiers need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -20,8 +20,9 @@
 // Carry chains walk two or three limb arrays in step; an index says that most plainly.
 #![allow(clippy::needless_range_loop)]
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 /// A residue as little-endian 64-bit limbs.
 pub(crate) type Limbs = [u64; 6];
@@ -622,22 +623,72 @@ const TABLE_BUDGET: usize = 64 << 20;
 
 static TABLE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
+/// Tables by public key (`x ‖ y`), shared by every prepared key for that point: one device's
+/// key cached under several chains (or prepared again by another verifier) costs one table and
+/// one share of the budget. Dead entries are swept when the map grows past what the budget
+/// could keep alive.
+static SHARED: LazyLock<Mutex<HashMap<[u8; 96], Weak<Shared>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Verifications made with tables, process-wide (tests check that a key kept its tables).
+#[cfg(feature = "test-support")]
+static TABLE_VERIFICATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Number of P-384 verifications made through precomputed tables in this process.
+#[cfg(feature = "test-support")]
+pub fn table_verifications() -> u64 {
+    TABLE_VERIFICATIONS.load(Ordering::Relaxed)
+}
+
 static BASE: LazyLock<Option<Table>> =
     LazyLock::new(|| Table::build(&Affine::from_be(&GX, &GY)?, BASE_WINDOW));
+
+/// One point's tables and the meter they are counted in (given back when the last key using
+/// them is dropped).
+#[derive(Debug)]
+struct Shared {
+    table: Table,
+    meter: &'static AtomicUsize,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.meter
+            .fetch_sub(Table::bytes(self.table.w), Ordering::AcqRel);
+    }
+}
 
 /// A P-384 public key with its tables, for ECDSA P-384/SHA-384 with fixed `r ‖ s` signatures.
 #[derive(Debug)]
 pub(crate) struct TabledKey {
-    table: Table,
-    /// The budget's meter this key's tables are counted in (given back on drop).
-    meter: &'static AtomicUsize,
+    shared: Arc<Shared>,
 }
 
 impl TabledKey {
-    /// Tables for an uncompressed SEC1 point (`04 ‖ x ‖ y`); `None` when the point is not on
-    /// the curve or the table budget is spent (the caller verifies the generic way).
+    /// Tables for an uncompressed SEC1 point (`04 ‖ x ‖ y`), shared with any live key for the
+    /// same point; `None` when the point is not on the curve or the table budget is spent (the
+    /// caller verifies the generic way).
     pub(crate) fn new(sec1: &[u8]) -> Option<TabledKey> {
-        Self::metered(sec1, &TABLE_BYTES, TABLE_BUDGET)
+        let point = sec1
+            .strip_prefix(&[0x04])
+            .and_then(|p| <[u8; 96]>::try_from(p).ok())?;
+        if let Some(shared) = SHARED
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&point).and_then(Weak::upgrade))
+        {
+            return Some(TabledKey { shared });
+        }
+        // Built outside the lock (milliseconds); two threads racing on one new point may both
+        // build, and the map keeps the later one — both within the budget.
+        let key = Self::metered(sec1, &TABLE_BYTES, TABLE_BUDGET)?;
+        if let Ok(mut m) = SHARED.lock() {
+            if m.len() >= 2 * (TABLE_BUDGET / Table::bytes(KEY_WINDOW)).max(1) {
+                m.retain(|_, w| w.strong_count() > 0);
+            }
+            m.insert(point, Arc::downgrade(&key.shared));
+        }
+        Some(key)
     }
 
     pub(super) fn metered(
@@ -661,7 +712,9 @@ impl TabledKey {
             })
             .ok()?;
         match Table::build(&q, KEY_WINDOW) {
-            Some(table) => Some(TabledKey { table, meter }),
+            Some(table) => Some(TabledKey {
+                shared: Arc::new(Shared { table, meter }),
+            }),
             None => {
                 meter.fetch_sub(size, Ordering::AcqRel);
                 None
@@ -671,6 +724,8 @@ impl TabledKey {
 
     /// ECDSA verification (FIPS 186-5 §6.4.2) of `sig = r ‖ s` over `msg`.
     pub(crate) fn verify(&self, msg: &[u8], sig: &[u8]) -> bool {
+        #[cfg(feature = "test-support")]
+        TABLE_VERIFICATIONS.fetch_add(1, Ordering::Relaxed);
         let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA384, msg);
         <&[u8; 48]>::try_from(digest.as_ref()).is_ok_and(|e| self.verify_digest(e, sig))
     }
@@ -697,7 +752,10 @@ impl TabledKey {
         let Some(base) = BASE.as_ref() else {
             return false;
         };
-        let sum = self.table.accumulate(base.accumulate(INFINITY, &u1), &u2);
+        let sum = self
+            .shared
+            .table
+            .accumulate(base.accumulate(INFINITY, &u1), &u2);
         if sum.is_infinity() {
             return false;
         }
@@ -711,10 +769,11 @@ impl TabledKey {
     }
 }
 
-impl Drop for TabledKey {
-    fn drop(&mut self) {
-        self.meter
-            .fetch_sub(Table::bytes(self.table.w), Ordering::AcqRel);
+#[cfg(test)]
+impl TabledKey {
+    /// Whether two keys use the very same tables.
+    fn shares_tables_with(&self, other: &TabledKey) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 }
 
@@ -1153,6 +1212,27 @@ mod tests {
             .unwrap();
         assert!(prepared.verify(b"m", sig.as_ref()).is_ok());
         assert!(prepared.verify(b"n", sig.as_ref()).is_err());
+    }
+
+    /// One point prepared twice (a device's key under two chains, or a junk re-encoding of its
+    /// certificate) shares one set of tables; a new point gets its own.
+    #[test]
+    fn one_point_has_one_table() {
+        let kp = EcdsaKeyPair::generate(&ECDSA_P384_SHA384_FIXED_SIGNING).unwrap();
+        let other = EcdsaKeyPair::generate(&ECDSA_P384_SHA384_FIXED_SIGNING).unwrap();
+        let a = TabledKey::new(kp.public_key().as_ref()).unwrap();
+        let b = TabledKey::new(kp.public_key().as_ref()).unwrap();
+        let c = TabledKey::new(other.public_key().as_ref()).unwrap();
+        assert!(a.shares_tables_with(&b));
+        assert!(!a.shares_tables_with(&c));
+        let sig = kp
+            .sign(&aws_lc_rs::rand::SystemRandom::new(), b"m")
+            .unwrap();
+        assert!(b.verify(b"m", sig.as_ref()));
+        // Once every key for the point is gone, a new one builds afresh.
+        drop((a, b));
+        let d = TabledKey::new(kp.public_key().as_ref()).unwrap();
+        assert!(d.verify(b"m", sig.as_ref()));
     }
 
     /// x(R) ≥ n: the signature's r is x(R) − n, and only the `r + n` comparison accepts it.

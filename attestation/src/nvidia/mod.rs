@@ -5,17 +5,22 @@
 //! Checks: the chain (each link ECDSA P-384, each certificate valid at `now`, root pinned), the
 //! leaf's TCG DICE FWID extension equal to the FWID the GPU reports in its opaque data, the
 //! SPDM signature over `request ‖ response`, and — when the caller supplies one — the requester
-//! nonce. The chain is cached like the SNP chain. When OCSP responses come with the evidence,
-//! every certificate between leaf and root must be `good` in one of them ([`ocsp`]); the claims
-//! say whether revocation was checked.
+//! nonce. The chain is cached like the SNP chain: in canonical form (canonical PEM), only once an
+//! SPDM signature has verified under it, its key's P-384 tables built on its first hit. When
+//! OCSP responses come with the evidence, every certificate between leaf and root must be `good`
+//! in one of them ([`ocsp`]), and every response must answer for one of them; verified answers
+//! are cached by the canonical chain and the canonical responses. The claims say whether
+//! revocation was checked.
 
 pub mod c14n;
 pub mod ocsp;
 pub mod rim;
 pub(crate) mod spdm;
 
+pub use spdm::{CC_MODE_MPT, CC_MODE_ON, CC_MODE_PPCIE, CC_MODE_UNKNOWN};
+
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::cache::ChainCache;
 use crate::claims::{Claims, EvidenceKind, KindClaims, NvidiaClaims};
@@ -45,7 +50,10 @@ pub struct NvidiaEvidence<'a> {
 
 #[derive(Debug)]
 struct VerifiedChain {
-    key: Box<dyn PreparedKey>,
+    /// The leaf's SEC1 point.
+    public_key: Vec<u8>,
+    /// Prepared (with tables) on the chain's first cache hit (see the SNP verifier's).
+    key: OnceLock<Option<Box<dyn PreparedKey>>>,
     fwids: Vec<Vec<u8>>,
     sim: bool,
     device_serial: String,
@@ -54,6 +62,60 @@ struct VerifiedChain {
     windows: Vec<(String, Window)>,
     /// The chain's certificates (DER, leaf first), for OCSP checks.
     ders: Vec<Vec<u8>>,
+    /// The chain as canonical PEM: its cache key, and the OCSP cache's.
+    canonical_pem: Vec<u8>,
+}
+
+impl VerifiedChain {
+    fn check_windows(&self, now: i64) -> Result<()> {
+        for (subject, w) in &self.windows {
+            w.check(|| subject.clone(), now)?;
+        }
+        Ok(())
+    }
+
+    /// Verify an SPDM signature: prepared once the chain is cached, unprepared (no tables built)
+    /// for a chain seen for the first time.
+    fn verify_spdm(
+        &self,
+        provider: &dyn CryptoProvider,
+        cached: bool,
+        msg: &[u8],
+        sig: &[u8],
+    ) -> bool {
+        const ALG: SigAlg = SigAlg::EcdsaP384Sha384Fixed;
+        if cached
+            && let Some(key) = self
+                .key
+                .get_or_init(|| provider.prepare(ALG, &self.public_key).ok())
+        {
+            return key.verify(msg, sig).is_ok();
+        }
+        provider.verify(ALG, &self.public_key, msg, sig).is_ok()
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.public_key.len()
+            + self.fwids.iter().map(Vec::len).sum::<usize>()
+            + self.device_serial.len()
+            + self.chip.as_ref().map_or(0, String::len)
+            + self.root.len()
+            + self
+                .windows
+                .iter()
+                .map(|(s, _)| s.len() + 32)
+                .sum::<usize>()
+            + self.ders.iter().map(Vec::len).sum::<usize>()
+            + self.canonical_pem.len()
+    }
+}
+
+/// Canonical PEM of a chain's certificates (64-column base64, LF), leaf first.
+fn canonical_pem(ders: &[Vec<u8>]) -> Vec<u8> {
+    ders.iter()
+        .map(|d| x509::to_pem("CERTIFICATE", d))
+        .collect::<String>()
+        .into_bytes()
 }
 
 /// `ocsp` claim: every certificate between leaf and root was `good` in a supplied response.
@@ -91,7 +153,7 @@ impl NvidiaVerifier {
                 actual: hex::encode(spdm.request.nonce),
             });
         }
-        let chain = self.chain(ev.cert_chain, now)?;
+        let (chain, fresh) = self.chain(ev.cert_chain, now)?;
         let fwid = spdm
             .opaque(spdm::opaque_type::FWID)
             .ok_or_else(|| Error::malformed("SPDM opaque data", "no FWID field"))?;
@@ -105,10 +167,20 @@ impl NvidiaVerifier {
                 opaque: hex::encode(fwid),
             });
         }
-        chain
-            .key
-            .verify(&ev.report[..spdm.signed_len], &spdm.response.signature)
-            .map_err(|_| Error::signature("SPDM measurements (request ‖ response)"))?;
+        if !chain.verify_spdm(
+            self.provider,
+            !fresh,
+            &ev.report[..spdm.signed_len],
+            &spdm.response.signature,
+        ) {
+            return Err(Error::signature("SPDM measurements (request ‖ response)"));
+        }
+        // Only now, with measurements verified under it, does the chain earn a cache entry.
+        if fresh {
+            let bytes = chain.heap_bytes();
+            self.cache
+                .insert(&chain.canonical_pem, &[], chain.clone(), bytes);
+        }
         let ocsp = if ev.ocsp.is_empty() {
             OCSP_NOT_CHECKED
         } else {
@@ -144,6 +216,7 @@ impl NvidiaVerifier {
                     .and_then(spdm::format_vbios_version),
                 device_serial: chain.device_serial.clone(),
                 chip: chain.chip.clone(),
+                cc_mode: Some(spdm::cc_mode(&spdm).into()),
                 root: chain.root.clone(),
                 ocsp: ocsp.into(),
             }),
@@ -163,41 +236,72 @@ impl NvidiaVerifier {
         now: i64,
     ) -> Result<()> {
         let rest: Vec<&[u8]> = responses.iter().map(Vec::as_slice).collect();
-        let attested = match self.ocsp_cache.get(pem, &rest) {
-            Some(a) => a,
-            None => {
-                let certs = chain
-                    .ders
-                    .iter()
-                    .map(|d| x509::parse_cert(d, "NVIDIA device certificate"))
-                    .collect::<Result<Vec<_>>>()?;
-                let a = Arc::new(
-                    (1..certs.len().saturating_sub(1))
-                        .map(|i| {
-                            ocsp::attest(responses, &certs[i], &certs[i + 1], self.provider, None)
-                        })
-                        .collect::<Result<Vec<_>>>()?,
-                );
-                self.ocsp_cache.insert(pem, &rest, a.clone());
-                a
-            }
-        };
-        attested.iter().try_for_each(|a| a.judge(now))
+        if let Some(a) = self.ocsp_cache.get(pem, &rest) {
+            return a.iter().try_for_each(|a| a.judge(now));
+        }
+        // Not under the bytes as given: under their canonical form? Every response must parse.
+        let canonical = responses
+            .iter()
+            .map(|r| ocsp::canonical(r, self.provider))
+            .collect::<Result<Vec<_>>>()?;
+        let canonical_rest: Vec<&[u8]> = canonical.iter().map(Vec::as_slice).collect();
+        if let Some(a) = self.ocsp_cache.get(&chain.canonical_pem, &canonical_rest) {
+            return a.iter().try_for_each(|a| a.judge(now));
+        }
+        self.ocsp_cache.note_miss();
+        let certs = chain
+            .ders
+            .iter()
+            .map(|d| x509::parse_cert(d, "NVIDIA device certificate"))
+            .collect::<Result<Vec<_>>>()?;
+        let attested = (1..certs.len().saturating_sub(1))
+            .map(|i| ocsp::attest(responses, &certs[i], &certs[i + 1], self.provider, None))
+            .collect::<Result<Vec<_>>>()?;
+        // A response that answers for no certificate of the chain is refused, not carried: it
+        // would be bytes no check covers (and a new cache key per copy).
+        if let Some(unused) =
+            (0..responses.len()).find(|i| attested.iter().all(|a| a.response != *i))
+        {
+            return Err(Error::Ocsp {
+                detail: format!(
+                    "response {unused} answers for no certificate between the leaf and the root"
+                ),
+            });
+        }
+        attested.iter().try_for_each(|a| a.judge(now))?;
+        let bytes = canonical.iter().map(Vec::len).sum::<usize>()
+            + attested.len() * std::mem::size_of::<ocsp::Attested>();
+        self.ocsp_cache.insert(
+            &chain.canonical_pem,
+            &canonical_rest,
+            Arc::new(attested),
+            bytes,
+        );
+        Ok(())
     }
 
-    fn chain(&self, pem: &[u8], now: i64) -> Result<Arc<VerifiedChain>> {
-        let chain = match self.cache.get(pem, &[]) {
-            Some(c) => c,
+    /// What the chain and OCSP caches hold (tests and benchmarks).
+    pub(crate) fn cache_stats(&self) -> [crate::cache::CacheStats; 2] {
+        [self.cache.stats(), self.ocsp_cache.stats()]
+    }
+
+    /// The verified chain, from the cache (`false`) or verified now (`true`: the caller caches
+    /// it once an SPDM signature verifies under it); its windows checked at `now` either way.
+    fn chain(&self, pem: &[u8], now: i64) -> Result<(Arc<VerifiedChain>, bool)> {
+        let cached = self.cache.get(pem, &[]).or_else(|| {
+            // Text around the PEM blocks, other line lengths: the canonical form may be cached.
+            let ders = x509::pem_certs(pem, "NVIDIA device certificate chain").ok()?;
+            self.cache.get(&canonical_pem(&ders), &[])
+        });
+        let (chain, fresh) = match cached {
+            Some(c) => (c, false),
             None => {
-                let c = Arc::new(self.verify_chain(pem, now)?);
-                self.cache.insert(pem, &[], c.clone());
-                c
+                self.cache.note_miss();
+                (Arc::new(self.verify_chain(pem, now)?), true)
             }
         };
-        for (subject, w) in &chain.windows {
-            w.check(|| subject.clone(), now)?;
-        }
-        Ok(chain)
+        chain.check_windows(now)?;
+        Ok((chain, fresh))
     }
 
     fn verify_chain(&self, pem: &[u8], now: i64) -> Result<VerifiedChain> {
@@ -265,11 +369,7 @@ impl NvidiaVerifier {
                 format!("leaf '{}' carries no TCG DICE FWID", x509::subject(leaf)),
             ));
         }
-        let public_key = x509::ec_public_key(leaf, true, C)?;
-        let key = self
-            .provider
-            .prepare(SigAlg::EcdsaP384Sha384Fixed, public_key)
-            .map_err(|_| Error::chain(C, "leaf public key does not parse"))?;
+        let public_key = x509::ec_public_key(leaf, true, C)?.to_vec();
         let device_serial = leaf
             .subject()
             .iter_by_oid(&x509_parser::oid_registry::OID_X509_SERIALNUMBER)
@@ -279,7 +379,9 @@ impl NvidiaVerifier {
             .to_string();
         let chip = leaf_chip(leaf, sim);
         Ok(VerifiedChain {
-            key,
+            public_key,
+            key: OnceLock::new(),
+            canonical_pem: canonical_pem(&ders),
             fwids,
             sim,
             device_serial,

@@ -517,6 +517,8 @@ pub(crate) struct Attested {
     single: SingleResponse,
     /// A delegated responder's validity window, rechecked at every use.
     responder: Option<(String, x509::Window)>,
+    /// Which of the supplied responses it came from.
+    pub(crate) response: usize,
 }
 
 impl Attested {
@@ -580,14 +582,14 @@ pub(crate) fn attest(
     let ids = [CertIdHash::Sha384, CertIdHash::Sha256, CertIdHash::Sha1]
         .map(|h| CertId::of(cert, issuer, h, provider));
     let mut found = None;
-    for der in responses {
+    for (index, der) in responses.iter().enumerate() {
         let resp = OcspResponse::parse(der)?;
         if let Some(single) = ids.iter().find_map(|id| resp.find(id)).cloned() {
-            found = Some((resp, single));
+            found = Some((index, resp, single));
             break;
         }
     }
-    let (resp, single) =
+    let (index, resp, single) =
         found.ok_or_else(|| bad(format!("no OCSP response holds a status for '{}'", who())))?;
     // Who signed: the issuer itself, or a delegated responder certificate in `certs`.
     let delegated;
@@ -648,6 +650,7 @@ pub(crate) fn attest(
         subject: who(),
         single,
         responder,
+        response: index,
     })
 }
 
@@ -723,16 +726,44 @@ impl ResponseBuilder<'_> {
         }
         let tbs = w::seq(&tbs);
         let (alg, sig) = sign(&tbs)?;
-        let mut basic = vec![tbs, alg, w::bits(&sig)];
-        if !self.certs.is_empty() {
-            basic.push(w::ctx(0, &w::seq(self.certs)));
-        }
-        let basic = w::seq(&basic);
-        Ok(w::seq(&[
-            w::tlv(0x0A, &[0]),
-            w::ctx(0, &w::seq(&[w::oid(OID_OCSP_BASIC), w::octets(&basic)])),
-        ]))
+        Ok(envelope(&tbs, &alg, &sig, self.certs))
     }
+}
+
+/// A successful `OCSPResponse` around a signed `ResponseData`, in DER.
+fn envelope(tbs: &[u8], alg: &[u8], sig: &[u8], certs: &[Vec<u8>]) -> Vec<u8> {
+    let mut basic = vec![tbs.to_vec(), alg.to_vec(), w::bits(sig)];
+    if !certs.is_empty() {
+        basic.push(w::ctx(0, &w::seq(certs)));
+    }
+    let basic = w::seq(&basic);
+    w::seq(&[
+        w::tlv(0x0A, &[0]),
+        w::ctx(0, &w::seq(&[w::oid(OID_OCSP_BASIC), w::octets(&basic)])),
+    ])
+}
+
+/// The response in canonical form: re-encoded in DER from its parts, keeping only the included
+/// certificates that match its ResponderID (no verdict can rest on the others). Verified OCSP
+/// answers are cached under this form, so re-encoded lengths or extra certificates around one
+/// signed answer do not make new entries. No signature is checked here.
+pub(crate) fn canonical(der: &[u8], provider: &dyn CryptoProvider) -> Result<Vec<u8>> {
+    let resp = OcspResponse::parse(der)?;
+    let certs: Vec<Vec<u8>> = resp
+        .certs
+        .iter()
+        .filter(|c| {
+            x509::parse_cert(c, "OCSP responder certificate")
+                .is_ok_and(|c| is_responder(&c, &resp.responder, provider))
+        })
+        .cloned()
+        .collect();
+    Ok(envelope(
+        &resp.tbs,
+        &resp.signature_algorithm,
+        &resp.signature,
+        &certs,
+    ))
 }
 
 #[cfg(test)]

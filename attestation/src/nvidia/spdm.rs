@@ -33,7 +33,24 @@ pub mod opaque_type {
     pub const PROJECT: u16 = 17;
     pub const PROJECT_SKU: u16 = 18;
     pub const FWID: u16 = 20;
+    /// One status byte: `0x55` protected PCIe (PPCIE) off, `0xAA` on.
+    pub const PROTECTED_PCIE_STATUS: u16 = 21;
+    pub const OPAQUE_DATA_VERSION: u16 = 34;
+    /// The GPU's confidential-computing topology (later firmware): little-endian integer,
+    /// 0 SPT (single GPU passthrough), 1 MPT (multi-GPU protected), 2 PPCIE.
+    pub const FEATURE_FLAG: u16 = 36;
 }
+
+/// `cc_mode` claim: the GPU signed that it runs confidential computing for one GPU passed
+/// through to one VM (FEATURE_FLAG SPT, or — firmware without that field — protected PCIe off).
+pub const CC_MODE_ON: &str = "on";
+/// `cc_mode` claim: protected PCIe, where NVLink traffic is plaintext and the switches are
+/// inside the TCB.
+pub const CC_MODE_PPCIE: &str = "ppcie";
+/// `cc_mode` claim: multi-GPU protected topology (FEATURE_FLAG MPT).
+pub const CC_MODE_MPT: &str = "mpt";
+/// `cc_mode` claim: neither field, or a value not reviewed here.
+pub const CC_MODE_UNKNOWN: &str = "unknown";
 
 /// GET_MEASUREMENTS request (Table 38).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,6 +302,46 @@ fn parse_opaque(data: &[u8]) -> Result<Vec<OpaqueField>> {
     Ok(out)
 }
 
+/// The confidential-computing mode the GPU signed in its opaque data.
+///
+/// A Hopper GPU answers GET_MEASUREMENTS only with confidential computing enabled (CC `on` or
+/// `devtools`; NVIDIA's tools refuse to collect evidence otherwise), so there is no signed "off".
+/// What the opaque data does carry is the topology: FEATURE_FLAG where the firmware writes it,
+/// else PROTECTED_PCIE_STATUS. DevTools mode has no opaque field of its own: it shows in the
+/// measured configuration, which is why NVIDIA's verifier reports `dbgstat: disabled` only when
+/// every golden measurement matched — and why appraisal requires golden measurements.
+/// Anything not reviewed here (a longer field, another value, neither field) is `unknown`,
+/// which the default policy refuses.
+pub fn cc_mode(evidence: &SpdmEvidence) -> &'static str {
+    if let Some(flag) = evidence.opaque(opaque_type::FEATURE_FLAG) {
+        let ppcie = evidence.opaque(opaque_type::PROTECTED_PCIE_STATUS);
+        return match le_uint(flag) {
+            // Both fields present must agree: SPT with protected PCIe on is no mode we know.
+            Some(0) if ppcie.is_none_or(|s| s == [0x55]) => CC_MODE_ON,
+            Some(1) => CC_MODE_MPT,
+            Some(2) => CC_MODE_PPCIE,
+            _ => CC_MODE_UNKNOWN,
+        };
+    }
+    match evidence.opaque(opaque_type::PROTECTED_PCIE_STATUS) {
+        Some([0x55]) => CC_MODE_ON,
+        Some([0xAA]) => CC_MODE_PPCIE,
+        _ => CC_MODE_UNKNOWN,
+    }
+}
+
+/// A little-endian unsigned integer of 1 to 4 bytes.
+fn le_uint(v: &[u8]) -> Option<u32> {
+    if v.is_empty() || v.len() > 4 {
+        return None;
+    }
+    Some(
+        v.iter()
+            .rev()
+            .fold(0u32, |acc, &b| (acc << 8) | u32::from(b)),
+    )
+}
+
 /// VBIOS version as NVIDIA writes it in RIM names and colloquialVersion (e.g. "96.00.74.00.1A"):
 /// bytes 3, 2, 1, 0, 4 of the opaque field.
 pub fn format_vbios_version(v: &[u8]) -> Option<String> {
@@ -301,4 +358,63 @@ pub fn format_vbios_version(v: &[u8]) -> Option<String> {
 pub fn ascii_field(v: &[u8]) -> String {
     let end = v.iter().position(|&b| b == 0).unwrap_or(v.len());
     String::from_utf8_lossy(&v[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_opaque(fields: &[(u16, &[u8])]) -> SpdmEvidence {
+        SpdmEvidence {
+            request: MeasurementsRequest {
+                version: 0x11,
+                attributes: 1,
+                operation: 0xFF,
+                nonce: [0; NONCE_LEN],
+                slot_id: 0,
+            },
+            response: MeasurementsResponse {
+                version: 0x11,
+                param1: 0,
+                param2: 0,
+                blocks: Vec::new(),
+                nonce: [0; NONCE_LEN],
+                opaque: fields
+                    .iter()
+                    .map(|(t, v)| OpaqueField {
+                        field_type: *t,
+                        value: v.to_vec(),
+                    })
+                    .collect(),
+                signature: [0; SIGNATURE_LEN],
+            },
+            signed_len: 0,
+            trailing: 0,
+        }
+    }
+
+    #[test]
+    fn cc_mode_reads_the_feature_flag_then_the_protected_pcie_status() {
+        use opaque_type::{FEATURE_FLAG as F, PROTECTED_PCIE_STATUS as P};
+        type Fields<'a> = &'a [(u16, &'a [u8])];
+        let cases: [(Fields<'_>, &str); 12] = [
+            // As the real H100s sign it: driver 550 (status only), driver 580 (both).
+            (&[(P, &[0x55])], CC_MODE_ON),
+            (&[(P, &[0x55]), (F, &[0, 0])], CC_MODE_ON),
+            (&[(F, &[0])], CC_MODE_ON),
+            (&[(F, &[1, 0])], CC_MODE_MPT),
+            (&[(F, &[2, 0])], CC_MODE_PPCIE),
+            (&[(P, &[0xAA])], CC_MODE_PPCIE),
+            // Fields that disagree, values and sizes not reviewed, or nothing: unknown.
+            (&[(P, &[0xAA]), (F, &[0, 0])], CC_MODE_UNKNOWN),
+            (&[(F, &[3, 0])], CC_MODE_UNKNOWN),
+            (&[(F, &[])], CC_MODE_UNKNOWN),
+            (&[(F, &[0, 0, 0, 0, 0])], CC_MODE_UNKNOWN),
+            (&[(P, &[0x55, 0x55])], CC_MODE_UNKNOWN),
+            (&[], CC_MODE_UNKNOWN),
+        ];
+        for (fields, want) in cases {
+            assert_eq!(cc_mode(&with_opaque(fields)), want, "{fields:?}");
+        }
+    }
 }

@@ -615,9 +615,18 @@ pub enum SimOcspSigner {
     Delegated { eku: bool },
 }
 
-/// NVIDIA opaque-data fields the simulator writes.
+/// NVIDIA opaque-data fields the simulator writes, as the real H100 in
+/// `vectors/nvidia/h100-trustee-coco` signed them: VBIOS 96.00.74.00.1A, driver 580.95.05,
+/// protected PCIe off (0x55), opaque-data version 1 and FEATURE_FLAG 0 (SPT): `cc_mode` `on`.
 const SIM_VBIOS: [u8; 8] = [0x00, 0x74, 0x00, 0x96, 0x1A, 0, 0, 0];
 const SIM_DRIVER: &[u8] = b"580.95.05\0";
+const SIM_PROTECTED_PCIE_STATUS: [u8; 1] = [0x55];
+const SIM_OPAQUE_DATA_VERSION: [u8; 2] = [0x01, 0x00];
+const SIM_FEATURE_FLAG: [u8; 2] = [0x00, 0x00];
+/// The `driver_version` claim of simulated GPUs (reference values for sim nodes name it).
+pub const SIM_GPU_DRIVER_VERSION: &str = "580.95.05";
+/// The `vbios_version` claim of simulated GPUs.
+pub const SIM_GPU_VBIOS_VERSION: &str = "96.00.74.00.1A";
 
 impl SimGpu {
     pub fn generate(now: i64) -> Result<Self> {
@@ -736,6 +745,9 @@ impl SimGpu {
             (6u16, &SIM_VBIOS[..]),
             (3, SIM_DRIVER),
             (20, &self.fwid[..]),
+            (21, &SIM_PROTECTED_PCIE_STATUS[..]),
+            (34, &SIM_OPAQUE_DATA_VERSION[..]),
+            (36, &SIM_FEATURE_FLAG[..]),
         ] {
             opaque.extend_from_slice(&t.to_le_bytes());
             opaque.extend_from_slice(&(v.len() as u16).to_le_bytes());

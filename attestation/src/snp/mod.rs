@@ -4,12 +4,16 @@
 //! an RSASSA-PSS signature, each certificate valid at `now`, intermediates and the signing key
 //! checked against supplied CRLs; (2) the report's ECDSA P-384 signature over bytes 0x000–0x29F;
 //! (3) the VCEK's TCB extensions against REPORTED_TCB and its hwID against CHIP_ID. Step (1) is
-//! cached per (certificates, CRLs): only the time checks are redone on a hit, so a verified chain
-//! costs one P-384 verification per report.
+//! cached per (certificates, CRLs), in canonical form (DER leaf, canonical PEM ASK ‖ ARK, CRLs
+//! without trailing bytes), and only once (2) and (3) have passed under it: a public chain with a
+//! junk report makes no entry. On a hit only the time checks are redone — every certificate's
+//! window and every CRL's thisUpdate..nextUpdate at the new `now` — so a verified chain costs one
+//! P-384 verification per report. The VCEK's P-384 tables are built on the chain's first hit,
+//! never for a chain seen once.
 
 pub mod report;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use x509_parser::certificate::X509Certificate;
 
@@ -18,7 +22,7 @@ use crate::claims::{Claims, EvidenceKind, KindClaims, SnpClaims};
 use crate::crypto::{CryptoProvider, PreparedKey, SigAlg};
 use crate::error::{ChainKind, Error, Result};
 use crate::trust::{AMD_ARKS, SIM_ROOT_CN_PREFIX, SimTrust};
-use crate::x509::{self, Window};
+use crate::x509::{self, CrlWindow, Window};
 
 pub use report::{AttestationReport, Product, SigningKey, TcbVersion};
 
@@ -62,14 +66,72 @@ struct CertTcb {
 /// A chain that verified once: what later reports need from it.
 #[derive(Debug)]
 struct VerifiedChain {
-    key: Box<dyn PreparedKey>,
+    /// The VCEK/VLEK's SEC1 point.
+    public_key: Vec<u8>,
+    /// Prepared (with tables) on the chain's first cache hit; `None` inside: the provider
+    /// would not prepare it, so it verifies unprepared.
+    key: OnceLock<Option<Box<dyn PreparedKey>>>,
     product: Product,
     sim: bool,
     signing_key: SigningKey,
     tcb: CertTcb,
     hw_id: Option<Vec<u8>>,
-    /// Every certificate's (subject, window) and every CRL's window, rechecked at each `now`.
+    /// Every certificate's (subject, window), rechecked at each `now`.
     windows: Vec<(String, Window)>,
+    /// Every CRL's thisUpdate..nextUpdate, rechecked at each `now`: a CRL past its nextUpdate
+    /// no longer vouches that the chain is unrevoked.
+    crl_windows: Vec<CrlWindow>,
+}
+
+impl VerifiedChain {
+    /// Check every window the chain's verdict relies on at `now`.
+    fn check_windows(&self, now: i64) -> Result<()> {
+        for (subject, window) in &self.windows {
+            window.check(|| subject.clone(), now)?;
+        }
+        self.crl_windows.iter().try_for_each(|w| w.check(now))
+    }
+
+    /// Verify a report signature: with the prepared key once the chain is cached, else (a chain
+    /// seen for the first time) unprepared, so no tables are built for a chain that may never
+    /// be seen again or whose report is junk.
+    fn verify_report(
+        &self,
+        provider: &dyn CryptoProvider,
+        cached: bool,
+        msg: &[u8],
+        sig: &[u8],
+    ) -> bool {
+        const ALG: SigAlg = SigAlg::EcdsaP384Sha384Fixed;
+        if cached
+            && let Some(key) = self
+                .key
+                .get_or_init(|| provider.prepare(ALG, &self.public_key).ok())
+        {
+            return key.verify(msg, sig).is_ok();
+        }
+        provider.verify(ALG, &self.public_key, msg, sig).is_ok()
+    }
+
+    /// Heap bytes it holds (for the cache's budget; the tables are budgeted by the provider).
+    fn heap_bytes(&self) -> usize {
+        self.public_key.len()
+            + self.hw_id.as_ref().map_or(0, Vec::len)
+            + self
+                .windows
+                .iter()
+                .map(|(s, _)| s.len() + 32)
+                .sum::<usize>()
+            + self.crl_windows.len() * std::mem::size_of::<CrlWindow>()
+    }
+}
+
+/// The canonical form a verified chain is cached under: the leaf's DER and the canonical PEM of
+/// ASK ‖ ARK (the CRLs are DER, refused with trailing bytes).
+#[derive(Debug)]
+struct CanonicalChain {
+    leaf: Vec<u8>,
+    chain_pem: Vec<u8>,
 }
 
 /// Verifies SNP reports. Holds a cache of verified chains; no I/O, no clock.
@@ -107,7 +169,7 @@ impl SnpVerifier {
                 "set: the firmware did not sign this report",
             ));
         }
-        let chain = self.chain(ev, signing_key, now)?;
+        let (chain, fresh) = self.chain(ev, signing_key, now)?;
         if chain.signing_key != signing_key {
             return Err(Error::SigningKeyMismatch {
                 report: signing_key.name(),
@@ -135,40 +197,68 @@ impl SnpVerifier {
                 ),
             ));
         }
-        chain
-            .key
-            .verify(
-                &ev.report[..report::SIGNED_LEN],
-                &report.signature_fixed_be(),
-            )
-            .map_err(|_| Error::signature("SNP attestation report"))?;
+        if !chain.verify_report(
+            self.provider,
+            fresh.is_none(),
+            &ev.report[..report::SIGNED_LEN],
+            &report.signature_fixed_be(),
+        ) {
+            return Err(Error::signature("SNP attestation report"));
+        }
         check_tcb(&chain, &report)?;
         check_hw_id(&chain, &report)?;
+        // Only now, with a report verified under it, does the chain earn a cache entry.
+        if let Some(canonical) = fresh {
+            let rest = rest_of(&canonical.chain_pem, ev.crls);
+            let bytes = chain.heap_bytes();
+            self.cache
+                .insert(&canonical.leaf, &rest, chain.clone(), bytes);
+        }
         Ok(claims(&report, &chain))
     }
 
-    /// The verified chain for this evidence, from the cache or verified now; its validity
+    /// The verified chain for this evidence, from the cache or verified now (then with the
+    /// canonical form to cache it under once the report verifies); its certificates' and CRLs'
     /// windows are checked against `now` either way.
     fn chain(
         &self,
         ev: &SnpEvidence<'_>,
         signing_key: SigningKey,
         now: i64,
-    ) -> Result<Arc<VerifiedChain>> {
-        let mut rest: Vec<&[u8]> = vec![ev.cert_chain];
-        rest.extend(ev.crls.iter().map(Vec::as_slice));
-        let chain = match self.cache.get(ev.signing_cert, &rest) {
-            Some(chain) => chain,
+    ) -> Result<(Arc<VerifiedChain>, Option<CanonicalChain>)> {
+        let cached = self
+            .cache
+            .get(ev.signing_cert, &rest_of(ev.cert_chain, ev.crls))
+            .or_else(|| self.cached_canonical(ev));
+        let (chain, fresh) = match cached {
+            Some(chain) => (chain, None),
             None => {
-                let chain = Arc::new(self.verify_chain(ev, signing_key, now)?);
-                self.cache.insert(ev.signing_cert, &rest, chain.clone());
-                chain
+                self.cache.note_miss();
+                let (chain, canonical) = self.verify_chain(ev, signing_key, now)?;
+                (Arc::new(chain), Some(canonical))
             }
         };
-        for (subject, window) in &chain.windows {
-            window.check(|| subject.clone(), now)?;
-        }
-        Ok(chain)
+        chain.check_windows(now)?;
+        Ok((chain, fresh))
+    }
+
+    /// A cache hit for evidence whose bytes are not in canonical form (PEM for the leaf, text
+    /// around the PEM blocks, ARK before ASK): re-encoded, no signature checked. Anything that
+    /// does not decode is left to the full verification to refuse.
+    fn cached_canonical(&self, ev: &SnpEvidence<'_>) -> Option<Arc<VerifiedChain>> {
+        let leaf = x509::der_or_pem_certs(ev.signing_cert, "VCEK/VLEK certificate").ok()?;
+        let [leaf] = leaf.as_slice() else {
+            return None;
+        };
+        let chain = x509::pem_certs(ev.cert_chain, "AMD cert_chain").ok()?;
+        let [a, b] = chain.as_slice() else {
+            return None;
+        };
+        // Which one is the ARK is decided by a signature at verification; try both orders.
+        [(a, b), (b, a)].into_iter().find_map(|(ask, ark)| {
+            let pem = canonical_chain_pem(ask, ark);
+            self.cache.get(leaf, &rest_of(&pem, ev.crls))
+        })
     }
 
     fn verify_chain(
@@ -176,7 +266,7 @@ impl SnpVerifier {
         ev: &SnpEvidence<'_>,
         signing_key: SigningKey,
         now: i64,
-    ) -> Result<VerifiedChain> {
+    ) -> Result<(VerifiedChain, CanonicalChain)> {
         const C: ChainKind = ChainKind::Amd;
         let leaf_der = x509::der_or_pem_certs(ev.signing_cert, "VCEK/VLEK certificate")?;
         let [leaf_der] = leaf_der.as_slice() else {
@@ -199,10 +289,10 @@ impl SnpVerifier {
         let a = x509::parse_cert(&chain_der[0], "AMD cert_chain")?;
         let b = x509::parse_cert(&chain_der[1], "AMD cert_chain")?;
         // KDS serves ASK then ARK; accept either order, decided by which one is self-signed.
-        let (ask, ark) = if x509::is_self_signed(&b, self.provider, C) {
-            (a, b)
+        let (ask, ark, chain_pem) = if x509::is_self_signed(&b, self.provider, C) {
+            (a, b, canonical_chain_pem(&chain_der[0], &chain_der[1]))
         } else if x509::is_self_signed(&a, self.provider, C) {
-            (b, a)
+            (b, a, canonical_chain_pem(&chain_der[1], &chain_der[0]))
         } else {
             return Err(Error::UntrustedRoot {
                 chain: C,
@@ -230,8 +320,10 @@ impl SnpVerifier {
             x509::check_validity(cert, now)?;
             windows.push((x509::subject(cert), Window::of(cert)));
         }
+        let mut crl_windows = Vec::with_capacity(ev.crls.len());
         for crl in ev.crls {
-            let revoked = x509::checked_crl_serials(crl, &ark, self.provider, now, C)?;
+            let (revoked, window) = x509::checked_crl_serials(crl, &ark, self.provider, now, C)?;
+            crl_windows.push(window);
             for cert in [&ask, &leaf] {
                 if revoked.iter().any(|s| s.as_slice() == cert.raw_serial()) {
                     return Err(Error::Revoked {
@@ -264,20 +356,28 @@ impl SnpVerifier {
         if signing_key == SigningKey::Vcek && hw_id.is_none() {
             return Err(Error::chain(C, "VCEK has no hwID extension"));
         }
-        let public_key = x509::ec_public_key(&leaf, true, C)?;
-        let key = self
-            .provider
-            .prepare(SigAlg::EcdsaP384Sha384Fixed, public_key)
-            .map_err(|_| Error::chain(C, "VCEK/VLEK public key does not parse"))?;
-        Ok(VerifiedChain {
-            key,
+        let public_key = x509::ec_public_key(&leaf, true, C)?.to_vec();
+        let chain = VerifiedChain {
+            public_key,
+            key: OnceLock::new(),
             product,
             sim,
             signing_key,
             tcb,
             hw_id,
             windows,
-        })
+            crl_windows,
+        };
+        let canonical = CanonicalChain {
+            leaf: leaf_der.clone(),
+            chain_pem,
+        };
+        Ok((chain, canonical))
+    }
+
+    /// What the chain cache holds (tests and benchmarks).
+    pub(crate) fn cache_stats(&self) -> crate::cache::CacheStats {
+        self.cache.stats()
     }
 
     /// Which pinned ARK (or trusted sim root) this is.
@@ -323,6 +423,21 @@ impl SnpVerifier {
             ),
         })
     }
+}
+
+/// The cache's other key parts: the chain's bytes, then each CRL's.
+fn rest_of<'a>(chain: &'a [u8], crls: &'a [Vec<u8>]) -> Vec<&'a [u8]> {
+    let mut rest = Vec::with_capacity(1 + crls.len());
+    rest.push(chain);
+    rest.extend(crls.iter().map(Vec::as_slice));
+    rest
+}
+
+/// ASK ‖ ARK as canonical PEM (64-column base64, LF), the form AMD KDS serves.
+fn canonical_chain_pem(ask: &[u8], ark: &[u8]) -> Vec<u8> {
+    let mut pem = x509::to_pem("CERTIFICATE", ask);
+    pem.push_str(&x509::to_pem("CERTIFICATE", ark));
+    pem.into_bytes()
 }
 
 /// The contents of a DER string value (UTF8String/IA5String/...), or the bytes as they are.

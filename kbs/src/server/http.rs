@@ -529,7 +529,7 @@ async fn set_policy(
     let text = policy_text(body)?;
     // Refuse what does not compile, or (below the global scope) what the allow-list refuses,
     // before storing it.
-    kbs.release.program(&scope, &text)?;
+    kbs.release.program_off_thread(&scope, &text).await?;
     let digest = hex::encode(aws_lc_rs::digest::digest(
         &aws_lc_rs::digest::SHA256,
         text.as_bytes(),

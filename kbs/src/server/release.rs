@@ -34,6 +34,10 @@ use serde_json::Value;
 use super::error::KbsError;
 use cgx_service::jwt;
 
+/// The largest release policy a repository administrator may store (the operator's global
+/// policy is bounded by the request body only): as a tenant's placement policy.
+pub const MAX_TENANT_POLICY: usize = 64 << 10;
+
 fn invalid(e: cgx_policies::Error) -> KbsError {
     KbsError::PolicyInvalid(e.to_string())
 }
@@ -45,7 +49,8 @@ pub(crate) struct ReleasePolicies {
     data: Value,
     /// `data`, converted once for every request's.
     request_data: ReleaseData,
-    cache: Mutex<HashMap<(Trust, String), Arc<ReleasePolicy>>>,
+    /// By (trust, SHA-256 of the text): the key costs 32 bytes whatever the text's size.
+    cache: Mutex<HashMap<(Trust, [u8; 32]), Arc<ReleasePolicy>>>,
 }
 
 impl std::fmt::Debug for ReleasePolicies {
@@ -83,21 +88,73 @@ impl ReleasePolicies {
     /// Compile (or find) the program for `rego` stored at `scope`: the operator's at the global
     /// scope, untrusted anywhere else ([`trust_of`]). Also how the admin API validates a policy
     /// before storing it.
+    ///
+    /// On the calling thread: the admin API and the release path call
+    /// [`ReleasePolicies::program_off_thread`], which compiles a tenant's text on a blocking
+    /// thread (a serving thread never spends a compile on it).
     pub fn program(&self, scope: &str, rego: &str) -> Result<Arc<ReleasePolicy>, KbsError> {
-        let trust = trust_of(scope, rego);
-        let key = (trust, rego.to_string());
-        if let Some(p) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        let (trust, key) = self.key(scope, rego)?;
+        if let Some(p) = self.cached(&key) {
             return Ok(p);
         }
         let p =
             Arc::new(ReleasePolicy::compile_as(rego, self.data.clone(), trust).map_err(invalid)?);
+        self.remember(key, p.clone());
+        Ok(p)
+    }
+
+    /// [`ReleasePolicies::program`], compiling an untrusted text (a cache miss) on a blocking
+    /// thread: compiling is a tenant's cost (tens of ms for 64 KiB), and the KBS's serving
+    /// threads each run a single-threaded runtime.
+    pub async fn program_off_thread(
+        &self,
+        scope: &str,
+        rego: &str,
+    ) -> Result<Arc<ReleasePolicy>, KbsError> {
+        let (trust, key) = self.key(scope, rego)?;
+        if let Some(p) = self.cached(&key) {
+            return Ok(p);
+        }
+        if trust == Trust::Operator {
+            return self.program(scope, rego);
+        }
+        let (text, data) = (rego.to_string(), self.data.clone());
+        let p = tokio::task::spawn_blocking(move || ReleasePolicy::compile_as(&text, data, trust))
+            .await
+            .map_err(|e| KbsError::Internal(format!("policy compile task: {e}")))?
+            .map_err(invalid)?;
+        let p = Arc::new(p);
+        self.remember(key, p.clone());
+        Ok(p)
+    }
+
+    /// The cache key of `rego` at `scope`, after the size limit a tenant's text has.
+    fn key(&self, scope: &str, rego: &str) -> Result<(Trust, (Trust, [u8; 32])), KbsError> {
+        let trust = trust_of(scope, rego);
+        if trust != Trust::Operator && rego.len() > MAX_TENANT_POLICY {
+            return Err(KbsError::PolicyInvalid(format!(
+                "a repository's or resource's release policy is at most {} KiB",
+                MAX_TENANT_POLICY >> 10
+            )));
+        }
+        let mut digest = [0u8; 32];
+        digest.copy_from_slice(
+            aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, rego.as_bytes()).as_ref(),
+        );
+        Ok((trust, (trust, digest)))
+    }
+
+    fn cached(&self, key: &(Trust, [u8; 32])) -> Option<Arc<ReleasePolicy>> {
+        self.cache.lock().ok().and_then(|c| c.get(key).cloned())
+    }
+
+    fn remember(&self, key: (Trust, [u8; 32]), p: Arc<ReleasePolicy>) {
         if let Ok(mut c) = self.cache.lock() {
             if c.len() > 1024 {
                 c.clear();
             }
-            c.insert(key, p.clone());
+            c.insert(key, p);
         }
-        Ok(p)
     }
 
     /// Every applicable policy must allow. `stored`: (scope, text) rows for the three scopes;
@@ -122,7 +179,7 @@ impl ReleasePolicies {
             applicable.push((None, Ok(self.default_global.clone())));
         }
         for (scope, text) in ordered {
-            applicable.push((Some(scope), self.program(scope, text)));
+            applicable.push((Some(scope), self.program_off_thread(scope, text).await));
         }
         // The input (the whole EAR) and the request's data are built only where a policy can
         // read them: Trustee's `--allow-all` reads `data.plugin` alone, and a constant policy
