@@ -840,3 +840,33 @@ fn gpu_revocation_is_judged_on_the_brokers_ocsp_not_the_nodes() {
     assert!(d.contains("revoked"), "{d}");
     broker.stop();
 }
+
+/// A chain of a few thousand rules (within regorus's 4 000 and the 64 KiB a policy may have)
+/// recurses once per rule in the VM and in the compile-time fold: on a thread with the default
+/// stack it overflowed it and aborted the broker. It compiles and runs on the sandbox's threads.
+#[test]
+fn a_deep_chain_of_rules_does_not_overflow_a_stack() {
+    let a = node(1);
+    let net = Net::new(&[&a], None);
+    let broker = BrokerServer::start(&net.broker.config).unwrap();
+    a.register(&net.client(&broker, &net.broker.operator))
+        .unwrap();
+    let acme = net.client(&broker, &net.broker.tenant);
+    let chain: String = (1..3000)
+        .map(|i| format!("x{i} := x{} + 1\n", i - 1))
+        .collect();
+    let mut spec = job(1);
+    spec.placement_policy = Some(format!(
+        "package placement\nx0 := 1\n{chain}deny contains \"negative\" if x2999 < 0\n"
+    ));
+    assert!(spec.placement_policy.as_ref().unwrap().len() < 64 << 10);
+    let j = acme.submit(&spec);
+    // Refused with a reason or placed: either way the broker still answers.
+    match j {
+        Ok(j) => assert_eq!(j.state, "placed", "{}", j.reason),
+        Err(ClientError::Refused { code, .. }) => assert_eq!(code, "PlacementPolicyInvalid"),
+        Err(e) => panic!("{e}"),
+    }
+    assert!(acme.jobs(None).is_ok(), "the broker is up");
+    broker.stop();
+}

@@ -39,6 +39,9 @@ pub use error::BrokerError;
 use index::{Freshness, Index, Misfit, NodeRecord, Requirements, TeeKind};
 use store::{JobRow, LeaseRow, Outcome, PlacementRow, Refusal, Store, Write, state};
 
+/// How long a tenant's placement policy may take to compile (64 KiB at most).
+const POLICY_COMPILE_TIME: Duration = Duration::from_secs(2);
+
 /// The most jobs one listing returns.
 pub const MAX_LIST: i64 = 1000;
 
@@ -974,11 +977,17 @@ impl Broker {
                 }
                 let text = text.clone();
                 // Compiled (the builtin allow-list and literal checks of `cgx-policies`'
-                // limits) off the async threads…
-                let p = tokio::task::spawn_blocking(move || PlacementPolicy::compile(&text))
+                // limits; a closed program is folded, that is evaluated, while compiling) on the
+                // policy sandbox's threads, whose deep stacks a chain of rules cannot overflow…
+                let p = cgx_policies::sandbox::Sandbox::global()
+                    .submit(POLICY_COMPILE_TIME, move || PlacementPolicy::compile(&text))
                     .await
-                    .map_err(|e| BrokerError::Internal(format!("policy task: {e}")))?
-                    .map_err(|e| BrokerError::PlacementPolicy(e.to_string()))?;
+                    .map_err(|e| match e {
+                        cgx_policies::Error::Busy => BrokerError::Unavailable(
+                            "the placement policy evaluators are busy; try again".into(),
+                        ),
+                        e => BrokerError::PlacementPolicy(e.to_string()),
+                    })?;
                 let p = Arc::new(p);
                 // …and evaluated once on a sample node in the sandbox: a policy that cannot
                 // evaluate, or hits a limit, is refused now, not left pending for ever. A

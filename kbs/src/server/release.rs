@@ -34,6 +34,9 @@ use serde_json::Value;
 use super::error::KbsError;
 use cgx_service::jwt;
 
+/// How long a repository's release policy may take to compile.
+const POLICY_COMPILE_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The largest release policy a repository administrator may store (the operator's global
 /// policy is bounded by the request body only): as a tenant's placement policy.
 pub const MAX_TENANT_POLICY: usize = 64 << 10;
@@ -103,9 +106,9 @@ impl ReleasePolicies {
         Ok(p)
     }
 
-    /// [`ReleasePolicies::program`], compiling an untrusted text (a cache miss) on a blocking
-    /// thread: compiling is a tenant's cost (tens of ms for 64 KiB), and the KBS's serving
-    /// threads each run a single-threaded runtime.
+    /// [`ReleasePolicies::program`], compiling an untrusted text (a cache miss) on the policy
+    /// sandbox's threads: compiling is a tenant's cost (tens of ms for 64 KiB), and the KBS's
+    /// serving threads each run a single-threaded runtime.
     pub async fn program_off_thread(
         &self,
         scope: &str,
@@ -119,10 +122,21 @@ impl ReleasePolicies {
             return self.program(scope, rego);
         }
         let (text, data) = (rego.to_string(), self.data.clone());
-        let p = tokio::task::spawn_blocking(move || ReleasePolicy::compile_as(&text, data, trust))
+        // On the policy sandbox's threads: their deep stacks take a chain of rules (a closed
+        // program is folded, that is evaluated, while compiling), and a compile is bounded in
+        // time like an evaluation.
+        let p = cgx_policies::sandbox::Sandbox::global()
+            .submit(POLICY_COMPILE_TIME, move || {
+                ReleasePolicy::compile_as(&text, data, trust)
+            })
             .await
-            .map_err(|e| KbsError::Internal(format!("policy compile task: {e}")))?
-            .map_err(invalid)?;
+            .map_err(|e| match e {
+                cgx_policies::Error::Busy => KbsError::Overloaded {
+                    retry_after: 1,
+                    detail: "the release policy evaluators are busy".into(),
+                },
+                e => invalid(e),
+            })?;
         let p = Arc::new(p);
         self.remember(key, p.clone());
         Ok(p)
