@@ -109,7 +109,9 @@ fn a_repository_admins_release_policy_is_bounded() {
     let honest = t.elapsed();
     let (kind, text, waited) = refused.join().unwrap();
     assert_eq!(kind.as_deref(), Some("PolicyDeny"), "{text}");
-    assert!(text.contains("time limit"), "{text}");
+    // The shared-structure comparison is stopped by the value size limit before it can hold
+    // a thread.
+    assert!(text.contains("value size limit"), "{text}");
     assert!(waited < Duration::from_millis(1500), "{waited:?}");
     assert!(honest < Duration::from_millis(500), "{honest:?}");
     srv.stop();

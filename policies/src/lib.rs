@@ -45,7 +45,8 @@ pub enum Error {
     /// was deciding, never the service's failure.
     #[error("{0}")]
     Limit(limits::Exceeded),
-    /// Every evaluator thread is busy and the queue is full ([`sandbox`]).
+    /// The evaluation was not run now: the queue is full, or no evaluator thread picked it up
+    /// within `sandbox::MAX_QUEUE_WAIT`. Says nothing about the policy; retry later.
     #[error("the policy evaluators are busy")]
     Busy,
     #[error("{path}: {detail}")]

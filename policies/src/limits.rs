@@ -28,11 +28,20 @@
 //! 16 MiB + 50 000 × 200 B ≈ 26 MiB), and inputs are capped by the services (a job spec's body,
 //! an EAR). `tests/limits.rs` builds huge values each of the ways above and sees each refused.
 //!
-//! What is not bounded: one instruction cannot be interrupted, and comparing two values built
-//! with deep structural sharing (`a1 := [a0, a0]`, ... and a separate `b` chain) takes time
-//! exponential in the chain's length without allocating. That is why untrusted programs run on
-//! the evaluator threads of [`crate::sandbox`] and their callers wait with a deadline: the
-//! request is refused on time, and only an evaluator thread stays busy.
+//! - **Value size**: every value such a program makes and can then read (collection literals,
+//!   finished comprehensions, rule and function values, data documents, builtin outputs) is
+//!   measured as if written out, a shared part counted each time it appears, and one over
+//!   [`MAX_VALUE_NODES`] fails the evaluation with [`Exceeded::Size`] (the compiled program
+//!   carries a guard instruction after each such instruction: `program::size_guards`). Values
+//!   are shared (`Rc`), so without this, 64 lines of `aN := [aN-1, aN-1]` and a second chain
+//!   make values of 2⁶⁴ leaves in a few bytes, and one comparison, set insertion or key lookup
+//!   of two of them is one VM instruction that runs for ever. Measuring stops at the limit, so
+//!   one guard costs at most [`MAX_VALUE_NODES`] steps, and the chain stops at its 17th line.
+//!
+//! One instruction still cannot be interrupted, but each one now works on values of at most
+//! [`MAX_VALUE_NODES`] nodes (or on the input and data, which the services bound). Untrusted
+//! programs still run on the evaluator threads of [`crate::sandbox`], with a deadline, so no
+//! caller ever waits on one beyond its time limit.
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -96,8 +105,20 @@ pub const MAX_PRODUCT_BITS: u64 = 1024;
 /// The longest string `to_number` takes in an untrusted program.
 pub const MAX_NUMBER_TEXT: usize = 400;
 
+/// The most nodes a value an untrusted program builds may have, counted as if written out:
+/// a part held twice (shared, `Rc`) counts twice. Every collection such a program builds
+/// (array, set and object literals, comprehensions, partial rules, a builtin's output, a data
+/// document) is measured when it is made, and one over this fails the evaluation with
+/// [`Exceeded::Size`]. Measuring stops at the limit, so one measurement costs at most this many
+/// steps however much sharing the value hides.
+pub const MAX_VALUE_NODES: usize = 100_000;
+
 /// The name the rewritten multiplication is called by in a program's builtin table.
 pub(crate) const MUL: &str = "cgx.mul";
+
+/// The size guard placed after each instruction that makes a value the program can read: one
+/// argument, given back unchanged.
+pub(crate) const SIZE: &str = "cgx.size";
 
 /// How an allowed builtin is charged, from its arguments, before it runs.
 #[derive(Debug, Clone, Copy)]
@@ -191,6 +212,9 @@ pub enum Exceeded {
     Number,
     /// `to_number` of a text over [`MAX_NUMBER_TEXT`] or with a huge exponent.
     NumberText,
+    /// A value built over [`MAX_VALUE_NODES`] nodes, counted as written out (a part held
+    /// twice counts twice).
+    Size(usize),
 }
 
 impl std::fmt::Display for Exceeded {
@@ -209,6 +233,10 @@ impl std::fmt::Display for Exceeded {
             Exceeded::Number => write!(
                 f,
                 "policy exceeded its number limit (a product over {MAX_PRODUCT_BITS} bits)"
+            ),
+            Exceeded::Size(n) => write!(
+                f,
+                "policy exceeded its value size limit (a value of over {n} nodes)"
             ),
             Exceeded::NumberText => write!(
                 f,
@@ -444,7 +472,64 @@ fn guarded<const I: usize>(
     if let Some(c) = cost_of(name) {
         charge(cost(c, args)?)?;
     }
-    original(span, params, args, strict)
+    let out = original(span, params, args, strict)?;
+    // What a builtin makes may share its arguments' parts (`array.concat([a], [a])`).
+    check_size(std::slice::from_ref(&out))?;
+    Ok(out)
+}
+
+/// Whether `values` together have at most `budget` nodes, counted as written out. Stops as
+/// soon as the count passes `budget`: at most `budget + 1` steps, whatever the sharing.
+fn within_nodes(values: &[Value], budget: usize) -> bool {
+    let mut left = budget;
+    let mut stack: Vec<&Value> = values.iter().collect();
+    while let Some(v) = stack.pop() {
+        if left == 0 {
+            return false;
+        }
+        left -= 1;
+        match v {
+            Value::Array(a) => stack.extend(a.iter()),
+            Value::Set(s) => stack.extend(s.iter()),
+            Value::Object(o) => {
+                for (k, v) in o.iter() {
+                    stack.push(k);
+                    stack.push(v);
+                }
+            }
+            _ => {}
+        }
+        // The stack holds at most what the budget still allows to be visited, plus one
+        // collection's elements: refuse early rather than grow it past that.
+        if stack.len() > left.saturating_add(1) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Refuse values over [`MAX_VALUE_NODES`] together: the evaluation fails with
+/// [`Exceeded::Size`]. The error is regorus's own resource-limit error, which the VM never
+/// turns into an undefined value (`not f(x)` cannot flip), so the evaluation stops here.
+fn check_size(values: &[Value]) -> Result<(), regorus::LimitError> {
+    if within_nodes(values, MAX_VALUE_NODES) {
+        Ok(())
+    } else {
+        exceeded(Exceeded::Size(MAX_VALUE_NODES));
+        Err(regorus::LimitError::MemoryLimitExceeded { usage: 0, limit: 0 })
+    }
+}
+
+/// The size guard: its argument measured and given back unchanged (its register is its
+/// destination), or the limit.
+fn guarded_size(_: &Span, _: &[Ref<Expr>], args: &[Value], _: bool) -> BuiltinResult {
+    check_size(args)?;
+    Ok(args.first().cloned().unwrap_or(Value::Undefined))
+}
+
+/// The size guard, as a builtin of one argument.
+pub(crate) fn size_guard() -> BuiltinFcn {
+    (guarded_size, 1)
 }
 
 /// The rewritten `*`: the VM's own multiplication, refused where a product of integers would

@@ -29,7 +29,9 @@ pub const FORBIDDEN_BUILTINS: &[&str] = &["numbers.range", "sprintf"];
 pub const MAX_POLICY_BYTES: usize = 64 << 10;
 
 /// How long one batch of evaluations ([`PlacementPolicy::refusals_many`]) may take in all,
-/// queueing included; past it the batch is refused with "policy exceeded its time limit".
+/// from when an evaluator thread picks it up; past it the rest of the batch is refused with
+/// "policy exceeded its time limit". Waiting for the thread is bounded apart
+/// ([`crate::sandbox::MAX_QUEUE_WAIT`]) and answered [`Error::Busy`].
 pub const BATCH_TIME: Duration = Duration::from_millis(500);
 
 /// One compiled placement policy: a tenant's, so untrusted ([`Trust::Untrusted`]): only
@@ -113,7 +115,10 @@ impl PlacementPolicy {
 
     /// [`PlacementPolicy::refusals`] on an evaluator thread of the process-wide sandbox: the
     /// answer comes (as a `Future`, or by [`Pending::wait`]) within the policy's time limit
-    /// ([`Limits::UNTRUSTED`]), or is [`Error::Limit`] "policy exceeded its time limit".
+    /// ([`Limits::UNTRUSTED`]) counted from when a thread picks it up, or is [`Error::Limit`]
+    /// (the policy's own fault: the job's refusal, with its reason). [`Error::Busy`]: not
+    /// evaluated now (no thread free within [`crate::sandbox::MAX_QUEUE_WAIT`]); retry the
+    /// job later, never fail it for that.
     pub fn refusals_off_thread(self: &Arc<Self>, input: serde_json::Value) -> Pending<Vec<String>> {
         let policy = self.clone();
         Sandbox::global().submit(self.limits().time, move || policy.refusals(&input))
@@ -121,8 +126,10 @@ impl PlacementPolicy {
 
     /// The policy on many nodes in one hop to an evaluator thread: one answer per input, in
     /// order, each evaluation under the policy's own limits; the whole batch within
-    /// [`BATCH_TIME`], or [`Error::Limit`] for all of it. How placement should call it: build
-    /// the inputs under the index lock, release the lock, await this, then decide.
+    /// [`BATCH_TIME`] from when a thread picks it up, or [`Error::Limit`] for all of it (and
+    /// for each input past it). [`Error::Busy`] for the whole batch: not evaluated now, retry
+    /// later. How placement should call it: build the inputs under the index lock, release the
+    /// lock, await this, then decide.
     pub fn refusals_many(
         self: &Arc<Self>,
         inputs: Vec<serde_json::Value>,

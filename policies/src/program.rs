@@ -289,8 +289,190 @@ fn bounded(
             }
         }
     }
+    // The size guard: each value the program makes is measured ([`size_guards`]).
+    let size = program.add_builtin_info(regorus::rvm::program::BuiltinInfo {
+        name: limits::SIZE.to_string(),
+        num_args: 1,
+    });
+    resolved.push(limits::size_guard());
     program.resolved_builtins = resolved;
+    size_guards(&mut program, size)?;
     Ok(Arc::new(program))
+}
+
+/// Place a size guard ([`limits::MAX_VALUE_NODES`]) after every instruction of `program` that
+/// makes a value it can then read, so that no such value is larger, written out, than the
+/// limit: the shared-structure bomb (`a1 := [a0, a0]`, ... `a64`) stops at the 17th doubling
+/// instead of making one comparison, set insertion or key lookup that runs for ever.
+///
+/// Guarded: array, set and object literals (`ArrayCreate`, `SetCreate`, `ObjectCreate`), a
+/// finished comprehension (`ComprehensionEnd`, its result), a rule's or a function's value as
+/// it is read (`CallRule` — a partial rule's set or object, accumulated by `SetAdd` and
+/// `ObjectSet`, is read only so —, `FunctionCall`) and a data document assembled from rules
+/// (`VirtualDataDocumentLookup`); builtins measure their own output ([`limits`]). Everything
+/// else only hands on values already measured or parts of them (loads, moves, indexing, loop
+/// variables), or the input and data, which the services bound, or scalars. So each value a
+/// yield, `SetAdd` or `ObjectSet` adds to a collection being accumulated is within the limit,
+/// and its insertion compares values no larger; the collection is measured once, when it is
+/// finished and can be read, so building one of n elements costs O(n), not O(n²).
+///
+/// A guard is an instruction placed right after the one it watches, reached by falling
+/// through from it; every jump target, rule body, entry point and loop bound is moved with
+/// the instruction it named. A comprehension's end address (which the VM jumps to as
+/// `end - 1`, then steps) is moved onto its guard, so every way out of a comprehension passes
+/// it. A guard measures its register and writes it back unchanged: a VM that lands on one it
+/// was not meant to changes nothing.
+fn size_guards(program: &mut regorus::rvm::Program, size: u16) -> Result<(), String> {
+    use regorus::rvm::Instruction as I;
+    let data = &program.instruction_data;
+    let mut guards: Vec<Option<u8>> = Vec::with_capacity(program.instructions.len());
+    for (pc, i) in program.instructions.iter().enumerate() {
+        let missing = || format!("instruction {pc} without its parameters");
+        guards.push(match *i {
+            I::ArrayCreate { params_index } => Some(
+                data.array_create_params
+                    .get(usize::from(params_index))
+                    .ok_or_else(missing)?
+                    .dest,
+            ),
+            I::SetCreate { params_index } => Some(
+                data.set_create_params
+                    .get(usize::from(params_index))
+                    .ok_or_else(missing)?
+                    .dest,
+            ),
+            I::ObjectCreate { params_index } => Some(
+                data.object_create_params
+                    .get(usize::from(params_index))
+                    .ok_or_else(missing)?
+                    .dest,
+            ),
+            I::VirtualDataDocumentLookup { params_index } => Some(
+                data.virtual_data_document_lookup_params
+                    .get(usize::from(params_index))
+                    .ok_or_else(missing)?
+                    .dest,
+            ),
+            I::FunctionCall { params_index } => Some(
+                data.function_call_params
+                    .get(usize::from(params_index))
+                    .ok_or_else(missing)?
+                    .dest,
+            ),
+            I::CallRule { dest, .. } => Some(dest),
+            I::ComprehensionEnd {} => {
+                // The comprehension it ends: the one whose end address follows it.
+                let result = data
+                    .comprehension_begin_params
+                    .iter()
+                    .filter(|p| usize::from(p.comprehension_end) == pc + 1)
+                    .map(|p| p.result_reg)
+                    .collect::<Vec<_>>();
+                match result[..] {
+                    [result] => Some(result),
+                    _ => return Err(format!("a comprehension end at {pc} without its start")),
+                }
+            }
+            _ => None,
+        });
+    }
+    // Every comprehension ends with its own `ComprehensionEnd` just before its end address.
+    for p in &data.comprehension_begin_params {
+        let end = usize::from(p.comprehension_end);
+        if !matches!(
+            end.checked_sub(1).and_then(|e| program.instructions.get(e)),
+            Some(I::ComprehensionEnd {})
+        ) {
+            return Err(format!("a comprehension ending at {end} without its end"));
+        }
+    }
+    let old_len = program.instructions.len();
+    let new_len = old_len + guards.iter().filter(|g| g.is_some()).count();
+    if new_len > regorus::rvm::Program::MAX_INSTRUCTIONS {
+        return Err("the policy is too large once bounded".into());
+    }
+    let old: Vec<I> = std::mem::take(&mut program.instructions);
+    let old_spans = std::mem::take(&mut program.instruction_spans);
+    // The new address of each old one (and of one past the end).
+    let mut moved = Vec::with_capacity(old_len + 1);
+    let mut instructions = Vec::with_capacity(new_len);
+    let mut spans = Vec::with_capacity(new_len);
+    for (pc, (i, guard)) in old.into_iter().zip(guards).enumerate() {
+        let span = old_spans.get(pc).cloned().flatten();
+        moved.push(instructions.len());
+        instructions.push(i);
+        spans.push(span.clone());
+        if let Some(register) = guard {
+            let params_index =
+                program.add_builtin_call_params(regorus::rvm::instructions::BuiltinCallParams {
+                    dest: register,
+                    builtin_index: size,
+                    num_args: 1,
+                    args: [register, 0, 0, 0, 0, 0, 0, 0],
+                });
+            instructions.push(I::BuiltinCall { params_index });
+            spans.push(span);
+        }
+    }
+    moved.push(instructions.len());
+    let to = |pc: usize| -> Result<usize, String> {
+        moved
+            .get(pc)
+            .copied()
+            .ok_or_else(|| format!("a jump to {pc}, past the program's end"))
+    };
+    let to16 = |pc: u16| -> Result<u16, String> {
+        u16::try_from(to(usize::from(pc))?)
+            .map_err(|_| "the policy is too large once bounded".into())
+    };
+    let to32 = |pc: u32| -> Result<u32, String> {
+        let pc = usize::try_from(pc).map_err(|_| "a jump out of range".to_string())?;
+        u32::try_from(to(pc)?).map_err(|_| "the policy is too large once bounded".into())
+    };
+    for i in &mut instructions {
+        match i {
+            I::LoopNext {
+                body_start,
+                loop_end,
+            } => {
+                *body_start = to16(*body_start)?;
+                *loop_end = to16(*loop_end)?;
+            }
+            I::LogicalBlockStart { end_pc, .. }
+            | I::AllOfNext { end_pc, .. }
+            | I::AnyOfNext { end_pc, .. } => *end_pc = to16(*end_pc)?,
+            _ => {}
+        }
+    }
+    program.instructions = instructions;
+    program.instruction_spans = spans;
+    for p in &mut program.instruction_data.loop_params {
+        p.body_start = to16(p.body_start)?;
+        p.loop_end = to16(p.loop_end)?;
+    }
+    for p in &mut program.instruction_data.comprehension_begin_params {
+        p.body_start = to16(p.body_start)?;
+        // Onto the guard after the `ComprehensionEnd` (checked above to be just before).
+        let end = usize::from(p.comprehension_end).saturating_sub(1);
+        p.comprehension_end = u16::try_from(to(end)? + 1)
+            .map_err(|_| "the policy is too large once bounded".to_string())?;
+    }
+    for rule in &mut program.rule_infos {
+        let definitions = rule
+            .definitions
+            .iter()
+            .map(|bodies| bodies.iter().map(|pc| to32(*pc)).collect())
+            .collect::<Result<Vec<Vec<u32>>, String>>()?;
+        rule.definitions = regorus::Rc::new(definitions);
+        for block in rule.destructuring_blocks.iter_mut().flatten() {
+            *block = to32(*block)?;
+        }
+    }
+    for pc in program.entry_points.values_mut() {
+        *pc = to(*pc)?;
+    }
+    program.main_entry_point = to32(program.main_entry_point)?;
+    Ok(())
 }
 
 /// What a program's instructions can read from outside the program. Rules and functions it
@@ -505,6 +687,62 @@ mod tests {
             assert!(p.reads().data, "{form}");
             assert!(!p.reads().input, "{form}");
             assert_eq!(p.constant(), None, "{form}");
+        }
+    }
+
+    /// The size guards move every instruction: the bounded program decides as the operator's
+    /// on comprehensions (array, set, object, nested, empty, failing), partial rules,
+    /// functions, `every`, `else`, data documents and loops over empty collections.
+    #[test]
+    fn the_size_guards_change_no_decision() {
+        let rules = [
+            "allow if count([x | some x in input.xs; x > 1]) == input.n",
+            "allow if count({x | some x in input.xs}) == input.n",
+            "allow if count({k: v | some k, v in input.o; v > 0}) == input.n",
+            "allow if count([y | some x in input.xs; y := [z | some z in input.xs; z < x]]) == input.n",
+            "allow if { count([x | some x in input.empty]) == 0; input.n > 1 }",
+            "allow if count([1 | some x in input.xs; some y in input.empty]) == input.n",
+            "allow if { every x in input.xs { x > 1 } }",
+            "allow if { every x in input.empty { x > 100 } ; input.n > 0 }",
+            "s contains x if { some x in input.xs; x > 1 }\ns contains \"k\" if input.n > 0\nallow if count(s) == input.n",
+            "o[k] := v if { some k, v in input.o; v > 0 }\nallow if count(o) == input.n",
+            "f(x) := [x, x]\nallow if f(input.n) == [2, 2]",
+            "f(x) := y if { x > 1; y := {x} } else := 0\nallow if f(input.n) == {input.n}",
+            "r := {\"a\": input.n, \"b\": [input.n]}\nallow if data.policy.r.b[0] == 3",
+            "allow if { x := [a | some a in input.xs]; y := {b | some b in x}; count(y) == input.n }",
+            "allow if { some x in input.xs; x == input.n }",
+            "allow if { not input.no; [input.n, {\"k\": input.xs}][1].k[0] == 1 }",
+        ];
+        let inputs = [
+            serde_json::json!({"xs": [1, 2, 3], "n": 2, "o": {"a": 1, "b": 0}, "empty": []}),
+            serde_json::json!({"xs": [1, 2, 3], "n": 3, "o": {"a": 1, "b": 2, "c": 3}, "empty": []}),
+            serde_json::json!({"xs": [], "n": 0, "o": {}, "empty": []}),
+            serde_json::json!({"xs": [5], "n": 1, "o": {"a": 0}, "empty": {}}),
+        ];
+        for rule in rules {
+            let rego = format!("package policy\nimport rego.v1\ndefault allow := false\n{rule}\n");
+            let trusted = compile(&rego);
+            let untrusted = RegoProgram::compile_as(
+                "t.rego",
+                &rego,
+                serde_json::json!({"allow_sim": false}),
+                "data.policy.allow",
+                Trust::Untrusted,
+            )
+            .unwrap();
+            let mut seen = std::collections::HashSet::new();
+            for input in &inputs {
+                let input = regorus::Value::from(input.clone());
+                let expected = trusted.eval(input.clone()).unwrap();
+                assert_eq!(
+                    untrusted.eval(input.clone()).unwrap(),
+                    expected,
+                    "{rule}: {input}"
+                );
+                seen.insert(expected.to_string());
+            }
+            // Each rule decides both ways on these inputs, or the comparison proves little.
+            assert_eq!(seen.len(), 2, "{rule}");
         }
     }
 

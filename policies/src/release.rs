@@ -219,8 +219,10 @@ impl ReleasePolicy {
     }
 
     /// [`ReleasePolicy::allows`] on an evaluator thread of the process-wide sandbox; the
-    /// answer comes within the policy's time limit, or is [`Error::Limit`] "policy exceeded its
-    /// time limit" (the resource's refusal, never the service's failure).
+    /// answer comes within the policy's time limit from when a thread picks it up, or is
+    /// [`Error::Limit`] (the policy's own fault, e.g. "policy exceeded its time limit": the
+    /// resource's refusal, never the service's failure). [`Error::Busy`]: not evaluated now
+    /// (no thread free within [`crate::sandbox::MAX_QUEUE_WAIT`]): answer "overloaded, retry".
     pub fn allows_off_thread(
         self: &Arc<Self>,
         input: &ReleaseInput,

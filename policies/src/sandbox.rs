@@ -1,14 +1,28 @@
 //! The evaluator threads untrusted programs run on: never a serving thread, never a tokio
 //! worker, never under a caller's lock. [`Sandbox::submit`] queues a closure and answers a
-//! [`Pending`] that resolves with the closure's result, or with [`Error::Limit`]
-//! ([`Exceeded::Time`]) once its deadline passes, whichever is first — a watchdog thread
-//! resolves it at the deadline even when the evaluation itself is stuck in one slow instruction
-//! ([`crate::limits`] says which). `Pending` is a `Future` (any executor) and has a blocking
-//! [`Pending::wait`].
+//! [`Pending`] (a `Future` on any executor, or [`Pending::wait`] blocking) that resolves with
+//! exactly one of:
 //!
-//! A thread still busy well past its deadline is counted as stuck and replaced, up to
-//! [`MAX_REPLACEMENTS`] extra threads; a stuck thread that finishes leaves if it is surplus. A
-//! full queue answers [`Error::Busy`] at once. A panic inside an evaluation is its error.
+//! - **the closure's result** — for a policy, its decision, or [`Error::Limit`] when the
+//!   policy itself ran into one of its limits ([`crate::limits`]: instructions, value size,
+//!   allocation, numbers);
+//! - **[`Error::Limit`] ([`Exceeded::Time`])** — the evaluation ran past its time limit. The
+//!   limit is counted from the moment an evaluator thread *picks the evaluation up*, never
+//!   from the submission: time spent waiting behind other evaluations is not the policy's. A
+//!   watchdog resolves it at that deadline even when the evaluation is stuck in one slow
+//!   instruction;
+//! - **[`Error::Busy`]** — the evaluation was *not run now*: no evaluator thread picked it up
+//!   within [`MAX_QUEUE_WAIT`] (every thread busy with others' evaluations, or stuck), the
+//!   queue was full ([`MAX_QUEUE`]), or no thread could be started. It says nothing about the
+//!   policy; the caller retries later (the same job, the same request) and must not record it
+//!   as the policy's refusal.
+//!
+//! So a caller tells the two apart with [`Error::is_policy_fault`] (the policy's own doing:
+//! a limit, or an evaluation error) and [`Error::is_not_evaluated`] (try again later).
+//!
+//! A thread still busy past its evaluation's deadline is counted as stuck and replaced, up to
+//! [`MAX_REPLACEMENTS`] extra threads; a stuck thread that finishes leaves if it is surplus.
+//! A panic inside an evaluation is its error.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -22,8 +36,16 @@ use crate::limits::Exceeded;
 
 /// Evaluator threads of the process-wide sandbox ([`Sandbox::global`]).
 pub const THREADS: usize = 2;
+/// Each evaluator thread's stack. regorus's VM (and its compile-time fold) recurses once per
+/// rule a rule calls, and a program may hold 4 000 rules: a chain of them overflows the 2 MiB
+/// default (about 1 000 deep), which aborts the process. 256 MiB is address space, not memory:
+/// pages are committed only as a chain that deep uses them.
+pub const EVAL_STACK: usize = 256 << 20;
 /// Evaluations waiting at most; one more is refused with [`Error::Busy`].
 pub const MAX_QUEUE: usize = 1024;
+/// How long an evaluation may wait for an evaluator thread; past it, it is answered
+/// [`Error::Busy`] without running.
+pub const MAX_QUEUE_WAIT: Duration = Duration::from_millis(500);
 /// Threads started beyond [`THREADS`] to stand in for stuck ones, at most.
 pub const MAX_REPLACEMENTS: usize = 4;
 /// A busy thread past its evaluation's deadline is counted as stuck: its answer has been
@@ -31,7 +53,8 @@ pub const MAX_REPLACEMENTS: usize = 4;
 /// microseconds of the deadline.
 const STUCK_AFTER: Duration = Duration::ZERO;
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A queued evaluation: run (`true`) or, its queue wait past, answered busy (`false`).
+type Job = Box<dyn FnOnce(bool) + Send>;
 
 /// A pool of evaluator threads with deadlines.
 #[derive(Clone)]
@@ -51,13 +74,13 @@ struct Inner {
     threads: usize,
     state: Mutex<State>,
     work: Condvar,
-    watch: Mutex<Vec<(Instant, Weak<dyn Expire>)>>,
+    watch: Mutex<Vec<Weak<dyn Expire>>>,
     watch_changed: Condvar,
 }
 
 struct State {
-    /// Each waiting evaluation with its deadline.
-    queue: VecDeque<(Instant, Job)>,
+    /// Each waiting evaluation: until when it may wait, and its time limit once started.
+    queue: VecDeque<(Instant, Duration, Job)>,
     workers: usize,
     next_id: u64,
     /// Each busy worker's id and its current evaluation's deadline.
@@ -100,19 +123,33 @@ impl Sandbox {
         GLOBAL.get_or_init(|| Sandbox::new(THREADS))
     }
 
-    /// Run `f` on an evaluator thread; the answer is refused with [`Exceeded::Time`] once
-    /// `limit` has passed from now, queueing included.
+    /// Run `f` on an evaluator thread, within `limit` from when a thread picks it up (past
+    /// it: [`Error::Limit`] [`Exceeded::Time`]); not picked up within [`MAX_QUEUE_WAIT`], or
+    /// the queue full: [`Error::Busy`], and `f` never runs.
     pub fn submit<T, F>(&self, limit: Duration, f: F) -> Pending<T>
     where
         T: Send + 'static,
         F: FnOnce() -> Result<T, Error> + Send + 'static,
     {
-        let slot = Arc::new(Slot::new(limit));
-        let deadline = Instant::now() + limit;
+        self.submit_with(limit, MAX_QUEUE_WAIT, f)
+    }
+
+    /// [`Sandbox::submit`] with its own bound on the wait for a thread.
+    pub fn submit_with<T, F>(&self, limit: Duration, queue_wait: Duration, f: F) -> Pending<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, Error> + Send + 'static,
+    {
+        let queue_deadline = Instant::now() + queue_wait;
+        let slot = Arc::new(Slot::new(limit, queue_deadline));
         let for_job = slot.clone();
-        let job: Job = Box::new(move || {
-            if Instant::now() >= deadline {
-                for_job.complete(Err(Error::Limit(Exceeded::Time(limit))));
+        let job: Job = Box::new(move |run| {
+            // Answered already (its wait ran out while queued): nothing to do.
+            if for_job.done() {
+                return;
+            }
+            if !run || !for_job.start() {
+                for_job.complete(Err(Error::Busy));
                 return;
             }
             let out =
@@ -132,7 +169,7 @@ impl Sandbox {
             slot.complete(Err(Error::Busy));
             return Pending(slot);
         }
-        state.queue.push_back((deadline, job));
+        state.queue.push_back((queue_deadline, limit, job));
         let now = Instant::now();
         let live = state.workers.saturating_sub(state.stuck(now));
         // Every waiting evaluation, this one included, is owed a thread that is not busy.
@@ -154,10 +191,19 @@ impl Sandbox {
         self.inner.work.notify_one();
         if let Ok(mut w) = self.inner.watch.lock() {
             let weak: Weak<dyn Expire> = Arc::downgrade(&slot) as Weak<dyn Expire>;
-            w.push((deadline, weak));
+            w.push(weak);
         }
         self.inner.watch_changed.notify_one();
         Pending(slot)
+    }
+
+    /// Evaluator threads now (stuck ones included), and how many of them are busy: for tests
+    /// and metrics.
+    pub fn threads(&self) -> (usize, usize) {
+        self.inner
+            .state
+            .lock()
+            .map_or((0, 0), |s| (s.workers, s.busy.len()))
     }
 
     fn spawn_worker(&self, state: &mut State) {
@@ -166,6 +212,7 @@ impl Sandbox {
         let inner = self.inner.clone();
         let started = std::thread::Builder::new()
             .name("cgx-policy-eval".into())
+            .stack_size(EVAL_STACK)
             .spawn(move || worker(inner, id));
         if started.is_ok() {
             state.workers += 1;
@@ -175,14 +222,19 @@ impl Sandbox {
 
 fn worker(inner: Arc<Inner>, id: u64) {
     loop {
-        let job = {
+        let (job, run) = {
             let Ok(mut state) = inner.state.lock() else {
                 return;
             };
             loop {
-                if let Some((deadline, job)) = state.queue.pop_front() {
-                    state.busy.push((id, deadline));
-                    break job;
+                if let Some((queue_deadline, limit, job)) = state.queue.pop_front() {
+                    let now = Instant::now();
+                    if now >= queue_deadline {
+                        // Waited too long: answered busy, not run, and the thread stays free.
+                        break (job, false);
+                    }
+                    state.busy.push((id, now + limit));
+                    break (job, true);
                 }
                 // A surplus thread (one stood in for a stuck one that has since finished)
                 // leaves when there is nothing to do.
@@ -198,14 +250,19 @@ fn worker(inner: Arc<Inner>, id: u64) {
                 };
             }
         };
-        job();
-        if let Ok(mut state) = inner.state.lock() {
+        if run {
+            // Its deadline is from now: the watchdog must know before it next sleeps.
+            inner.watch_changed.notify_one();
+        }
+        job(run);
+        if run && let Ok(mut state) = inner.state.lock() {
             state.busy.retain(|(b, _)| *b != id);
         }
     }
 }
 
-/// Resolves every pending evaluation whose deadline has passed.
+/// Resolves every pending evaluation whose deadline has passed: its queue wait while queued
+/// ([`Error::Busy`]), its time limit once running ([`Exceeded::Time`]).
 fn watchdog(inner: Weak<Inner>) {
     loop {
         let Some(inner) = inner.upgrade() else {
@@ -215,50 +272,106 @@ fn watchdog(inner: Weak<Inner>) {
             return;
         };
         let now = Instant::now();
-        watch.retain(|(deadline, slot)| match slot.upgrade() {
-            None => false,
-            Some(s) if *deadline <= now => {
-                s.expire();
-                false
+        let mut next: Option<Instant> = None;
+        watch.retain(|slot| {
+            let Some(s) = slot.upgrade() else {
+                return false;
+            };
+            match s.deadline() {
+                None => false,
+                Some(d) if d <= now => {
+                    s.expire();
+                    false
+                }
+                Some(d) => {
+                    next = Some(next.map_or(d, |n| n.min(d)));
+                    true
+                }
             }
-            Some(s) => !s.done(),
         });
-        let next = watch.iter().map(|(d, _)| *d).min();
         let wait = next.map_or(Duration::from_secs(1), |d| d.saturating_duration_since(now));
         let _ = inner.watch_changed.wait_timeout(watch, wait);
     }
 }
 
 trait Expire: Send + Sync {
+    /// When it is next due: its queue deadline while queued, its time limit's end once
+    /// running; `None` once answered.
+    fn deadline(&self) -> Option<Instant>;
+    /// Answer it for the deadline that passed.
     fn expire(&self);
-    fn done(&self) -> bool;
 }
 
-/// An answer (once), the waker of the task awaiting it, and whether it has been given.
-type SlotState<T> = (Option<Result<T, Error>>, Option<Waker>, bool);
+/// Where an evaluation stands.
+struct SlotState<T> {
+    /// The answer, until taken.
+    out: Option<Result<T, Error>>,
+    /// The task awaiting it.
+    waker: Option<Waker>,
+    /// Whether an answer has been given (taken or not).
+    answered: bool,
+    /// When an evaluator thread picked it up.
+    started: Option<Instant>,
+}
 
 struct Slot<T> {
     limit: Duration,
+    queue_deadline: Instant,
     state: Mutex<SlotState<T>>,
     ready: Condvar,
 }
 
 impl<T> Slot<T> {
-    fn new(limit: Duration) -> Self {
+    fn new(limit: Duration, queue_deadline: Instant) -> Self {
         Slot {
             limit,
-            state: Mutex::new((None, None, false)),
+            queue_deadline,
+            state: Mutex::new(SlotState {
+                out: None,
+                waker: None,
+                answered: false,
+                started: None,
+            }),
             ready: Condvar::new(),
         }
     }
 
-    /// The first answer wins: the evaluation's, or the watchdog's refusal.
+    /// Mark it picked up now; `false` if it was answered meanwhile.
+    fn start(&self) -> bool {
+        match self.state.lock() {
+            Ok(mut s) if !s.answered => {
+                s.started = Some(Instant::now());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.state.lock().map_or(true, |s| s.answered)
+    }
+
+    /// The answer its current deadline gives: busy while queued, the time limit once running.
+    fn overdue(&self, started: Option<Instant>) -> Error {
+        match started {
+            None => Error::Busy,
+            Some(_) => Error::Limit(Exceeded::Time(self.limit)),
+        }
+    }
+
+    /// The deadline of its current stage.
+    fn due(&self, s: &SlotState<T>) -> Instant {
+        s.started
+            .map_or(self.queue_deadline, |started| started + self.limit)
+    }
+
+    /// The first answer wins: the evaluation's, or the watchdog's.
     fn complete(&self, out: Result<T, Error>) {
         let waker = match self.state.lock() {
-            Ok(mut s) if !s.2 => {
-                s.0 = Some(out);
-                s.2 = true;
-                s.1.take()
+            Ok(mut s) if !s.answered => {
+                s.out = Some(out);
+                s.answered = true;
+                s.waker.take()
             }
             _ => None,
         };
@@ -270,12 +383,14 @@ impl<T> Slot<T> {
 }
 
 impl<T: Send> Expire for Slot<T> {
-    fn expire(&self) {
-        self.complete(Err(Error::Limit(Exceeded::Time(self.limit))));
+    fn deadline(&self) -> Option<Instant> {
+        let s = self.state.lock().ok()?;
+        (!s.answered).then(|| self.due(&s))
     }
 
-    fn done(&self) -> bool {
-        self.state.lock().map_or(true, |s| s.2)
+    fn expire(&self) {
+        let started = self.state.lock().ok().and_then(|s| s.started);
+        self.complete(Err(self.overdue(started)));
     }
 }
 
@@ -289,25 +404,30 @@ impl<T> std::fmt::Debug for Pending<T> {
 }
 
 impl<T> Pending<T> {
-    /// Block the calling (non-async) thread for the answer; never longer than the deadline
-    /// (and a little slack for the watchdog).
+    /// Block the calling (non-async) thread for the answer; never longer than the queue wait
+    /// and the time limit (and a little slack for the watchdog).
     pub fn wait(self) -> Result<T, Error> {
-        let limit = self.0.limit;
-        let give_up = Instant::now() + limit + Duration::from_millis(100);
+        let slack = Duration::from_millis(100);
         let Ok(mut s) = self.0.state.lock() else {
-            return Err(Error::Limit(Exceeded::Time(limit)));
+            return Err(Error::Busy);
         };
         loop {
-            if let Some(out) = s.0.take() {
+            if let Some(out) = s.out.take() {
                 return out;
             }
+            if s.answered {
+                return Err(Error::Policy {
+                    detail: "evaluation already answered".into(),
+                });
+            }
             let now = Instant::now();
+            let give_up = self.0.due(&s) + slack;
             if now >= give_up {
-                return Err(Error::Limit(Exceeded::Time(limit)));
+                return Err(self.0.overdue(s.started));
             }
             s = match self.0.ready.wait_timeout(s, give_up - now) {
                 Ok((s, _)) => s,
-                Err(_) => return Err(Error::Limit(Exceeded::Time(limit))),
+                Err(_) => return Err(Error::Busy),
             };
         }
     }
@@ -317,20 +437,35 @@ impl<T> Future for Pending<T> {
     type Output = Result<T, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let limit = self.0.limit;
         let Ok(mut s) = self.0.state.lock() else {
-            return Poll::Ready(Err(Error::Limit(Exceeded::Time(limit))));
+            return Poll::Ready(Err(Error::Busy));
         };
-        if let Some(out) = s.0.take() {
+        if let Some(out) = s.out.take() {
             return Poll::Ready(out);
         }
-        if s.2 {
+        if s.answered {
             // Taken by an earlier poll: a finished future polled again.
             return Poll::Ready(Err(Error::Policy {
                 detail: "evaluation already answered".into(),
             }));
         }
-        s.1 = Some(cx.waker().clone());
+        s.waker = Some(cx.waker().clone());
         Poll::Pending
+    }
+}
+
+impl Error {
+    /// The policy itself is at fault: it ran into one of its limits ([`Error::Limit`]) or
+    /// failed to evaluate ([`Error::Policy`]). This is the job's or the resource's refusal,
+    /// with this reason; retrying the same policy on the same input gives the same answer.
+    pub fn is_policy_fault(&self) -> bool {
+        matches!(self, Error::Limit(_) | Error::Policy { .. })
+    }
+
+    /// The evaluation did not run now ([`Error::Busy`]: no evaluator thread free within
+    /// [`MAX_QUEUE_WAIT`], the queue full, or no thread to start). Says nothing about the
+    /// policy: retry later, and never record it as the policy's refusal.
+    pub fn is_not_evaluated(&self) -> bool {
+        matches!(self, Error::Busy)
     }
 }

@@ -1,9 +1,10 @@
 //! Untrusted Rego (a tenant's placement policy, a repository administrator's release policy)
 //! under its bounds: the allow-list and literal check at compile time, the product cap, the
-//! allocation budget, the instruction budget and the wall-clock limit with the evaluator
-//! threads' deadline. Each attack is refused with its reason; the shipped policies and
+//! allocation budget, the value size limit (the shared-structure bomb), the instruction budget
+//! and the wall-clock limit with the evaluator threads' deadline, and the sandbox telling a
+//! policy's own limit from a busy pool. Each attack is refused with its reason; the shipped policies and
 //! Trustee's stock ones compile under the same bounds and decide as before.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use cgx_attestation::results::Ear;
 use cgx_policies::Error;
-use cgx_policies::limits::{Exceeded, Limits, Trust};
+use cgx_policies::limits::{Exceeded, Limits, MAX_VALUE_NODES, Trust};
 use cgx_policies::placement::PlacementPolicy;
 use cgx_policies::release::{ReleaseData, ReleaseInput, ReleasePolicy, ReleaseRequest};
+use cgx_policies::sandbox::{Sandbox, THREADS};
 use serde_json::json;
 
 /// The attack of the review: four nested `replace` self-substitutions, each squaring the
@@ -214,10 +216,10 @@ fn an_infinite_ish_comprehension_is_stopped_by_the_instruction_budget() {
 }
 
 /// Two chains of arrays, each line one pair of the line before (shared, so cheap to build);
-/// comparing the two ends compares 2^depth leaves in one VM instruction, which no budget
-/// checked between instructions interrupts. The evaluator thread's deadline answers for it,
-/// and an honest evaluation is served meanwhile.
-fn shared_structure_bomb(depth: usize) -> String {
+/// the review's bomb: comparing the two ends compares 2^depth leaves in one VM instruction,
+/// which no budget checked between instructions interrupts, and pinned an evaluator thread for
+/// ever. `end` is what the policy does with the two ends.
+fn shared_structure_bomb(depth: usize, end: &str) -> String {
     let mut rego = String::from(
         "package placement\nimport rego.v1\na0 := [input.node.id]\nb0 := [input.node.id]\n",
     );
@@ -227,47 +229,261 @@ fn shared_structure_bomb(depth: usize) -> String {
             p = i - 1
         ));
     }
-    rego.push_str(&format!("deny contains \"same\" if a{depth} == b{depth}\n"));
+    rego.push_str(&end.replace("{d}", &depth.to_string()));
+    rego.push('\n');
     rego
 }
 
-#[test]
-fn a_stuck_evaluation_is_refused_at_its_deadline_and_others_are_served() {
-    let bomb = Arc::new(PlacementPolicy::compile(&shared_structure_bomb(27)).unwrap());
-    let honest = Arc::new(PlacementPolicy::compile(cgx_policies::PLACEMENT_POLICY).unwrap());
-    let node = json!({
+/// The ends the review used, and the other ways to reach a comparison of the two: equality,
+/// a set insertion, a partial set rule, `count` of a set, object keys, a set comprehension, a
+/// membership test and a builtin.
+const BOMB_ENDS: &[&str] = &[
+    "deny contains \"same\" if a{d} == b{d}",
+    "deny contains a{d}",
+    "deny contains \"n\" if count({a{d}, b{d}}) > 0",
+    "deny contains \"n\" if count({a{d}}) > 0",
+    "deny contains \"k\" if { o := {a{d}: 1, b{d}: 2}; count(o) > 0 }",
+    "deny contains \"c\" if count({x | some x in [1, 2]; x > 0; a{d} != b{d}}) > 0",
+    "deny contains \"m\" if a{d} in [b{d}]",
+    "deny contains \"u\" if count(union({{a{d}}, {b{d}}})) > 0",
+];
+
+/// The policy's error on [`node`], evaluated directly on a thread of its own, which must
+/// return within two seconds (unbounded, the bomb runs for ever: the test fails, not hangs).
+fn returns(p: &Arc<PlacementPolicy>) -> Error {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = p.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(p.refusals(&node()));
+    });
+    match rx.recv_timeout(Duration::from_secs(2)) {
+        Ok(out) => out.unwrap_err(),
+        Err(_) => panic!("the evaluation is still running"),
+    }
+}
+
+fn node() -> serde_json::Value {
+    json!({
         "node": {"id": "n1", "region": "eu-west", "sim": false,
                  "claims": {"cpu": {"debug": false}, "gpus": [{"driver_version": "580.1"}]}},
         "job": {}
-    });
+    })
+}
+
+/// Every variant of the bomb at depth 64 is stopped by the value size limit at about the
+/// 17th doubling, by the evaluation itself (a `Size` limit, not the watchdog's `Time`): the
+/// evaluator thread is free again at once, so eight in a row leave an honest evaluation
+/// answered promptly and no thread busy.
+#[test]
+fn the_shared_structure_bomb_is_stopped_by_the_value_size_limit() {
+    let honest = Arc::new(PlacementPolicy::compile(cgx_policies::PLACEMENT_POLICY).unwrap());
+    let sandbox = Sandbox::new(THREADS);
+    for end in BOMB_ENDS {
+        let bomb = Arc::new(PlacementPolicy::compile(&shared_structure_bomb(64, end)).unwrap());
+        let started = Instant::now();
+        // Evaluated directly: it returns, and on its own.
+        let e = returns(&bomb);
+        assert!(
+            matches!(e, Error::Limit(Exceeded::Size(n)) if n == MAX_VALUE_NODES),
+            "{end}: {e:?}"
+        );
+        assert!(e.to_string().contains("value size limit"), "{e}");
+        assert!(started.elapsed() < Limits::UNTRUSTED.time, "{end}");
+        // Eight in a row on the evaluator threads: each answered by the evaluation itself.
+        for _ in 0..8 {
+            let (b, input) = (bomb.clone(), node());
+            let e = sandbox
+                .submit(Limits::UNTRUSTED.time, move || b.refusals(&input))
+                .wait()
+                .unwrap_err();
+            assert!(matches!(e, Error::Limit(Exceeded::Size(_))), "{end}: {e:?}");
+            assert!(e.is_policy_fault() && !e.is_not_evaluated());
+        }
+        let started = Instant::now();
+        let (h, input) = (honest.clone(), node());
+        let fine = sandbox
+            .submit(Limits::UNTRUSTED.time, move || h.refusals(&input))
+            .wait()
+            .unwrap();
+        assert!(fine.is_empty(), "{fine:?}");
+        assert!(started.elapsed() < Duration::from_millis(100), "{end}");
+        // No thread stuck or added: the pool is as it was (a thread marks itself free just
+        // after it answers).
+        let until = Instant::now() + Duration::from_millis(100);
+        let (mut threads, mut busy) = sandbox.threads();
+        while busy > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+            (threads, busy) = sandbox.threads();
+        }
+        assert!(threads <= THREADS && busy == 0, "{end}: {threads} {busy}");
+    }
+    // Through the process-wide sandbox too, as the services call it.
+    let bomb =
+        Arc::new(PlacementPolicy::compile(&shared_structure_bomb(64, BOMB_ENDS[0])).unwrap());
+    let e = bomb.refusals_off_thread(node()).wait().unwrap_err();
+    assert!(matches!(e, Error::Limit(Exceeded::Size(_))), "{e:?}");
+    // A release policy of a repository administrator: the same.
+    let (input, data) = release_input(&ear());
+    let release = shared_structure_bomb(64, "allow if a{d} == b{d}")
+        .replace("package placement", "package policy")
+        .replace("input.node.id", "input.tag");
+    let p = Arc::new(ReleasePolicy::compile_as(&release, json!({}), Trust::Untrusted).unwrap());
+    let e = p.allows_off_thread(&input, &data).wait().unwrap_err();
+    assert!(matches!(e, Error::Limit(Exceeded::Size(_))), "{e:?}");
+}
+
+/// The same doubling through the other ways to build: comprehensions, functions, object
+/// literals, builtins, partial rules. Each stops at the size limit; the few doublings an honest
+/// policy might do are fine.
+#[test]
+fn every_way_to_double_a_shared_value_is_bounded() {
+    let ways = [
+        ("[x | some x in [a{p}, a{p}]]", "comprehension over a pair"),
+        (
+            "[a{p} | some i in [1, 2]]",
+            "comprehension yielding it twice",
+        ),
+        ("{\"l\": a{p}, \"r\": a{p}}", "object literal"),
+        ("array.concat([a{p}], [a{p}])", "builtin"),
+        ("f(a{p})", "function"),
+        (
+            "{k: a{p} | some k in [\"l\", \"r\"]}",
+            "object comprehension",
+        ),
+    ];
+    for (way, what) in ways {
+        // Two chains built the same way, compared at their ends.
+        let mut rego = String::from(
+            "package placement\nimport rego.v1\nf(x) := [x, x]\na0 := [input.node.id]\n\
+             b0 := [input.node.id]\n",
+        );
+        for i in 1..=64 {
+            for chain in ["a", "b"] {
+                let previous = format!("{chain}{}", i - 1);
+                rego.push_str(&format!(
+                    "{chain}{i} := {}\n",
+                    way.replace("a{p}", &previous)
+                ));
+            }
+        }
+        rego.push_str("deny contains \"x\" if a64 == b64\n");
+        let p = PlacementPolicy::compile(&rego).unwrap();
+        let started = Instant::now();
+        let e = returns(&Arc::new(p));
+        assert!(
+            matches!(e, Error::Limit(Exceeded::Size(_))),
+            "{what}: {e:?}"
+        );
+        assert!(started.elapsed() < Limits::UNTRUSTED.time, "{what}");
+    }
+    // A partial set rule gathering the chain's members: also measured when read.
+    let mut rego = shared_structure_bomb(20, "s contains a{d}\ns contains b{d}");
+    rego.push_str("deny contains \"x\" if count(s) > 1\n");
+    let e = PlacementPolicy::compile(&rego)
+        .unwrap()
+        .refusals(&node())
+        .unwrap_err();
+    assert!(matches!(e, Error::Limit(Exceeded::Size(_))), "{e:?}");
+    // Ten doublings (1 024 leaves a side) are an honest size.
+    let p = PlacementPolicy::compile(&shared_structure_bomb(
+        10,
+        "deny contains \"same\" if a{d} == b{d}",
+    ))
+    .unwrap();
+    assert_eq!(p.refusals(&node()).unwrap(), ["same"]);
+}
+
+/// An evaluation stuck in one slow step (a closure that sleeps stands for it): refused at its
+/// deadline by the watchdog, and others are served meanwhile by a thread that stands in.
+#[test]
+fn a_stuck_evaluation_is_refused_at_its_deadline_and_others_are_served() {
+    let sandbox = Sandbox::new(1);
+    let honest = Arc::new(PlacementPolicy::compile(cgx_policies::PLACEMENT_POLICY).unwrap());
+    let limit = Duration::from_millis(200);
     let started = Instant::now();
-    let stuck = bomb.refusals_off_thread(node.clone());
-    // Served while the bomb holds an evaluator thread.
-    let fine = honest.refusals_off_thread(node.clone()).wait().unwrap();
-    assert!(fine.is_empty(), "{fine:?}");
+    let stuck = sandbox.submit(limit, || {
+        std::thread::sleep(Duration::from_millis(1500));
+        Ok(Vec::<String>::new())
+    });
+    std::thread::sleep(Duration::from_millis(20));
     let e = stuck.wait().unwrap_err();
     let waited = started.elapsed();
-    assert!(matches!(e, Error::Limit(Exceeded::Time(_))), "{e:?}");
-    assert!(e.to_string().contains("time limit"), "{e}");
     assert!(
-        waited < Limits::UNTRUSTED.time + Duration::from_millis(400),
-        "{waited:?}"
+        matches!(e, Error::Limit(Exceeded::Time(t)) if t == limit),
+        "{e:?}"
     );
-    // And again, with the first bomb's thread perhaps still busy: still answered on time,
-    // and the honest policy still served.
-    let stuck = bomb.refusals_off_thread(node.clone());
+    assert!(e.to_string().contains("time limit"), "{e}");
+    assert!(waited < limit + Duration::from_millis(150), "{waited:?}");
+    // The stuck thread is replaced: an honest policy is still served.
+    let (h, input) = (honest.clone(), node());
+    let fine = sandbox
+        .submit(Limits::UNTRUSTED.time, move || h.refusals(&input))
+        .wait()
+        .unwrap();
+    assert!(fine.is_empty(), "{fine:?}");
+    // As a future too (any executor): resolved by the watchdog at the deadline.
+    let fut = sandbox.submit(limit, || {
+        std::thread::sleep(Duration::from_millis(1500));
+        Ok(())
+    });
+    let e = block_on(fut).unwrap_err();
+    assert!(matches!(e, Error::Limit(Exceeded::Time(_))), "{e:?}");
+}
+
+/// With every evaluator thread busy with slow but legal evaluations, one more is answered
+/// Busy — not evaluated, not the policy's fault — once its queue wait passes; time spent
+/// queued is never charged to a policy's own limit; and once the pool frees, an honest
+/// evaluation is answered.
+#[test]
+fn a_saturated_pool_answers_busy_not_limit_and_recovers() {
+    let sandbox = Sandbox::new(2);
+    let honest = Arc::new(PlacementPolicy::compile(cgx_policies::PLACEMENT_POLICY).unwrap());
+    let slow = |ms: u64| {
+        let (h, input) = (honest.clone(), node());
+        move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            h.refusals(&input)
+        }
+    };
+    // Two slow evaluations, each well within its own limit, hold both threads.
+    let limit = Duration::from_secs(2);
+    let first = sandbox.submit(limit, slow(600));
+    let second = sandbox.submit(limit, slow(600));
+    std::thread::sleep(Duration::from_millis(50));
+    let started = Instant::now();
+    let e = sandbox
+        .submit_with(limit, Duration::from_millis(100), slow(0))
+        .wait()
+        .unwrap_err();
+    assert!(matches!(e, Error::Busy), "{e:?}");
+    assert!(e.is_not_evaluated() && !e.is_policy_fault(), "{e:?}");
     assert!(
-        honest
-            .refusals_off_thread(node.clone())
+        started.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    // The same, awaited as a future.
+    let e = block_on(sandbox.submit_with(limit, Duration::from_millis(100), slow(0))).unwrap_err();
+    assert!(matches!(e, Error::Busy), "{e:?}");
+    // Queued behind them, within the default queue wait: its own 250 ms limit starts when a
+    // thread picks it up, so the ~550 ms it waited are not its fault.
+    let queued = sandbox.submit(Limits::UNTRUSTED.time, slow(100));
+    assert!(first.wait().unwrap().is_empty());
+    assert!(second.wait().unwrap().is_empty());
+    assert!(queued.wait().unwrap().is_empty());
+    // And with the pool free again, answered at once.
+    let started = Instant::now();
+    assert!(
+        sandbox
+            .submit(Limits::UNTRUSTED.time, slow(0))
             .wait()
             .unwrap()
             .is_empty()
     );
-    assert!(matches!(stuck.wait(), Err(Error::Limit(Exceeded::Time(_)))));
-    // As a future too (any executor): resolved by the watchdog at the deadline.
-    let fut = bomb.refusals_off_thread(node);
-    let e = block_on(fut).unwrap_err();
-    assert!(matches!(e, Error::Limit(Exceeded::Time(_))), "{e:?}");
+    assert!(started.elapsed() < Duration::from_millis(100));
+    // A policy's own limit is its fault, and says so.
+    let e = Error::Limit(Exceeded::Time(limit));
+    assert!(e.is_policy_fault() && !e.is_not_evaluated());
 }
 
 /// A minimal executor: park the thread until woken.

@@ -34,6 +34,9 @@ use serde_json::Value;
 use super::error::KbsError;
 use cgx_service::jwt;
 
+/// A compiled policy's cache key: who wrote it, and the SHA-256 of its text.
+type PolicyKey = (Trust, [u8; 32]);
+
 /// How long a repository's release policy may take to compile.
 const POLICY_COMPILE_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -53,7 +56,7 @@ pub(crate) struct ReleasePolicies {
     /// `data`, converted once for every request's.
     request_data: ReleaseData,
     /// By (trust, SHA-256 of the text): the key costs 32 bytes whatever the text's size.
-    cache: Mutex<HashMap<(Trust, [u8; 32]), Arc<ReleasePolicy>>>,
+    cache: Mutex<HashMap<PolicyKey, Arc<ReleasePolicy>>>,
 }
 
 impl std::fmt::Debug for ReleasePolicies {
@@ -143,7 +146,7 @@ impl ReleasePolicies {
     }
 
     /// The cache key of `rego` at `scope`, after the size limit a tenant's text has.
-    fn key(&self, scope: &str, rego: &str) -> Result<(Trust, (Trust, [u8; 32])), KbsError> {
+    fn key(&self, scope: &str, rego: &str) -> Result<(Trust, PolicyKey), KbsError> {
         let trust = trust_of(scope, rego);
         if trust != Trust::Operator && rego.len() > MAX_TENANT_POLICY {
             return Err(KbsError::PolicyInvalid(format!(
@@ -158,11 +161,11 @@ impl ReleasePolicies {
         Ok((trust, (trust, digest)))
     }
 
-    fn cached(&self, key: &(Trust, [u8; 32])) -> Option<Arc<ReleasePolicy>> {
+    fn cached(&self, key: &PolicyKey) -> Option<Arc<ReleasePolicy>> {
         self.cache.lock().ok().and_then(|c| c.get(key).cloned())
     }
 
-    fn remember(&self, key: (Trust, [u8; 32]), p: Arc<ReleasePolicy>) {
+    fn remember(&self, key: PolicyKey, p: Arc<ReleasePolicy>) {
         if let Ok(mut c) = self.cache.lock() {
             if c.len() > 1024 {
                 c.clear();
@@ -475,9 +478,10 @@ mod tests {
         assert_eq!(trust_of("resource:a/key/x", "x"), Trust::Untrusted);
     }
 
-    /// A repository administrator's policy that holds an evaluator thread past its deadline:
-    /// the request is refused at the deadline naming the time limit, and an honest request on
-    /// another resource, with an untrusted policy of its own, is served meanwhile.
+    /// A repository administrator's policy built to hold an evaluator thread (a comparison of
+    /// two shared-structure chains): refused within its limits, naming the value size limit
+    /// that stops it, and an honest request on another resource, with an untrusted policy of
+    /// its own, is served meanwhile. (The watchdog's deadline is `cgx-policies`' own test.)
     #[test]
     fn a_stuck_policy_is_refused_on_time_and_others_are_served() {
         let bomb = stuck(27);
@@ -492,7 +496,7 @@ mod tests {
             });
             let e = refused.unwrap_err();
             assert!(
-                matches!(&e, KbsError::PolicyDeny(d) if d.contains("policy resource:a: policy exceeded its time limit")),
+                matches!(&e, KbsError::PolicyDeny(d) if d.contains("policy resource:a: policy exceeded its value size limit")),
                 "{e:?}"
             );
             assert!(
