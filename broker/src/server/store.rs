@@ -90,6 +90,7 @@ macro_rules! settings_v3 {
 /// before every lease is signed; and which node a GPU (device serial) is offered by, so one GPU
 /// is one live node across replicas, not per replica's index.
 const JOB_SEAL_GPU_OWNERS: &str = "ALTER TABLE jobs ADD COLUMN seal TEXT NOT NULL DEFAULT '';
+     CREATE INDEX leases_node_ended ON leases (node_id, ended_at);
      CREATE TABLE gpu_owners (serial TEXT PRIMARY KEY, node_id TEXT NOT NULL);
      CREATE INDEX gpu_owners_node ON gpu_owners (node_id)";
 
@@ -236,8 +237,6 @@ pub struct Store {
     /// one transaction (and on SQLite one fsync at `synchronous=FULL`), each in its own
     /// savepoint, so one write's refusal (a GPU taken, a job no longer pending) undoes only it.
     writer: GroupCommit<Write, Outcome>,
-    /// Lease token → the tenant it names, for tokens whose signature verified.
-    lease_tenants: std::sync::Mutex<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -493,11 +492,30 @@ async fn other_tenant(tx: &mut Tx, p: &PlacementRow) -> Result<Option<String>, s
 }
 
 /// The tenant a lease token this broker signed names (`None`: not its signature, or none).
+///
+/// Remembered per (key, token): a lease row's token never changes, and the same bytes verify
+/// the same way under the same key, so each is verified once per process — the placement
+/// write (one writer for every replica's batch) would otherwise verify every lease of a node
+/// on each placement. At most 100 000 tokens; cleared when full.
 pub(crate) fn lease_tenant(token: &str, key: &[u8; 32]) -> Option<String> {
-    super::lease::verify_signed(token, key)?
+    type Seen = std::sync::Mutex<HashMap<([u8; 32], String), String>>;
+    static SEEN: std::sync::OnceLock<Seen> = std::sync::OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    let k = (*key, token.to_string());
+    if let Some(t) = seen.lock().ok().and_then(|m| m.get(&k).cloned()) {
+        return Some(t);
+    }
+    let t = super::lease::verify_signed(token, key)?
         .get("tenant")?
         .as_str()
-        .map(str::to_string)
+        .map(str::to_string)?;
+    if let Ok(mut m) = seen.lock() {
+        if m.len() >= 100_000 {
+            m.clear();
+        }
+        m.insert(k, t.clone());
+    }
+    Some(t)
 }
 
 /// Take `p`'s GPUs: all or none (a GPU another lease holds undoes this lease's rows).
@@ -1004,32 +1022,7 @@ impl Store {
             let db = batch_db.clone();
             Box::pin(async move { write_batch(&db, writes).await.map_err(DbError::from) })
         }));
-        Ok(Store {
-            db,
-            writer,
-            lease_tenants: std::sync::Mutex::new(HashMap::new()),
-        })
-    }
-
-    /// [`lease_tenant`], remembered per token (the same bytes verify the same way; each sync
-    /// reads the open leases of every node that heartbeat).
-    fn token_tenant(&self, token: &str, key: &[u8; 32]) -> Option<String> {
-        if let Some(t) = self
-            .lease_tenants
-            .lock()
-            .ok()
-            .and_then(|m| m.get(token).cloned())
-        {
-            return Some(t);
-        }
-        let t = lease_tenant(token, key)?;
-        if let Ok(mut m) = self.lease_tenants.lock() {
-            if m.len() >= 100_000 {
-                m.clear();
-            }
-            m.insert(token.to_string(), t.clone());
-        }
-        Some(t)
+        Ok(Store { db, writer })
     }
 
     pub fn is_sqlite(&self) -> bool {
@@ -1188,7 +1181,7 @@ impl Store {
         for r in tenants {
             let id: String = r.try_get("node_id")?;
             let token: String = r.try_get("token")?;
-            let Some(tenant) = self.token_tenant(&token, key) else {
+            let Some(tenant) = lease_tenant(&token, key) else {
                 tracing::error!(node = %id, "a lease row without a valid broker signature; it holds no tenant");
                 continue;
             };
