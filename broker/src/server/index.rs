@@ -212,7 +212,12 @@ type RankKey = (Micros, Reverse<i64>, String);
 /// only the partitions that can hold it — its model, its TEEs, its regions, buckets with room
 /// enough — each in rank order, and merges them: a decision costs the partitions it may use,
 /// not the fleet.
-type Part = (String, TeeKind, String, u32);
+///
+/// A node one tenant's open lease holds sits in that tenant's partition (the last member): a
+/// VM serves one tenant at a time, so another tenant's job never walks past it. (A node whose
+/// tenant's leases ended less than a lease TTL ago sits with the free ones, refused by the
+/// cheap filter meanwhile: a bounded few.)
+type Part = (String, TeeKind, String, u32, Option<String>);
 
 /// Free-GPU buckets: exact up to 8, then 16, 32, 64 (a bucket holds free counts down to the
 /// previous bucket + 1).
@@ -416,6 +421,7 @@ impl Index {
             e.inflight = inflight & full_mask(e.record.gpu_count);
             e.tenant = tenant;
         }
+        self.repartition(&id);
         true
     }
 
@@ -423,12 +429,18 @@ impl Index {
     fn repartition(&mut self, id: &str) {
         let Some(e) = self.nodes.get(id) else { return };
         let free = e.record.gpu_count - mask_count(e.used);
+        let held_by = e
+            .tenant
+            .as_ref()
+            .filter(|(_, until)| *until == i64::MAX)
+            .map(|(t, _)| t.clone());
         let want = (free > 0).then(|| {
             (
                 e.record.gpu_model.clone(),
                 e.record.tee,
                 e.record.region.clone(),
                 bucket(free),
+                held_by,
             )
         });
         let (old, key) = (e.part.clone(), e.key.clone());
@@ -762,9 +774,12 @@ impl Index {
         for tee in tees {
             for (rank, region) in regions.iter().enumerate() {
                 for b in BUCKETS.iter().filter(|b| **b >= req.gpu_count) {
-                    let part = (req.gpu_model.clone(), *tee, (*region).clone(), *b);
-                    if let Some(set) = self.parts.get(&part) {
-                        walks.push((set.iter(), if any_region { 0 } else { rank }));
+                    // Free nodes, and nodes the job's own tenant holds.
+                    for held_by in [None, Some(req.tenant.clone())] {
+                        let part = (req.gpu_model.clone(), *tee, (*region).clone(), *b, held_by);
+                        if let Some(set) = self.parts.get(&part) {
+                            walks.push((set.iter(), if any_region { 0 } else { rank }));
+                        }
                     }
                 }
             }
@@ -928,6 +943,7 @@ impl Index {
         if let Some(e) = self.nodes.get_mut(id) {
             e.tenant = Some((tenant.to_string(), i64::MAX));
         }
+        self.repartition(id);
         true
     }
 
@@ -965,6 +981,7 @@ impl Index {
         {
             e.tenant = used.tenant.clone();
         }
+        self.repartition(id);
     }
 
     /// The tenant a lease of node `id` was just ended for holds the VM until `until` (its last
@@ -976,6 +993,7 @@ impl Index {
         {
             *u = (*u).min(until);
         }
+        self.repartition(id);
     }
 
     /// Nodes with allocated GPUs that are no longer placeable: their leases end and their jobs
@@ -1400,6 +1418,8 @@ mod tests {
                 if rnd(4) == 0 {
                     q.policy = Some(policy.clone());
                 }
+                // Three tenants: a VM one holds is walked past by no other.
+                q.tenant = ["t", "u", "v"][rnd(3) as usize].into();
                 let a = i.choose(&q, NOW);
                 assert_eq!(
                     a,
@@ -1407,11 +1427,13 @@ mod tests {
                     "round {round} step {step}: {q:?}"
                 );
                 if let Some(c) = a {
-                    assert!(i.reserve(&c.node_id, &c.gpus));
+                    assert!(i.reserve_for(&c.node_id, &c.gpus, &q.tenant, NOW));
                 }
                 if rnd(5) == 0 {
                     let id = format!("n{:03}", rnd(150));
                     i.set_used(&id, 0);
+                    // Its tenant's last token lives a little longer, or is gone.
+                    i.hold_until(&id, NOW - 1 + rnd(3) as i64);
                     i.set_node_reputation(&id, rnd(6) as i64);
                 }
             }
