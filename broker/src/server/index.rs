@@ -213,10 +213,10 @@ type RankKey = (Micros, Reverse<i64>, String);
 /// enough — each in rank order, and merges them: a decision costs the partitions it may use,
 /// not the fleet.
 ///
-/// A node one tenant's open lease holds sits in that tenant's partition (the last member): a
-/// VM serves one tenant at a time, so another tenant's job never walks past it. (A node whose
-/// tenant's leases ended less than a lease TTL ago sits with the free ones, refused by the
-/// cheap filter meanwhile: a bounded few.)
+/// A node a tenant holds (an open lease, or one that ended less than a lease TTL ago) sits in
+/// that tenant's partition (the last member): a VM serves one tenant at a time, so another
+/// tenant's job never walks past it. A hold that lapses returns the node to the free
+/// partitions at the next [`Index::release_lapsed_holds`] (the monitor's pass).
 type Part = (String, TeeKind, String, u32, Option<String>);
 
 /// Free-GPU buckets: exact up to 8, then 16, 32, 64 (a bucket holds free counts down to the
@@ -247,6 +247,9 @@ pub struct Index {
     /// older, validly signed record put back in the database is refused (it would undo a
     /// re-attestation that found the node worse).
     newest: HashMap<String, i64>,
+    /// Tenant → how many partition entries its holds put in its own partitions (a job looks
+    /// there only when its tenant has some).
+    held: HashMap<String, usize>,
 }
 
 /// A node that passed every filter but the placement policy, in rank order, with what the
@@ -299,6 +302,24 @@ impl Index {
             regions: BTreeSet::new(),
             gpu_owner: HashMap::new(),
             newest: HashMap::new(),
+            held: HashMap::new(),
+        }
+    }
+
+    /// Holds that lapsed by `now` (the tenant's last token expired) end: those nodes return to
+    /// the free partitions. The monitor calls it each pass.
+    pub fn release_lapsed_holds(&mut self, now: i64) {
+        let lapsed: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|e| e.tenant.as_ref().is_some_and(|(_, until)| now > *until))
+            .map(|e| e.record.id.clone())
+            .collect();
+        for id in lapsed {
+            if let Some(e) = self.nodes.get_mut(&id) {
+                e.tenant = None;
+            }
+            self.repartition(&id);
         }
     }
 
@@ -429,11 +450,7 @@ impl Index {
     fn repartition(&mut self, id: &str) {
         let Some(e) = self.nodes.get(id) else { return };
         let free = e.record.gpu_count - mask_count(e.used);
-        let held_by = e
-            .tenant
-            .as_ref()
-            .filter(|(_, until)| *until == i64::MAX)
-            .map(|(t, _)| t.clone());
+        let held_by = e.tenant.as_ref().map(|(t, _)| t.clone());
         let want = (free > 0).then(|| {
             (
                 e.record.gpu_model.clone(),
@@ -451,9 +468,20 @@ impl Index {
             if set.is_empty() {
                 self.parts.remove(p);
             }
+            if let Some(t) = &p.4
+                && let Some(n) = self.held.get_mut(t)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    self.held.remove(t);
+                }
+            }
         }
         if let Some(p) = &want {
             self.parts.entry(p.clone()).or_default().insert(key);
+            if let Some(t) = &p.4 {
+                *self.held.entry(t.clone()).or_default() += 1;
+            }
         }
         if let Some(e) = self.nodes.get_mut(id) {
             e.part = want;
@@ -475,6 +503,14 @@ impl Index {
             set.remove(&e.key);
             if set.is_empty() {
                 self.parts.remove(p);
+            }
+            if let Some(t) = &p.4
+                && let Some(n) = self.held.get_mut(t)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    self.held.remove(t);
+                }
             }
         }
         true
@@ -670,10 +706,9 @@ impl Index {
                 wants: req.gpu_count,
             });
         }
-        if e.tenant
-            .as_ref()
-            .is_some_and(|(t, until)| *t != req.tenant && now <= *until)
-        {
+        // A hold lasts until its tenant's last token expired and the monitor's pass released
+        // it (`release_lapsed_holds`): the partitions and this filter agree at every moment.
+        if e.tenant.as_ref().is_some_and(|(t, _)| *t != req.tenant) {
             return Err(Misfit::OtherTenant);
         }
         Ok(())
@@ -770,13 +805,18 @@ impl Index {
             req.regions.iter().collect()
         };
         type Walk<'a> = (std::collections::btree_set::Iter<'a, RankKey>, usize);
+        let own = self.held.contains_key(&req.tenant);
         let mut walks: Vec<Walk<'_>> = Vec::new();
         for tee in tees {
             for (rank, region) in regions.iter().enumerate() {
                 for b in BUCKETS.iter().filter(|b| **b >= req.gpu_count) {
-                    // Free nodes, and nodes the job's own tenant holds.
-                    for held_by in [None, Some(req.tenant.clone())] {
-                        let part = (req.gpu_model.clone(), *tee, (*region).clone(), *b, held_by);
+                    // Free nodes, and nodes the job's own tenant holds (if it holds any).
+                    let part = (req.gpu_model.clone(), *tee, (*region).clone(), *b, None);
+                    if let Some(set) = self.parts.get(&part) {
+                        walks.push((set.iter(), if any_region { 0 } else { rank }));
+                    }
+                    if own {
+                        let part = (part.0, part.1, part.2, part.3, Some(req.tenant.clone()));
                         if let Some(set) = self.parts.get(&part) {
                             walks.push((set.iter(), if any_region { 0 } else { rank }));
                         }
@@ -932,11 +972,11 @@ impl Index {
     /// [`Index::reserve`] for `tenant` at `now`: also false (nothing changed) if the node
     /// serves another tenant.
     pub fn reserve_for(&mut self, id: &str, gpus: &[u32], tenant: &str, now: i64) -> bool {
-        let serves_other = self.nodes.get(id).is_none_or(|e| {
-            e.tenant
-                .as_ref()
-                .is_some_and(|(t, until)| t != tenant && now <= *until)
-        });
+        let _ = now;
+        let serves_other = self
+            .nodes
+            .get(id)
+            .is_none_or(|e| e.tenant.as_ref().is_some_and(|(t, _)| t != tenant));
         if serves_other || !self.reserve(id, gpus) {
             return false;
         }
@@ -1434,6 +1474,9 @@ mod tests {
                     i.set_used(&id, 0);
                     // Its tenant's last token lives a little longer, or is gone.
                     i.hold_until(&id, NOW - 1 + rnd(3) as i64);
+                    if rnd(2) == 0 {
+                        i.release_lapsed_holds(NOW);
+                    }
                     i.set_node_reputation(&id, rnd(6) as i64);
                 }
             }

@@ -1711,6 +1711,7 @@ impl Broker {
             tracing::error!(error = %e, "reference values not refreshed");
         }
         let now = self.clock.unix();
+        self.index().release_lapsed_holds(now);
         let failing = self.index().failing(now);
         for (node, why) in failing {
             let reason = format!("node {node} stopped proving itself ({why}); re-placing");
