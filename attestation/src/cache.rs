@@ -217,6 +217,16 @@ impl<T> ChainCache<T> {
         }
     }
 
+    /// Drop every entry (benchmarks and tests).
+    #[cfg(feature = "test-support")]
+    pub(crate) fn clear(&self) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.map.clear();
+            inner.order = [BTreeMap::new(), BTreeMap::new()];
+            inner.bytes = [0, 0];
+        }
+    }
+
     pub(crate) fn stats(&self) -> CacheStats {
         let (entries, bytes) = self
             .inner

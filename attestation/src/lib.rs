@@ -136,15 +136,25 @@ impl Verifier {
     }
 
     /// How each of the verifier's caches stands: `snp_chains`, `nvidia_chains`, `nvidia_ocsp`,
-    /// `tdx_known`. Each is bounded in bytes, not entries (see `cache.rs`).
-    pub fn cache_stats(&self) -> [(&'static str, CacheStats); 4] {
+    /// `tdx_known`, `tdx_collateral`. Each is bounded in bytes, not entries (see `cache.rs`).
+    pub fn cache_stats(&self) -> [(&'static str, CacheStats); 5] {
         let [chains, ocsp] = self.nvidia.cache_stats();
+        let [known, collateral] = self.tdx.cache_stats();
         [
             ("snp_chains", self.snp.cache_stats()),
             ("nvidia_chains", chains),
             ("nvidia_ocsp", ocsp),
-            ("tdx_known", self.tdx.cache_stats()),
+            ("tdx_known", known),
+            ("tdx_collateral", collateral),
         ]
+    }
+
+    /// Forget every known TDX platform, keeping the Intel collateral verified so far: the next
+    /// quote is verified as from a platform seen for the first time by a running verifier
+    /// (benchmarks and tests).
+    #[cfg(feature = "test-support")]
+    pub fn forget_tdx_platforms(&self) {
+        self.tdx.forget_platforms();
     }
 
     /// Verify `evidence` at `now`.

@@ -62,6 +62,18 @@ impl rustls_pki_types::SignatureVerificationAlgorithm for EcdsaP256Sha256 {
         message: &[u8],
         signature: &[u8],
     ) -> std::result::Result<(), rustls_pki_types::InvalidSignature> {
+        // Inside a verifier's dcap-qvl call: a signature over Intel's collateral that this
+        // verifier checked before is not checked again (see `SignatureScope`).
+        let fact = SCOPE.with_borrow(|scope| {
+            scope.as_ref().map(|scope| {
+                let message = crate::crypto::sha256(message);
+                let triple = signature_fact(public_key, signature, &message);
+                (triple, message, scope.knows(&triple))
+            })
+        });
+        if let Some((_, _, true)) = fact {
+            return Ok(());
+        }
         #[cfg(feature = "test-support")]
         P256_VERIFICATIONS.fetch_add(1, Ordering::Relaxed);
         aws_lc_rs::signature::UnparsedPublicKey::new(
@@ -69,7 +81,15 @@ impl rustls_pki_types::SignatureVerificationAlgorithm for EcdsaP256Sha256 {
             public_key,
         )
         .verify(message, signature)
-        .map_err(|_| rustls_pki_types::InvalidSignature)
+        .map_err(|_| rustls_pki_types::InvalidSignature)?;
+        if let Some((triple, message, false)) = fact {
+            SCOPE.with_borrow_mut(|scope| {
+                if let Some(scope) = scope {
+                    scope.verified.push((triple, message));
+                }
+            });
+        }
+        Ok(())
     }
 
     fn public_key_alg_id(&self) -> rustls_pki_types::AlgorithmIdentifier {
@@ -98,9 +118,106 @@ impl dcap_qvl::config::CryptoProvider for AwsLcDcap {
     }
 }
 
-/// Verifies TDX quotes. Collateral is parsed on every full verification (a few tens of
-/// microseconds beside dcap-qvl's milliseconds): nothing is cached from collateral that has not
-/// verified, so re-spaced or junk collateral JSON makes no entries.
+/// The digest that names one verified ECDSA P-256/SHA-256 signature: the public key, the
+/// signature (each length-prefixed) and the message's SHA-256. ECDSA verification is a function
+/// of exactly these, so an equal digest is an equal verdict.
+fn signature_fact(public_key: &[u8], signature: &[u8], message_sha256: &[u8; 32]) -> [u8; 32] {
+    use crate::crypto::CryptoProvider;
+    let mut out = [0u8; 32];
+    let key_len = (public_key.len() as u64).to_be_bytes();
+    let sig_len = (signature.len() as u64).to_be_bytes();
+    out.copy_from_slice(&crate::crypto::DEFAULT_PROVIDER.digest(
+        crate::crypto::DigestAlg::Sha256,
+        &[
+            b"cgx tdx ecdsa-p256-sha256 verified\0",
+            &key_len,
+            public_key,
+            &sig_len,
+            signature,
+            message_sha256,
+        ],
+    ));
+    out
+}
+
+thread_local! {
+    /// The signature scope of the dcap-qvl call running on this thread, if any.
+    static SCOPE: std::cell::RefCell<Option<SignatureScope>> = const { std::cell::RefCell::new(None) };
+}
+
+/// What one dcap-qvl call may skip and what it verified. dcap-qvl's crypto provider is static,
+/// so a verifier hands its facts to the call through this thread's scope: the signatures over
+/// the collateral it presents that this verifier verified before, and, back, the signatures the
+/// call verified (with their messages' digests, so the verifier can keep those over Intel's
+/// collateral only — never one over a quote, a QE report or a PCK certificate, which a new
+/// platform brings). Outside a scope every signature is verified.
+struct SignatureScope {
+    known: Option<std::sync::Arc<KnownCollateral>>,
+    verified: Vec<([u8; 32], [u8; 32])>,
+}
+
+impl SignatureScope {
+    fn knows(&self, triple: &[u8; 32]) -> bool {
+        self.known
+            .as_ref()
+            .is_some_and(|k| k.signatures.contains(triple))
+    }
+}
+
+/// Holds this thread's scope for one dcap-qvl call; dropping it (an early return, a panic)
+/// closes the scope.
+struct ScopeGuard;
+
+impl ScopeGuard {
+    fn enter(known: Option<std::sync::Arc<KnownCollateral>>) -> Self {
+        SCOPE.with_borrow_mut(|scope| {
+            *scope = Some(SignatureScope {
+                known,
+                verified: Vec::new(),
+            });
+        });
+        ScopeGuard
+    }
+
+    /// Close the scope: the signatures verified inside it, with their messages' digests.
+    fn finish(self) -> Vec<([u8; 32], [u8; 32])> {
+        SCOPE.with_borrow_mut(|scope| scope.take().map(|s| s.verified).unwrap_or_default())
+    }
+}
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        SCOPE.with_borrow_mut(|scope| *scope = None);
+    }
+}
+
+/// Intel's collateral as this verifier once verified it in full. One TCB info per FMSPC, one QE
+/// identity, the two CRLs and their signing chains serve a whole fleet, so a platform seen for
+/// the first time usually presents collateral seen before: it is not parsed again, and the
+/// signatures over it (TCB info, QE identity, both CRLs, the issuer certificates: six of a
+/// quote's nine) are not verified again — dcap-qvl still checks every window, revocation and
+/// TCB level against `now`, and the platform's PCK certificate, QE report and quote signatures
+/// are always verified.
+#[derive(Debug)]
+struct KnownCollateral {
+    parsed: QuoteCollateralV3,
+    /// The end of the earliest window of the collateral itself: its issuer certificates, both
+    /// CRLs' next update, the TCB info's and QE identity's `nextUpdate`.
+    until: i64,
+    /// SHA-256 of each issuer-chain certificate (their windows are in `until`).
+    certs: Vec<[u8; 32]>,
+    /// [`signature_fact`]s of the signatures over the collateral that verified.
+    signatures: Vec<[u8; 32]>,
+}
+
+/// Verifies TDX quotes.
+///
+/// **Known collateral** ([`KnownCollateral`]). A platform seen for the first time is verified in
+/// full by dcap-qvl, but collateral this verifier verified before (by the SHA-256 of its exact
+/// bytes) is taken as parsed then, and its own signatures are not checked again: a new platform
+/// costs its PCK certificate's, QE report's and quote's signatures (three of nine). Collateral
+/// is remembered only after a whole quote verified with it, so re-spaced or junk collateral
+/// JSON makes no entries.
 ///
 /// **Known platforms.** A fleet re-attests constantly, and a TD's next quote differs from its
 /// last only in REPORTDATA (the nonce binding) and the quote signature. So a quote whose every
@@ -120,7 +237,13 @@ impl dcap_qvl::config::CryptoProvider for AwsLcDcap {
 #[derive(Debug)]
 pub(crate) struct TdxVerifier {
     known: ChainCache<Known>,
+    /// Collateral verified in full before, by the SHA-256 of its exact bytes.
+    collateral: ChainCache<KnownCollateral>,
 }
+
+/// Bytes the verified-collateral cache may hold: a collateral set is about 20 KiB parsed, and a
+/// fleet presents a few per FMSPC.
+const COLLATERAL_BUDGET: usize = 8 << 20;
 
 /// A fully verified quote's verdict, keyed by its bytes with REPORTDATA and the signature
 /// blanked (and the SHA-256 of its collateral's exact bytes).
@@ -137,6 +260,7 @@ impl Default for TdxVerifier {
     fn default() -> Self {
         TdxVerifier {
             known: ChainCache::new(),
+            collateral: ChainCache::with_budget(COLLATERAL_BUDGET),
         }
     }
 }
@@ -201,11 +325,15 @@ fn masked(quote: &[u8], l: &Layout, inner_len: usize) -> Vec<u8> {
     m
 }
 
-/// The end of the earliest validity window a verdict on this quote relied on: every
-/// certificate (the quote's PCK chain, the collateral's issuer chains), both CRLs' next update,
-/// and the TCB info's and QE identity's `nextUpdate`. `None`: something could not be read (the
-/// verdict is then not remembered).
-fn valid_until(c: &QuoteCollateralV3, pck_ders: &[Vec<u8>]) -> Option<i64> {
+/// What this verifier keeps of collateral that just verified in full: the collateral, the end
+/// of its earliest window, its issuer certificates' digests, and of the signatures the call
+/// verified (`verified`: fact and message digest) those over the collateral's own messages —
+/// the TCB info and QE identity JSON, each CRL's and each issuer certificate's TBS. `None`:
+/// something could not be read (nothing is then remembered).
+fn collateral_facts(
+    c: QuoteCollateralV3,
+    verified: &[([u8; 32], [u8; 32])],
+) -> Option<KnownCollateral> {
     use time::format_description::well_known::Rfc3339;
     /// Only `nextUpdate` is read (serde skips the rest without building values).
     #[derive(serde::Deserialize)]
@@ -221,6 +349,7 @@ fn valid_until(c: &QuoteCollateralV3, pck_ders: &[Vec<u8>]) -> Option<i64> {
         next_update: String,
     }
     let mut until = i64::MAX;
+    let mut messages: Vec<[u8; 32]> = Vec::with_capacity(8);
     for json in [&c.tcb_info, &c.qe_identity] {
         let v: Signed = serde_json::from_str(json).ok()?;
         let next = match (v.inner, v.next_update) {
@@ -233,16 +362,18 @@ fn valid_until(c: &QuoteCollateralV3, pck_ders: &[Vec<u8>]) -> Option<i64> {
                 .ok()?
                 .unix_timestamp(),
         );
+        messages.push(crate::crypto::sha256(json.as_bytes()));
     }
     for crl in [&c.root_ca_crl, &c.pck_crl] {
-        let (_, crl) =
+        let (_, parsed) =
             <x509_parser::revocation_list::CertificateRevocationList as x509_parser::prelude::FromDer<_>>::from_der(crl).ok()?;
         // A CRL is stale from its nextUpdate on (webpki: `time >= next_update`).
-        until = until.min(crl.next_update()?.timestamp().checked_sub(1)?);
+        until = until.min(parsed.next_update()?.timestamp().checked_sub(1)?);
+        messages.push(crate::crypto::sha256(tbs(crl)?));
     }
     // The chains share certificates (Intel's root in each, the TCB signing chain twice):
     // each distinct one is read once.
-    let mut ders: Vec<Vec<u8>> = pck_ders.to_vec();
+    let mut certs: Vec<[u8; 32]> = Vec::with_capacity(4);
     let mut seen_chains: Vec<&str> = Vec::with_capacity(3);
     for pem in [
         &c.pck_crl_issuer_chain,
@@ -254,12 +385,51 @@ fn valid_until(c: &QuoteCollateralV3, pck_ders: &[Vec<u8>]) -> Option<i64> {
         }
         seen_chains.push(pem);
         for der in crate::x509::pem_certs(pem.as_bytes(), "certificate chain").ok()? {
-            if !ders.contains(&der) {
-                ders.push(der);
+            let digest = crate::crypto::sha256(&der);
+            if certs.contains(&digest) {
+                continue;
             }
+            certs.push(digest);
+            let cert = crate::x509::parse_cert(&der, "certificate").ok()?;
+            until = until.min(cert.validity().not_after.timestamp());
+            messages.push(crate::crypto::sha256(tbs(&der)?));
         }
     }
-    for der in &ders {
+    let mut signatures: Vec<[u8; 32]> = Vec::with_capacity(8);
+    for (fact, message) in verified {
+        if messages.contains(message) && !signatures.contains(fact) {
+            signatures.push(*fact);
+        }
+    }
+    Some(KnownCollateral {
+        parsed: c,
+        until,
+        certs,
+        signatures,
+    })
+}
+
+/// The signed part of a certificate or CRL (`tbsCertificate`, `tbsCertList`: the first
+/// element of the outer SEQUENCE, whole), as webpki hands it to the signature check.
+fn tbs(der: &[u8]) -> Option<&[u8]> {
+    let (0x30, body, _) = crate::der::read_tlv(der)? else {
+        return None;
+    };
+    let (0x30, _, raw, _) = crate::der::read_tlv_raw(body)? else {
+        return None;
+    };
+    Some(raw)
+}
+
+/// The end of the earliest window a verdict on this quote relied on: the collateral's, the PCK
+/// leaf's (`leaf_until`), and that of any other certificate of the quote's chain that is not
+/// one of the collateral's issuer certificates. `None`: a certificate could not be read.
+fn platform_until(known: &KnownCollateral, pck_ders: &[Vec<u8>], leaf_until: i64) -> Option<i64> {
+    let mut until = known.until.min(leaf_until);
+    for der in pck_ders.iter().skip(1) {
+        if known.certs.contains(&crate::crypto::sha256(der)) {
+            continue;
+        }
         let cert = crate::x509::parse_cert(der, "certificate").ok()?;
         until = until.min(cert.validity().not_after.timestamp());
     }
@@ -315,12 +485,25 @@ impl TdxVerifier {
         let pck_leaf = pck_ders
             .first()
             .ok_or_else(|| Error::malformed("PCK certificate chain", "empty"))?;
-        let fmspc = fmspc_of(pck_leaf)?;
+        let (fmspc, leaf_until) = pck_leaf_facts(pck_leaf)?;
         self.known.note_miss();
-        let collateral: QuoteCollateralV3 =
-            serde_json::from_slice(ev.collateral_json).map_err(|e| Error::Collateral {
-                detail: format!("collateral JSON: {e}"),
-            })?;
+        // Collateral verified before is taken as parsed then; other collateral is parsed here
+        // and remembered only once the whole quote has verified with it.
+        let known_collateral = self.collateral.get(&collateral_digest, &[]);
+        if known_collateral.is_none() {
+            self.collateral.note_miss();
+        }
+        let mut parsed_here: Option<QuoteCollateralV3> = None;
+        let collateral: &QuoteCollateralV3 = match &known_collateral {
+            Some(known) => &known.parsed,
+            None => {
+                parsed_here.insert(serde_json::from_slice(ev.collateral_json).map_err(|e| {
+                    Error::Collateral {
+                        detail: format!("collateral JSON: {e}"),
+                    }
+                })?)
+            }
+        };
         // dcap-qvl verifies the collateral's PCK chain instead of the quote's when it carries
         // one: only the quote's own chain is accepted (the FMSPC and the windows read it).
         if let Some(chain) = &collateral.pck_certificate_chain
@@ -331,12 +514,14 @@ impl TdxVerifier {
             });
         }
         let at = u64::try_from(now).map_err(|_| Error::invalid("time", "before 1970"))?;
+        let scope = ScopeGuard::enter(known_collateral.clone());
         let verified = QuoteVerifier::new_prod()
             .with_config::<AwsLcConfig>()
             .allow_debug(true)
             .allow_service_td(true)
-            .verify(ev.quote, &collateral, at)
-            .map_err(|e| classify(&format!("{e:#}")))?;
+            .verify(ev.quote, collateral, at);
+        let signatures = scope.finish();
+        let verified = verified.map_err(|e| classify(&format!("{e:#}")))?;
         let (base, td15) = td_body(&verified.report)?;
         let claims = Claims {
             schema: crate::claims::CLAIMS_SCHEMA.into(),
@@ -369,10 +554,26 @@ impl TdxVerifier {
                 fmspc: hex::encode(fmspc),
             }),
         };
+        // Remember the collateral, the first time it verified.
+        let known_collateral = match (known_collateral, parsed_here) {
+            (Some(known), _) => Some(known),
+            (None, Some(parsed)) => collateral_facts(parsed, &signatures).map(|known| {
+                let known = std::sync::Arc::new(known);
+                // Parsed, it holds about what its JSON does (the CRLs' hex halved).
+                self.collateral.insert(
+                    &collateral_digest,
+                    &[],
+                    known.clone(),
+                    ev.collateral_json.len(),
+                );
+                known
+            }),
+            (None, None) => None,
+        };
         // Remember the verdict (the layout agreeing with what dcap-qvl parsed).
-        if let (Some(l), Some(k)) = (&layout, key)
+        if let (Some(l), Some(k), Some(c)) = (&layout, key, &known_collateral)
             && bytes[l.report_data.clone()] == base.report_data[..]
-            && let Some(until) = valid_until(&collateral, &pck_ders)
+            && let Some(until) = platform_until(c, &pck_ders, leaf_until)
         {
             // The claims are about 1.5 KiB of hex.
             self.known.insert(
@@ -389,9 +590,16 @@ impl TdxVerifier {
         Ok(claims)
     }
 
-    /// What the known-platform cache holds (tests and benchmarks).
-    pub(crate) fn cache_stats(&self) -> crate::cache::CacheStats {
-        self.known.stats()
+    /// What the known-platform and verified-collateral caches hold (tests and benchmarks).
+    pub(crate) fn cache_stats(&self) -> [crate::cache::CacheStats; 2] {
+        [self.known.stats(), self.collateral.stats()]
+    }
+
+    /// Forget every known platform, keeping the verified collateral: the next quote from any
+    /// platform is verified as one seen for the first time (benchmarks and tests).
+    #[cfg(feature = "test-support")]
+    pub(crate) fn forget_platforms(&self) {
+        self.known.clear();
     }
 }
 
@@ -556,12 +764,21 @@ const OID_SGX_EXTENSIONS: &str = "1.2.840.113741.1.13.1";
 /// DER body of the FMSPC OID 1.2.840.113741.1.13.1.4 inside them.
 const FMSPC_OID_BODY: [u8; 10] = [0x2A, 0x86, 0x48, 0x86, 0xF8, 0x4D, 0x01, 0x0D, 0x01, 0x04];
 
+/// The FMSPC and the end of the validity of a PCK leaf, read in one parse.
+fn pck_leaf_facts(pck_leaf: &[u8]) -> Result<([u8; 6], i64)> {
+    let cert = crate::x509::parse_cert(pck_leaf, "PCK certificate")?;
+    Ok((fmspc_in(&cert)?, cert.validity().not_after.timestamp()))
+}
+
 /// The FMSPC (6 bytes) from the PCK leaf: `SEQUENCE OF SEQUENCE { OID, value }`. dcap-qvl has
 /// already used it to select the TCB info; we only report it.
 fn fmspc_of(pck_leaf: &[u8]) -> Result<[u8; 6]> {
-    let cert = crate::x509::parse_cert(pck_leaf, "PCK certificate")?;
+    fmspc_in(&crate::x509::parse_cert(pck_leaf, "PCK certificate")?)
+}
+
+fn fmspc_in(cert: &x509_parser::certificate::X509Certificate<'_>) -> Result<[u8; 6]> {
     let bad = || Error::malformed("PCK certificate", "no FMSPC in the SGX extensions");
-    let ext = crate::x509::extension(&cert, OID_SGX_EXTENSIONS, crate::error::ChainKind::Intel)?
+    let ext = crate::x509::extension(cert, OID_SGX_EXTENSIONS, crate::error::ChainKind::Intel)?
         .ok_or_else(bad)?;
     let Some((0x30, body, _)) = crate::der::read_tlv(ext) else {
         return Err(bad());

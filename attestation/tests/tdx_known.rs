@@ -148,3 +148,74 @@ fn anything_but_a_known_quote_is_verified_in_full() {
     };
     assert_eq!(t.report_data, hex::encode(&quote[REPORT_DATA]));
 }
+
+/// Flip one hex digit of a collateral JSON string field (a signature).
+fn flip_hex(collateral: &[u8], field: &str) -> Vec<u8> {
+    let mut coll: serde_json::Value = serde_json::from_slice(collateral).unwrap();
+    let mut s = coll[field].as_str().unwrap().to_string();
+    let c = if s.as_bytes()[10] == b'0' { "1" } else { "0" };
+    s.replace_range(10..11, c);
+    coll[field] = serde_json::Value::String(s);
+    serde_json::to_vec(&coll).unwrap()
+}
+
+/// A platform seen for the first time by a running verifier, under Intel collateral the verifier
+/// verified before (one TCB info per FMSPC, one QE identity and two CRLs serve a fleet): the
+/// collateral's signatures are not checked again, the platform's own three — its PCK
+/// certificate, its QE report, its quote — always are, and every refusal stands as a fresh
+/// verifier's.
+#[test]
+fn a_new_platform_under_known_collateral_costs_its_own_signatures_only() {
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(v) = vectors() else { return };
+    let dir = v.join("tdx/v4-b0c06f-dcapqvl-phala");
+    let (quote, collateral, at) = load(&dir);
+    let stats = |v: &Verifier, name: &str| {
+        v.cache_stats()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .unwrap()
+            .1
+    };
+    let running = Verifier::new(VerifierConfig::default());
+    let before = cgx_attestation::tdx::p256_verifications();
+    let first = verify(&running, &quote, &collateral, at).unwrap();
+    let full = cgx_attestation::tdx::p256_verifications() - before;
+    assert_eq!(full, 9, "a verifier's first quote: every signature");
+    assert_eq!(stats(&running, "tdx_collateral").entries, 1);
+    running.forget_tdx_platforms();
+    let before = cgx_attestation::tdx::p256_verifications();
+    let new_platform = verify(&running, &quote, &collateral, at).unwrap();
+    let own = cgx_attestation::tdx::p256_verifications() - before;
+    assert_eq!(own, 3, "PCK certificate, QE report and quote");
+    assert_eq!(first, new_platform, "the same verdict");
+
+    let fresh = Verifier::new(VerifierConfig::default());
+    let refused_alike = |tampered: &[u8], coll: &[u8], what: &str| {
+        running.forget_tdx_platforms();
+        let a = verify(&running, tampered, coll, at).unwrap_err();
+        let b = verify(&fresh, tampered, coll, at).unwrap_err();
+        assert_eq!(a.code(), b.code(), "{what}: {a} / {b}");
+    };
+    // The platform's signatures: the quote's (after header and body, its length field), the QE
+    // report's (after the attestation key, the certification data's type and size, the
+    // 384-byte report).
+    let sig = 48 + 584 + 4;
+    let mut bad_quote_sig = quote.clone();
+    bad_quote_sig[sig] ^= 1;
+    refused_alike(&bad_quote_sig, &collateral, "quote signature");
+    let qe_report_sig = sig + 64 + 64 + 6 + 384;
+    let mut bad_qe_sig = quote.clone();
+    bad_qe_sig[qe_report_sig] ^= 1;
+    refused_alike(&bad_qe_sig, &collateral, "QE report signature");
+    // The collateral's signatures are checked again wherever its bytes differ from what was
+    // verified, and a refused collateral is not remembered.
+    for field in ["tcb_info_signature", "qe_identity_signature"] {
+        let bad = flip_hex(&collateral, field);
+        refused_alike(&quote, &bad, field);
+    }
+    assert_eq!(stats(&running, "tdx_collateral").entries, 1);
+    // And the known collateral still serves the real quote.
+    running.forget_tdx_platforms();
+    assert_eq!(verify(&running, &quote, &collateral, at).unwrap(), first);
+}
