@@ -94,6 +94,15 @@ const JOB_SEAL_GPU_OWNERS: &str = "ALTER TABLE jobs ADD COLUMN seal TEXT NOT NUL
      CREATE TABLE gpu_owners (serial TEXT PRIMARY KEY, node_id TEXT NOT NULL);
      CREATE INDEX gpu_owners_node ON gpu_owners (node_id)";
 
+/// Migration 5: each lease row names its tenant, so the placement write's one-tenant-per-VM
+/// check asks the database for the rows of *other* tenants only (each then confirmed from its
+/// signed token) instead of reading and checking every recent lease of the node — under churn a
+/// node has hundreds, and the check ran on every placement. Rows from before it have `''`,
+/// which no tenant is: they are always read and checked from their tokens.
+const LEASE_TENANT: &str = "ALTER TABLE leases ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+     DROP INDEX leases_node_ended;
+     CREATE INDEX leases_node_ended_tenant ON leases (node_id, ended_at, tenant)";
+
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -116,6 +125,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 4,
         sqlite: JOB_SEAL_GPU_OWNERS,
         postgres: JOB_SEAL_GPU_OWNERS,
+    },
+    Migration {
+        version: 5,
+        sqlite: LEASE_TENANT,
+        postgres: LEASE_TENANT,
     },
 ];
 
@@ -467,17 +481,34 @@ async fn event(
     Ok(())
 }
 
+/// Count `tenant`'s hold on a node until `until`: one tenant's holds extend each other; of two
+/// tenants' (rows from before the one-tenant rule), the longer stands.
+fn hold(u: &mut NodeUse, tenant: String, until: i64) {
+    match &mut u.tenant {
+        Some((t, u)) if *t == tenant => *u = (*u).max(until),
+        Some((_, u)) if *u >= until => {}
+        slot => *slot = Some((tenant, until)),
+    }
+}
+
 /// Another tenant whose lease on `node` is open, or ended at or after `ended_after` (its last
 /// token may still be valid): a VM serves one tenant at a time, so one tenant's workload never
-/// shares a TEE key, or the leases a node is handed, with another's. The tenant is read from
-/// each lease's token the broker signed, never from a job row (a database writer could move a
-/// running job to another tenant); a row without a valid signature holds nothing.
+/// shares a TEE key, or the leases a node is handed, with another's.
+///
+/// The row's `tenant` column only narrows the search to rows that name another tenant (the
+/// covering index `leases_node_ended_tenant` answers it without reading the rows of `p`'s own
+/// tenant, however many); who holds the node is then read from each such lease's token the
+/// broker signed, never from a column or a job row (a database writer could move a running job
+/// to another tenant); a row without a valid signature holds nothing. The database is trusted
+/// for whether a lease is live (a writer able to end a lease can hide it either way), the
+/// signature for whose it is.
 async fn other_tenant(tx: &mut Tx, p: &PlacementRow) -> Result<Option<String>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT token FROM leases WHERE node_id = $1 AND (ended_at IS NULL OR ended_at >= $2)",
+        "SELECT token FROM leases WHERE node_id = $1 AND (ended_at IS NULL OR ended_at >= $2) AND tenant <> $3",
     )
     .bind(&p.node_id)
     .bind(p.tenant_ended_after)
+    .bind(&p.tenant)
     .fetch_all(&mut **tx)
     .await?;
     for r in rows {
@@ -545,7 +576,7 @@ async fn free_gpus(tx: &mut Tx, lease: &str) -> Result<(), sqlx::Error> {
 
 async fn open_lease(tx: &mut Tx, p: &PlacementRow, sqlite: bool) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO leases (id, job_id, node_id, gpus, token, started_at, ends_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO leases (id, job_id, node_id, gpus, token, started_at, ends_at, tenant) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(&p.lease_id)
     .bind(&p.job_id)
@@ -554,6 +585,7 @@ async fn open_lease(tx: &mut Tx, p: &PlacementRow, sqlite: bool) -> Result<(), s
     .bind(&p.token)
     .bind(p.started_at)
     .bind(p.ends_at)
+    .bind(&p.tenant)
     .execute(&mut **tx)
     .await?;
     touch(tx, &p.node_id, p.now_ms, sqlite).await
@@ -1124,6 +1156,12 @@ impl Store {
     /// Allocated GPUs of `nodes` (every node for `None`) as bitmaps, with the tenant whose
     /// leases hold each VM: open ones, or ones that ended after `ended_after` (their last
     /// token may still be valid until `ended_at + ttl`).
+    ///
+    /// The holds are read per (node, tenant column) group — the group's latest end, one of its
+    /// tokens — so a node's many leases of one tenant cost one row, not one each (every sync
+    /// reads the nodes placements touched). The group's tenant counts only if that token, which
+    /// the broker signed, names it; a group whose token does not (a row edited in the database),
+    /// and rows from before the column (`''`), are read row by row, each from its own token.
     pub async fn allocations(
         &self,
         nodes: Option<&[String]>,
@@ -1132,13 +1170,14 @@ impl Store {
         key: &[u8; 32],
     ) -> Result<HashMap<String, NodeUse>, BrokerError> {
         const GPUS: &str = "SELECT node_id, gpu FROM allocations";
-        const TENANTS: &str =
-            "SELECT l.node_id AS node_id, l.token AS token, l.ended_at AS ended_at
+        const HOLDS: &str = "SELECT l.node_id AS node_id, l.tenant AS tenant,
+                MAX(COALESCE(l.ended_at, 9223372036854775807)) AS last
              FROM leases l WHERE (l.ended_at IS NULL OR l.ended_at >= $1)";
-        let (gpus, tenants) = match nodes {
+        const GROUP: &str = " GROUP BY l.node_id, l.tenant";
+        let (gpus, holds) = match nodes {
             None => (
                 sqlx::query(GPUS).fetch_all(self.db.pool()).await?,
-                sqlx::query(TENANTS)
+                sqlx::query(sqlx::AssertSqlSafe(format!("{HOLDS}{GROUP}")))
                     .bind(ended_after)
                     .fetch_all(self.db.pool())
                     .await?,
@@ -1146,7 +1185,7 @@ impl Store {
             Some([]) => (Vec::new(), Vec::new()),
             Some(ids) => {
                 // In chunks: a statement takes a bounded number of parameters.
-                let (mut gpus, mut tenants) = (Vec::new(), Vec::new());
+                let (mut gpus, mut holds) = (Vec::new(), Vec::new());
                 for chunk in ids.chunks(500) {
                     let list = |from: usize| {
                         (from..from + chunk.len())
@@ -1160,14 +1199,14 @@ impl Store {
                         q = q.bind(id.clone());
                     }
                     gpus.extend(q.fetch_all(self.db.pool()).await?);
-                    let sql = format!("{TENANTS} AND l.node_id IN ({})", list(2));
+                    let sql = format!("{HOLDS} AND l.node_id IN ({}){GROUP}", list(2));
                     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(ended_after);
                     for id in chunk {
                         q = q.bind(id.clone());
                     }
-                    tenants.extend(q.fetch_all(self.db.pool()).await?);
+                    holds.extend(q.fetch_all(self.db.pool()).await?);
                 }
-                (gpus, tenants)
+                (gpus, holds)
             }
         };
         let mut out: HashMap<String, NodeUse> = HashMap::new();
@@ -1178,21 +1217,62 @@ impl Store {
                 out.entry(id).or_default().gpus |= 1u64 << gpu;
             }
         }
-        for r in tenants {
+        let until_of = |ended: Option<i64>| match ended {
+            None | Some(i64::MAX) => i64::MAX,
+            Some(e) => e.saturating_add(ttl),
+        };
+        for r in holds {
             let id: String = r.try_get("node_id")?;
-            let token: String = r.try_get("token")?;
-            let Some(tenant) = lease_tenant(&token, key) else {
-                tracing::error!(node = %id, "a lease row without a valid broker signature; it holds no tenant");
-                continue;
+            let column: String = r.try_get("tenant")?;
+            let last: i64 = r.try_get("last")?;
+            // The group's latest lease's token, and whether it names the group's tenant.
+            let token: Option<String> = if column.is_empty() {
+                None
+            } else {
+                // `ended_at` compared as itself, so the index answers it.
+                let q = if last == i64::MAX {
+                    sqlx::query(
+                        "SELECT token FROM leases WHERE node_id = $1 AND tenant = $2
+                         AND ended_at IS NULL LIMIT 1",
+                    )
+                    .bind(&id)
+                    .bind(&column)
+                } else {
+                    sqlx::query(
+                        "SELECT token FROM leases WHERE node_id = $1 AND tenant = $2
+                         AND ended_at = $3 LIMIT 1",
+                    )
+                    .bind(&id)
+                    .bind(&column)
+                    .bind(last)
+                };
+                q.fetch_optional(self.db.pool())
+                    .await?
+                    .map(|r| r.try_get("token"))
+                    .transpose()?
             };
-            let ended: Option<i64> = r.try_get("ended_at")?;
-            let until = ended.map_or(i64::MAX, |e| e.saturating_add(ttl));
-            let u = out.entry(id).or_default();
-            match &mut u.tenant {
-                Some((t, u)) if *t == tenant => *u = (*u).max(until),
-                // Two tenants (rows from before this rule): the longer hold stands.
-                Some((_, u)) if *u >= until => {}
-                slot => *slot = Some((tenant, until)),
+            if token.is_some_and(|t| lease_tenant(&t, key).as_deref() == Some(column.as_str())) {
+                hold(out.entry(id).or_default(), column, until_of(Some(last)));
+                continue;
+            }
+            // Row by row, each from its own token.
+            let rows = sqlx::query(
+                "SELECT token, ended_at FROM leases WHERE node_id = $1 AND tenant = $2
+                 AND (ended_at IS NULL OR ended_at >= $3)",
+            )
+            .bind(&id)
+            .bind(&column)
+            .bind(ended_after)
+            .fetch_all(self.db.pool())
+            .await?;
+            for r in rows {
+                let token: String = r.try_get("token")?;
+                let Some(tenant) = lease_tenant(&token, key) else {
+                    tracing::error!(node = %id, "a lease row without a valid broker signature; it holds no tenant");
+                    continue;
+                };
+                let ended: Option<i64> = r.try_get("ended_at")?;
+                hold(out.entry(id.clone()).or_default(), tenant, until_of(ended));
             }
         }
         Ok(out)
@@ -1339,5 +1419,151 @@ fn one_row(rows: u64, why: Refusal) -> Outcome {
         Outcome::Done
     } else {
         Outcome::Refused(why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn record(id: &str) -> super::super::index::NodeRecord {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "node_key": "k", "tee_thumbprint": "t", "operator": "op",
+            "region": "eu-west", "tee": "snp", "sim": true, "gpu_model": "H100",
+            "gpu_chip": "GH100", "gpu_count": 8, "gpu_memory_gib": 80, "price": 1_000_000,
+            "status": "affirming", "violations": [], "attested_at": 0, "ear_expires_at": 0,
+            "ear_digest": "", "claims": {},
+        }))
+        .unwrap()
+    }
+
+    /// The placement write's one-tenant-per-VM check reads whose a lease is from its signed
+    /// token: the `tenant` column (migration 5) only narrows which rows it reads. A row from
+    /// before the column (`''`) still holds the VM for its token's tenant; a column naming
+    /// another tenant over a token of the placing tenant's holds nothing; a row naming another
+    /// tenant without a valid signature holds nothing.
+    #[tokio::test]
+    async fn who_holds_a_vm_is_read_from_signed_tokens_not_the_tenant_column() {
+        let dir = std::env::temp_dir().join(format!("cgx-store-holds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("broker.db").display());
+        let store = Store::open(&url, 1_000).await.unwrap();
+        let pkcs8 = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(
+            &aws_lc_rs::rand::SystemRandom::new(),
+        )
+        .unwrap();
+        let keys = super::super::lease::Keys::from_pkcs8(pkcs8.as_ref().to_vec()).unwrap();
+        let node = record("n1");
+        let token = |lease: &str, tenant: &str| {
+            keys.lease_token(lease, "j", tenant, &node, &[0], &[], 1_000, 5_000, 120)
+                .unwrap()
+        };
+        let place = |tenant: &str| PlacementRow {
+            job_id: "j".into(),
+            tenant: tenant.into(),
+            tenant_ended_after: 1_000 - 120,
+            broker_key: keys.public,
+            node_id: "n1".into(),
+            lease_id: "new".into(),
+            gpus: vec![1],
+            token: String::new(),
+            started_at: 1_000,
+            ends_at: 5_000,
+            reason: String::new(),
+            now_ms: 1_000_000,
+        };
+        let insert = |id: &'static str, tenant: &'static str, token: String| async move {
+            (
+                "INSERT INTO leases (id, job_id, node_id, gpus, token, started_at, ends_at, tenant) VALUES ($1, 'j', 'n1', '0', $2, 1000, 5000, $3)",
+                vec![id.to_string(), token, tenant.to_string()],
+            )
+        };
+        let run = |rows: Vec<(&'static str, Vec<String>)>| {
+            let store = &store;
+            async move {
+                sqlx::query("DELETE FROM leases")
+                    .execute(store.db.pool())
+                    .await
+                    .unwrap();
+                for (sql, binds) in rows {
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.to_string()));
+                    for b in binds {
+                        q = q.bind(b);
+                    }
+                    q.execute(store.db.pool()).await.unwrap();
+                }
+            }
+        };
+        let check = |tenant: &'static str| {
+            let store = &store;
+            async move {
+                let mut tx = store.db.pool().begin().await.unwrap();
+                let t = other_tenant(&mut tx, &place(tenant)).await.unwrap();
+                tx.rollback().await.unwrap();
+                t
+            }
+        };
+        // What a replica's index learns (`allocations`, on sync): the same, as (tenant, until).
+        let held = || {
+            let store = &store;
+            let key = keys.public;
+            async move {
+                store
+                    .allocations(Some(&["n1".to_string()]), 1_000 - 120, 120, &key)
+                    .await
+                    .unwrap()
+                    .remove("n1")
+                    .and_then(|u| u.tenant)
+            }
+        };
+        // Acme's own leases, however many, hold nothing against acme; they hold against globex.
+        run(vec![
+            insert("a1", "acme", token("a1", "acme")).await,
+            insert("a2", "acme", token("a2", "acme")).await,
+        ])
+        .await;
+        assert_eq!(check("acme").await, None);
+        assert_eq!(check("globex").await.as_deref(), Some("acme"));
+        assert_eq!(held().await, Some(("acme".into(), i64::MAX)));
+        // A row from before migration 5: no tenant column value, its token still decides.
+        run(vec![insert("old", "", token("old", "globex")).await]).await;
+        assert_eq!(check("acme").await.as_deref(), Some("globex"));
+        assert_eq!(check("globex").await, None);
+        assert_eq!(held().await, Some(("globex".into(), i64::MAX)));
+        // The column names globex, the signed token acme: acme's lease, not globex's.
+        run(vec![insert("lie", "globex", token("lie", "acme")).await]).await;
+        assert_eq!(check("acme").await, None);
+        assert_eq!(held().await, Some(("acme".into(), i64::MAX)));
+        // A row naming globex without this broker's signature holds nothing.
+        run(vec![insert("forged", "globex", "not.a.token".into()).await]).await;
+        assert_eq!(check("acme").await, None);
+        assert_eq!(held().await, None);
+        // An ended lease holds while its last token may live, then no more; of one tenant's
+        // leases the latest end counts.
+        run(vec![
+            insert("ended", "globex", token("ended", "globex")).await,
+            insert("earlier", "globex", token("earlier", "globex")).await,
+        ])
+        .await;
+        sqlx::query("UPDATE leases SET ended_at = 890 WHERE id = 'ended'")
+            .execute(store.db.pool())
+            .await
+            .unwrap();
+        sqlx::query("UPDATE leases SET ended_at = 885 WHERE id = 'earlier'")
+            .execute(store.db.pool())
+            .await
+            .unwrap();
+        assert_eq!(check("acme").await.as_deref(), Some("globex"));
+        assert_eq!(held().await, Some(("globex".into(), 890 + 120)));
+        sqlx::query("UPDATE leases SET ended_at = 870")
+            .execute(store.db.pool())
+            .await
+            .unwrap();
+        assert_eq!(check("acme").await, None);
+        assert_eq!(held().await, None);
+        store.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
