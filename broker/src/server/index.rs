@@ -232,13 +232,24 @@ fn bucket(free: u32) -> u32 {
 
 const BUCKETS: [u32; 11] = [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64];
 
+/// Every bucket of one (GPU model, TEE, region, holder): the partitions are kept shelf by
+/// shelf, so a decision looks up one shelf per TEE and region (and holder), not one
+/// partition per bucket — eleven times fewer hashes of the key's strings.
+type Shelf = (String, TeeKind, String, Option<String>);
+
+/// The shelf of a partition, and its bucket's slot on it.
+fn shelf_of(p: &Part) -> (Shelf, usize) {
+    let slot = BUCKETS.iter().position(|b| *b == p.3).unwrap_or(0);
+    ((p.0.clone(), p.1, p.2.clone(), p.4.clone()), slot)
+}
+
 /// The index. Not thread-safe by itself: the service keeps it behind a lock.
 #[derive(Debug)]
 pub struct Index {
     freshness: Freshness,
     nodes: HashMap<String, Entry>,
     operators: HashMap<String, i64>,
-    parts: HashMap<Part, BTreeSet<RankKey>>,
+    parts: HashMap<Shelf, [BTreeSet<RankKey>; BUCKETS.len()]>,
     /// Every region a node has offered (the partitions a job without regions walks).
     regions: BTreeSet<String>,
     /// GPU device serial → the node whose evidence carried it.
@@ -461,30 +472,49 @@ impl Index {
             )
         });
         let (old, key) = (e.part.clone(), e.key.clone());
-        if let Some(p) = &old
-            && let Some(set) = self.parts.get_mut(p)
-        {
-            set.remove(&key);
-            if set.is_empty() {
-                self.parts.remove(p);
-            }
-            if let Some(t) = &p.4
-                && let Some(n) = self.held.get_mut(t)
-            {
-                *n -= 1;
-                if *n == 0 {
-                    self.held.remove(t);
-                }
-            }
+        if let Some(p) = &old {
+            self.unshelve(p, &key);
         }
         if let Some(p) = &want {
-            self.parts.entry(p.clone()).or_default().insert(key);
-            if let Some(t) = &p.4 {
-                *self.held.entry(t.clone()).or_default() += 1;
-            }
+            self.shelve(p, key);
         }
         if let Some(e) = self.nodes.get_mut(id) {
             e.part = want;
+        }
+    }
+
+    /// Put `key` in partition `p`, counting its holder's entries.
+    fn shelve(&mut self, p: &Part, key: RankKey) {
+        let (shelf, slot) = shelf_of(p);
+        self.parts
+            .entry(shelf)
+            .or_insert_with(|| std::array::from_fn(|_| BTreeSet::new()))[slot]
+            .insert(key);
+        if let Some(t) = &p.4 {
+            *self.held.entry(t.clone()).or_default() += 1;
+        }
+    }
+
+    /// Take `key` out of partition `p` (its shelf goes once every bucket on it is empty), and
+    /// its holder's count down.
+    fn unshelve(&mut self, p: &Part, key: &RankKey) {
+        let (shelf, slot) = shelf_of(p);
+        let Some(sets) = self.parts.get_mut(&shelf) else {
+            return;
+        };
+        if !sets[slot].remove(key) {
+            return;
+        }
+        if sets.iter().all(BTreeSet::is_empty) {
+            self.parts.remove(&shelf);
+        }
+        if let Some(t) = &p.4
+            && let Some(n) = self.held.get_mut(t)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(t);
+            }
         }
     }
 
@@ -497,21 +527,8 @@ impl Index {
                 self.gpu_owner.remove(&serial);
             }
         }
-        if let Some(p) = &e.part
-            && let Some(set) = self.parts.get_mut(p)
-        {
-            set.remove(&e.key);
-            if set.is_empty() {
-                self.parts.remove(p);
-            }
-            if let Some(t) = &p.4
-                && let Some(n) = self.held.get_mut(t)
-            {
-                *n -= 1;
-                if *n == 0 {
-                    self.held.remove(t);
-                }
-            }
+        if let Some(p) = &e.part {
+            self.unshelve(p, &e.key);
         }
         true
     }
@@ -544,10 +561,9 @@ impl Index {
     fn rerank(&mut self, id: &str) {
         let Some(e) = self.nodes.get(id) else { return };
         let new = self.rank_key(&e.record, e.node_reputation);
-        if let Some(p) = &e.part
-            && let Some(set) = self.parts.get_mut(p)
-        {
-            set.remove(&e.key);
+        if let Some(p) = e.part.clone() {
+            let key = e.key.clone();
+            self.unshelve(&p, &key);
         }
         if let Some(e) = self.nodes.get_mut(id) {
             e.key = new;
@@ -809,16 +825,18 @@ impl Index {
         let mut walks: Vec<Walk<'_>> = Vec::new();
         for tee in tees {
             for (rank, region) in regions.iter().enumerate() {
-                for b in BUCKETS.iter().filter(|b| **b >= req.gpu_count) {
-                    // Free nodes, and nodes the job's own tenant holds (if it holds any).
-                    let part = (req.gpu_model.clone(), *tee, (*region).clone(), *b, None);
-                    if let Some(set) = self.parts.get(&part) {
-                        walks.push((set.iter(), if any_region { 0 } else { rank }));
-                    }
-                    if own {
-                        let part = (part.0, part.1, part.2, part.3, Some(req.tenant.clone()));
-                        if let Some(set) = self.parts.get(&part) {
-                            walks.push((set.iter(), if any_region { 0 } else { rank }));
+                // Free nodes, and nodes the job's own tenant holds (if it holds any): every
+                // bucket with room enough.
+                let rank = if any_region { 0 } else { rank };
+                let own_shelf = own.then(|| Some(req.tenant.clone()));
+                for holder in std::iter::once(None).chain(own_shelf) {
+                    let shelf = (req.gpu_model.clone(), *tee, (*region).clone(), holder);
+                    let Some(sets) = self.parts.get(&shelf) else {
+                        continue;
+                    };
+                    for (b, set) in BUCKETS.iter().zip(sets) {
+                        if *b >= req.gpu_count && !set.is_empty() {
+                            walks.push((set.iter(), rank));
                         }
                     }
                 }
@@ -1479,6 +1497,17 @@ mod tests {
                     }
                     i.set_node_reputation(&id, rnd(6) as i64);
                 }
+                // Each tenant's count of held partition entries is exactly what the shelves
+                // hold (a re-rank once left a held node counted twice).
+                let mut counted: HashMap<String, usize> = HashMap::new();
+                for ((_, _, _, holder), sets) in &i.parts {
+                    if let Some(t) = holder {
+                        *counted.entry(t.clone()).or_default() +=
+                            sets.iter().map(BTreeSet::len).sum::<usize>();
+                    }
+                }
+                assert_eq!(counted, i.held, "round {round} step {step}");
+                assert!(i.parts.values().all(|s| s.iter().any(|b| !b.is_empty())));
             }
         }
     }

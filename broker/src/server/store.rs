@@ -94,14 +94,18 @@ const JOB_SEAL_GPU_OWNERS: &str = "ALTER TABLE jobs ADD COLUMN seal TEXT NOT NUL
      CREATE TABLE gpu_owners (serial TEXT PRIMARY KEY, node_id TEXT NOT NULL);
      CREATE INDEX gpu_owners_node ON gpu_owners (node_id)";
 
-/// Migration 5: each lease row names its tenant, so the placement write's one-tenant-per-VM
-/// check asks the database for the rows of *other* tenants only (each then confirmed from its
-/// signed token) instead of reading and checking every recent lease of the node — under churn a
-/// node has hundreds, and the check ran on every placement. Rows from before it have `''`,
-/// which no tenant is: they are always read and checked from their tokens.
-const LEASE_TENANT: &str = "ALTER TABLE leases ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
-     DROP INDEX leases_node_ended;
-     CREATE INDEX leases_node_ended_tenant ON leases (node_id, ended_at, tenant)";
+/// Migration 5: who holds a VM, answered without reading a tenant's churned leases. Each lease
+/// row names its tenant; `node_holds` keeps, per (node, tenant), when its latest lease on the
+/// node ended and that lease's token (which the broker signed, naming the tenant). A VM's holds
+/// are then its open leases (at most one per GPU) and the `node_holds` rows that ended within a
+/// lease TTL — however many leases a tenant opened and ended there. Rows from before this
+/// migration have tenant `''` and no `node_holds` row: they are read as before, from their
+/// tokens (a partial index holds them alone, so finding them never walks newer leases).
+const NODE_HOLDS: &str = "ALTER TABLE leases ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+     CREATE INDEX leases_legacy ON leases (node_id, ended_at) WHERE tenant = '';
+     CREATE TABLE node_holds (
+        node_id TEXT NOT NULL, tenant TEXT NOT NULL, last_end BIGINT NOT NULL,
+        token TEXT NOT NULL, PRIMARY KEY (node_id, tenant))";
 
 const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -128,8 +132,8 @@ const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 5,
-        sqlite: LEASE_TENANT,
-        postgres: LEASE_TENANT,
+        sqlite: NODE_HOLDS,
+        postgres: NODE_HOLDS,
     },
 ];
 
@@ -495,23 +499,28 @@ fn hold(u: &mut NodeUse, tenant: String, until: i64) {
 /// token may still be valid): a VM serves one tenant at a time, so one tenant's workload never
 /// shares a TEE key, or the leases a node is handed, with another's.
 ///
-/// The row's `tenant` column only narrows the search to rows that name another tenant (the
-/// covering index `leases_node_ended_tenant` answers it without reading the rows of `p`'s own
-/// tenant, however many); who holds the node is then read from each such lease's token the
-/// broker signed, never from a column or a job row (a database writer could move a running job
-/// to another tenant); a row without a valid signature holds nothing. The database is trusted
-/// for whether a lease is live (a writer able to end a lease can hide it either way), the
-/// signature for whose it is.
+/// Read from the node's open leases, its `node_holds` rows (each tenant's latest ended lease
+/// there) and rows from before migration 5 — never from every lease the job's own tenant
+/// churned through on the node. The tenant columns only narrow the search: who holds the node
+/// is read from each lease token the broker signed, never from a column or a job row (a
+/// database writer could move a running job to another tenant); a row without a valid
+/// signature holds nothing. The database is trusted for whether a lease is live (a writer able
+/// to end a lease can hide it either way), the signature for whose it is.
 async fn other_tenant(tx: &mut Tx, p: &PlacementRow) -> Result<Option<String>, sqlx::Error> {
+    // One statement (it runs in the single writer, on every placement).
     let rows = sqlx::query(
-        "SELECT token FROM leases WHERE node_id = $1 AND (ended_at IS NULL OR ended_at >= $2) AND tenant <> $3",
+        "SELECT token FROM leases WHERE node_id = $1 AND ended_at IS NULL AND tenant <> $2
+         UNION ALL
+         SELECT token FROM node_holds WHERE node_id = $1 AND tenant <> $2 AND last_end >= $3
+         UNION ALL
+         SELECT token FROM leases WHERE node_id = $1 AND tenant = '' AND ended_at >= $3",
     )
     .bind(&p.node_id)
-    .bind(p.tenant_ended_after)
     .bind(&p.tenant)
+    .bind(p.tenant_ended_after)
     .fetch_all(&mut **tx)
     .await?;
-    for r in rows {
+    for r in &rows {
         let token: String = r.try_get("token")?;
         if let Some(t) = lease_tenant(&token, &p.broker_key)
             && t != p.tenant
@@ -547,6 +556,55 @@ pub(crate) fn lease_tenant(token: &str, key: &[u8; 32]) -> Option<String> {
         m.insert(k, t.clone());
     }
     Some(t)
+}
+
+/// Take `p`'s GPUs for its tenant, or say why not: all or none, and only while no other
+/// tenant holds the VM ([`other_tenant`]).
+///
+/// One statement on the common path (it runs in the single writer, on every placement): the
+/// GPUs' rows are inserted only where no row *names* another tenant as holding the node — open
+/// leases, `node_holds`, rows from before migration 5. Where that guard or a taken GPU stops
+/// the insert, the holds are read and checked from their signed tokens: a confirmed other
+/// tenant refuses; rows naming another tenant that their tokens do not confirm (a forged or
+/// edited row) hold nothing, and the GPUs are taken as if they were not there.
+async fn take_gpus_for_tenant(
+    tx: &mut Tx,
+    p: &PlacementRow,
+) -> Result<Option<Refusal>, sqlx::Error> {
+    if p.gpus.is_empty() {
+        return Ok(other_tenant(tx, p).await?.map(Refusal::OtherTenant));
+    }
+    let gpus = (0..p.gpus.len())
+        .map(|i| format!("SELECT CAST(${} AS BIGINT) AS gpu", i + 5))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let sql = format!(
+        "INSERT INTO allocations (node_id, gpu, lease_id)
+         SELECT $1, g.gpu, $2 FROM ({gpus}) g
+         WHERE NOT EXISTS (
+            SELECT 1 FROM leases WHERE node_id = $1 AND ended_at IS NULL AND tenant <> $3
+            UNION ALL
+            SELECT 1 FROM node_holds WHERE node_id = $1 AND tenant <> $3 AND last_end >= $4
+            UNION ALL
+            SELECT 1 FROM leases WHERE node_id = $1 AND tenant = '' AND ended_at >= $4)
+         ON CONFLICT (node_id, gpu) DO NOTHING"
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(&p.node_id)
+        .bind(&p.lease_id)
+        .bind(&p.tenant)
+        .bind(p.tenant_ended_after);
+    for g in &p.gpus {
+        q = q.bind(i64::from(*g));
+    }
+    if q.execute(&mut **tx).await?.rows_affected() == p.gpus.len() as u64 {
+        return Ok(None);
+    }
+    free_gpus(tx, &p.lease_id).await?;
+    if let Some(t) = other_tenant(tx, p).await? {
+        return Ok(Some(Refusal::OtherTenant(t)));
+    }
+    Ok((!take_gpus(tx, p).await?).then_some(Refusal::GpuTaken))
 }
 
 /// Take `p`'s GPUs: all or none (a GPU another lease holds undoes this lease's rows).
@@ -722,13 +780,10 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 }
             }
             // GPUs first: a refusal then leaves nothing behind.
-            if let Some(p) = placement {
-                if let Some(t) = other_tenant(tx, p).await? {
-                    return Ok(Outcome::Refused(Refusal::OtherTenant(t)));
-                }
-                if !take_gpus(tx, p).await? {
-                    return Ok(Outcome::Refused(Refusal::GpuTaken));
-                }
+            if let Some(p) = placement
+                && let Some(refused) = take_gpus_for_tenant(tx, p).await?
+            {
+                return Ok(Outcome::Refused(refused));
             }
             let (state_now, reason, node, lease) = match placement {
                 Some(p) => (
@@ -774,11 +829,8 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             Ok(Outcome::Done)
         }
         Write::Place(p) => {
-            if let Some(t) = other_tenant(tx, p).await? {
-                return Ok(Outcome::Refused(Refusal::OtherTenant(t)));
-            }
-            if !take_gpus(tx, p).await? {
-                return Ok(Outcome::Refused(Refusal::GpuTaken));
+            if let Some(refused) = take_gpus_for_tenant(tx, p).await? {
+                return Ok(Outcome::Refused(refused));
             }
             let placed = sqlx::query(
                 "UPDATE jobs SET state = $1, reason = $2, updated_at = $3, node_id = $4, lease_id = $5 WHERE id = $6 AND state = $7",
@@ -817,7 +869,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             now_ms,
         } => {
             let sql = format!(
-                "SELECT {LEASE_COLUMNS_L}, j.state AS job_state FROM leases l JOIN jobs j ON j.id = l.job_id WHERE l.id = $1 AND l.ended_at IS NULL"
+                "SELECT {LEASE_COLUMNS_L}, l.tenant AS lease_tenant, j.state AS job_state FROM leases l JOIN jobs j ON j.id = l.job_id WHERE l.id = $1 AND l.ended_at IS NULL"
             );
             let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(lease)
@@ -828,12 +880,29 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             };
             let l = lease_row(&row)?;
             let job_state: String = row.try_get("job_state")?;
+            let tenant: String = row.try_get("lease_tenant")?;
             sqlx::query("UPDATE leases SET ended_at = $1, end_reason = $2 WHERE id = $3")
                 .bind(now)
                 .bind(reason)
                 .bind(lease)
                 .execute(&mut **tx)
                 .await?;
+            // The tenant's hold on the VM now lasts until this lease's last token expired
+            // (rows from before migration 5 are read from the leases themselves).
+            if !tenant.is_empty() {
+                sqlx::query(
+                    "INSERT INTO node_holds (node_id, tenant, last_end, token) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (node_id, tenant) DO UPDATE
+                     SET last_end = excluded.last_end, token = excluded.token
+                     WHERE node_holds.last_end <= excluded.last_end",
+                )
+                .bind(&l.node_id)
+                .bind(&tenant)
+                .bind(now)
+                .bind(&l.token)
+                .execute(&mut **tx)
+                .await?;
+            }
             free_gpus(tx, lease).await?;
             // The lease ends whatever its job's state; the job moves only from `job_from`.
             if job_from.contains(&job_state.as_str()) {
@@ -1157,11 +1226,10 @@ impl Store {
     /// leases hold each VM: open ones, or ones that ended after `ended_after` (their last
     /// token may still be valid until `ended_at + ttl`).
     ///
-    /// The holds are read per (node, tenant column) group — the group's latest end, one of its
-    /// tokens — so a node's many leases of one tenant cost one row, not one each (every sync
-    /// reads the nodes placements touched). The group's tenant counts only if that token, which
-    /// the broker signed, names it; a group whose token does not (a row edited in the database),
-    /// and rows from before the column (`''`), are read row by row, each from its own token.
+    /// Read as [`other_tenant`] reads them: open leases, `node_holds` (each tenant's latest
+    /// ended lease per node, so a node's many leases of one tenant cost one row) and rows from
+    /// before migration 5; each hold counts only for the tenant its token, which the broker
+    /// signed, names.
     pub async fn allocations(
         &self,
         nodes: Option<&[String]>,
@@ -1169,46 +1237,55 @@ impl Store {
         ttl: i64,
         key: &[u8; 32],
     ) -> Result<HashMap<String, NodeUse>, BrokerError> {
-        const GPUS: &str = "SELECT node_id, gpu FROM allocations";
-        const HOLDS: &str = "SELECT l.node_id AS node_id, l.tenant AS tenant,
-                MAX(COALESCE(l.ended_at, 9223372036854775807)) AS last
-             FROM leases l WHERE (l.ended_at IS NULL OR l.ended_at >= $1)";
-        const GROUP: &str = " GROUP BY l.node_id, l.tenant";
-        let (gpus, holds) = match nodes {
-            None => (
-                sqlx::query(GPUS).fetch_all(self.db.pool()).await?,
-                sqlx::query(sqlx::AssertSqlSafe(format!("{HOLDS}{GROUP}")))
-                    .bind(ended_after)
-                    .fetch_all(self.db.pool())
-                    .await?,
-            ),
-            Some([]) => (Vec::new(), Vec::new()),
-            Some(ids) => {
-                // In chunks: a statement takes a bounded number of parameters.
-                let (mut gpus, mut holds) = (Vec::new(), Vec::new());
-                for chunk in ids.chunks(500) {
-                    let list = |from: usize| {
-                        (from..from + chunk.len())
-                            .map(|i| format!("${i}"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    };
-                    let sql = format!("{GPUS} WHERE node_id IN ({})", list(1));
-                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-                    for id in chunk {
-                        q = q.bind(id.clone());
-                    }
-                    gpus.extend(q.fetch_all(self.db.pool()).await?);
-                    let sql = format!("{HOLDS} AND l.node_id IN ({}){GROUP}", list(2));
-                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(ended_after);
-                    for id in chunk {
-                        q = q.bind(id.clone());
-                    }
-                    holds.extend(q.fetch_all(self.db.pool()).await?);
-                }
-                (gpus, holds)
-            }
+        const GPUS: &str = "SELECT node_id, gpu FROM allocations WHERE 1 = 1";
+        /// (node, token, end): `NULL` end while open.
+        const OPEN: &str = "SELECT node_id, token, ended_at FROM leases WHERE ended_at IS NULL";
+        const HOLDS: &str =
+            "SELECT node_id, token, last_end AS ended_at FROM node_holds WHERE last_end >= $1";
+        const LEGACY: &str =
+            "SELECT node_id, token, ended_at FROM leases WHERE tenant = '' AND ended_at >= $1";
+        let (mut gpus, mut holds) = (Vec::new(), Vec::new());
+        // In chunks: a statement takes a bounded number of parameters (every node: one
+        // statement each, unfiltered).
+        let chunks: Vec<&[String]> = match nodes {
+            None => vec![&[]],
+            Some([]) => Vec::new(),
+            Some(ids) => ids.chunks(500).collect(),
         };
+        for chunk in chunks {
+            let filter = |from: usize| {
+                if nodes.is_none() {
+                    return String::new();
+                }
+                let list = (from..from + chunk.len())
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!(" AND node_id IN ({list})")
+            };
+            for (i, (sql, timed)) in [(GPUS, false), (OPEN, false), (HOLDS, true), (LEGACY, true)]
+                .into_iter()
+                .enumerate()
+            {
+                let from = if timed { 2 } else { 1 };
+                let sql = format!("{sql}{}", filter(from));
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                if timed {
+                    q = q.bind(ended_after);
+                }
+                if nodes.is_some() {
+                    for id in chunk {
+                        q = q.bind(id.clone());
+                    }
+                }
+                let rows = q.fetch_all(self.db.pool()).await?;
+                if i == 0 {
+                    gpus.extend(rows);
+                } else {
+                    holds.extend(rows);
+                }
+            }
+        }
         let mut out: HashMap<String, NodeUse> = HashMap::new();
         for r in gpus {
             let id: String = r.try_get("node_id")?;
@@ -1217,63 +1294,16 @@ impl Store {
                 out.entry(id).or_default().gpus |= 1u64 << gpu;
             }
         }
-        let until_of = |ended: Option<i64>| match ended {
-            None | Some(i64::MAX) => i64::MAX,
-            Some(e) => e.saturating_add(ttl),
-        };
         for r in holds {
             let id: String = r.try_get("node_id")?;
-            let column: String = r.try_get("tenant")?;
-            let last: i64 = r.try_get("last")?;
-            // The group's latest lease's token, and whether it names the group's tenant.
-            let token: Option<String> = if column.is_empty() {
-                None
-            } else {
-                // `ended_at` compared as itself, so the index answers it.
-                let q = if last == i64::MAX {
-                    sqlx::query(
-                        "SELECT token FROM leases WHERE node_id = $1 AND tenant = $2
-                         AND ended_at IS NULL LIMIT 1",
-                    )
-                    .bind(&id)
-                    .bind(&column)
-                } else {
-                    sqlx::query(
-                        "SELECT token FROM leases WHERE node_id = $1 AND tenant = $2
-                         AND ended_at = $3 LIMIT 1",
-                    )
-                    .bind(&id)
-                    .bind(&column)
-                    .bind(last)
-                };
-                q.fetch_optional(self.db.pool())
-                    .await?
-                    .map(|r| r.try_get("token"))
-                    .transpose()?
-            };
-            if token.is_some_and(|t| lease_tenant(&t, key).as_deref() == Some(column.as_str())) {
-                hold(out.entry(id).or_default(), column, until_of(Some(last)));
+            let token: String = r.try_get("token")?;
+            let Some(tenant) = lease_tenant(&token, key) else {
+                tracing::error!(node = %id, "a lease row without a valid broker signature; it holds no tenant");
                 continue;
-            }
-            // Row by row, each from its own token.
-            let rows = sqlx::query(
-                "SELECT token, ended_at FROM leases WHERE node_id = $1 AND tenant = $2
-                 AND (ended_at IS NULL OR ended_at >= $3)",
-            )
-            .bind(&id)
-            .bind(&column)
-            .bind(ended_after)
-            .fetch_all(self.db.pool())
-            .await?;
-            for r in rows {
-                let token: String = r.try_get("token")?;
-                let Some(tenant) = lease_tenant(&token, key) else {
-                    tracing::error!(node = %id, "a lease row without a valid broker signature; it holds no tenant");
-                    continue;
-                };
-                let ended: Option<i64> = r.try_get("ended_at")?;
-                hold(out.entry(id.clone()).or_default(), tenant, until_of(ended));
-            }
+            };
+            let ended: Option<i64> = r.try_get("ended_at")?;
+            let until = ended.map_or(i64::MAX, |e| e.saturating_add(ttl));
+            hold(out.entry(id).or_default(), tenant, until);
         }
         Ok(out)
     }
@@ -1496,12 +1526,22 @@ mod tests {
                 }
             }
         };
+        // The write's answer: the check alone, and the guarded insert that runs it (they must
+        // agree), each in a transaction rolled back.
         let check = |tenant: &'static str| {
             let store = &store;
             async move {
                 let mut tx = store.db.pool().begin().await.unwrap();
                 let t = other_tenant(&mut tx, &place(tenant)).await.unwrap();
                 tx.rollback().await.unwrap();
+                let mut tx = store.db.pool().begin().await.unwrap();
+                let taken = take_gpus_for_tenant(&mut tx, &place(tenant)).await.unwrap();
+                tx.rollback().await.unwrap();
+                match (&t, taken) {
+                    (None, None) => {}
+                    (Some(a), Some(Refusal::OtherTenant(b))) => assert_eq!(*a, b),
+                    (t, taken) => panic!("check {t:?}, guarded insert {taken:?}"),
+                }
                 t
             }
         };
@@ -1540,29 +1580,93 @@ mod tests {
         run(vec![insert("forged", "globex", "not.a.token".into()).await]).await;
         assert_eq!(check("acme").await, None);
         assert_eq!(held().await, None);
-        // An ended lease holds while its last token may live, then no more; of one tenant's
-        // leases the latest end counts.
+        // A GPU another lease holds: refused as taken, nothing left behind.
+        sqlx::query("INSERT INTO allocations (node_id, gpu, lease_id) VALUES ('n1', 1, 'x')")
+            .execute(store.db.pool())
+            .await
+            .unwrap();
+        let mut tx = store.db.pool().begin().await.unwrap();
+        let taken = take_gpus_for_tenant(&mut tx, &place("acme")).await.unwrap();
+        assert!(matches!(taken, Some(Refusal::GpuTaken)), "{taken:?}");
+        let mine: i64 = sqlx::query("SELECT COUNT(*) AS n FROM allocations WHERE lease_id = 'new'")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap()
+            .try_get("n")
+            .unwrap();
+        assert_eq!(mine, 0);
+        tx.rollback().await.unwrap();
+        sqlx::query("DELETE FROM allocations")
+            .execute(store.db.pool())
+            .await
+            .unwrap();
+        // An ended lease (ended by the broker's own write) holds while its last token may
+        // live, then no more; of one tenant's leases the latest end counts, ended in any order.
         run(vec![
             insert("ended", "globex", token("ended", "globex")).await,
             insert("earlier", "globex", token("earlier", "globex")).await,
+            (
+                "INSERT INTO jobs (id, tenant, spec, state, reason, created_at, updated_at) VALUES ('j', 'globex', '{}', 'placed', '', 0, 0)",
+                vec![],
+            ),
         ])
         .await;
-        sqlx::query("UPDATE leases SET ended_at = 890 WHERE id = 'ended'")
-            .execute(store.db.pool())
-            .await
-            .unwrap();
-        sqlx::query("UPDATE leases SET ended_at = 885 WHERE id = 'earlier'")
-            .execute(store.db.pool())
-            .await
-            .unwrap();
+        let end = |lease: &'static str, at: i64| {
+            let store = &store;
+            async move {
+                let w = Write::EndLease {
+                    lease: lease.into(),
+                    job_from: &[],
+                    job_to: state::CANCELLED,
+                    reason: "test".into(),
+                    now: at,
+                    now_ms: at * 1000,
+                };
+                assert!(matches!(store.write(w).await.unwrap(), Outcome::Ended(_)));
+            }
+        };
+        end("ended", 890).await;
+        end("earlier", 885).await;
         assert_eq!(check("acme").await.as_deref(), Some("globex"));
         assert_eq!(held().await, Some(("globex".into(), 890 + 120)));
-        sqlx::query("UPDATE leases SET ended_at = 870")
+        // However many leases a tenant churned through on the node, one row says so.
+        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM node_holds")
+            .fetch_one(store.db.pool())
+            .await
+            .unwrap()
+            .try_get("n")
+            .unwrap();
+        assert_eq!(n, 1);
+        sqlx::query("UPDATE node_holds SET last_end = 870")
             .execute(store.db.pool())
             .await
             .unwrap();
         assert_eq!(check("acme").await, None);
         assert_eq!(held().await, None);
+        // A node_holds row naming globex over another tenant's token holds for that tenant.
+        sqlx::query("UPDATE node_holds SET last_end = 890, token = $1")
+            .bind(token("x", "initech"))
+            .execute(store.db.pool())
+            .await
+            .unwrap();
+        assert_eq!(check("acme").await.as_deref(), Some("initech"));
+        assert_eq!(check("initech").await, None);
+        assert_eq!(held().await, Some(("initech".into(), 890 + 120)));
+        // Legacy rows (no tenant column value) that ended within the TTL still hold.
+        run(vec![
+            insert("old-ended", "", token("old-ended", "globex")).await,
+        ])
+        .await;
+        sqlx::query("DELETE FROM node_holds")
+            .execute(store.db.pool())
+            .await
+            .unwrap();
+        sqlx::query("UPDATE leases SET ended_at = 900")
+            .execute(store.db.pool())
+            .await
+            .unwrap();
+        assert_eq!(check("acme").await.as_deref(), Some("globex"));
+        assert_eq!(held().await, Some(("globex".into(), 900 + 120)));
         store.close().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
