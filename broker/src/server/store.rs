@@ -98,14 +98,53 @@ const JOB_SEAL_GPU_OWNERS: &str = "ALTER TABLE jobs ADD COLUMN seal TEXT NOT NUL
 /// row names its tenant; `node_holds` keeps, per (node, tenant), when its latest lease on the
 /// node ended and that lease's token (which the broker signed, naming the tenant). A VM's holds
 /// are then its open leases (at most one per GPU) and the `node_holds` rows that ended within a
-/// lease TTL — however many leases a tenant opened and ended there. Rows from before this
-/// migration have tenant `''` and no `node_holds` row: they are read as before, from their
-/// tokens (a partial index holds them alone, so finding them never walks newer leases).
-const NODE_HOLDS: &str = "ALTER TABLE leases ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+/// lease TTL — however many leases a tenant opened and ended there. A trigger keeps
+/// `node_holds` as leases end (whoever ends them, in the same statement: no round trip in the
+/// single writer). Rows from before this migration have tenant `''` and no `node_holds` row:
+/// they are read as before, from their tokens (a partial index holds them alone, so finding
+/// them never walks newer leases).
+macro_rules! node_holds_v5 {
+    () => {
+        "ALTER TABLE leases ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
      CREATE INDEX leases_legacy ON leases (node_id, ended_at) WHERE tenant = '';
      CREATE TABLE node_holds (
         node_id TEXT NOT NULL, tenant TEXT NOT NULL, last_end BIGINT NOT NULL,
-        token TEXT NOT NULL, PRIMARY KEY (node_id, tenant))";
+        token TEXT NOT NULL, PRIMARY KEY (node_id, tenant));
+     "
+    };
+}
+
+/// The hold a lease leaves when it ends (the latest end of a tenant's leases on a node stands).
+macro_rules! hold_upsert {
+    () => {
+        "INSERT INTO node_holds (node_id, tenant, last_end, token)
+            VALUES (NEW.node_id, NEW.tenant, NEW.ended_at, NEW.token)
+          ON CONFLICT (node_id, tenant) DO UPDATE
+            SET last_end = excluded.last_end, token = excluded.token
+            WHERE node_holds.last_end <= excluded.last_end;"
+    };
+}
+
+const NODE_HOLDS_SQLITE: &str = concat!(
+    node_holds_v5!(),
+    "CREATE TRIGGER leases_node_hold AFTER UPDATE OF ended_at ON leases
+     FOR EACH ROW WHEN NEW.ended_at IS NOT NULL AND NEW.tenant <> ''
+     BEGIN ",
+    hold_upsert!(),
+    " END"
+);
+
+const NODE_HOLDS_POSTGRES: &str = concat!(
+    node_holds_v5!(),
+    "CREATE FUNCTION leases_node_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN ",
+    hold_upsert!(),
+    " RETURN NULL; END
+     $$;
+     CREATE TRIGGER leases_node_hold AFTER UPDATE OF ended_at ON leases
+     FOR EACH ROW WHEN (NEW.ended_at IS NOT NULL AND NEW.tenant <> '')
+     EXECUTE FUNCTION leases_node_hold()"
+);
 
 const MIGRATIONS: &[Migration] = &[
     Migration {
@@ -132,8 +171,8 @@ const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 5,
-        sqlite: NODE_HOLDS,
-        postgres: NODE_HOLDS,
+        sqlite: NODE_HOLDS_SQLITE,
+        postgres: NODE_HOLDS_POSTGRES,
     },
 ];
 
@@ -869,7 +908,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             now_ms,
         } => {
             let sql = format!(
-                "SELECT {LEASE_COLUMNS_L}, l.tenant AS lease_tenant, j.state AS job_state FROM leases l JOIN jobs j ON j.id = l.job_id WHERE l.id = $1 AND l.ended_at IS NULL"
+                "SELECT {LEASE_COLUMNS_L}, j.state AS job_state FROM leases l JOIN jobs j ON j.id = l.job_id WHERE l.id = $1 AND l.ended_at IS NULL"
             );
             let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(lease)
@@ -880,29 +919,14 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             };
             let l = lease_row(&row)?;
             let job_state: String = row.try_get("job_state")?;
-            let tenant: String = row.try_get("lease_tenant")?;
             sqlx::query("UPDATE leases SET ended_at = $1, end_reason = $2 WHERE id = $3")
                 .bind(now)
                 .bind(reason)
                 .bind(lease)
                 .execute(&mut **tx)
                 .await?;
-            // The tenant's hold on the VM now lasts until this lease's last token expired
-            // (rows from before migration 5 are read from the leases themselves).
-            if !tenant.is_empty() {
-                sqlx::query(
-                    "INSERT INTO node_holds (node_id, tenant, last_end, token) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (node_id, tenant) DO UPDATE
-                     SET last_end = excluded.last_end, token = excluded.token
-                     WHERE node_holds.last_end <= excluded.last_end",
-                )
-                .bind(&l.node_id)
-                .bind(&tenant)
-                .bind(now)
-                .bind(&l.token)
-                .execute(&mut **tx)
-                .await?;
-            }
+            // The tenant's hold on the VM now lasts until this lease's last token expired:
+            // the trigger `leases_node_hold` (migration 5) records it in `node_holds`.
             free_gpus(tx, lease).await?;
             // The lease ends whatever its job's state; the job moves only from `job_from`.
             if job_from.contains(&job_state.as_str()) {
@@ -1652,6 +1676,30 @@ mod tests {
         assert_eq!(check("acme").await.as_deref(), Some("initech"));
         assert_eq!(check("initech").await, None);
         assert_eq!(held().await, Some(("initech".into(), 890 + 120)));
+        // A lease ended by any statement (another replica, an operator's SQL) leaves its hold:
+        // the trigger writes it, and an earlier end never overwrites a later one.
+        run(vec![
+            insert("other", "umbrella", token("other", "umbrella")).await,
+        ])
+        .await;
+        for at in [950, 940] {
+            sqlx::query("UPDATE leases SET ended_at = $1 WHERE id = 'other'")
+                .bind(at)
+                .execute(store.db.pool())
+                .await
+                .unwrap();
+        }
+        let last: i64 = sqlx::query("SELECT last_end FROM node_holds WHERE tenant = 'umbrella'")
+            .fetch_one(store.db.pool())
+            .await
+            .unwrap()
+            .try_get("last_end")
+            .unwrap();
+        assert_eq!(last, 950);
+        sqlx::query("DELETE FROM node_holds WHERE tenant = 'umbrella'")
+            .execute(store.db.pool())
+            .await
+            .unwrap();
         // Legacy rows (no tenant column value) that ended within the TTL still hold.
         run(vec![
             insert("old-ended", "", token("old-ended", "globex")).await,

@@ -214,7 +214,7 @@ impl Database {
                 Backend::Postgres => m.postgres,
                 Backend::Sqlite => m.sqlite,
             };
-            for stmt in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            for stmt in statements(sql) {
                 sqlx::query(stmt).execute(&mut *tx).await?;
             }
             sqlx::query(
@@ -445,10 +445,93 @@ impl WriterConn {
     }
 }
 
+/// The statements of a migration's text: split at each `;` outside a quoted string (`'…'`),
+/// a dollar-quoted body (`$$…$$`, PostgreSQL functions) and a `BEGIN … END` block (SQLite
+/// trigger bodies), trimmed, empty ones dropped. Migrations are this crate's users' own text;
+/// a `CASE … END` must not sit inside a trigger body (it would close the block).
+pub(crate) fn statements(sql: &str) -> Vec<&str> {
+    let bytes = sql.as_bytes();
+    let word_at = |i: usize, w: &str| {
+        let end = i + w.len();
+        let boundary =
+            |j: Option<&u8>| j.is_none_or(|b| !(b.is_ascii_alphanumeric() || *b == b'_'));
+        bytes.len() >= end
+            && bytes[i..end].eq_ignore_ascii_case(w.as_bytes())
+            && boundary(i.checked_sub(1).and_then(|k| bytes.get(k)))
+            && boundary(bytes.get(end))
+    };
+    let (mut out, mut start, mut depth) = (Vec::new(), 0usize, 0usize);
+    let (mut quoted, mut dollar) = (false, false);
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if dollar {
+            if bytes[i..].starts_with(b"$$") {
+                dollar = false;
+                i += 2;
+                continue;
+            }
+        } else if quoted {
+            quoted = b != b'\'';
+        } else if b == b'\'' {
+            quoted = true;
+        } else if bytes[i..].starts_with(b"$$") {
+            dollar = true;
+            i += 2;
+            continue;
+        } else if word_at(i, "BEGIN") {
+            depth += 1;
+        } else if word_at(i, "END") {
+            depth = depth.saturating_sub(1);
+        } else if b == b';' && depth == 0 {
+            out.push(sql[start..i].trim());
+            start = i + 1;
+        }
+        i += 1;
+    }
+    out.push(sql[start..].trim());
+    out.retain(|s| !s.is_empty());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A migration's statements: split at `;`, but not inside strings, `$$` bodies or
+    /// `BEGIN … END` trigger bodies; words that only contain BEGIN or END do not count.
+    #[test]
+    fn migration_text_splits_into_its_statements() {
+        assert_eq!(
+            statements(
+                "CREATE TABLE a (x TEXT DEFAULT ';');\n ALTER TABLE a ADD COLUMN ended_at BIGINT; ;"
+            ),
+            [
+                "CREATE TABLE a (x TEXT DEFAULT ';')",
+                "ALTER TABLE a ADD COLUMN ended_at BIGINT"
+            ]
+        );
+        let sqlite = "CREATE INDEX i ON a (x);
+            CREATE TRIGGER t AFTER UPDATE OF ended_at ON a BEGIN
+              INSERT INTO b (last_end) VALUES (NEW.ended_at);
+              UPDATE c SET end_reason = 'x;y';
+            END;
+            CREATE TABLE d (y TEXT)";
+        let got = statements(sqlite);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(
+            got[1].starts_with("CREATE TRIGGER") && got[1].ends_with("END"),
+            "{got:?}"
+        );
+        let postgres = "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN INSERT INTO b VALUES (1); RETURN NULL; END
+            $$;
+            CREATE TRIGGER t AFTER UPDATE ON a FOR EACH ROW EXECUTE FUNCTION f()";
+        let got = statements(postgres);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].ends_with("$$"), "{got:?}");
+    }
 
     /// Inline writers open the file the URL names, so only a plain file URL gets them: an
     /// in-memory or read-only pool must not have its writes land in a file beside it.
