@@ -547,18 +547,13 @@ fn hold(u: &mut NodeUse, tenant: String, until: i64) {
 /// to end a lease can hide it either way), the signature for whose it is.
 async fn other_tenant(tx: &mut Tx, p: &PlacementRow) -> Result<Option<String>, sqlx::Error> {
     // One statement (it runs in the single writer, on every placement).
-    let rows = sqlx::query(
-        "SELECT token FROM leases WHERE node_id = $1 AND ended_at IS NULL AND tenant <> $2
-         UNION ALL
-         SELECT token FROM node_holds WHERE node_id = $1 AND tenant <> $2 AND last_end >= $3
-         UNION ALL
-         SELECT token FROM leases WHERE node_id = $1 AND tenant = '' AND ended_at >= $3",
-    )
-    .bind(&p.node_id)
-    .bind(&p.tenant)
-    .bind(p.tenant_ended_after)
-    .fetch_all(&mut **tx)
-    .await?;
+    let sql = holds_naming_other_tenants("token", "$1", "$2", "$3");
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(&p.node_id)
+        .bind(&p.tenant)
+        .bind(p.tenant_ended_after)
+        .fetch_all(&mut **tx)
+        .await?;
     for r in &rows {
         let token: String = r.try_get("token")?;
         if let Some(t) = lease_tenant(&token, &p.broker_key)
@@ -568,6 +563,20 @@ async fn other_tenant(tx: &mut Tx, p: &PlacementRow) -> Result<Option<String>, s
         }
     }
     Ok(None)
+}
+
+/// The rows that name a tenant other than `tenant` as holding `node` (placeholders): its open
+/// leases, its `node_holds` rows that ended at or after `after`, and rows from before
+/// migration 5 that ended then — `select` of each. The placement write's guard and its check
+/// from signed tokens ([`other_tenant`]) read the same rows.
+fn holds_naming_other_tenants(select: &str, node: &str, tenant: &str, after: &str) -> String {
+    format!(
+        "SELECT {select} FROM leases WHERE node_id = {node} AND ended_at IS NULL AND tenant <> {tenant}
+         UNION ALL
+         SELECT {select} FROM node_holds WHERE node_id = {node} AND tenant <> {tenant} AND last_end >= {after}
+         UNION ALL
+         SELECT {select} FROM leases WHERE node_id = {node} AND tenant = '' AND ended_at >= {after}"
+    )
 }
 
 /// The tenant a lease token this broker signed names (`None`: not its signature, or none).
@@ -617,15 +626,11 @@ async fn take_gpus_for_tenant(
         .map(|i| format!("SELECT CAST(${} AS BIGINT) AS gpu", i + 5))
         .collect::<Vec<_>>()
         .join(" UNION ALL ");
+    let others = holds_naming_other_tenants("1", "$1", "$3", "$4");
     let sql = format!(
         "INSERT INTO allocations (node_id, gpu, lease_id)
          SELECT $1, g.gpu, $2 FROM ({gpus}) g
-         WHERE NOT EXISTS (
-            SELECT 1 FROM leases WHERE node_id = $1 AND ended_at IS NULL AND tenant <> $3
-            UNION ALL
-            SELECT 1 FROM node_holds WHERE node_id = $1 AND tenant <> $3 AND last_end >= $4
-            UNION ALL
-            SELECT 1 FROM leases WHERE node_id = $1 AND tenant = '' AND ended_at >= $4)
+         WHERE NOT EXISTS ({others})
          ON CONFLICT (node_id, gpu) DO NOTHING"
     );
     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -1552,6 +1557,12 @@ mod tests {
         };
         // The write's answer: the check alone, and the guarded insert that runs it (they must
         // agree), each in a transaction rolled back.
+        let exec = |sql: &'static str| {
+            let store = &store;
+            async move {
+                sqlx::query(sql).execute(store.db.pool()).await.unwrap();
+            }
+        };
         let check = |tenant: &'static str| {
             let store = &store;
             async move {
@@ -1620,10 +1631,7 @@ mod tests {
             .unwrap();
         assert_eq!(mine, 0);
         tx.rollback().await.unwrap();
-        sqlx::query("DELETE FROM allocations")
-            .execute(store.db.pool())
-            .await
-            .unwrap();
+        exec("DELETE FROM allocations").await;
         // An ended lease (ended by the broker's own write) holds while its last token may
         // live, then no more; of one tenant's leases the latest end counts, ended in any order.
         run(vec![
@@ -1661,10 +1669,7 @@ mod tests {
             .try_get("n")
             .unwrap();
         assert_eq!(n, 1);
-        sqlx::query("UPDATE node_holds SET last_end = 870")
-            .execute(store.db.pool())
-            .await
-            .unwrap();
+        exec("UPDATE node_holds SET last_end = 870").await;
         assert_eq!(check("acme").await, None);
         assert_eq!(held().await, None);
         // A node_holds row naming globex over another tenant's token holds for that tenant.
@@ -1696,23 +1701,14 @@ mod tests {
             .try_get("last_end")
             .unwrap();
         assert_eq!(last, 950);
-        sqlx::query("DELETE FROM node_holds WHERE tenant = 'umbrella'")
-            .execute(store.db.pool())
-            .await
-            .unwrap();
+        exec("DELETE FROM node_holds WHERE tenant = 'umbrella'").await;
         // Legacy rows (no tenant column value) that ended within the TTL still hold.
         run(vec![
             insert("old-ended", "", token("old-ended", "globex")).await,
         ])
         .await;
-        sqlx::query("DELETE FROM node_holds")
-            .execute(store.db.pool())
-            .await
-            .unwrap();
-        sqlx::query("UPDATE leases SET ended_at = 900")
-            .execute(store.db.pool())
-            .await
-            .unwrap();
+        exec("DELETE FROM node_holds").await;
+        exec("UPDATE leases SET ended_at = 900").await;
         assert_eq!(check("acme").await.as_deref(), Some("globex"));
         assert_eq!(held().await, Some(("globex".into(), 900 + 120)));
         store.close().await;
