@@ -115,13 +115,17 @@ macro_rules! node_holds_v5 {
 }
 
 /// The hold a lease leaves when it ends (the latest end of a tenant's leases on a node stands).
+///
+/// Written only when the end moves forward: a tenant that ends many leases on a node within one
+/// second writes its row once, not once per lease (the row's token is any lease of the tenant's
+/// there that the broker signed — it proves whose hold it is, and the end says how long).
 macro_rules! hold_upsert {
     () => {
         "INSERT INTO node_holds (node_id, tenant, last_end, token)
             VALUES (NEW.node_id, NEW.tenant, NEW.ended_at, NEW.token)
           ON CONFLICT (node_id, tenant) DO UPDATE
             SET last_end = excluded.last_end, token = excluded.token
-            WHERE node_holds.last_end <= excluded.last_end;"
+            WHERE node_holds.last_end < excluded.last_end;"
     };
 }
 
@@ -1669,6 +1673,19 @@ mod tests {
             .try_get("n")
             .unwrap();
         assert_eq!(n, 1);
+        // A lease ending in the same second writes nothing: the row keeps the first token.
+        run(vec![
+            insert("same", "globex", token("same", "globex")).await,
+        ])
+        .await;
+        end("same", 890).await;
+        let kept: String = sqlx::query("SELECT token FROM node_holds")
+            .fetch_one(store.db.pool())
+            .await
+            .unwrap()
+            .try_get("token")
+            .unwrap();
+        assert_eq!(kept, token("ended", "globex"));
         exec("UPDATE node_holds SET last_end = 870").await;
         assert_eq!(check("acme").await, None);
         assert_eq!(held().await, None);
