@@ -5,6 +5,8 @@
 //!   [`kbs_types`], CoCo's runtime-data binding and resource JWEs.
 //! - [`jcs`]: canonical JSON (RFC 8785), for bindings and digests.
 //! - [`broker`]: node registration, heartbeats, jobs, nodes and leases.
+//! - [`signed`]: the envelope every signed record shares (a `typ` per kind, verified as one
+//!   kind only).
 //! - [`weights`]: the KBS resource that releases model weights: an age identity bound to the
 //!   digest of the one encrypted file it may open.
 //!
@@ -13,6 +15,7 @@
 pub mod broker;
 pub mod jcs;
 pub mod kbs;
+pub mod signed;
 pub mod weights;
 
 pub use kbs_types;
