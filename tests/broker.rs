@@ -148,13 +148,14 @@ fn a_job_is_placed_on_the_right_node_and_only_that_vm_gets_its_key() {
     theirs.resources = vec!["globex/weights/secret".into()];
     let (c, d) = code(tenant.submit(&theirs));
     assert_eq!(c, "Forbidden", "{d}");
-    let forged = cgx_service::jwt::sign_eddsa(
-        &net.kbs.broker.pkcs8,
-        &serde_json::json!({"lease": "l-x", "tenant": "globex", "resources": [path],
-            "node_key": a.tee_thumbprint().unwrap(), "aud": "cgx-kbs",
-            "iat": cgx_devnet::now(), "exp": cgx_devnet::now() + 60}),
-    )
-    .unwrap();
+    let forged = cgx_system_tests::lease_for(
+        &net.kbs.broker,
+        "globex",
+        "l-x",
+        &[path],
+        &a.tee_thumbprint().unwrap(),
+        cgx_devnet::now() + 60,
+    );
     let refused = vm.resource(path, Some(&forged)).unwrap_err().to_string();
     assert!(refused.contains("tenant"), "{refused}");
     // Cheapest first when the region allows: a second job with no region goes to the 0.5 node.
@@ -845,7 +846,7 @@ fn a_token_for_one_service_is_refused_by_the_other() {
     let (s, b) = cgx_system_tests::call("GET", &nodes, Some(&both.admin_token().unwrap()), None);
     assert_eq!(s, 401, "{}", text(&b));
     assert!(
-        text(&b).contains("the token is for cgx-kbs/admin, not for cgx-broker/api"),
+        text(&b).contains("a cgx-kbs-admin+jwt token, not a cgx-broker-api+jwt one"),
         "{}",
         text(&b)
     );
@@ -858,21 +859,45 @@ fn a_token_for_one_service_is_refused_by_the_other() {
     );
     assert_eq!(s, 401, "{}", text(&b));
     assert!(
-        text(&b).contains("the token is for cgx-broker/api, not for cgx-kbs/admin"),
+        text(&b).contains("a cgx-broker-api+jwt token, not a cgx-kbs-admin+jwt one"),
         "{}",
         text(&b)
     );
-    // No audience: refused by both, saying so.
+    // The right type without an audience, and an untyped token: refused by both, saying so.
     let t = cgx_devnet::now();
-    let bare =
-        cgx_service::jwt::sign_eddsa(&both.pkcs8, &serde_json::json!({"iat": t, "exp": t + 60}))
-            .unwrap();
-    let (s, b) = cgx_system_tests::call("GET", &nodes, Some(&bare), None);
+    let bare = |typ: &str| {
+        cgx_system_tests::forge(
+            both,
+            serde_json::json!({"alg": "EdDSA", "typ": typ}),
+            serde_json::json!({"iat": t, "exp": t + 60}),
+        )
+    };
+    let (s, b) = cgx_system_tests::call("GET", &nodes, Some(&bare("cgx-broker-api+jwt")), None);
     assert_eq!(s, 401, "{}", text(&b));
-    assert!(text(&b).contains("names no audience"), "{}", text(&b));
-    let (s, b) = cgx_system_tests::call("POST", &resource, Some(&bare), Some(b"v"));
+    assert!(
+        text(&b).contains("audience none is not cgx-broker/api"),
+        "{}",
+        text(&b)
+    );
+    let (s, b) = cgx_system_tests::call(
+        "POST",
+        &resource,
+        Some(&bare("cgx-kbs-admin+jwt")),
+        Some(b"v"),
+    );
     assert_eq!(s, 401, "{}", text(&b));
-    assert!(text(&b).contains("names no audience"), "{}", text(&b));
+    assert!(
+        text(&b).contains("audience none is not cgx-kbs/admin"),
+        "{}",
+        text(&b)
+    );
+    let (s, b) = cgx_system_tests::call("GET", &nodes, Some(&bare("JWT")), None);
+    assert_eq!(s, 401, "{}", text(&b));
+    assert!(
+        text(&b).contains("a JWT token, not a cgx-broker-api+jwt one"),
+        "{}",
+        text(&b)
+    );
     broker.stop();
     kbs.stop();
 }

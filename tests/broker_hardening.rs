@@ -505,13 +505,14 @@ fn a_tee_key_holding_one_tenants_lease_gets_no_other_tenants_key() {
     }
     let now = cgx_devnet::now();
     let lease = |tenant: &str, path: &str, exp: i64| {
-        cgx_service::jwt::sign_eddsa(
-            &net.kbs.broker.pkcs8,
-            &serde_json::json!({"lease": format!("l-{tenant}"), "tenant": tenant,
-                "resources": [path], "node_key": a.tee_thumbprint().unwrap(),
-                "aud": "cgx-kbs", "iat": now - 1, "exp": exp}),
+        cgx_system_tests::lease_for(
+            &net.kbs.broker,
+            tenant,
+            &format!("l-{tenant}"),
+            &[path],
+            &a.tee_thumbprint().unwrap(),
+            exp,
         )
-        .unwrap()
     };
     let mut vm = a.kbs_client(&kbs.base).unwrap();
     vm.attest(&a.sim).unwrap();

@@ -1093,8 +1093,9 @@ fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
     let srv = Server::start(&s.config);
     let base = srv.base.clone();
     let url = |p: &str| format!("{base}{p}");
-    // Every token below names the KBS's audience unless it says otherwise.
-    let sign = |key: &Ed, mut claims: serde_json::Value| {
+    // Every token below is typed a KBS admin token and names the KBS's audience unless it
+    // says otherwise.
+    let typed = |typ: &str, key: &Ed, mut claims: serde_json::Value| {
         let c = claims.as_object_mut().unwrap();
         if !c.contains_key("aud") {
             c.insert("aud".into(), cgx_service::auth::KBS_ADMIN_AUDIENCE.into());
@@ -1102,8 +1103,9 @@ fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
         if c.get("aud") == Some(&serde_json::Value::Null) {
             c.remove("aud");
         }
-        cgx_service::jwt::sign_eddsa(&key.pkcs8, &claims).unwrap()
+        cgx_system_tests::forge(key, json!({"alg": "EdDSA", "typ": typ}), claims)
     };
+    let sign = |key: &Ed, claims: serde_json::Value| typed("cgx-kbs-admin+jwt", key, claims);
     let t = now();
     let refused = |token: &str, what: &str| {
         let (st, b) = call(
@@ -1118,8 +1120,8 @@ fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
     let good = sign(&s.admin, json!({"iat": t, "exp": t + 60}));
     let body = good.split('.').nth(1).unwrap();
     let sig = good.rsplit('.').next().unwrap();
-    for alg in ["none", "HS256", "ES256"] {
-        let h = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"{alg}","typ":"JWT"}}"#));
+    for alg in ["none", "HS256", "ES256", "Ed25519"] {
+        let h = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"{alg}","typ":"cgx-kbs-admin+jwt"}}"#));
         refused(&format!("{h}.{body}.{sig}"), alg);
         refused(&format!("{h}.{body}."), alg);
     }
@@ -1137,12 +1139,18 @@ fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
         &sign(&s.admin, json!({"iat": t, "exp": t + 7200})),
         "two hours",
     );
+    // Another kind of record, or none, under the admin's own key: a lease, a broker API token,
+    // an untyped token (as tokens were before records were typed).
+    for typ in ["cgx-lease+jwt", "cgx-broker-api+jwt", "JWT"] {
+        refused(&typed(typ, &s.admin, json!({"iat": t, "exp": t + 60})), typ);
+    }
     refused(
-        &sign(
+        &cgx_system_tests::forge(
             &s.admin,
-            json!({"iat": t, "exp": t + 60, "lease": "l", "resources": []}),
+            json!({"alg": "EdDSA"}),
+            json!({"iat": t, "exp": t + 60, "aud": cgx_service::auth::KBS_ADMIN_AUDIENCE}),
         ),
-        "lease claims",
+        "no typ",
     );
     refused(
         &sign(&s.broker, json!({"iat": t, "exp": t + 60})),
@@ -1154,7 +1162,8 @@ fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
         json!(cgx_service::auth::BROKER_API_AUDIENCE),
         json!(cgx_protocol::broker::LEASE_AUDIENCE),
         json!(null),
-        json!([cgx_service::auth::KBS_ADMIN_AUDIENCE]),
+        json!([cgx_service::auth::BROKER_API_AUDIENCE]),
+        json!(7),
     ] {
         refused(
             &sign(&s.admin, json!({"iat": t, "exp": t + 60, "aud": aud})),
@@ -1216,7 +1225,8 @@ fn admin_tokens_and_tenant_scopes_are_refused_precisely() {
     srv.stop();
 }
 
-/// Leases: the audience is this KBS's, the lifetime capped, `iat` required.
+/// Leases: typed lease records, the audience this KBS's, the lifetime capped, `iat` required,
+/// a tenant named (and the resource's repository its own).
 #[test]
 fn leases_need_their_audience_and_a_bounded_life() {
     let n = node(0);
@@ -1227,34 +1237,74 @@ fn leases_need_their_audience_and_a_bounded_life() {
     c.attest(&n).unwrap();
     let me = thumbprint(&c.tee_key().public().unwrap());
     let t = now();
-    let lease =
-        |claims: serde_json::Value| cgx_service::jwt::sign_eddsa(&s.broker.pkcs8, &claims).unwrap();
-    let base = json!({"lease": "l-1", "resources": ["tenant-a/weights/job"], "node_key": me});
+    let lease = |typ: &str, claims: serde_json::Value| {
+        cgx_system_tests::forge(&s.broker, json!({"alg": "EdDSA", "typ": typ}), claims)
+    };
+    let base = json!({"lease": "l-1", "job": "j", "tenant": "tenant-a", "node": "n", "gpus": [],
+        "resources": ["tenant-a/weights/job"], "node_key": me, "iss": "cgx-broker",
+        "until": t + 600});
     let with = |extra: serde_json::Value| {
         let mut v = base.clone();
         for (k, x) in extra.as_object().unwrap() {
-            v[k] = x.clone();
+            if x.is_null() {
+                v.as_object_mut().unwrap().remove(k);
+            } else {
+                v[k] = x.clone();
+            }
         }
         v
     };
-    for (claims, what) in [
-        (with(json!({"iat": t, "exp": t + 60})), "no audience"),
+    for (typ, claims, what) in [
         (
+            "cgx-lease+jwt",
+            with(json!({"iat": t, "exp": t + 60})),
+            "no audience",
+        ),
+        (
+            "cgx-lease+jwt",
             with(json!({"aud": "cgx-broker", "iat": t, "exp": t + 60})),
             "another audience",
         ),
-        (with(json!({"aud": "cgx-kbs", "exp": t + 60})), "no iat"),
         (
+            "cgx-lease+jwt",
+            with(json!({"aud": "cgx-kbs", "exp": t + 60})),
+            "no iat",
+        ),
+        (
+            "cgx-lease+jwt",
             with(json!({"aud": "cgx-kbs", "iat": t, "exp": t + 2 * 86_400})),
             "two days",
         ),
+        (
+            "cgx-lease+jwt",
+            with(json!({"aud": "cgx-kbs", "iat": t, "exp": t + 60, "tenant": null})),
+            "no tenant",
+        ),
+        (
+            "cgx-lease+jwt",
+            with(json!({"aud": "cgx-kbs", "iat": t, "exp": t + 60, "tenant": "tenant-b"})),
+            "another tenant",
+        ),
+        (
+            "JWT",
+            with(json!({"aud": "cgx-kbs", "iat": t, "exp": t + 60})),
+            "untyped",
+        ),
+        (
+            "cgx-broker-api+jwt",
+            with(json!({"aud": "cgx-kbs", "iat": t, "exp": t + 60})),
+            "an API token",
+        ),
     ] {
         let e = c
-            .resource("tenant-a/weights/job", Some(&lease(claims)))
+            .resource("tenant-a/weights/job", Some(&lease(typ, claims)))
             .unwrap_err();
         assert_eq!(e.kind(), Some("LeaseInvalid"), "{what}: {e}");
     }
-    let ok = lease(with(json!({"aud": ["cgx-kbs"], "iat": t, "exp": t + 60})));
+    let ok = lease(
+        "cgx-lease+jwt",
+        with(json!({"aud": ["cgx-kbs"], "iat": t, "exp": t + 60})),
+    );
     assert_eq!(c.resource("tenant-a/weights/job", Some(&ok)).unwrap(), b"w");
     srv.stop();
 }

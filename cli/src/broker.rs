@@ -39,7 +39,7 @@ impl Conn {
         let token = match &self.key {
             Some(k) => Some(crate::kbs::bearer_token(
                 k,
-                cgx_service::auth::BROKER_API_AUDIENCE,
+                cgx_service::auth::BearerKind::BrokerApi,
                 300,
             )?),
             None => None,

@@ -5,7 +5,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use cgx_kbs::server::config::KbsConfig;
-use serde_json::json;
 
 use crate::output::CliResult;
 
@@ -54,22 +53,33 @@ fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-/// A KBS admin bearer token signed with an Ed25519 PKCS#8 key (as CoCo's kbs-client makes
-/// them, plus the KBS's audience: the broker refuses it, whatever key signed it).
+/// A KBS admin bearer token signed with an Ed25519 PKCS#8 key (a typed record of its own: the
+/// broker refuses it, whatever key signed it; CoCo's kbs-client presents it as given).
 pub(crate) fn admin_token(key: &Path, ttl: i64) -> Result<String, String> {
-    bearer_token(key, cgx_service::auth::KBS_ADMIN_AUDIENCE, ttl)
+    bearer_token(key, cgx_service::auth::BearerKind::KbsAdmin, ttl)
 }
 
-/// A bearer token for the service whose tokens name `audience`, signed with an Ed25519
+/// A bearer token of `kind` (a KBS admin or a broker API token), signed with an Ed25519
 /// PKCS#8 key (DER or PEM), living `ttl` seconds.
-pub(crate) fn bearer_token(key: &Path, audience: &str, ttl: i64) -> Result<String, String> {
+pub(crate) fn bearer_token(
+    key: &Path,
+    kind: cgx_service::auth::BearerKind,
+    ttl: i64,
+) -> Result<String, String> {
+    use cgx_service::auth::BearerKind;
     let der = std::fs::read(key).map_err(|e| format!("{}: {e}", key.display()))?;
     let der = pem_or_der(&der, "PRIVATE KEY");
+    let signer = cgx_protocol::signed::Signer::from_pkcs8(&der).map_err(|e| e.to_string())?;
     let now = now();
-    cgx_service::jwt::sign_eddsa(
-        &der,
-        &json!({"iat": now, "exp": now + ttl, "aud": audience}),
-    )
+    match kind {
+        BearerKind::KbsAdmin => {
+            signer.sign(&cgx_protocol::records::KbsAdminToken {}, now, now + ttl)
+        }
+        BearerKind::BrokerApi => {
+            signer.sign(&cgx_protocol::records::BrokerApiToken {}, now, now + ttl)
+        }
+    }
+    .map_err(|e| e.to_string())
 }
 
 pub(crate) fn pem_or_der(bytes: &[u8], label: &str) -> Vec<u8> {

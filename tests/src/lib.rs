@@ -162,6 +162,43 @@ pub fn lease(broker: &Ed, lease: &str, resources: &[&str], node_key: &str, exp: 
     broker.lease(lease, resources, node_key, exp).unwrap()
 }
 
+/// A typed lease record for `tenant`, signed by `broker` (issued a second ago).
+pub fn lease_for(
+    broker: &Ed,
+    tenant: &str,
+    lease: &str,
+    resources: &[&str],
+    node_key: &str,
+    exp: i64,
+) -> String {
+    let now = cgx_devnet::now();
+    let body = cgx_protocol::records::Lease {
+        lease: lease.into(),
+        job: lease.into(),
+        tenant: tenant.into(),
+        node: "n".into(),
+        gpus: vec![],
+        resources: resources.iter().map(|r| r.to_string()).collect(),
+        node_key: node_key.into(),
+        iss: "cgx-broker".into(),
+        until: exp,
+    };
+    broker.signer().unwrap().sign(&body, now - 1, exp).unwrap()
+}
+
+/// A compact JWS with any header and claims, signed EdDSA by `key`: what an attacker holding a
+/// key (or a careless issuer) could make, for the tests that show it refused.
+pub fn forge(key: &Ed, header: Value, claims: Value) -> String {
+    let m = format!(
+        "{}.{}",
+        URL_SAFE_NO_PAD.encode(header.to_string()),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    let pair = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(&key.pkcs8).unwrap();
+    let sig = pair.sign(m.as_bytes());
+    format!("{m}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+}
+
 pub fn json_of(b: &[u8]) -> Value {
     serde_json::from_slice(b).unwrap_or(Value::Null)
 }

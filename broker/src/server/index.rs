@@ -17,69 +17,12 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use cgx_policies::placement::PlacementPolicy;
-use serde::Serialize;
 
-/// Prices and budgets in millionths of the marketplace's currency unit.
-pub type Micros = u64;
+pub use cgx_protocol::records::{Micros, NodeRecord, TeeKind};
 
 /// Convert a wire price (currency units, at most 10⁶) to [`Micros`].
 pub fn micros(v: f64) -> Option<Micros> {
     (v.is_finite() && (0.0..=1e9).contains(&v)).then(|| (v * 1e6).round() as Micros)
-}
-
-/// A CPU TEE kind a node runs and a job may ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TeeKind {
-    Snp,
-    Tdx,
-}
-
-impl TeeKind {
-    pub fn parse(s: &str) -> Option<TeeKind> {
-        match s {
-            "snp" => Some(TeeKind::Snp),
-            "tdx" => Some(TeeKind::Tdx),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TeeKind::Snp => "snp",
-            TeeKind::Tdx => "tdx",
-        }
-    }
-}
-
-/// What a registration established, from verified evidence and a checked offer. Signed by the
-/// broker in the database (`store.rs`), so a row alone never makes a node.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize, Serialize)]
-pub struct NodeRecord {
-    pub id: String,
-    /// Ed25519 public key, base64url: signs heartbeats.
-    pub node_key: String,
-    /// RFC 7638 thumbprint of the TEE key the node presents to the KBS.
-    pub tee_thumbprint: String,
-    pub operator: String,
-    pub region: String,
-    pub tee: TeeKind,
-    pub sim: bool,
-    pub gpu_model: String,
-    pub gpu_chip: String,
-    pub gpu_count: u32,
-    pub gpu_memory_gib: u32,
-    pub price: Micros,
-    /// `affirming`, `warning`, `contraindicated`, `none`.
-    pub status: String,
-    pub violations: Vec<String>,
-    pub attested_at: i64,
-    pub ear_expires_at: i64,
-    /// SHA-256 (hex) of the EAR (signed JWT) the registration answered with: the record names
-    /// the result it stands on without carrying it.
-    pub ear_digest: String,
-    /// `{"cpu": claims, "gpus": [claims…]}` as the verifier produced them.
-    pub claims: serde_json::Value,
 }
 
 /// Freshness rules.

@@ -1,12 +1,11 @@
 //! What the broker signs with its Ed25519 key (the key the KBS lists in `broker_keys`):
 //!
-//! - **node records** — `{"aud": "cgx-broker/node", "iat": attested_at, "exp": EAR expiry,
-//!   "node": NodeRecord}`: what a registration established, stored in the node's row; a replica
-//!   builds its index only from records whose signature verifies;
-//! - **lease tokens** — `{"lease", "job", "tenant", "node", "gpus", "resources", "node_key":
-//!   <RFC 7638 thumbprint of the node's TEE key>, "aud": "cgx-kbs", "iss": "cgx-broker", "iat",
-//!   "exp", "until": <the job's end>}`: every resource is the tenant's own (checked at
-//!   submission; the KBS checks the `tenant` claim against the resource's repository too);
+//! - **node records** — [`NodeRecordClaims`] (issued at the attestation, expiring with its EAR):
+//!   what a registration established, stored in the node's row; a replica builds its index only
+//!   from records whose signature verifies;
+//! - **lease tokens** — [`cgx_protocol::records::Lease`]: every resource is the tenant's own
+//!   (checked at submission; the KBS checks the `tenant` claim against the resource's
+//!   repository too);
 //!   the token the KBS checks (`kbs/src/server/release.rs`). The thumbprint is the one the
 //!   node's hardware evidence bound at registration (`cgx_protocol::broker::node_identity`), so
 //!   the KBS releases only to a session that attested that very TEE key. Short-lived; renewed
@@ -23,19 +22,16 @@ use std::path::Path;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use cgx_protocol::broker::LeaseGrant;
-use cgx_service::jwt;
-use serde_json::{Value, json};
+use cgx_protocol::records::{Lease, NodeRecordClaims};
+use cgx_protocol::signed::{self, Record, Signer, Untyped, Verified, When};
 
 use super::error::BrokerError;
 use super::index::NodeRecord;
 use super::store::LeaseRow;
 
-/// Audience of node records (never accepted as a lease or an API token).
-const RECORD_AUDIENCE: &str = "cgx-broker/node";
-
 /// The broker's signing key, and the nonce MAC key derived from it (replicas share both).
 pub(crate) struct Keys {
-    pkcs8: Vec<u8>,
+    signer: Signer,
     pub public: [u8; 32],
     nonce_mac: aws_lc_rs::hmac::Key,
     job_mac: aws_lc_rs::hmac::Key,
@@ -54,15 +50,17 @@ impl std::fmt::Debug for Keys {
     }
 }
 
-/// Claims of a token this broker signed, whatever its age: the signature is checked with the
-/// token's own `iat` as "now" (the caller applies its own time rules to what it reads).
-pub(super) fn verify_signed(token: &str, key: &[u8; 32]) -> Option<Value> {
-    let payload = token.split('.').nth(1)?;
-    let claims: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload).ok()?).ok()?;
-    let iat = claims.get("iat")?.as_i64()?;
-    jwt::verify_eddsa(token, std::slice::from_ref(key), iat, i64::MAX)
-        .ok()
-        .map(|(_, c)| c)
+/// A record this broker signed and stored, whatever its age (the caller decides liveness from
+/// other facts): the signature under `key`, the kind, the kind's audience. Tokens from before
+/// typed records are accepted here, and only here ([`Untyped::AcceptStored`]).
+pub(super) fn verify_stored<T: Record>(token: &str, key: &[u8; 32]) -> Option<Verified<T>> {
+    signed::verify_as(
+        token,
+        std::slice::from_ref(key),
+        When::Any,
+        Untyped::AcceptStored,
+    )
+    .ok()
 }
 
 /// What a job seal covers, each part length-prefixed so no two jobs share a message.
@@ -89,14 +87,9 @@ impl Keys {
     }
 
     pub(crate) fn from_pkcs8(pkcs8: Vec<u8>) -> Result<Self, BrokerError> {
-        use aws_lc_rs::signature::KeyPair;
-        let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(&pkcs8)
+        let signer = Signer::from_pkcs8(&pkcs8)
             .map_err(|_| BrokerError::Config("signing_key is not an Ed25519 PKCS#8 key".into()))?;
-        let public = kp
-            .public_key()
-            .as_ref()
-            .try_into()
-            .map_err(|_| BrokerError::Config("signing_key: public key".into()))?;
+        let public = signer.public_key();
         // The nonce key: a hash of the signing key under its own label (never used to sign).
         let mut m = b"cgx/broker/nonce-mac/v1".to_vec();
         m.extend_from_slice(&pkcs8);
@@ -108,7 +101,7 @@ impl Keys {
         let k = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &m);
         let job_mac = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, k.as_ref());
         Ok(Keys {
-            pkcs8,
+            signer,
             public,
             nonce_mac,
             job_mac,
@@ -171,33 +164,38 @@ impl Keys {
         .map_err(|_| refused())
     }
 
-    /// The signing key (PKCS#8), for the records other modules sign (`settings.rs`).
-    pub(super) fn pkcs8(&self) -> &[u8] {
-        &self.pkcs8
-    }
-
-    fn sign(&self, claims: &Value) -> Result<String, BrokerError> {
-        jwt::sign_eddsa(&self.pkcs8, claims).map_err(BrokerError::Internal)
+    /// Sign `body` as a record of its kind (the key pair parsed once, at start).
+    pub(super) fn sign<T: Record>(
+        &self,
+        body: &T,
+        iat: i64,
+        exp: i64,
+    ) -> Result<String, BrokerError> {
+        self.signer
+            .sign(body, iat, exp)
+            .map_err(|e| BrokerError::Internal(e.to_string()))
     }
 
     pub(crate) fn sign_record(&self, record: &NodeRecord) -> Result<String, BrokerError> {
-        self.sign(&json!({
-            "aud": RECORD_AUDIENCE,
-            "iat": record.attested_at,
-            "exp": record.ear_expires_at.max(record.attested_at),
-            "node": record,
-        }))
+        self.sign(
+            &NodeRecordClaims {
+                node: record.clone(),
+            },
+            record.attested_at,
+            record.ear_expires_at.max(record.attested_at),
+        )
     }
 
     /// A node record from a row: signed by this broker, as a record.
     pub(crate) fn verify_record(&self, token: &str) -> Result<NodeRecord, BrokerError> {
-        let claims = verify_signed(token, &self.public)
-            .ok_or_else(|| BrokerError::Internal("node record signature".into()))?;
-        if claims.get("aud").and_then(Value::as_str) != Some(RECORD_AUDIENCE) {
-            return Err(BrokerError::Internal("not a node record".into()));
-        }
-        serde_json::from_value(claims.get("node").cloned().unwrap_or(Value::Null))
-            .map_err(|e| BrokerError::Internal(format!("node record: {e}")))
+        signed::verify_as::<NodeRecordClaims>(
+            token,
+            std::slice::from_ref(&self.public),
+            When::Any,
+            Untyped::AcceptStored,
+        )
+        .map(|v| v.body.node)
+        .map_err(|e| BrokerError::Internal(format!("node record: {e}")))
     }
 
     /// A lease token for `record`'s VM.
@@ -216,41 +214,38 @@ impl Keys {
         until: i64,
         ttl: i64,
     ) -> Result<String, BrokerError> {
-        self.sign(&json!({
-            "lease": lease, "job": job, "tenant": tenant, "node": record.id, "gpus": gpus,
-            "resources": resources, "node_key": record.tee_thumbprint,
-            "aud": cgx_protocol::broker::LEASE_AUDIENCE, "iss": "cgx-broker",
-            "iat": now, "exp": (now + ttl).min(until), "until": until,
-        }))
+        let exp = (now + ttl).min(until);
+        let body = Lease {
+            lease: lease.to_string(),
+            job: job.to_string(),
+            tenant: tenant.to_string(),
+            node: record.id.clone(),
+            gpus: gpus.to_vec(),
+            resources: resources.to_vec(),
+            node_key: record.tee_thumbprint.clone(),
+            iss: "cgx-broker".into(),
+            until,
+        };
+        self.sign(&body, now, exp)
     }
 
     /// A fresh token for an open lease, from the signed copy in its row (`None`: the row's token
     /// is not this broker's, or does not match the row).
     pub(crate) fn renew(&self, row: &LeaseRow, now: i64, ttl: i64) -> Option<LeaseGrant> {
-        let mut claims = verify_signed(&row.token, &self.public)?;
-        let matches = claims.get("lease").and_then(Value::as_str) == Some(row.id.as_str())
-            && claims.get("job").and_then(Value::as_str) == Some(row.job_id.as_str())
-            && claims.get("node").and_then(Value::as_str) == Some(row.node_id.as_str());
-        if !matches {
+        let lease = verify_stored::<Lease>(&row.token, &self.public)?.body;
+        if lease.lease != row.id || lease.job != row.job_id || lease.node != row.node_id {
             return None;
         }
-        let until = claims.get("until").and_then(Value::as_i64)?;
-        if now >= until {
+        if now >= lease.until {
             return None;
         }
-        let gpus: Vec<u32> = serde_json::from_value(claims.get("gpus")?.clone()).ok()?;
-        let resources: Vec<String> =
-            serde_json::from_value(claims.get("resources")?.clone()).ok()?;
-        let obj = claims.as_object_mut()?;
-        let exp = (now + ttl).min(until);
-        obj.insert("iat".into(), now.into());
-        obj.insert("exp".into(), exp.into());
-        let token = self.sign(&claims).ok()?;
+        let exp = (now + ttl).min(lease.until);
+        let token = self.sign(&lease, now, exp).ok()?;
         Some(LeaseGrant {
             lease_id: row.id.clone(),
             job_id: row.job_id.clone(),
-            gpus,
-            resources,
+            gpus: lease.gpus,
+            resources: lease.resources,
             token,
             expires_at: exp,
         })

@@ -281,8 +281,8 @@ impl Broker {
                 missed_heartbeats: config.missed_heartbeats,
             })),
             keys,
-            api_keys: AdminKeys::for_audience(
-                cgx_service::auth::BROKER_API_AUDIENCE,
+            api_keys: AdminKeys::for_kind(
+                cgx_service::auth::BearerKind::BrokerApi,
                 api,
                 config.api_token_max_ttl_secs,
             ),
@@ -582,20 +582,31 @@ impl Broker {
         let key: [u8; 32] = cgx_protocol::broker::unb64(&record.node_key)
             .and_then(|k| k.try_into().ok())
             .ok_or_else(|| BrokerError::Internal("stored node key".into()))?;
-        let (_, claims) = jwt::verify_eddsa(token, &[key], now, 60).map_err(|e| {
-            BrokerError::Heartbeat(format!("not signed by node {id}'s attested key: {e}"))
-        })?;
-        if claims.get("aud").and_then(|a| a.as_str())
-            != Some(cgx_protocol::broker::HEARTBEAT_AUDIENCE)
-            || claims.get("sub").and_then(|s| s.as_str()) != Some(id)
-        {
+        use cgx_protocol::signed::{SignedError, When};
+        let heartbeat = cgx_protocol::signed::verify::<cgx_protocol::records::Heartbeat>(
+            token,
+            &[key],
+            When::At {
+                now,
+                max_lifetime: 60,
+            },
+        )
+        .map_err(|e| match e {
+            SignedError::WrongKind { .. }
+            | SignedError::WrongAudience { .. }
+            | SignedError::Claims { .. } => {
+                BrokerError::Heartbeat(format!("the token is not a heartbeat of node {id}: {e}"))
+            }
+            e => BrokerError::Heartbeat(format!("not signed by node {id}'s attested key: {e}")),
+        })?
+        .body;
+        if heartbeat.sub != id {
             return Err(BrokerError::Heartbeat(format!(
                 "the token is not a heartbeat of node {id}"
             )));
         }
-        let seq = claims
-            .get("seq")
-            .and_then(serde_json::Value::as_i64)
+        let seq = i64::try_from(heartbeat.seq)
+            .ok()
             .filter(|s| *s > 0)
             .ok_or_else(|| BrokerError::Heartbeat("no positive seq".into()))?;
         let written = self

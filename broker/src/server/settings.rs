@@ -12,16 +12,14 @@
 //! Versions also serialize admins: a put is made against the version it read and fails if
 //! another put came first.
 
-use cgx_service::jwt;
-use serde_json::{Value, json};
+use cgx_protocol::records::Setting;
+use serde_json::Value;
 
 use super::error::BrokerError;
-use super::lease::{Keys, verify_signed};
+use super::lease::{Keys, verify_stored};
 
 /// The reference values' setting name.
 pub(crate) const REFERENCE_VALUES: &str = "reference-values";
-/// Audience of setting records (never accepted as anything else).
-const SETTING_AUDIENCE: &str = "cgx-broker/setting";
 
 pub(crate) fn sha256_hex(b: &[u8]) -> String {
     hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b))
@@ -37,20 +35,17 @@ impl Keys {
         at: i64,
         actor: &str,
     ) -> Result<String, BrokerError> {
-        jwt::sign_eddsa(
-            self.pkcs8(),
-            &json!({
-                "aud": SETTING_AUDIENCE,
-                "name": name,
-                "version": version,
-                "sha256": sha256_hex(body.as_bytes()),
-                "iat": at,
-                // A setting stands until replaced; the token format wants an expiry.
-                "exp": i64::MAX,
-                "actor": actor,
-            }),
+        self.sign(
+            &Setting {
+                name: name.to_string(),
+                version,
+                sha256: sha256_hex(body.as_bytes()),
+                actor: actor.to_string(),
+            },
+            at,
+            // A setting stands until replaced; the envelope wants an expiry.
+            i64::MAX,
         )
-        .map_err(BrokerError::Internal)
     }
 
     /// Does `record` sign `body` as setting `name` at `version`?
@@ -62,18 +57,17 @@ impl Keys {
         body: &str,
     ) -> Result<(), BrokerError> {
         let bad = |m: &str| Err(BrokerError::Storage(format!("setting {name}: {m}")));
-        let Some(c) = verify_signed(record, &self.public) else {
+        let Some(c) = verify_stored::<Setting>(record, &self.public) else {
             return bad("its record's signature does not verify (written outside this broker)");
         };
-        if c.get("aud").and_then(Value::as_str) != Some(SETTING_AUDIENCE)
-            || c.get("name").and_then(Value::as_str) != Some(name)
-        {
+        let c = c.body;
+        if c.name != name {
             return bad("its record is not this setting's");
         }
-        if c.get("version").and_then(Value::as_i64) != Some(version) {
+        if c.version != version {
             return bad("its row's version is not the one signed");
         }
-        if c.get("sha256").and_then(Value::as_str) != Some(sha256_hex(body.as_bytes()).as_str()) {
+        if c.sha256 != sha256_hex(body.as_bytes()) {
             return bad("its body is not the one signed");
         }
         Ok(())

@@ -597,10 +597,9 @@ pub(crate) fn lease_tenant(token: &str, key: &[u8; 32]) -> Option<String> {
     if let Some(t) = seen.lock().ok().and_then(|m| m.get(&k).cloned()) {
         return Some(t);
     }
-    let t = super::lease::verify_signed(token, key)?
-        .get("tenant")?
-        .as_str()
-        .map(str::to_string)?;
+    let t = super::lease::verify_stored::<cgx_protocol::records::Lease>(token, key)?
+        .body
+        .tenant;
     if let Ok(mut m) = seen.lock() {
         if m.len() >= 100_000 {
             m.clear();

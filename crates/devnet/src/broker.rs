@@ -46,7 +46,7 @@ pub struct BrokerSetup {
 impl Ed {
     /// A bearer API token for the broker (five minutes).
     pub fn api_token(&self) -> Result<String> {
-        self.token_at(cgx_service::auth::BROKER_API_AUDIENCE, now())
+        self.token_at(cgx_service::auth::BearerKind::BrokerApi, now())
     }
 }
 
@@ -145,7 +145,7 @@ impl BrokerSetup {
         BrokerClient::new(
             base,
             None,
-            Some(who.token_at(cgx_service::auth::BROKER_API_AUDIENCE, t)?),
+            Some(who.token_at(cgx_service::auth::BearerKind::BrokerApi, t)?),
         )
         .map_err(|e| DevnetError::Kbs(e.to_string()))
     }

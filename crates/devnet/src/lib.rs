@@ -209,22 +209,35 @@ impl Ed {
     /// A KBS admin bearer token (as CoCo's kbs-client makes them, for the KBS's audience),
     /// valid for five minutes.
     pub fn admin_token(&self) -> Result<String> {
-        self.token_at(cgx_service::auth::KBS_ADMIN_AUDIENCE, now())
+        self.token_at(cgx_service::auth::BearerKind::KbsAdmin, now())
     }
 
-    /// A bearer token for `audience` issued at `t` (a service on a manual clock), valid for
-    /// five minutes: KBS admin tokens ([`cgx_service::auth::KBS_ADMIN_AUDIENCE`]) and broker
-    /// API tokens ([`cgx_service::auth::BROKER_API_AUDIENCE`]) are one scheme, told apart by
-    /// their audience.
-    pub fn token_at(&self, audience: &str, t: i64) -> Result<String> {
-        cgx_service::jwt::sign_eddsa(
-            &self.pkcs8,
-            &json!({"iat": t, "exp": t + 300, "aud": audience}),
-        )
-        .map_err(DevnetError::Kbs)
+    /// A bearer token of `kind` issued at `t` (a service on a manual clock), valid for five
+    /// minutes: KBS admin tokens and broker API tokens are two record kinds
+    /// ([`cgx_protocol::signed::Kind`]), each refused by the other service.
+    pub fn token_at(&self, kind: cgx_service::auth::BearerKind, t: i64) -> Result<String> {
+        use cgx_service::auth::BearerKind;
+        let signer = self.signer()?;
+        match kind {
+            BearerKind::KbsAdmin => {
+                signer.sign(&cgx_protocol::records::KbsAdminToken {}, t, t + 300)
+            }
+            BearerKind::BrokerApi => {
+                signer.sign(&cgx_protocol::records::BrokerApiToken {}, t, t + 300)
+            }
+        }
+        .map_err(|e| DevnetError::Kbs(e.to_string()))
     }
 
-    /// A broker lease for `node_key` (RFC 7638 thumbprint of the TEE key) covering `resources`.
+    /// This key as a record signer.
+    pub fn signer(&self) -> Result<cgx_protocol::signed::Signer> {
+        cgx_protocol::signed::Signer::from_pkcs8(&self.pkcs8)
+            .map_err(|e| DevnetError::Kbs(e.to_string()))
+    }
+
+    /// A broker lease for `node_key` (RFC 7638 thumbprint of the TEE key) covering `resources`,
+    /// for the tenant whose repository the first resource is in (a lease always names its
+    /// tenant; the KBS releases nothing of another's under it).
     pub fn lease(
         &self,
         lease: &str,
@@ -232,12 +245,24 @@ impl Ed {
         node_key: &str,
         exp: i64,
     ) -> Result<String> {
-        cgx_service::jwt::sign_eddsa(
-            &self.pkcs8,
-            &json!({"lease": lease, "resources": resources, "node_key": node_key,
-                    "aud": "cgx-kbs", "iat": now(), "exp": exp}),
-        )
-        .map_err(DevnetError::Kbs)
+        let tenant = resources
+            .first()
+            .and_then(|r| r.split('/').next())
+            .unwrap_or_default();
+        let body = cgx_protocol::records::Lease {
+            lease: lease.to_string(),
+            job: lease.to_string(),
+            tenant: tenant.to_string(),
+            node: "devnet".into(),
+            gpus: Vec::new(),
+            resources: resources.iter().map(|r| r.to_string()).collect(),
+            node_key: node_key.to_string(),
+            iss: "cgx-broker".into(),
+            until: exp,
+        };
+        self.signer()?
+            .sign(&body, now(), exp)
+            .map_err(|e| DevnetError::Kbs(e.to_string()))
     }
 }
 

@@ -23,10 +23,10 @@ use serde::{Deserialize, Serialize};
 use crate::kbs_types::TeePubKey;
 
 /// The audience of a heartbeat token: a heartbeat is made for the broker, nothing else.
-pub const HEARTBEAT_AUDIENCE: &str = "cgx-broker/heartbeat";
+pub const HEARTBEAT_AUDIENCE: &str = crate::signed::Kind::Heartbeat.audience();
 
 /// The audience of a lease token: made for the KBS's release, nothing else.
-pub const LEASE_AUDIENCE: &str = "cgx-kbs";
+pub const LEASE_AUDIENCE: &str = crate::signed::Kind::Lease.audience();
 
 /// Label of [`node_identity`].
 const IDENTITY_LABEL: &[u8] = b"cgx/node-identity/v1";
@@ -91,21 +91,20 @@ pub fn unb64(text: &str) -> Option<Vec<u8>> {
         .or_else(|| base64::engine::general_purpose::STANDARD.decode(text).ok())
 }
 
-/// A heartbeat: an EdDSA compact JWS under the node key with `{"sub": node id, "aud":
-/// HEARTBEAT_AUDIENCE, "seq", "iat", "exp": iat + 30}`. `seq` only grows (replays are refused).
+/// A heartbeat: a [`crate::records::Heartbeat`] record under the node key, living
+/// [`crate::records::HEARTBEAT_TTL_SECS`]. `seq` only grows (replays are refused).
 pub fn heartbeat_token(pkcs8: &[u8], node_id: &str, seq: u64, now: i64) -> Result<String, String> {
-    let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(pkcs8)
-        .map_err(|_| "not an Ed25519 PKCS#8 key".to_string())?;
-    let claims = serde_json::json!({
-        "sub": node_id, "aud": HEARTBEAT_AUDIENCE, "seq": seq, "iat": now, "exp": now + 30,
-    });
-    let signing_input = format!(
-        "{}.{}",
-        B64.encode(br#"{"alg":"EdDSA","typ":"JWT"}"#),
-        B64.encode(claims.to_string())
-    );
-    let sig = kp.sign(signing_input.as_bytes());
-    Ok(format!("{signing_input}.{}", B64.encode(sig.as_ref())))
+    let signer = crate::signed::Signer::from_pkcs8(pkcs8).map_err(|e| e.to_string())?;
+    signer
+        .sign(
+            &crate::records::Heartbeat {
+                sub: node_id.to_string(),
+                seq,
+            },
+            now,
+            now + crate::records::HEARTBEAT_TTL_SECS,
+        )
+        .map_err(|e| e.to_string())
 }
 
 /// `POST /v1/nodes/nonce` answer.

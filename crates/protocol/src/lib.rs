@@ -5,6 +5,8 @@
 //!   [`kbs_types`], CoCo's runtime-data binding and resource JWEs.
 //! - [`jcs`]: canonical JSON (RFC 8785), for bindings and digests.
 //! - [`broker`]: node registration, heartbeats, jobs, nodes and leases.
+//! - [`records`]: the typed bodies of every signed record (lease, node record, heartbeat,
+//!   setting, admin and API tokens).
 //! - [`signed`]: the envelope every signed record shares (a `typ` per kind, verified as one
 //!   kind only).
 //! - [`weights`]: the KBS resource that releases model weights: an age identity bound to the
@@ -15,6 +17,7 @@
 pub mod broker;
 pub mod jcs;
 pub mod kbs;
+pub mod records;
 pub mod signed;
 pub mod weights;
 

@@ -520,6 +520,77 @@ mod tests {
         );
     }
 
+    /// Registered claims of the wrong shape, and times out of bounds, each with its reason.
+    #[test]
+    fn envelope_claims_are_checked() {
+        let s = signer();
+        let sign = |claims: serde_json::Value| {
+            let m = format!(
+                "{}.{}",
+                Kind::Heartbeat.header(),
+                B64.encode(claims.to_string())
+            );
+            let sig = s.pair.sign(m.as_bytes());
+            format!("{m}.{}", B64.encode(sig.as_ref()))
+        };
+        let at = When::At {
+            now: 150,
+            max_lifetime: 100,
+        };
+        let aud = "cgx-broker/heartbeat";
+        for (claims, want) in [
+            (
+                serde_json::json!({"aud": aud, "n": 1, "iat": 100}),
+                "no integer exp",
+            ),
+            (
+                serde_json::json!({"aud": aud, "n": 1, "exp": 200}),
+                "no integer iat",
+            ),
+            (
+                serde_json::json!({"aud": aud, "n": 1, "iat": 100, "exp": "200"}),
+                "invalid type",
+            ),
+            (
+                serde_json::json!({"aud": aud, "n": 1, "iat": "100", "exp": 200}),
+                "invalid type",
+            ),
+            (
+                serde_json::json!({"aud": aud, "n": 1, "iat": 100, "exp": 200, "nbf": "x"}),
+                "invalid type",
+            ),
+        ] {
+            let r = verify::<Probe>(&sign(claims.clone()), &[s.public_key()], at);
+            assert!(
+                matches!(&r, Err(SignedError::Claims { reason, .. }) if reason.contains(want)),
+                "{claims}: {r:?}"
+            );
+        }
+        let r = |claims| verify::<Probe>(&sign(claims), &[s.public_key()], at);
+        assert_eq!(
+            r(serde_json::json!({"aud": aud, "n": 1, "iat": 100, "exp": 200, "nbf": 1000})),
+            Err(SignedError::NotYetValid(1000))
+        );
+        assert_eq!(
+            r(serde_json::json!({"aud": aud, "n": 1, "iat": i64::MIN, "exp": i64::MAX})),
+            Err(SignedError::TooLong {
+                lifetime: i64::MAX,
+                max: 100
+            })
+        );
+        // Other algorithms, whatever their signature: refused before any key is tried.
+        let t = s.sign(&Probe { n: 1 }, 100, 200).unwrap();
+        let (_, rest) = t.split_once('.').unwrap();
+        for alg in ["none", "HS256", "ES256", "RS256", "Ed25519"] {
+            let h = B64.encode(format!(r#"{{"alg":"{alg}","typ":"cgx-heartbeat+jwt"}}"#));
+            let forged = format!("{h}.{rest}");
+            assert!(
+                matches!(verify::<Probe>(&forged, &[s.public_key()], at), Err(SignedError::Algorithm(a)) if a.contains(alg)),
+                "{alg}"
+            );
+        }
+    }
+
     #[test]
     fn untyped_tokens_are_read_only_from_storage_and_only_under_their_audience() {
         let s = signer();

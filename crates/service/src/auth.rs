@@ -5,11 +5,12 @@
 //! [`Admin`] is an extractor: a handler that takes one cannot run for an unauthenticated
 //! caller, and it runs before the handler reads its path or body.
 //!
-//! Every token names the one service it is for in `aud` (a single string): the KBS's admin
-//! API takes [`KBS_ADMIN_AUDIENCE`], the broker's API [`BROKER_API_AUDIENCE`], so a token
-//! made for one is refused by the other even where an operator gave both the same key. A
-//! token without `aud` is refused. There is no `iss` check: the key that verifies the token
-//! is its issuer.
+//! Every token is a typed record ([`cgx_protocol::signed`]) of the one service it is for: the
+//! KBS's admin API takes [`KbsAdminToken`]s (`typ` `cgx-kbs-admin+jwt`, `aud`
+//! [`KBS_ADMIN_AUDIENCE`]), the broker's API [`BrokerApiToken`]s (`cgx-broker-api+jwt`,
+//! [`BROKER_API_AUDIENCE`]), so a token made for one is refused by the other even where an
+//! operator gave both the same key, and no other record (a lease, a heartbeat) is taken for
+//! either. There is no `iss` check: the key that verifies the token is its issuer.
 
 use std::sync::Arc;
 
@@ -18,7 +19,8 @@ use axum::http::header;
 use axum::http::request::Parts;
 use axum::response::IntoResponse;
 
-use crate::jwt;
+use cgx_protocol::records::{BrokerApiToken, KbsAdminToken};
+use cgx_protocol::signed::{self, Kind, SignedError, When};
 
 /// Why an admin request was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -27,34 +29,34 @@ pub enum AuthError {
     #[error("no bearer token")]
     NoToken,
     #[error(transparent)]
-    Token(#[from] jwt::JwtError),
+    Token(#[from] SignedError),
     #[error("admin key {key} may not change {what}")]
     OutOfScope { key: usize, what: String },
-    #[error("a lease is not an admin token")]
-    NotAnAdminToken,
-    #[error("the token names no audience (aud); this service takes tokens for {expected}")]
-    NoAudience { expected: &'static str },
-    #[error("the token is for {found}, not for {expected}")]
-    WrongAudience {
-        expected: &'static str,
-        found: String,
-    },
+    #[error("no admin keys are configured")]
+    NoKeys,
 }
 
 /// The audience of KBS admin tokens (`cgx kbs token`, the KBS's admin API).
-pub const KBS_ADMIN_AUDIENCE: &str = "cgx-kbs/admin";
+pub const KBS_ADMIN_AUDIENCE: &str = Kind::KbsAdmin.audience();
 
 /// The audience of broker API tokens (tenants, operators, auditors; `cgx broker …`).
-pub const BROKER_API_AUDIENCE: &str = "cgx-broker/api";
+pub const BROKER_API_AUDIENCE: &str = Kind::BrokerApi.audience();
 
-/// The longest audience echoed in a refusal (the rest is the caller's own text).
-const MAX_AUDIENCE_SHOWN: usize = 64;
+/// The bearer tokens a service takes: which record kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BearerKind {
+    /// [`KbsAdminToken`].
+    #[default]
+    KbsAdmin,
+    /// [`BrokerApiToken`].
+    BrokerApi,
+}
 
 /// Configured admin keys and their scopes.
 #[derive(Debug, Clone, Default)]
 pub struct AdminKeys {
-    /// The `aud` every token must name: this service's.
-    audience: &'static str,
+    /// The kind of record every token must be: this service's.
+    kind: BearerKind,
     keys: Vec<[u8; 32]>,
     scopes: Vec<Arc<Vec<String>>>,
     /// Longest accepted token lifetime (`exp − iat`), seconds.
@@ -73,19 +75,15 @@ const VERIFIED_CACHE: usize = 4096;
 pub const DEFAULT_ADMIN_TOKEN_TTL: i64 = 3600;
 
 impl AdminKeys {
-    /// `(Ed25519 public key, repositories)` pairs of the service whose tokens name `audience`;
+    /// `(Ed25519 public key, repositories)` pairs of the service whose tokens are `kind`;
     /// tokens live at most `max_ttl` seconds.
-    pub fn for_audience(
-        audience: &'static str,
-        keys: Vec<([u8; 32], Vec<String>)>,
-        max_ttl: i64,
-    ) -> Self {
+    pub fn for_kind(kind: BearerKind, keys: Vec<([u8; 32], Vec<String>)>, max_ttl: i64) -> Self {
         let (keys, scopes) = keys
             .into_iter()
             .map(|(key, scope)| (key, Arc::new(scope)))
             .unzip();
         AdminKeys {
-            audience,
+            kind,
             keys,
             scopes,
             max_ttl,
@@ -106,35 +104,24 @@ impl AdminKeys {
             .and_then(|m| m.get(token).copied());
         if let Some((index, exp)) = seen {
             if now > exp {
-                return Err(AuthError::Token(jwt::JwtError::Expired(exp)));
+                return Err(AuthError::Token(SignedError::Expired(exp)));
             }
             return Ok(admin(index));
         }
-        let (index, claims) = jwt::verify_eddsa(token, &self.keys, now, self.max_ttl)?;
-        // Lease claims in an admin token: a token made for one role is not taken for another.
-        if claims.get("lease").is_some() || claims.get("resources").is_some() {
-            return Err(AuthError::NotAnAdminToken);
+        if self.keys.is_empty() {
+            return Err(AuthError::NoKeys);
         }
-        // Another service's token is not this one's, whoever signed it.
-        let expected = self.audience;
-        match claims.get("aud") {
-            None => return Err(AuthError::NoAudience { expected }),
-            Some(serde_json::Value::String(aud)) if aud == expected => {}
-            Some(other) => {
-                let found = match other {
-                    serde_json::Value::String(aud) => aud.clone(),
-                    v => v.to_string(),
-                };
-                return Err(AuthError::WrongAudience {
-                    expected,
-                    found: found.chars().take(MAX_AUDIENCE_SHOWN).collect(),
-                });
-            }
-        }
-        if let (Some(exp), Ok(mut m)) = (
-            claims.get("exp").and_then(serde_json::Value::as_i64),
-            self.verified.lock(),
-        ) {
+        let when = When::At {
+            now,
+            max_lifetime: self.max_ttl,
+        };
+        let (index, exp) = match self.kind {
+            BearerKind::KbsAdmin => signed::verify::<KbsAdminToken>(token, &self.keys, when)
+                .map(|v| (v.key_index, v.exp))?,
+            BearerKind::BrokerApi => signed::verify::<BrokerApiToken>(token, &self.keys, when)
+                .map(|v| (v.key_index, v.exp))?,
+        };
+        if let Ok(mut m) = self.verified.lock() {
             if m.len() >= VERIFIED_CACHE {
                 m.clear();
             }
@@ -227,21 +214,21 @@ mod tests {
 
     #[test]
     fn scopes_tokens_and_refusals() {
+        use cgx_protocol::signed::Signer;
         let (all_sk, all_pk) = key();
         let (tenant_sk, tenant_pk) = key();
         let (stranger_sk, _) = key();
-        let keys = AdminKeys::for_audience(
-            KBS_ADMIN_AUDIENCE,
+        let keys = AdminKeys::for_kind(
+            BearerKind::KbsAdmin,
             vec![(all_pk, vec!["*".into()]), (tenant_pk, vec!["acme".into()])],
             3600,
         );
         let now = 1_000_000;
         let token = |sk: &[u8], exp: i64| {
-            jwt::sign_eddsa(
-                sk,
-                &serde_json::json!({"iat": now, "exp": exp, "aud": KBS_ADMIN_AUDIENCE}),
-            )
-            .unwrap()
+            Signer::from_pkcs8(sk)
+                .unwrap()
+                .sign(&KbsAdminToken {}, now, exp)
+                .unwrap()
         };
         let root = keys.authenticate(&token(&all_sk, now + 60), now).unwrap();
         assert_eq!(root.actor(), "admin:0");
@@ -258,33 +245,51 @@ mod tests {
             })
         );
         assert!(tenant.may(None).is_err(), "global settings need *");
-        assert!(matches!(
-            keys.authenticate(&token(&stranger_sk, now + 60), now),
-            Err(AuthError::Token(jwt::JwtError::Signature))
-        ));
+        assert_eq!(
+            keys.authenticate(&token(&stranger_sk, now + 60), now)
+                .unwrap_err(),
+            AuthError::Token(SignedError::Signature)
+        );
         assert!(matches!(
             keys.authenticate(&token(&all_sk, now - 1), now),
-            Err(AuthError::Token(jwt::JwtError::Expired(_)))
+            Err(AuthError::Token(SignedError::Expired(_)))
         ));
-        assert!(
+        assert_eq!(
             AdminKeys::default()
                 .authenticate(&token(&all_sk, now + 60), now)
-                .is_err()
+                .unwrap_err(),
+            AuthError::NoKeys
         );
-        // Past the lifetime cap; lease claims.
+        // Past the lifetime cap.
         assert!(matches!(
             keys.authenticate(&token(&all_sk, now + 3601), now),
-            Err(AuthError::Token(jwt::JwtError::TooLong { .. }))
+            Err(AuthError::Token(SignedError::TooLong { .. }))
         ));
-        let lease = jwt::sign_eddsa(
-            &all_sk,
-            &serde_json::json!({"iat": now, "exp": now + 60, "lease": "l", "resources": [],
-                                "aud": KBS_ADMIN_AUDIENCE}),
-        )
-        .unwrap();
+        // A lease, signed by an admin key, is not an admin token.
+        let lease = Signer::from_pkcs8(&all_sk)
+            .unwrap()
+            .sign(
+                &cgx_protocol::records::Lease {
+                    lease: "l".into(),
+                    job: "j".into(),
+                    tenant: "acme".into(),
+                    node: "n".into(),
+                    gpus: vec![],
+                    resources: vec![],
+                    node_key: "k".into(),
+                    iss: "cgx-broker".into(),
+                    until: now + 60,
+                },
+                now,
+                now + 60,
+            )
+            .unwrap();
         assert_eq!(
             keys.authenticate(&lease, now).unwrap_err(),
-            AuthError::NotAnAdminToken
+            AuthError::Token(SignedError::WrongKind {
+                expected: "cgx-kbs-admin+jwt",
+                found: "cgx-lease+jwt".into()
+            })
         );
         // A remembered token is still refused once it expires.
         let short = token(&tenant_sk, now + 5);
@@ -292,62 +297,76 @@ mod tests {
         assert!(keys.authenticate(&short, now + 5).is_ok());
         assert!(matches!(
             keys.authenticate(&short, now + 6),
-            Err(AuthError::Token(jwt::JwtError::Expired(_)))
+            Err(AuthError::Token(SignedError::Expired(_)))
         ));
-        // Audiences: this service's, as one string, and nothing else — not the other
-        // service's, not none, not a list, not a near miss.
+        // One service's token is refused by the other's, under the same key.
+        let broker = AdminKeys::for_kind(
+            BearerKind::BrokerApi,
+            vec![(all_pk, vec!["*".into()])],
+            3600,
+        );
+        let for_kbs = token(&all_sk, now + 60);
+        let e = broker.authenticate(&for_kbs, now).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a cgx-kbs-admin+jwt token, not a cgx-broker-api+jwt one"
+        );
+        let for_broker = Signer::from_pkcs8(&all_sk)
+            .unwrap()
+            .sign(&BrokerApiToken {}, now, now + 60)
+            .unwrap();
+        assert!(broker.authenticate(&for_broker, now).is_ok());
+        assert!(matches!(
+            keys.authenticate(&for_broker, now),
+            Err(AuthError::Token(SignedError::WrongKind { .. }))
+        ));
+        // The right type with another audience, none, a near miss, a huge one: refused, and
+        // the refusal stays short.
+        use aws_lc_rs::signature::Ed25519KeyPair;
+        let b64 = |b: &[u8]| {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+        };
         let with = |claims: serde_json::Value| {
             let mut c = serde_json::json!({"iat": now, "exp": now + 60});
             c.as_object_mut()
                 .unwrap()
                 .extend(claims.as_object().unwrap().clone());
-            jwt::sign_eddsa(&all_sk, &c).unwrap()
+            let m = format!(
+                "{}.{}",
+                b64(br#"{"alg":"EdDSA","typ":"cgx-kbs-admin+jwt"}"#),
+                b64(c.to_string().as_bytes())
+            );
+            let sig = Ed25519KeyPair::from_pkcs8(&all_sk)
+                .unwrap()
+                .sign(m.as_bytes());
+            format!("{m}.{}", b64(sig.as_ref()))
         };
-        assert_eq!(
-            keys.authenticate(&with(serde_json::json!({})), now)
-                .unwrap_err(),
-            AuthError::NoAudience {
-                expected: KBS_ADMIN_AUDIENCE
-            }
+        assert!(
+            keys.authenticate(&with(serde_json::json!({"aud": KBS_ADMIN_AUDIENCE})), now)
+                .is_ok()
         );
-        let broker =
-            AdminKeys::for_audience(BROKER_API_AUDIENCE, vec![(all_pk, vec!["*".into()])], 3600);
-        let for_kbs = with(serde_json::json!({"aud": KBS_ADMIN_AUDIENCE}));
-        assert!(keys.authenticate(&for_kbs, now).is_ok());
-        let e = broker.authenticate(&for_kbs, now).unwrap_err();
-        assert_eq!(
-            e,
-            AuthError::WrongAudience {
-                expected: BROKER_API_AUDIENCE,
-                found: KBS_ADMIN_AUDIENCE.into()
-            }
-        );
-        assert_eq!(
-            e.to_string(),
-            "the token is for cgx-kbs/admin, not for cgx-broker/api"
-        );
-        let for_broker = with(serde_json::json!({"aud": BROKER_API_AUDIENCE}));
-        assert!(broker.authenticate(&for_broker, now).is_ok());
-        assert!(matches!(
-            keys.authenticate(&for_broker, now),
-            Err(AuthError::WrongAudience { .. })
-        ));
         for aud in [
-            serde_json::json!([KBS_ADMIN_AUDIENCE]),
-            serde_json::json!([KBS_ADMIN_AUDIENCE, BROKER_API_AUDIENCE]),
+            serde_json::json!(BROKER_API_AUDIENCE),
             serde_json::json!("cgx-kbs/admin "),
             serde_json::json!("CGX-KBS/ADMIN"),
             serde_json::json!(""),
-            serde_json::json!(null),
             serde_json::json!(cgx_protocol::broker::LEASE_AUDIENCE),
             serde_json::json!("x".repeat(10_000)),
         ] {
             let e = keys
                 .authenticate(&with(serde_json::json!({ "aud": aud })), now)
                 .unwrap_err();
-            assert!(matches!(e, AuthError::WrongAudience { .. }), "{aud}: {e}");
+            assert!(
+                matches!(e, AuthError::Token(SignedError::WrongAudience { .. })),
+                "{aud}: {e}"
+            );
             assert!(e.to_string().len() < 200, "{e}");
         }
+        assert!(matches!(
+            keys.authenticate(&with(serde_json::json!({})), now),
+            Err(AuthError::Token(SignedError::WrongAudience { .. }))
+        ));
         // Scopes match whole names, case and all.
         for other in ["acm", "acme2", "ACME", "acme/x", "*"] {
             assert!(tenant.may(Some(other)).is_err(), "{other}");

@@ -84,7 +84,14 @@ pub fn credential(token: &[u8]) {
         return;
     };
     let keys = [[7u8; 32]];
-    let _ = cgx_service::jwt::verify_eddsa(token, &keys, NOW, 3600);
+    let _ = cgx_protocol::signed::verify::<cgx_protocol::records::KbsAdminToken>(
+        token,
+        &keys,
+        cgx_protocol::signed::When::At {
+            now: NOW,
+            max_lifetime: 3600,
+        },
+    );
     let tee = cgx_protocol::kbs_types::TeePubKey::EC {
         crv: "P-256".into(),
         alg: "ES256".into(),

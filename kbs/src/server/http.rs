@@ -381,6 +381,7 @@ async fn release(
         )?),
         None => None,
     };
+    let lease_claims = lease.as_ref().map(super::release::lease_input);
     let stored = kbs.release_policies(&path, repo).await?;
     // Policies, tenant isolation included, before the lookup: a denied requester learns
     // nothing about what exists. They read the EAR as Trustee's do (`input.submods.cpu0…`),
@@ -391,7 +392,7 @@ async fn release(
         kind,
         tag,
         query,
-        lease: lease.as_ref(),
+        lease: lease_claims.as_ref(),
     };
     kbs.release.check(&session.ear, &request, &stored).await?;
     let resource = kbs
@@ -407,13 +408,11 @@ async fn release(
     // A TEE key serves one tenant at a time: another tenant's lease for this key must have
     // expired (`tenancy.rs`). The lease names its tenant (checked against the repository).
     if let Some(l) = &lease {
-        let tenant = l.get("tenant").and_then(Value::as_str).unwrap_or(repo);
-        let until = l.get("exp").and_then(Value::as_i64).unwrap_or(i64::MAX);
         kbs.tee_tenants.claim(
             &cgx_protocol::kbs::jwe::thumbprint(key),
-            tenant,
+            &l.body.tenant,
             kbs.clock.unix(),
-            until,
+            l.exp,
         )?;
     }
     let jwe = cgx_protocol::kbs::jwe::encrypt(key, &resource.value).map_err(|e| match e {
@@ -430,7 +429,7 @@ async fn release(
             &path,
             &json!({
                 "tee_key": cgx_protocol::kbs::jwe::thumbprint(key),
-                "lease": lease.as_ref().and_then(|l| l.get("lease")).cloned(),
+                "lease": lease.as_ref().map(|l| l.body.lease.as_str()),
             }),
         )
         .await?;

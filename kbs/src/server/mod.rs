@@ -260,8 +260,8 @@ impl Kbs {
                 "a key is configured both as an admin key and as a broker key".into(),
             ));
         }
-        let admin_keys = AdminKeys::for_audience(
-            cgx_service::auth::KBS_ADMIN_AUDIENCE,
+        let admin_keys = AdminKeys::for_kind(
+            cgx_service::auth::BearerKind::KbsAdmin,
             admin,
             config.admin_token_max_ttl_secs,
         );

@@ -29,10 +29,11 @@ use cgx_attestation::results::Ear;
 use cgx_policies::limits::Trust;
 use cgx_policies::release::{ReleaseData, ReleaseInput, ReleasePolicy, ReleaseRequest};
 use cgx_protocol::kbs_types::TeePubKey;
+use cgx_protocol::records::Lease;
+use cgx_protocol::signed::{self, Verified, When};
 use serde_json::Value;
 
 use super::error::KbsError;
-use cgx_service::jwt;
 
 /// A compiled policy's cache key: who wrote it, and the SHA-256 of its text.
 type PolicyKey = (Trust, [u8; 32]);
@@ -276,8 +277,10 @@ pub fn trust_of(scope: &str, rego: &str) -> Trust {
 /// The audience a lease names: leases are made for this KBS's release, nothing else.
 pub const LEASE_AUDIENCE: &str = cgx_protocol::broker::LEASE_AUDIENCE;
 
-/// Verify a lease token for `path` and the session's TEE key at `now` (lifetime at most
-/// `max_ttl` seconds, audience [`LEASE_AUDIENCE`]); returns its claims.
+/// Verify a lease token for `path` and the session's TEE key at `now`: a
+/// [`cgx_protocol::records::Lease`] record signed by a configured broker, living at most
+/// `max_ttl` seconds, naming this resource, the tenant whose repository it is, and the TEE key
+/// the session attested.
 pub fn check_lease(
     token: &str,
     broker_keys: &[[u8; 32]],
@@ -285,55 +288,57 @@ pub fn check_lease(
     tee: &TeePubKey,
     now: i64,
     max_ttl: i64,
-) -> Result<Value, KbsError> {
+) -> Result<Verified<Lease>, KbsError> {
     if broker_keys.is_empty() {
         return Err(KbsError::LeaseInvalid(
             "no broker keys are configured, so no lease can be honoured".into(),
         ));
     }
-    let (_, claims) = jwt::verify_eddsa(token, broker_keys, now, max_ttl)
-        .map_err(|e| KbsError::LeaseInvalid(e.to_string()))?;
-    let audience = match claims.get("aud") {
-        Some(Value::String(a)) => a == LEASE_AUDIENCE,
-        Some(Value::Array(a)) => a.iter().any(|v| v.as_str() == Some(LEASE_AUDIENCE)),
-        _ => false,
-    };
-    if !audience {
-        return Err(KbsError::LeaseInvalid(format!(
-            "the token's audience is not {LEASE_AUDIENCE}"
-        )));
-    }
-    let lease = claims
-        .get("lease")
-        .and_then(Value::as_str)
-        .ok_or_else(|| KbsError::LeaseInvalid("no lease id".into()))?;
-    let names_path = claims
-        .get("resources")
-        .and_then(Value::as_array)
-        .is_some_and(|r| r.iter().any(|p| p.as_str() == Some(path)));
-    if !names_path {
+    let verified = signed::verify::<Lease>(
+        token,
+        broker_keys,
+        When::At {
+            now,
+            max_lifetime: max_ttl,
+        },
+    )
+    .map_err(|e| KbsError::LeaseInvalid(e.to_string()))?;
+    let l = &verified.body;
+    let lease = &l.lease;
+    if !l.resources.iter().any(|p| p == path) {
         return Err(KbsError::LeaseInvalid(format!(
             "lease {lease} does not cover {path}"
         )));
     }
     // A broker's lease names the tenant it was made for: it covers that tenant's resources only
     // (the broker checks it too; this holds a broker bug or a forged job to it).
-    if let Some(tenant) = claims.get("tenant") {
-        let repository = path.split('/').next().unwrap_or("");
-        if tenant.as_str() != Some(repository) {
-            return Err(KbsError::LeaseInvalid(format!(
-                "lease {lease} is tenant {tenant}'s, {path} is not"
-            )));
-        }
-    }
-    let node_key = claims.get("node_key").and_then(Value::as_str).unwrap_or("");
-    let attested = cgx_protocol::kbs::jwe::thumbprint(tee);
-    if node_key != attested {
+    let repository = path.split('/').next().unwrap_or("");
+    if l.tenant != repository {
         return Err(KbsError::LeaseInvalid(format!(
-            "lease {lease} is for node key {node_key}, this session attested {attested}"
+            "lease {lease} is tenant {}'s, {path} is not",
+            l.tenant
         )));
     }
-    Ok(claims)
+    let attested = cgx_protocol::kbs::jwe::thumbprint(tee);
+    if l.node_key != attested {
+        return Err(KbsError::LeaseInvalid(format!(
+            "lease {lease} is for node key {}, this session attested {attested}",
+            l.node_key
+        )));
+    }
+    Ok(verified)
+}
+
+/// A verified lease as release policies read it (`input.lease`): its claims, the envelope's
+/// `aud`, `iat` and `exp` with the body's.
+pub fn lease_input(lease: &Verified<Lease>) -> Value {
+    let mut v = serde_json::to_value(&lease.body).unwrap_or(Value::Null);
+    if let Some(m) = v.as_object_mut() {
+        m.insert("aud".into(), LEASE_AUDIENCE.into());
+        m.insert("iat".into(), lease.iat.into());
+        m.insert("exp".into(), lease.exp.into());
+    }
+    v
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ impl TeeTenants {
             .lock()
             .map_err(|_| KbsError::Internal("TEE key table lock".into()))?;
         match held.get_mut(thumbprint) {
-            // A token is accepted at its `exp` second too (`jwt::verify_eddsa`).
+            // A token is accepted at its `exp` second too (`cgx_protocol::signed::verify`).
             Some((t, u)) if t != tenant && now <= *u => {
                 return Err(KbsError::LeaseInvalid(format!(
                     "this TEE key holds another tenant's lease until {u}: a VM serves one tenant at a time"

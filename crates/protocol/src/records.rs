@@ -1,0 +1,317 @@
+//! The records cgx signs, each a typed body of [`crate::signed`]'s envelope: what the broker,
+//! the KBS, the guest and an offline auditor read, with one definition.
+//!
+//! Adding a field to a record is a change here (and where it is filled in); a misspelt claim
+//! name does not compile.
+
+use serde::{Deserialize, Serialize};
+
+use crate::signed::{Kind, Record};
+
+/// Prices and budgets in millionths of the marketplace's currency unit.
+pub type Micros = u64;
+
+/// A CPU TEE kind a node runs and a job may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TeeKind {
+    Snp,
+    Tdx,
+}
+
+impl TeeKind {
+    pub fn parse(s: &str) -> Option<TeeKind> {
+        match s {
+            "snp" => Some(TeeKind::Snp),
+            "tdx" => Some(TeeKind::Tdx),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TeeKind::Snp => "snp",
+            TeeKind::Tdx => "tdx",
+        }
+    }
+}
+
+/// The broker's lease: the KBS releases `resources` (each the tenant's own) to the VM whose
+/// attested TEE key has the thumbprint `node_key`, until the envelope's `exp`; renewed in
+/// heartbeat answers up to `until`, the job's end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub lease: String,
+    pub job: String,
+    /// Whose job: the KBS releases only resources of this tenant's repository.
+    pub tenant: String,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub resources: Vec<String>,
+    /// RFC 7638 thumbprint of the TEE key the node's evidence bound at registration.
+    pub node_key: String,
+    /// Who issued it (`cgx-broker`).
+    pub iss: String,
+    /// When the job's time ends: no renewal reaches past it.
+    pub until: i64,
+}
+
+impl Record for Lease {
+    const KIND: Kind = Kind::Lease;
+}
+
+/// What a node's heartbeat says: it is alive (`sub`: its id), and the how-manyth signal this is
+/// (`seq` only grows: replays are refused).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub sub: String,
+    pub seq: u64,
+}
+
+impl Record for Heartbeat {
+    const KIND: Kind = Kind::Heartbeat;
+}
+
+/// How long a heartbeat token lives (seconds).
+pub const HEARTBEAT_TTL_SECS: i64 = 30;
+
+/// What a registration established, from verified evidence and a checked offer. Signed by the
+/// broker into the node's row ([`NodeRecordClaims`]), so a row alone never makes a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: String,
+    /// Ed25519 public key, base64url: signs heartbeats.
+    pub node_key: String,
+    /// RFC 7638 thumbprint of the TEE key the node presents to the KBS.
+    pub tee_thumbprint: String,
+    pub operator: String,
+    pub region: String,
+    pub tee: TeeKind,
+    pub sim: bool,
+    pub gpu_model: String,
+    pub gpu_chip: String,
+    pub gpu_count: u32,
+    pub gpu_memory_gib: u32,
+    pub price: Micros,
+    /// `affirming`, `warning`, `contraindicated`, `none`.
+    pub status: String,
+    pub violations: Vec<String>,
+    pub attested_at: i64,
+    pub ear_expires_at: i64,
+    /// SHA-256 (hex) of the EAR (signed JWT) the registration answered with: the record names
+    /// the result it stands on without carrying it.
+    pub ear_digest: String,
+    /// `{"cpu": claims, "gpus": [claims…]}` as the verifier produced them.
+    pub claims: serde_json::Value,
+}
+
+/// The signed form of a [`NodeRecord`] (issued at its attestation, expiring with its EAR).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecordClaims {
+    pub node: NodeRecord,
+}
+
+impl Record for NodeRecordClaims {
+    const KIND: Kind = Kind::NodeRecord;
+}
+
+/// A broker's record of a setting an admin put: the body's SHA-256 at a version, by an actor.
+/// A setting stands until replaced (its envelope's `exp` is `i64::MAX`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Setting {
+    pub name: String,
+    pub version: i64,
+    /// Hex SHA-256 of the body.
+    pub sha256: String,
+    pub actor: String,
+}
+
+impl Record for Setting {
+    const KIND: Kind = Kind::Setting;
+}
+
+/// A KBS administrator's bearer token: the envelope says it all (who, by the key that signed
+/// it; until when, by `exp`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KbsAdminToken {}
+
+impl Record for KbsAdminToken {
+    const KIND: Kind = Kind::KbsAdmin;
+}
+
+/// A broker API bearer token (tenants, operators, auditors): who, by the key that signed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerApiToken {}
+
+impl Record for BrokerApiToken {
+    const KIND: Kind = Kind::BrokerApi;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::signed::{SignedError, Signer, When, verify};
+
+    fn signer() -> Signer {
+        use aws_lc_rs::signature::Ed25519KeyPair;
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new()).unwrap();
+        Signer::from_pkcs8(pkcs8.as_ref()).unwrap()
+    }
+
+    fn lease() -> Lease {
+        Lease {
+            lease: "l".into(),
+            job: "j".into(),
+            tenant: "acme".into(),
+            node: "n".into(),
+            gpus: vec![0],
+            resources: vec!["acme/key/a".into()],
+            node_key: "thumb".into(),
+            iss: "cgx-broker".into(),
+            until: 2_000,
+        }
+    }
+
+    fn node_record() -> NodeRecord {
+        NodeRecord {
+            id: "n".into(),
+            node_key: "k".into(),
+            tee_thumbprint: "t".into(),
+            operator: "op".into(),
+            region: "eu".into(),
+            tee: TeeKind::Snp,
+            sim: true,
+            gpu_model: "H100".into(),
+            gpu_chip: "GH100".into(),
+            gpu_count: 8,
+            gpu_memory_gib: 80,
+            price: 1_000_000,
+            status: "affirming".into(),
+            violations: vec![],
+            attested_at: 1_000,
+            ear_expires_at: 1_500,
+            ear_digest: "d".into(),
+            claims: serde_json::json!({}),
+        }
+    }
+
+    /// Each kind signed, then presented as every kind: only its own verifies, each other is
+    /// refused as the wrong kind — under the same key, within every time rule.
+    #[test]
+    fn each_kind_is_refused_as_every_other_kind() {
+        let s = signer();
+        let tokens: Vec<(Kind, String)> = vec![
+            (Kind::Lease, s.sign(&lease(), 1_000, 1_060).unwrap()),
+            (
+                Kind::NodeRecord,
+                s.sign(
+                    &NodeRecordClaims {
+                        node: node_record(),
+                    },
+                    1_000,
+                    1_060,
+                )
+                .unwrap(),
+            ),
+            (
+                Kind::Heartbeat,
+                s.sign(
+                    &Heartbeat {
+                        sub: "n".into(),
+                        seq: 1,
+                    },
+                    1_000,
+                    1_030,
+                )
+                .unwrap(),
+            ),
+            (
+                Kind::Setting,
+                s.sign(
+                    &Setting {
+                        name: "reference-values".into(),
+                        version: 1,
+                        sha256: "00".into(),
+                        actor: "admin".into(),
+                    },
+                    1_000,
+                    1_060,
+                )
+                .unwrap(),
+            ),
+            (
+                Kind::KbsAdmin,
+                s.sign(&KbsAdminToken {}, 1_000, 1_060).unwrap(),
+            ),
+            (
+                Kind::BrokerApi,
+                s.sign(&BrokerApiToken {}, 1_000, 1_060).unwrap(),
+            ),
+        ];
+        assert_eq!(tokens.len(), Kind::ALL.len());
+        let keys = [s.public_key()];
+        let when = When::At {
+            now: 1_010,
+            max_lifetime: 3_600,
+        };
+        fn check<T: Record>(token: &str, keys: &[[u8; 32]], when: When) -> Result<(), SignedError> {
+            verify::<T>(token, keys, when).map(|_| ())
+        }
+        let mut refused = 0;
+        for (made, token) in &tokens {
+            for asked in Kind::ALL {
+                let r = match asked {
+                    Kind::Lease => check::<Lease>(token, &keys, when),
+                    Kind::NodeRecord => check::<NodeRecordClaims>(token, &keys, when),
+                    Kind::Heartbeat => check::<Heartbeat>(token, &keys, when),
+                    Kind::Setting => check::<Setting>(token, &keys, when),
+                    Kind::KbsAdmin => check::<KbsAdminToken>(token, &keys, when),
+                    Kind::BrokerApi => check::<BrokerApiToken>(token, &keys, when),
+                };
+                if asked == *made {
+                    assert_eq!(r, Ok(()), "{made:?}");
+                } else {
+                    assert_eq!(
+                        r,
+                        Err(SignedError::WrongKind {
+                            expected: asked.typ(),
+                            found: made.typ().into()
+                        }),
+                        "{made:?} presented as {asked:?}"
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(refused, 30);
+    }
+
+    /// The kinds' typs and audiences are distinct, so neither a header nor an `aud` is ever
+    /// shared by two kinds.
+    #[test]
+    fn kinds_have_distinct_types_and_audiences() {
+        let typs: std::collections::HashSet<_> = Kind::ALL.iter().map(|k| k.typ()).collect();
+        let auds: std::collections::HashSet<_> = Kind::ALL.iter().map(|k| k.audience()).collect();
+        assert_eq!((typs.len(), auds.len()), (6, 6));
+    }
+
+    /// A lease without a tenant is no lease.
+    #[test]
+    fn a_lease_always_names_its_tenant() {
+        let s = signer();
+        let mut v = serde_json::to_value(lease()).unwrap();
+        v.as_object_mut().unwrap().remove("tenant");
+        #[derive(Serialize, Deserialize)]
+        struct Loose(serde_json::Value);
+        impl Record for Loose {
+            const KIND: Kind = Kind::Lease;
+        }
+        let t = s.sign(&Loose(v), 1_000, 1_060).unwrap();
+        let r = verify::<Lease>(&t, &[s.public_key()], When::Any);
+        assert!(
+            matches!(&r, Err(SignedError::Claims { reason, .. }) if reason.contains("tenant")),
+            "{r:?}"
+        );
+    }
+}
