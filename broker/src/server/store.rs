@@ -1610,6 +1610,40 @@ mod tests {
         assert_eq!(check("acme").await.as_deref(), Some("globex"));
         assert_eq!(check("globex").await, None);
         assert_eq!(held().await, Some(("globex".into(), i64::MAX)));
+        // A lease row signed before records were typed (`typ` JWT, the lease audience): still
+        // this broker's lease, read back from its own row.
+        let untyped = |lease: &str, tenant: &str, aud: &str| {
+            use base64::Engine;
+            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+            let claims = serde_json::json!({"lease": lease, "job": "j", "tenant": tenant,
+                "node": "n1", "gpus": [0], "resources": [], "node_key": "t", "aud": aud,
+                "iss": "cgx-broker", "iat": 1_000, "exp": 1_120, "until": 5_000});
+            let m = format!(
+                "{}.{}",
+                b64.encode(br#"{"alg":"EdDSA","typ":"JWT"}"#),
+                b64.encode(claims.to_string())
+            );
+            let pair = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+            format!("{m}.{}", b64.encode(pair.sign(m.as_bytes()).as_ref()))
+        };
+        run(vec![
+            insert("old-typ", "", untyped("old-typ", "globex", "cgx-kbs")).await,
+        ])
+        .await;
+        assert_eq!(check("acme").await.as_deref(), Some("globex"));
+        assert_eq!(held().await, Some(("globex".into(), i64::MAX)));
+        // Untyped under another kind's audience (a node record's): no lease, holds nothing.
+        run(vec![
+            insert(
+                "old-aud",
+                "",
+                untyped("old-aud", "globex", "cgx-broker/node"),
+            )
+            .await,
+        ])
+        .await;
+        assert_eq!(check("acme").await, None);
+        assert_eq!(held().await, None);
         // The column names globex, the signed token acme: acme's lease, not globex's.
         run(vec![insert("lie", "globex", token("lie", "acme")).await]).await;
         assert_eq!(check("acme").await, None);
