@@ -3,7 +3,7 @@
 //! broker's stable problem code.
 
 use cgx_protocol::broker::{
-    HeartbeatAnswer, JobSpec, JobView, NodeView, NonceResponse, Registered, Registration,
+    HeartbeatAnswer, JobSpec, JobView, NodeView, NonceResponse, Registered, Registration, routes,
 };
 use serde::de::DeserializeOwned;
 
@@ -155,11 +155,11 @@ impl BrokerClient {
     }
 
     pub fn nonce(&self) -> Result<NonceResponse> {
-        self.call("POST", "/v1/nodes/nonce", None, None)
+        self.call("POST", routes::NONCE, None, None)
     }
 
     pub fn register(&self, reg: &Registration) -> Result<Registered> {
-        self.post("/v1/nodes", reg)
+        self.post(routes::NODES, reg)
     }
 
     /// A heartbeat: `token` is the node's signed heartbeat
@@ -167,7 +167,7 @@ impl BrokerClient {
     pub fn heartbeat(&self, node_id: &str, token: &str) -> Result<HeartbeatAnswer> {
         self.call(
             "POST",
-            &format!("/v1/nodes/{node_id}/heartbeat"),
+            &routes::with_id(routes::HEARTBEAT, node_id),
             None,
             Some(token),
         )
@@ -178,24 +178,24 @@ impl BrokerClient {
         struct Nodes {
             nodes: Vec<NodeView>,
         }
-        Ok(self.call::<Nodes>("GET", "/v1/nodes", None, None)?.nodes)
+        Ok(self.call::<Nodes>("GET", routes::NODES, None, None)?.nodes)
     }
 
     pub fn node(&self, id: &str) -> Result<NodeView> {
-        self.call("GET", &format!("/v1/nodes/{id}"), None, None)
+        self.call("GET", &routes::with_id(routes::NODE, id), None, None)
     }
 
     /// Ask node `id` to re-attest at its next heartbeat.
     pub fn reattest(&self, id: &str) -> Result<NodeView> {
-        self.call("POST", &format!("/v1/nodes/{id}/reattest"), None, None)
+        self.call("POST", &routes::with_id(routes::REATTEST, id), None, None)
     }
 
     pub fn submit(&self, spec: &JobSpec) -> Result<JobView> {
-        self.post("/v1/jobs", spec)
+        self.post(routes::JOBS, spec)
     }
 
     pub fn job(&self, id: &str) -> Result<JobView> {
-        self.call("GET", &format!("/v1/jobs/{id}"), None, None)
+        self.call("GET", &routes::with_id(routes::JOB, id), None, None)
     }
 
     pub fn jobs(&self, tenant: Option<&str>) -> Result<Vec<JobView>> {
@@ -204,8 +204,8 @@ impl BrokerClient {
             jobs: Vec<JobView>,
         }
         let path = match tenant {
-            Some(t) => format!("/v1/jobs?tenant={t}"),
-            None => "/v1/jobs".into(),
+            Some(t) => format!("{}?tenant={t}", routes::JOBS),
+            None => routes::JOBS.into(),
         };
         Ok(self.call::<Jobs>("GET", &path, None, None)?.jobs)
     }
@@ -221,20 +221,26 @@ impl BrokerClient {
     ) -> Result<serde_json::Value> {
         let body = serde_json::to_vec(doc).map_err(|e| ClientError::Decode(e.to_string()))?;
         let tag = format!("\"{replaces}\"");
-        self.call_if("POST", "/v1/reference-values", Some(body), None, Some(&tag))
+        self.call_if(
+            "POST",
+            routes::REFERENCE_VALUES,
+            Some(body),
+            None,
+            Some(&tag),
+        )
     }
 
     /// The reference values in force: `{"version", "reference_values"}`.
     pub fn reference_values(&self) -> Result<serde_json::Value> {
-        self.call("GET", "/v1/reference-values", None, None)
+        self.call("GET", routes::REFERENCE_VALUES, None, None)
     }
 
     /// The admin audit trail: `{"events": [{"at", "actor", "action", "detail"}]}`.
     pub fn admin_events(&self) -> Result<serde_json::Value> {
-        self.call("GET", "/v1/admin-events", None, None)
+        self.call("GET", routes::ADMIN_EVENTS, None, None)
     }
 
     pub fn cancel(&self, id: &str) -> Result<JobView> {
-        self.call("POST", &format!("/v1/jobs/{id}/cancel"), None, None)
+        self.call("POST", &routes::with_id(routes::CANCEL, id), None, None)
     }
 }

@@ -43,37 +43,32 @@ const SMALL_BODY: usize = 4 << 10;
 const REFERENCE_VALUES_BODY: usize = 1 << 20;
 
 pub(super) fn router(broker: Arc<Broker>) -> Router {
+    use cgx_protocol::broker::routes;
     use cgx_service::limits::limited;
     Router::new()
-        .route("/v1/nodes/nonce", limited(post(nonce), SMALL_BODY))
+        .route(routes::NONCE, limited(post(nonce), SMALL_BODY))
         .route(
-            "/v1/nodes",
+            routes::NODES,
             limited(post(register), REGISTRATION_BODY).merge(limited(get(nodes), SMALL_BODY)),
         )
-        .route("/v1/nodes/{id}", limited(get(node), SMALL_BODY))
+        .route(routes::NODE, limited(get(node), SMALL_BODY))
+        .route(routes::HEARTBEAT, limited(post(heartbeat), SMALL_BODY))
+        .route(routes::REATTEST, limited(post(reattest), SMALL_BODY))
         .route(
-            "/v1/nodes/{id}/heartbeat",
-            limited(post(heartbeat), SMALL_BODY),
-        )
-        .route(
-            "/v1/nodes/{id}/reattest",
-            limited(post(reattest), SMALL_BODY),
-        )
-        .route(
-            "/v1/jobs",
+            routes::JOBS,
             limited(post(submit), JOB_BODY).merge(limited(get(jobs), SMALL_BODY)),
         )
-        .route("/v1/jobs/{id}", limited(get(job), SMALL_BODY))
-        .route("/v1/jobs/{id}/cancel", limited(post(cancel), SMALL_BODY))
+        .route(routes::JOB, limited(get(job), SMALL_BODY))
+        .route(routes::CANCEL, limited(post(cancel), SMALL_BODY))
         .route(
-            "/v1/reference-values",
+            routes::REFERENCE_VALUES,
             limited(post(put_reference_values), REFERENCE_VALUES_BODY)
                 .merge(limited(get(reference_values), SMALL_BODY)),
         )
-        .route("/v1/admin-events", limited(get(admin_events), SMALL_BODY))
-        .route("/openapi.json", get(openapi))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
+        .route(routes::ADMIN_EVENTS, limited(get(admin_events), SMALL_BODY))
+        .route(routes::OPENAPI, get(openapi))
+        .route(routes::METRICS, get(metrics))
+        .route(routes::HEALTHZ, get(healthz))
         .route_layer(cgx_service::metrics::TrackLayer::new(
             broker.metrics.clone(),
         ))

@@ -28,6 +28,29 @@ pub const HEARTBEAT_AUDIENCE: &str = crate::signed::Kind::Heartbeat.audience();
 /// The audience of a lease token: made for the KBS's release, nothing else.
 pub const LEASE_AUDIENCE: &str = crate::signed::Kind::Lease.audience();
 
+/// The broker API's routes, as the server mounts them and clients call them: `{id}` is a path
+/// segment ([`routes::with_id`] fills it).
+pub mod routes {
+    pub const NONCE: &str = "/v1/nodes/nonce";
+    pub const NODES: &str = "/v1/nodes";
+    pub const NODE: &str = "/v1/nodes/{id}";
+    pub const HEARTBEAT: &str = "/v1/nodes/{id}/heartbeat";
+    pub const REATTEST: &str = "/v1/nodes/{id}/reattest";
+    pub const JOBS: &str = "/v1/jobs";
+    pub const JOB: &str = "/v1/jobs/{id}";
+    pub const CANCEL: &str = "/v1/jobs/{id}/cancel";
+    pub const REFERENCE_VALUES: &str = "/v1/reference-values";
+    pub const ADMIN_EVENTS: &str = "/v1/admin-events";
+    pub const OPENAPI: &str = "/openapi.json";
+    pub const METRICS: &str = "/metrics";
+    pub const HEALTHZ: &str = "/healthz";
+
+    /// `template` with its `{id}` segment set to `id`.
+    pub fn with_id(template: &str, id: &str) -> String {
+        template.replace("{id}", id)
+    }
+}
+
 /// Label of [`node_identity`].
 const IDENTITY_LABEL: &[u8] = b"cgx/node-identity/v1";
 

@@ -48,8 +48,14 @@ const RESOURCE_BODY: usize = 16 << 20;
 pub(super) fn router(kbs: Arc<Kbs>) -> Router {
     use cgx_service::limits::limited;
     Router::new()
-        .route("/kbs/v0/auth", limited(post(auth), SMALL_BODY))
-        .route("/kbs/v0/attest", limited(post(attest), EVIDENCE_BODY))
+        .route(
+            cgx_protocol::kbs::rcar::AUTH_PATH,
+            limited(post(auth), SMALL_BODY),
+        )
+        .route(
+            cgx_protocol::kbs::rcar::ATTEST_PATH,
+            limited(post(attest), EVIDENCE_BODY),
+        )
         .route(
             "/kbs/v0/resource/{repo}/{kind}/{tag}",
             limited(get(get_resource).delete(delete_resource), SMALL_BODY)
