@@ -560,7 +560,7 @@ fn failover_moves_the_job_within_a_measured_time() {
          with default intervals a node is declared gone 15 s after its last heartbeat"
     );
     assert!(took < Duration::from_secs(2), "{took:?}");
-    let states: Vec<String> = moved.events.iter().map(|e| e.to.clone()).collect();
+    let states: Vec<String> = moved.events.iter().map(|e| e.to.to_string()).collect();
     assert_eq!(
         states,
         ["pending", "placed", "running", "pending", "placed"]

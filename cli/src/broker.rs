@@ -226,7 +226,7 @@ fn time_of(t: i64) -> String {
 fn print_job(j: &JobView) {
     println!("job      {}", j.id);
     println!("tenant   {}", j.tenant);
-    println!("state    {}", j.state.to_uppercase());
+    println!("state    {}", j.state.as_str().to_uppercase());
     println!("reason   {}", j.reason);
     println!(
         "asks     {} × {} (≥ {} GiB), ≤ {:.4}/GPU-h, {} s, TEE {}, regions {}",
@@ -256,7 +256,7 @@ fn print_job(j: &JobView) {
         println!(
             "  {}  {} → {}  {}",
             time_of(e.at),
-            e.from.as_deref().unwrap_or("-"),
+            e.from.map_or("-", |f| f.as_str()),
             e.to,
             e.reason
         );
@@ -276,7 +276,7 @@ pub fn job_cancel(conn: &Conn, id: &str) -> CliResult {
     show(
         conn,
         |c| c.cancel(id),
-        |j| println!("{} {}", j.id, j.state.to_uppercase()),
+        |j| println!("{} {}", j.id, j.state.as_str().to_uppercase()),
     )
 }
 

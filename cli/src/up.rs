@@ -201,7 +201,7 @@ fn run(
     println!(
         "[tenant] job {} (4 × H100, eu-west, ≤ 3.00/GPU-h) → {} on {} GPUs {:?} in {:.1} ms, lease {}",
         job.id,
-        job.state.to_uppercase(),
+        job.state.as_str().to_uppercase(),
         name_of(&first),
         job.gpus,
         t.elapsed().as_secs_f64() * 1e3,
@@ -267,7 +267,7 @@ fn run(
         let j = tenant.job(&job.id).map_err(s)?;
         if let Some(n) = &j.node_id
             && *n != first
-            && j.state != "pending"
+            && j.state != cgx_protocol::broker::JobState::Pending
         {
             break j;
         }
@@ -281,7 +281,7 @@ fn run(
         println!(
             "[broker] job {} {} → {}: {}",
             job.id,
-            e.from.as_deref().unwrap_or("-"),
+            e.from.map_or("-", |f| f.as_str()),
             e.to,
             e.reason
         );

@@ -37,7 +37,7 @@ pub use config::BrokerConfig;
 pub use error::BrokerError;
 
 use index::{Freshness, Index, Misfit, NodeRecord, Requirements, TeeKind};
-use store::{JobRow, LeaseRow, Outcome, PlacementRow, Refusal, Store, Write, state};
+use store::{JobRow, JobState, LeaseRow, Outcome, PlacementRow, Refusal, Store, Write};
 
 /// How long a tenant's placement policy may take to compile (64 KiB at most).
 const POLICY_COMPILE_TIME: Duration = Duration::from_secs(2);
@@ -338,8 +338,8 @@ impl Broker {
     async fn end_lease(
         &self,
         lease: &str,
-        from: &'static [&'static str],
-        to: &'static str,
+        from: &'static [JobState],
+        to: JobState,
         reason: &str,
     ) -> Result<Option<LeaseRow>, BrokerError> {
         let out = self
@@ -373,8 +373,8 @@ impl Broker {
     async fn transition(
         &self,
         job_id: &str,
-        from: &'static [&'static str],
-        to: &'static str,
+        from: &'static [JobState],
+        to: JobState,
         reason: &str,
     ) -> Result<bool, BrokerError> {
         let out = self
@@ -673,8 +673,8 @@ impl Broker {
                     && self
                         .transition(
                             &l.job_id,
-                            &[state::PLACED],
-                            state::RUNNING,
+                            &[JobState::Placed],
+                            JobState::Running,
                             &format!("node {id} took the lease"),
                         )
                         .await?
@@ -1129,7 +1129,7 @@ impl Broker {
             id: id.clone(),
             tenant,
             spec: spec_text,
-            state: state::PENDING.into(),
+            state: JobState::Pending,
             reason: "submitted".into(),
             node_id: None,
             lease_id: None,
@@ -1141,19 +1141,19 @@ impl Broker {
         let mut events = vec![cgx_protocol::broker::JobEvent {
             at: now,
             from: None,
-            to: state::PENDING.into(),
+            to: JobState::Pending,
             reason: row.reason.clone(),
         }];
         let (state_now, reason, node_id, lease_id, gpus) = match placed {
             Some(p) => {
                 events.push(cgx_protocol::broker::JobEvent {
                     at: p.started_at,
-                    from: Some(state::PENDING.into()),
-                    to: state::PLACED.into(),
+                    from: Some(JobState::Pending),
+                    to: JobState::Placed,
                     reason: p.reason.clone(),
                 });
                 (
-                    state::PLACED,
+                    JobState::Placed,
                     p.reason,
                     Some(p.node_id),
                     Some(p.lease_id),
@@ -1165,7 +1165,7 @@ impl Broker {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let why = self.index().why_none(&req, now, &verdicts);
                 (
-                    state::PENDING,
+                    JobState::Pending,
                     format!("submitted; {why}"),
                     None,
                     None,
@@ -1177,7 +1177,7 @@ impl Broker {
         Ok(JobView {
             id,
             tenant: row.tenant,
-            state: state_now.into(),
+            state: state_now,
             reason,
             spec,
             node_id,
@@ -1469,7 +1469,12 @@ impl Broker {
                             | BrokerError::JobSeal(_)
                             | BrokerError::Forbidden(_)
                     ) && self
-                        .transition(&job.id, &[state::PENDING], state::FAILED, &e.to_string())
+                        .transition(
+                            &job.id,
+                            &[JobState::Pending],
+                            JobState::Failed,
+                            &e.to_string(),
+                        )
                         .await
                         .unwrap_or(false)
                     {
@@ -1498,7 +1503,7 @@ impl Broker {
         // Why a job waits is worked out for one job's status only, not for a listing.
         // The policy is not run for a read: nodes passing every other filter are counted.
         if events
-            && row.state == state::PENDING
+            && row.state == JobState::Pending
             && let Ok(req) = self.cheap_requirements(&row.tenant, &spec)
         {
             reason = format!(
@@ -1508,7 +1513,7 @@ impl Broker {
             );
         }
         let gpus = match &row.lease_id {
-            Some(_) if !state::is_final(&row.state) && row.state != state::PENDING => self
+            Some(_) if !row.state.is_final() && row.state != JobState::Pending => self
                 .store
                 .open_leases(row.node_id.as_deref())
                 .await?
@@ -1592,7 +1597,7 @@ impl Broker {
                 row.tenant
             )));
         }
-        if state::is_final(&row.state) {
+        if row.state.is_final() {
             return Err(BrokerError::Conflict(format!(
                 "job {id} is already {}",
                 row.state
@@ -1600,18 +1605,18 @@ impl Broker {
         }
         let reason = format!("cancelled by {}", admin.actor());
         let done = match &row.lease_id {
-            Some(lease) if row.state != state::PENDING => self
+            Some(lease) if row.state != JobState::Pending => self
                 .end_lease(
                     lease,
-                    &[state::PLACED, state::RUNNING],
-                    state::CANCELLED,
+                    &[JobState::Placed, JobState::Running],
+                    JobState::Cancelled,
                     &reason,
                 )
                 .await?
                 .is_some(),
             _ => {
                 let moved = self
-                    .transition(id, &[state::PENDING], state::CANCELLED, &reason)
+                    .transition(id, &[JobState::Pending], JobState::Cancelled, &reason)
                     .await?;
                 if moved {
                     self.pending
@@ -1633,7 +1638,7 @@ impl Broker {
         Ok(JobView {
             id: row.id,
             tenant: row.tenant,
-            state: state::CANCELLED.into(),
+            state: JobState::Cancelled,
             reason,
             spec,
             node_id: row.node_id,
@@ -1730,8 +1735,8 @@ impl Broker {
                 if let Some(l) = self
                     .end_lease(
                         &l.id,
-                        &[state::PLACED, state::RUNNING],
-                        state::PENDING,
+                        &[JobState::Placed, JobState::Running],
+                        JobState::Pending,
                         &reason,
                     )
                     .await?
@@ -1759,8 +1764,8 @@ impl Broker {
             if self
                 .end_lease(
                     &l.id,
-                    &[state::PLACED, state::RUNNING],
-                    state::COMPLETED,
+                    &[JobState::Placed, JobState::Running],
+                    JobState::Completed,
                     "ran its duration",
                 )
                 .await?

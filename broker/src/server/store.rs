@@ -180,22 +180,7 @@ const MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// Job states.
-pub mod state {
-    pub const PENDING: &str = "pending";
-    pub const PLACED: &str = "placed";
-    pub const RUNNING: &str = "running";
-    pub const COMPLETED: &str = "completed";
-    pub const FAILED: &str = "failed";
-    pub const CANCELLED: &str = "cancelled";
-    /// Pending longer than the broker's `pending_ttl_secs`: never placed, never paid for.
-    pub const EXPIRED: &str = "expired";
-
-    /// States a job leaves no more.
-    pub fn is_final(s: &str) -> bool {
-        matches!(s, COMPLETED | FAILED | CANCELLED | EXPIRED)
-    }
-}
+pub use cgx_protocol::broker::JobState;
 
 /// A node row.
 #[derive(Debug, Clone)]
@@ -216,7 +201,7 @@ pub struct JobRow {
     pub id: String,
     pub tenant: String,
     pub spec: String,
-    pub state: String,
+    pub state: JobState,
     pub reason: String,
     pub node_id: Option<String>,
     pub lease_id: Option<String>,
@@ -259,12 +244,21 @@ pub(crate) fn parse_gpus(text: &str) -> Vec<u32> {
     text.split(',').filter_map(|g| g.parse().ok()).collect()
 }
 
+/// A job state column: a state this broker knows, or the row is refused.
+fn job_state(r: &sqlx::any::AnyRow, column: &str) -> Result<JobState, sqlx::Error> {
+    let s: String = r.try_get(column)?;
+    JobState::parse(&s).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.to_string(),
+        source: format!("no job state {:?}", s.chars().take(32).collect::<String>()).into(),
+    })
+}
+
 fn job_row(r: &sqlx::any::AnyRow) -> Result<JobRow, sqlx::Error> {
     Ok(JobRow {
         id: r.try_get("id")?,
         tenant: r.try_get("tenant")?,
         spec: r.try_get("spec")?,
-        state: r.try_get("state")?,
+        state: job_state(r, "state")?,
         reason: r.try_get("reason")?,
         node_id: r.try_get("node_id")?,
         lease_id: r.try_get("lease_id")?,
@@ -350,16 +344,16 @@ pub(crate) enum Write {
     Place(PlacementRow),
     EndLease {
         lease: String,
-        job_from: &'static [&'static str],
-        job_to: &'static str,
+        job_from: &'static [JobState],
+        job_to: JobState,
         reason: String,
         now: i64,
         now_ms: i64,
     },
     Transition {
         job_id: String,
-        from: &'static [&'static str],
-        to: &'static str,
+        from: &'static [JobState],
+        to: JobState,
         reason: String,
         now: i64,
     },
@@ -456,12 +450,12 @@ pub struct PlacementRow {
 async fn transition(
     tx: &mut Tx,
     job_id: &str,
-    from: &[&str],
-    to: &str,
+    from: &[JobState],
+    to: JobState,
     reason: &str,
     now: i64,
     clear_placement: bool,
-) -> Result<Option<String>, sqlx::Error> {
+) -> Result<Option<JobState>, sqlx::Error> {
     let Some(current) = sqlx::query("SELECT state FROM jobs WHERE id = $1")
         .bind(job_id)
         .fetch_optional(&mut **tx)
@@ -470,10 +464,11 @@ async fn transition(
         return Ok(None);
     };
     let current: String = current.try_get("state")?;
-    if !from.contains(&current.as_str()) {
+    // A state this broker does not know is in no `from`.
+    let Some(current) = JobState::parse(&current).filter(|c| from.contains(c)) else {
         return Ok(None);
-    }
-    move_job(tx, job_id, &current, to, reason, now, clear_placement).await
+    };
+    move_job(tx, job_id, current, to, reason, now, clear_placement).await
 }
 
 /// Move a job known to be in `current` to `to` (conditional on it still being there), with its
@@ -481,38 +476,38 @@ async fn transition(
 async fn move_job(
     tx: &mut Tx,
     job_id: &str,
-    current: &str,
-    to: &str,
+    current: JobState,
+    to: JobState,
     reason: &str,
     now: i64,
     clear_placement: bool,
-) -> Result<Option<String>, sqlx::Error> {
+) -> Result<Option<JobState>, sqlx::Error> {
     let sql = if clear_placement {
         "UPDATE jobs SET state = $1, reason = $2, updated_at = $3, node_id = NULL, lease_id = NULL WHERE id = $4 AND state = $5"
     } else {
         "UPDATE jobs SET state = $1, reason = $2, updated_at = $3 WHERE id = $4 AND state = $5"
     };
     let changed = sqlx::query(sql)
-        .bind(to)
+        .bind(to.as_str())
         .bind(reason)
         .bind(now)
         .bind(job_id)
-        .bind(current)
+        .bind(current.as_str())
         .execute(&mut **tx)
         .await?;
     if changed.rows_affected() != 1 {
         return Ok(None);
     }
     event(tx, job_id, now, Some(current), to, reason).await?;
-    Ok(Some(current.to_string()))
+    Ok(Some(current))
 }
 
 async fn event(
     tx: &mut Tx,
     job_id: &str,
     at: i64,
-    from: Option<&str>,
-    to: &str,
+    from: Option<JobState>,
+    to: JobState,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
@@ -520,8 +515,8 @@ async fn event(
     )
     .bind(job_id)
     .bind(at)
-    .bind(from.map(str::to_string))
-    .bind(to)
+    .bind(from.map(JobState::as_str))
+    .bind(to.as_str())
     .bind(reason)
     .execute(&mut **tx)
     .await?;
@@ -818,7 +813,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 let n: i64 =
                     sqlx::query("SELECT COUNT(*) AS n FROM jobs WHERE tenant = $1 AND state = $2")
                         .bind(&job.tenant)
-                        .bind(state::PENDING)
+                        .bind(JobState::Pending.as_str())
                         .fetch_one(&mut **tx)
                         .await?
                         .try_get("n")?;
@@ -834,12 +829,12 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             }
             let (state_now, reason, node, lease) = match placement {
                 Some(p) => (
-                    state::PLACED,
+                    JobState::Placed,
                     p.reason.as_str(),
                     Some(&p.node_id),
                     Some(&p.lease_id),
                 ),
-                None => (job.state.as_str(), job.reason.as_str(), None, None),
+                None => (job.state, job.reason.as_str(), None, None),
             };
             sqlx::query(
                 "INSERT INTO jobs (id, tenant, spec, state, reason, node_id, lease_id, created_at, updated_at, seal) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)",
@@ -847,7 +842,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             .bind(&job.id)
             .bind(&job.tenant)
             .bind(&job.spec)
-            .bind(state_now)
+            .bind(state_now.as_str())
             .bind(reason)
             .bind(node.cloned())
             .bind(lease.cloned())
@@ -862,16 +857,16 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                     )
                     .bind(&job.id)
                     .bind(job.created_at)
-                    .bind(&job.state)
+                    .bind(job.state.as_str())
                     .bind(&job.reason)
                     .bind(p.started_at)
-                    .bind(state::PLACED)
+                    .bind(JobState::Placed.as_str())
                     .bind(&p.reason)
                     .execute(&mut **tx)
                     .await?;
                     open_lease(tx, p, sqlite).await?;
                 }
-                None => event(tx, &job.id, job.created_at, None, &job.state, &job.reason).await?,
+                None => event(tx, &job.id, job.created_at, None, job.state, &job.reason).await?,
             }
             Ok(Outcome::Done)
         }
@@ -882,13 +877,13 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             let placed = sqlx::query(
                 "UPDATE jobs SET state = $1, reason = $2, updated_at = $3, node_id = $4, lease_id = $5 WHERE id = $6 AND state = $7",
             )
-            .bind(state::PLACED)
+            .bind(JobState::Placed.as_str())
             .bind(&p.reason)
             .bind(p.started_at)
             .bind(&p.node_id)
             .bind(&p.lease_id)
             .bind(&p.job_id)
-            .bind(state::PENDING)
+            .bind(JobState::Pending.as_str())
             .execute(&mut **tx)
             .await?;
             if placed.rows_affected() != 1 {
@@ -899,8 +894,8 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                 tx,
                 &p.job_id,
                 p.started_at,
-                Some(state::PENDING),
-                state::PLACED,
+                Some(JobState::Pending),
+                JobState::Placed,
                 &p.reason,
             )
             .await?;
@@ -937,15 +932,15 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             // the trigger `leases_node_hold` (migration 5) records it in `node_holds`.
             free_gpus(tx, lease).await?;
             // The lease ends whatever its job's state; the job moves only from `job_from`.
-            if job_from.contains(&job_state.as_str()) {
+            if let Some(current) = JobState::parse(&job_state).filter(|s| job_from.contains(s)) {
                 move_job(
                     tx,
                     &l.job_id,
-                    &job_state,
-                    job_to,
+                    current,
+                    *job_to,
                     reason,
                     *now,
-                    *job_to == state::PENDING,
+                    *job_to == JobState::Pending,
                 )
                 .await?;
             }
@@ -959,7 +954,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             reason,
             now,
         } => Ok(
-            match transition(tx, job_id, from, to, reason, *now, false).await? {
+            match transition(tx, job_id, from, *to, reason, *now, false).await? {
                 Some(_) => Outcome::Done,
                 None => Outcome::Refused(Refusal::JobNotPending),
             },
@@ -975,8 +970,8 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
                  SELECT id, $1, $2, $3, $4 FROM jobs WHERE state = $2 AND updated_at < $5",
             )
             .bind(now)
-            .bind(state::PENDING)
-            .bind(state::EXPIRED)
+            .bind(JobState::Pending.as_str())
+            .bind(JobState::Expired.as_str())
             .bind(reason)
             .bind(before)
             .execute(&mut **tx)
@@ -984,10 +979,10 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
             sqlx::query(
                 "UPDATE jobs SET state = $1, reason = $2, updated_at = $3 WHERE state = $4 AND updated_at < $5",
             )
-            .bind(state::EXPIRED)
+            .bind(JobState::Expired.as_str())
             .bind(reason)
             .bind(now)
-            .bind(state::PENDING)
+            .bind(JobState::Pending.as_str())
             .bind(before)
             .execute(&mut **tx)
             .await?;
@@ -1377,7 +1372,7 @@ impl Store {
     /// Whether a job pending since before `before` is still pending.
     pub async fn any_pending_before(&self, before: i64) -> Result<bool, BrokerError> {
         let row = sqlx::query("SELECT id FROM jobs WHERE state = $1 AND updated_at < $2 LIMIT 1")
-            .bind(state::PENDING)
+            .bind(JobState::Pending.as_str())
             .bind(before)
             .fetch_optional(self.db.pool())
             .await?;
@@ -1394,7 +1389,7 @@ impl Store {
                FROM jobs WHERE state = $1) AS p ORDER BY turn, created_at, id LIMIT $2"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(state::PENDING)
+            .bind(JobState::Pending.as_str())
             .bind(limit)
             .fetch_all(self.db.pool())
             .await?;
@@ -1415,8 +1410,11 @@ impl Store {
             .map(|r| {
                 Ok(cgx_protocol::broker::JobEvent {
                     at: r.try_get("at")?,
-                    from: r.try_get("from_state")?,
-                    to: r.try_get("to_state")?,
+                    from: match r.try_get::<Option<String>, _>("from_state")? {
+                        Some(_) => Some(job_state(r, "from_state")?),
+                        None => None,
+                    },
+                    to: job_state(r, "to_state")?,
                     reason: r.try_get("reason")?,
                 })
             })
@@ -1686,7 +1684,7 @@ mod tests {
                 let w = Write::EndLease {
                     lease: lease.into(),
                     job_from: &[],
-                    job_to: state::CANCELLED,
+                    job_to: JobState::Cancelled,
                     reason: "test".into(),
                     now: at,
                     now_ms: at * 1000,

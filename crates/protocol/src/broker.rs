@@ -285,12 +285,75 @@ pub struct JobSpec {
     pub placement_policy: Option<String>,
 }
 
+/// A job's state. On the wire and in storage, its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Pending,
+    Placed,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    /// Pending longer than the broker's `pending_ttl_secs`: never placed, never paid for.
+    Expired,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Pending,
+        JobState::Placed,
+        JobState::Running,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Expired,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Placed => "placed",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Expired => "expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|j| j.as_str() == s)
+    }
+
+    /// States a job leaves no more.
+    pub const fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Cancelled | JobState::Expired
+        )
+    }
+}
+
+/// A state equals its wire name (`JobState::Pending == "pending"`).
+impl PartialEq<&str> for JobState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One state change of a job.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct JobEvent {
     pub at: i64,
-    pub from: Option<String>,
-    pub to: String,
+    pub from: Option<JobState>,
+    pub to: JobState,
     pub reason: String,
 }
 
@@ -299,8 +362,7 @@ pub struct JobEvent {
 pub struct JobView {
     pub id: String,
     pub tenant: String,
-    /// `pending`, `placed`, `running`, `completed`, `failed` or `cancelled`.
-    pub state: String,
+    pub state: JobState,
     pub reason: String,
     pub spec: JobSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
