@@ -143,6 +143,7 @@ impl Sandbox {
         let queue_deadline = Instant::now() + queue_wait;
         let slot = Arc::new(Slot::new(limit, queue_deadline));
         let for_job = slot.clone();
+        let watch = Arc::downgrade(&self.inner);
         let job: Job = Box::new(move |run| {
             // Answered already (its wait ran out while queued): nothing to do.
             if for_job.done() {
@@ -151,6 +152,13 @@ impl Sandbox {
             if !run || !for_job.start() {
                 for_job.complete(Err(Error::Busy));
                 return;
+            }
+            // Its deadline is now the time limit's: the watchdog must know before it next
+            // sleeps. Told under the watch lock, so the news cannot fall between the
+            // watchdog's reading of deadlines and its sleep.
+            if let Some(inner) = watch.upgrade() {
+                let _held = inner.watch.lock();
+                inner.watch_changed.notify_one();
             }
             let out =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
@@ -192,8 +200,9 @@ impl Sandbox {
         if let Ok(mut w) = self.inner.watch.lock() {
             let weak: Weak<dyn Expire> = Arc::downgrade(&slot) as Weak<dyn Expire>;
             w.push(weak);
+            // Under the lock, as the start's news is (see the job above).
+            self.inner.watch_changed.notify_one();
         }
-        self.inner.watch_changed.notify_one();
         Pending(slot)
     }
 
@@ -250,10 +259,6 @@ fn worker(inner: Arc<Inner>, id: u64) {
                 };
             }
         };
-        if run {
-            // Its deadline is from now: the watchdog must know before it next sleeps.
-            inner.watch_changed.notify_one();
-        }
         job(run);
         if run && let Ok(mut state) = inner.state.lock() {
             state.busy.retain(|(b, _)| *b != id);
@@ -341,6 +346,9 @@ impl<T> Slot<T> {
         match self.state.lock() {
             Ok(mut s) if !s.answered => {
                 s.started = Some(Instant::now());
+                drop(s);
+                // A blocked `wait` recomputes its deadline from the start.
+                self.ready.notify_all();
                 true
             }
             _ => false,
