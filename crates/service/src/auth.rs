@@ -265,30 +265,23 @@ mod tests {
             keys.authenticate(&token(&all_sk, now + 3601), now),
             Err(AuthError::Token(SignedError::TooLong { .. }))
         ));
-        // A lease, signed by an admin key, is not an admin token.
-        let lease = Signer::from_pkcs8(&all_sk)
+        // Another kind of record, signed by an admin key, is not an admin token.
+        let heartbeat = Signer::from_pkcs8(&all_sk)
             .unwrap()
             .sign(
-                &cgx_protocol::records::Lease {
-                    lease: "l".into(),
-                    job: "j".into(),
-                    tenant: "acme".into(),
-                    node: "n".into(),
-                    gpus: vec![],
-                    resources: vec![],
-                    node_key: "k".into(),
-                    iss: "cgx-broker".into(),
-                    until: now + 60,
+                &cgx_protocol::records::Heartbeat {
+                    sub: "n".into(),
+                    seq: 1,
                 },
                 now,
-                now + 60,
+                now + 30,
             )
             .unwrap();
         assert_eq!(
-            keys.authenticate(&lease, now).unwrap_err(),
+            keys.authenticate(&heartbeat, now).unwrap_err(),
             AuthError::Token(SignedError::WrongKind {
                 expected: "cgx-kbs-admin+jwt",
-                found: "cgx-lease+jwt".into()
+                found: "cgx-heartbeat+jwt".into()
             })
         );
         // A remembered token is still refused once it expires.
