@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::snp::{Product, SigningKey, TcbVersion};
+use crate::snp::report::{Product, SigningKey, TcbVersion};
 
 /// Version tag of the claims shape.
 pub const CLAIMS_SCHEMA: &str = "cgx.claims.v1";

@@ -5,7 +5,7 @@
 //! a self-signed certificate whose key hashes to one of these, whatever else the bundle claims.
 //! The Intel SGX Root CA is pinned inside dcap-qvl (`QuoteVerifier::new_prod`).
 
-use crate::snp::Product;
+use crate::snp::report::Product;
 
 /// AMD ARK SubjectPublicKeyInfo SHA-256 per product (ARK-Milan, ARK-Genoa, ARK-Turin as AMD KDS
 /// serves them in `cert_chain`; the VLEK chain's ASVK hangs off the same ARK).

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::crypto::sha256;
 use crate::error::{Error, Result};
-use crate::snp::{Product, TcbVersion};
+use crate::snp::report::{Product, TcbVersion};
 
 /// What a stored item is, and the vendor path it would be fetched from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +62,7 @@ impl CollateralKey {
     /// The VCEK key for a report: its product (CPUID, v3+), the hwID KDS indexes by (CHIP_ID;
     /// its first 8 bytes on Turin) and REPORTED_TCB. `None` for a v2 report, which does not
     /// name its product.
-    pub fn vcek_for(report: &crate::snp::AttestationReport) -> Option<Self> {
+    pub fn vcek_for(report: &crate::snp::report::AttestationReport) -> Option<Self> {
         let product = report.cpuid_product()?;
         let hw_id = if product == Product::Turin {
             report.chip_id[..8].to_vec()
