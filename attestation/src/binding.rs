@@ -12,58 +12,13 @@
 //! key that later signs metering records and receives keys).
 
 use crate::claims::{Claims, KindClaims};
-use crate::crypto::{CryptoProvider, DEFAULT_PROVIDER, DigestAlg};
 use crate::error::{Error, Result};
 use crate::nvidia::NvidiaEvidence;
 use crate::{Evidence, VerifiedClaims, Verifier};
 
-const CPU_LABEL: &[u8] = b"cgx/binding/v1";
-const GPU_LABEL: &[u8] = b"cgx/binding/v1/gpu";
-const GPUS_LABEL: &[u8] = b"cgx/binding/v1/gpus";
-
-fn lp(out: &mut Vec<u8>, x: &[u8]) {
-    out.extend_from_slice(&(x.len() as u32).to_be_bytes());
-    out.extend_from_slice(x);
-}
-
-fn digest(alg: DigestAlg, data: &[u8]) -> Vec<u8> {
-    DEFAULT_PROVIDER.digest(alg, &[data])
-}
-
-/// The nonce GPU `index` must sign.
-pub fn gpu_nonce(nonce: &[u8], node_pubkey: &[u8], index: u32) -> [u8; 32] {
-    let mut m = GPU_LABEL.to_vec();
-    lp(&mut m, nonce);
-    lp(&mut m, node_pubkey);
-    m.extend_from_slice(&index.to_be_bytes());
-    let mut out = [0u8; 32];
-    out.copy_from_slice(&digest(DigestAlg::Sha256, &m));
-    out
-}
-
-/// Digest of the GPUs' evidence, in order: (SPDM report, certificate chain) per GPU.
-pub fn gpu_evidence_digest(gpus: &[(&[u8], &[u8])]) -> [u8; 64] {
-    let mut m = GPUS_LABEL.to_vec();
-    m.extend_from_slice(&(gpus.len() as u32).to_be_bytes());
-    for (report, chain) in gpus {
-        lp(&mut m, report);
-        lp(&mut m, chain);
-    }
-    let mut out = [0u8; 64];
-    out.copy_from_slice(&digest(DigestAlg::Sha512, &m));
-    out
-}
-
-/// The REPORT_DATA the CPU report must carry.
-pub fn report_data(nonce: &[u8], node_pubkey: &[u8], gpu_digest: &[u8; 64]) -> [u8; 64] {
-    let mut m = CPU_LABEL.to_vec();
-    lp(&mut m, nonce);
-    lp(&mut m, node_pubkey);
-    lp(&mut m, gpu_digest);
-    let mut out = [0u8; 64];
-    out.copy_from_slice(&digest(DigestAlg::Sha512, &m));
-    out
-}
+// The values themselves are `cgx-protocol`'s: the guest computes them too, and may not link
+// this crate.
+pub use cgx_protocol::binding::{gpu_evidence_digest, gpu_nonce, report_data};
 
 /// A CPU report and its GPUs' reports, with what the broker sent and what the node claims.
 #[derive(Debug, Clone)]

@@ -4,6 +4,7 @@
 //! - [`kbs`]: the Confidential Containers KBS handshake (RCAR) with the messages of
 //!   [`kbs_types`], CoCo's runtime-data binding and resource JWEs.
 //! - [`jcs`]: canonical JSON (RFC 8785), for bindings and digests.
+//! - [`binding`]: the values composite evidence binds (REPORT_DATA, each GPU's nonce).
 //! - [`broker`]: node registration, heartbeats, jobs, nodes and leases.
 //! - [`records`]: the typed bodies of every signed record (lease, node record, heartbeat,
 //!   setting, admin and API tokens).
@@ -14,6 +15,7 @@
 //!
 //! The guest agent links this crate; keep it small.
 
+pub mod binding;
 pub mod broker;
 pub mod jcs;
 pub mod kbs;

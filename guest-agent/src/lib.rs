@@ -1,0 +1,356 @@
+//! `cgx-guest-agent`: runs inside the confidential VM. The program is [`main_with`]; `main.rs`
+//! only hands it the command line.
+//!
+//! ```text
+//! cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST
+//!                               [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N]
+//!                               [--sim [--gpus N]]
+//! ```
+//! Attests to the KBS (configfs-tsm on SNP/TDX; `--sim` for simulated evidence), fetches the
+//! weights key released to this TEE — an age identity bound to the SHA-256 of the one age file
+//! it may open (`cgx_protocol::weights`) — and decrypts the age file streaming, in parallel
+//! chunks, hashing exactly the bytes it decrypts. DEST (0600, never overwritten) appears only
+//! once every chunk authenticated and the file's digest equals the bound one: age
+//! authenticates nothing about who encrypted a file, so without the digest anyone who knows
+//! the (public) recipient could hand the VM weights of their own. On any failure the partial
+//! plaintext is removed. Plaintext is written nowhere else.
+//!
+//! `--kbs` is `https://`, or `http://` to a literal loopback address or `localhost` only,
+//! parsed as the transport parses it (no userinfo, query or fragment). `--tee-key` must be
+//! private to its owner (mode 0600 or stricter).
+//!
+//! Exit codes: 0 done, 1 refused or failed, 2 usage.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+pub mod evidence;
+pub mod keyfile;
+
+use cgx_age::Identity;
+use cgx_kbs::client::{KbsClient, Uri};
+use cgx_protocol::kbs::jwe::{Curve, TeeKey};
+use cgx_protocol::kbs::rcar::EvidenceSource;
+use cgx_protocol::weights::WeightsKey;
+use evidence::ConfigfsTsm;
+
+const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
+
+/// `fetch-weights`' arguments.
+#[derive(Debug, Default)]
+pub struct Args {
+    pub kbs: String,
+    pub resource: String,
+    pub input: PathBuf,
+    pub output: PathBuf,
+    pub lease: Option<String>,
+    /// The node key (EC P-256, PKCS#8) a lease names; a fresh key when absent.
+    pub tee_key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+    pub threads: usize,
+    pub sim: bool,
+    pub gpus: usize,
+}
+
+/// Parse the command line (without the program name).
+pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    match it.next().as_deref() {
+        Some("fetch-weights") => {}
+        Some("--help" | "-h") | None => return Err(USAGE.into()),
+        Some(other) => return Err(format!("unknown command '{other}'\n{USAGE}")),
+    }
+    let mut a = Args::default();
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--kbs" => a.kbs = val()?,
+            "--resource" => a.resource = val()?,
+            "--in" => a.input = val()?.into(),
+            "--out" => a.output = val()?.into(),
+            "--lease" => a.lease = Some(val()?),
+            "--tee-key" => a.tee_key = Some(val()?.into()),
+            "--ca" => a.ca = Some(val()?.into()),
+            "--threads" => a.threads = val()?.parse().map_err(|_| "--threads: a number")?,
+            "--gpus" => a.gpus = val()?.parse().map_err(|_| "--gpus: a number")?,
+            "--sim" => a.sim = true,
+            other => return Err(format!("unknown flag '{other}'\n{USAGE}")),
+        }
+    }
+    if a.kbs.is_empty()
+        || a.resource.is_empty()
+        || a.input.as_os_str().is_empty()
+        || a.output.as_os_str().is_empty()
+    {
+        return Err(USAGE.into());
+    }
+    if a.resource.split('/').count() != 3 {
+        return Err("--resource must be REPO/TYPE/TAG".into());
+    }
+    check_kbs_url(&a.kbs)?;
+    Ok(a)
+}
+
+/// The KBS is reached over TLS; plain `http://` only on this machine's loopback (tests, a
+/// development KBS), since the session cookie and the lease travel in the clear.
+///
+/// The URL is parsed with the transport's own URI parser, and anything that could make the
+/// host we check differ from the host ureq connects to is refused: userinfo
+/// (`http://localhost:80@evil.example/` connects to evil.example), a query or a fragment (the
+/// client appends its paths to the base). Loopback means a literal loopback address or the
+/// name `localhost`; `127.0.0.1.evil.example` is a name like any other.
+fn check_kbs_url(url: &str) -> Result<(), String> {
+    let refuse = |why: &str| Err(format!("--kbs {url}: {why}"));
+    let uri: Uri = match url.parse() {
+        Ok(u) => u,
+        Err(e) => return refuse(&format!("not a URL ({e})")),
+    };
+    let Some(authority) = uri.authority() else {
+        return refuse("not an https:// URL");
+    };
+    // The parser keeps userinfo in the authority, and `host()` skips it: the host ureq
+    // connects to is the one after the '@', whatever precedes it.
+    if authority.as_str().contains('@') {
+        return refuse("a KBS base URL has no userinfo (user@host)");
+    }
+    if uri.query().is_some() {
+        return refuse("a KBS base URL has no query");
+    }
+    // The parser drops a fragment without a trace, so it is looked for in the text.
+    if url.contains('#') {
+        return refuse("a KBS base URL has no fragment");
+    }
+    let scheme = uri.scheme_str().unwrap_or("");
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return refuse("not an https:// URL");
+    }
+    // What the client will request: the same authority, or the check proved nothing.
+    let joined: Result<Uri, _> = format!("{}/kbs/v0/auth", url.trim_end_matches('/')).parse();
+    if joined.ok().and_then(|j| j.authority().cloned()).as_ref() != Some(authority) {
+        return refuse("the KBS paths do not join onto this URL");
+    }
+    if scheme.eq_ignore_ascii_case("https") {
+        return Ok(());
+    }
+    let host = authority.host();
+    let literal = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || literal
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        refuse("plain http:// is refused except to a loopback address or localhost; use https://")
+    }
+}
+
+/// A reader that hashes every byte it hands on: the digest is of exactly the bytes decrypted,
+/// so a file swapped on disk between a check and a read cannot slip past it.
+struct Sha256Reader<R> {
+    inner: R,
+    ctx: aws_lc_rs::digest::Context,
+}
+
+impl<R: std::io::Read> std::io::Read for Sha256Reader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.ctx.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+#[cfg(feature = "sim")]
+fn sim_source(gpus: usize) -> Result<Box<dyn EvidenceSource>, String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    Ok(Box::new(
+        cgx_kbs::sim::SimNode::generate(gpus, [0u8; 48], now).map_err(|e| e.to_string())?,
+    ))
+}
+
+#[cfg(not(feature = "sim"))]
+fn sim_source(_: usize) -> Result<Box<dyn EvidenceSource>, String> {
+    Err("this build has no simulator (built without the sim feature)".into())
+}
+
+/// Attest, fetch the weights key, decrypt: what `fetch-weights` does.
+pub fn run(a: &Args) -> Result<(), String> {
+    let source: Box<dyn EvidenceSource> = if a.sim {
+        sim_source(a.gpus)?
+    } else {
+        let tsm = ConfigfsTsm::default();
+        if !tsm.root.is_dir() {
+            return Err(format!(
+                "{} does not exist: not a confidential VM with configfs-tsm (use --sim outside one)",
+                tsm.root.display()
+            ));
+        }
+        Box::new(tsm)
+    };
+    let ca = match &a.ca {
+        Some(p) => Some(std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?),
+        None => None,
+    };
+    let key = match &a.tee_key {
+        Some(p) => {
+            let der = keyfile::read_private_key(p)?;
+            TeeKey::ec_from_der(Curve::P256, &der).map_err(|e| e.to_string())?
+        }
+        None => TeeKey::generate_ec(Curve::P256).map_err(|e| e.to_string())?,
+    };
+    let mut client = KbsClient::new(&a.kbs, ca.as_deref(), key).map_err(|e| e.to_string())?;
+    client.attest(source.as_ref()).map_err(|e| e.to_string())?;
+    let secret = client
+        .resource(&a.resource, a.lease.as_deref())
+        .map_err(|e| e.to_string())?;
+    let key = WeightsKey::parse(&secret).map_err(|e| format!("{}: {e}", a.resource))?;
+    drop(secret);
+    let identity = Identity::parse(key.identity()).map_err(|e| e.to_string())?;
+    let input = std::fs::File::open(&a.input).map_err(|e| format!("{}: {e}", a.input.display()))?;
+    let len = input
+        .metadata()
+        .map_err(|e| format!("{}: {e}", a.input.display()))?
+        .len();
+    let mut input = Sha256Reader {
+        inner: input,
+        ctx: aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256),
+    };
+    // Plaintext goes to a temporary file beside DEST (created 0600), and DEST appears only
+    // once every chunk has been authenticated: a reader of DEST never sees a prefix of weights
+    // that a later chunk would have refused. DEST is never overwritten.
+    if a.output.exists() {
+        return Err(format!("{}: exists; not overwritten", a.output.display()));
+    }
+    let name = a
+        .output
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file name", a.output.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let mut tag = [0u8; 6];
+    aws_lc_rs::rand::fill(&mut tag).map_err(|_| "random".to_string())?;
+    let tmp = a
+        .output
+        .with_file_name(format!(".{name}.partial-{}", hex::encode(tag)));
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let out = opts
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let mut out = std::io::BufWriter::with_capacity(4 << 20, out);
+    let t = Instant::now();
+    let result = cgx_age::decrypt(&identity, &mut input, len, &mut out, a.threads, &mut |_| {})
+        .map_err(|e| e.to_string())
+        .and_then(|n| {
+            out.flush().map_err(|e| e.to_string())?;
+            out.get_ref().sync_all().map_err(|e| e.to_string())?;
+            Ok(n)
+        })
+        // Every byte of the file went through the hasher (decrypt reads to its end and refuses
+        // trailing bytes); DEST appears only for the file the key was bound to.
+        .and_then(|n| {
+            let got = input.ctx.clone().finish();
+            if got.as_ref() == key.sha256() {
+                Ok(n)
+            } else {
+                Err(format!(
+                    "{}: weights digest mismatch: the file's SHA-256 is {}, the key {} binds {}; \
+                     not the tenant's weights, refused",
+                    a.input.display(),
+                    hex::encode(got.as_ref()),
+                    a.resource,
+                    hex::encode(key.sha256())
+                ))
+            }
+        })
+        // Linking fails if DEST appeared meanwhile: never overwritten.
+        .and_then(|n| {
+            std::fs::hard_link(&tmp, &a.output)
+                .map(|()| n)
+                .map_err(|e| format!("{}: {e}", a.output.display()))
+        });
+    drop(out);
+    let _ = std::fs::remove_file(&tmp);
+    match result {
+        Ok(n) => {
+            let s = t.elapsed().as_secs_f64();
+            eprintln!(
+                "decrypted {n} bytes into {} in {s:.2} s ({:.2} GB/s)",
+                a.output.display(),
+                n as f64 / s.max(1e-9) / 1e9
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The program: parse `args` (without the program name), run, and say how it ended.
+pub fn main_with(args: impl Iterator<Item = String>) -> ExitCode {
+    let args = match parse(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "cgx-guest-agent: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn kbs_url_rule() {
+        for (url, why) in [
+            ("http://localhost:80@evil.example/", "userinfo"),
+            ("https://user:pw@kbs.example/", "userinfo"),
+            ("http://127.0.0.1.evil.example/", "loopback"),
+            ("http://localhost.evil.example:8080", "loopback"),
+            ("http://kbs.example:8080", "loopback"),
+            ("http://10.0.0.1/", "loopback"),
+            ("http://[::ffff:127.0.0.1]/", "loopback"),
+            ("http://127.0.0.1/?a", "query"),
+            ("http://127.0.0.1/#a", "fragment"),
+            ("ftp://kbs.example", "https://"),
+            ("file:///etc/passwd", "not a URL"),
+            ("file://localhost/etc/passwd", "https://"),
+            ("127.0.0.1:8080", "https://"),
+            ("http://", "not a URL"),
+            ("http://127.0.0.1 /", "not a URL"),
+        ] {
+            let e = check_kbs_url(url).unwrap_err();
+            assert!(e.starts_with("--kbs ") && e.contains(why), "{url}: {e}");
+        }
+        for url in [
+            "https://kbs.example",
+            "https://kbs.example:8443/",
+            "http://127.0.0.1:1",
+            "http://127.9.9.9:1/",
+            "http://localhost:1",
+            "HTTP://LOCALHOST:1",
+            "http://[::1]:1",
+        ] {
+            check_kbs_url(url).unwrap();
+        }
+    }
+}
