@@ -150,6 +150,13 @@ const NODE_HOLDS_POSTGRES: &str = concat!(
      EXECUTE FUNCTION leases_node_hold()"
 );
 
+/// Migration 6: the open leases indexed by (node, tenant), so the placement write's one-tenant
+/// guard finds another tenant's open lease on a node in the index alone (two range probes,
+/// `tenant < $t` and `tenant > $t`) instead of reading every open lease row of the node — up to
+/// one per GPU, each a table read, on every placement in the single writer.
+const LEASES_OPEN_BY_TENANT: &str = "DROP INDEX leases_open;
+     CREATE INDEX leases_open ON leases (node_id, tenant) WHERE ended_at IS NULL";
+
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -177,6 +184,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 5,
         sqlite: NODE_HOLDS_SQLITE,
         postgres: NODE_HOLDS_POSTGRES,
+    },
+    Migration {
+        version: 6,
+        sqlite: LEASES_OPEN_BY_TENANT,
+        postgres: LEASES_OPEN_BY_TENANT,
     },
 ];
 
@@ -568,14 +580,27 @@ async fn other_tenant(tx: &mut Tx, p: &PlacementRow) -> Result<Option<String>, s
 /// leases, its `node_holds` rows that ended at or after `after`, and rows from before
 /// migration 5 that ended then — `select` of each. The placement write's guard and its check
 /// from signed tokens ([`other_tenant`]) read the same rows.
+///
+/// "Another tenant" is written as two ranges (`< t`, `> t`), not `<> t`: each is then a range
+/// probe of an index whose key holds the tenant (`leases_open`, migration 6; `node_holds`' key),
+/// where `<>` makes SQLite walk the node's rows and read each. Rows from before migration 5
+/// (tenant `''`) fall in `< t`, as they fell in `<> t`.
 fn holds_naming_other_tenants(select: &str, node: &str, tenant: &str, after: &str) -> String {
-    format!(
-        "SELECT {select} FROM leases WHERE node_id = {node} AND ended_at IS NULL AND tenant <> {tenant}
-         UNION ALL
-         SELECT {select} FROM node_holds WHERE node_id = {node} AND tenant <> {tenant} AND last_end >= {after}
-         UNION ALL
-         SELECT {select} FROM leases WHERE node_id = {node} AND tenant = '' AND ended_at >= {after}"
-    )
+    let mut parts = Vec::with_capacity(5);
+    for side in ["<", ">"] {
+        parts.push(format!(
+            "SELECT {select} FROM leases WHERE node_id = {node} AND ended_at IS NULL AND tenant {side} {tenant}"
+        ));
+    }
+    for side in ["<", ">"] {
+        parts.push(format!(
+            "SELECT {select} FROM node_holds WHERE node_id = {node} AND tenant {side} {tenant} AND last_end >= {after}"
+        ));
+    }
+    parts.push(format!(
+        "SELECT {select} FROM leases WHERE node_id = {node} AND tenant = '' AND ended_at >= {after}"
+    ));
+    parts.join(" UNION ALL ")
 }
 
 /// The tenant a lease token this broker signed names (`None`: not its signature, or none).
