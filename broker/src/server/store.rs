@@ -153,8 +153,12 @@ const NODE_HOLDS_POSTGRES: &str = concat!(
 /// Migration 6: the open leases indexed by (node, tenant), so the placement write's one-tenant
 /// guard finds another tenant's open lease on a node in the index alone (two range probes,
 /// `tenant < $t` and `tenant > $t`) instead of reading every open lease row of the node — up to
-/// one per GPU, each a table read, on every placement in the single writer.
+/// one per GPU, each a table read, on every placement in the single writer. And
+/// `leases_node_ended` (migration 4) goes: since migration 5 no query reads leases by node and
+/// end (holds come from `node_holds`, older rows from `leases_legacy`), and keeping it cost an
+/// index write on every lease opened and ended.
 const LEASES_OPEN_BY_TENANT: &str = "DROP INDEX leases_open;
+     DROP INDEX leases_node_ended;
      CREATE INDEX leases_open ON leases (node_id, tenant) WHERE ended_at IS NULL";
 
 const MIGRATIONS: &[Migration] = &[
@@ -1452,7 +1456,7 @@ impl Store {
         let rows = match node {
             Some(n) => {
                 let sql = format!(
-                    "SELECT {LEASE_COLUMNS} FROM leases WHERE node_id = $1 AND ended_at IS NULL ORDER BY id"
+                    "SELECT {LEASE_COLUMNS} FROM leases WHERE node_id = $1 AND ended_at IS NULL"
                 );
                 sqlx::query(sqlx::AssertSqlSafe(sql))
                     .bind(n)
@@ -1460,28 +1464,33 @@ impl Store {
                     .await?
             }
             None => {
-                let sql = format!(
-                    "SELECT {LEASE_COLUMNS} FROM leases WHERE ended_at IS NULL ORDER BY id"
-                );
+                let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE ended_at IS NULL");
                 sqlx::query(sqlx::AssertSqlSafe(sql))
                     .fetch_all(self.db.pool())
                     .await?
             }
         };
-        Ok(rows.iter().map(lease_row).collect::<Result<_, _>>()?)
+        sorted_by_id(&rows)
     }
 
     /// Open leases whose job ran its duration by `now`.
     pub async fn due_leases(&self, now: i64) -> Result<Vec<LeaseRow>, BrokerError> {
-        let sql = format!(
-            "SELECT {LEASE_COLUMNS} FROM leases WHERE ended_at IS NULL AND ends_at <= $1 ORDER BY id"
-        );
+        let sql =
+            format!("SELECT {LEASE_COLUMNS} FROM leases WHERE ended_at IS NULL AND ends_at <= $1");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(now)
             .fetch_all(self.db.pool())
             .await?;
-        Ok(rows.iter().map(lease_row).collect::<Result<_, _>>()?)
+        sorted_by_id(&rows)
     }
+}
+
+/// Lease rows in id order, sorted here rather than by `ORDER BY id`: with that clause SQLite
+/// walks the whole table (every lease ever, in key order) instead of the open leases' index.
+fn sorted_by_id(rows: &[sqlx::any::AnyRow]) -> Result<Vec<LeaseRow>, BrokerError> {
+    let mut leases = rows.iter().map(lease_row).collect::<Result<Vec<_>, _>>()?;
+    leases.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+    Ok(leases)
 }
 
 /// Mark a node changed (its allocations), so other replicas reload it. SQLite serves one
