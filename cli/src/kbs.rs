@@ -66,20 +66,12 @@ pub(crate) fn bearer_token(
     kind: cgx_service::auth::BearerKind,
     ttl: i64,
 ) -> Result<String, String> {
-    use cgx_service::auth::BearerKind;
     let der = std::fs::read(key).map_err(|e| format!("{}: {e}", key.display()))?;
     let der = pem_or_der(&der, "PRIVATE KEY");
     let signer = cgx_protocol::signed::Signer::from_pkcs8(&der).map_err(|e| e.to_string())?;
     let now = now();
-    match kind {
-        BearerKind::KbsAdmin => {
-            signer.sign(&cgx_protocol::records::KbsAdminToken {}, now, now + ttl)
-        }
-        BearerKind::BrokerApi => {
-            signer.sign(&cgx_protocol::records::BrokerApiToken {}, now, now + ttl)
-        }
-    }
-    .map_err(|e| e.to_string())
+    kind.sign(&signer, now, now + ttl)
+        .map_err(|e| e.to_string())
 }
 
 pub(crate) fn pem_or_der(bytes: &[u8], label: &str) -> Vec<u8> {

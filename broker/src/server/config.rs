@@ -244,6 +244,9 @@ impl BrokerConfig {
         if self.api_keys.iter().any(|k| k.scopes.is_empty()) {
             return bad("an API key names no scopes");
         }
+        for scope in self.api_keys.iter().flat_map(|k| &k.scopes) {
+            check_scope(scope)?;
+        }
         let loopback = self
             .listen
             .parse::<std::net::SocketAddr>()
@@ -257,5 +260,53 @@ impl BrokerConfig {
             );
         }
         Ok(())
+    }
+}
+
+/// One API key scope: `*`, `auditor`, `reference-values`, or `tenant:` / `operator:` and a
+/// name. An unknown scope (a typo) or an empty name (`tenant:` alone would act for the tenant
+/// `""`) is refused at start, not read as granting nothing or something odd.
+fn check_scope(scope: &str) -> Result<(), BrokerError> {
+    let named = ["tenant:", "operator:"]
+        .iter()
+        .find_map(|p| scope.strip_prefix(p).map(|name| (p, name)));
+    match named {
+        Some((p, name)) => super::register::check_name(name, p.trim_end_matches(':'))
+            .map_err(|e| BrokerError::Config(format!("API key scope {scope:?}: {e}"))),
+        None if ["*", "auditor", super::settings::REFERENCE_VALUES].contains(&scope) => Ok(()),
+        None => Err(BrokerError::Config(format!(
+            "unknown API key scope {:?} (*, auditor, reference-values, tenant:<name>, operator:<name>)",
+            scope.chars().take(80).collect::<String>()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_scope;
+
+    #[test]
+    fn scopes_are_known_kinds_with_names() {
+        for ok in [
+            "*",
+            "auditor",
+            "reference-values",
+            "tenant:acme",
+            "operator:op-1.eu",
+        ] {
+            assert!(check_scope(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("tenant:", "tenant must be 1 to 64"),
+            ("operator:", "operator must be 1 to 64"),
+            ("tenant:a/b", "tenant must be"),
+            ("tenant:-x", "starting with a letter or digit"),
+            ("tenent:acme", "unknown API key scope"),
+            ("Auditor", "unknown API key scope"),
+            ("", "unknown API key scope"),
+        ] {
+            let e = check_scope(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 }

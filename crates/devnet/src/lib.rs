@@ -216,17 +216,8 @@ impl Ed {
     /// minutes: KBS admin tokens and broker API tokens are two record kinds
     /// ([`cgx_protocol::signed::Kind`]), each refused by the other service.
     pub fn token_at(&self, kind: cgx_service::auth::BearerKind, t: i64) -> Result<String> {
-        use cgx_service::auth::BearerKind;
-        let signer = self.signer()?;
-        match kind {
-            BearerKind::KbsAdmin => {
-                signer.sign(&cgx_protocol::records::KbsAdminToken {}, t, t + 300)
-            }
-            BearerKind::BrokerApi => {
-                signer.sign(&cgx_protocol::records::BrokerApiToken {}, t, t + 300)
-            }
-        }
-        .map_err(|e| DevnetError::Kbs(e.to_string()))
+        kind.sign(&self.signer()?, t, t + 300)
+            .map_err(|e| DevnetError::Kbs(e.to_string()))
     }
 
     /// This key as a record signer.

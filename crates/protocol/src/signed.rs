@@ -251,7 +251,23 @@ impl Signer {
 /// The `typ` a token's header names (`None`: none, or not a JWS header), read without
 /// verifying anything: for messages that say what a refused token was.
 pub fn token_typ(token: &str) -> Option<String> {
+    if token.len() > MAX_TOKEN_BYTES {
+        return None;
+    }
     jsonwebtoken::decode_header(token).ok()?.typ
+}
+
+/// Make `jsonwebtoken` verify on aws-lc whatever features the build graph unifies: with both
+/// its `aws_lc_rs` and `rust_crypto` features on (another crate asking for the second), it
+/// picks no provider by itself and panics on the first verification. An installed provider
+/// (ours, or one the binary chose first) stands.
+fn crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = jsonwebtoken::crypto::CryptoProvider::install_default(
+            &jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER,
+        );
+    });
 }
 
 /// Verify `token` as a `T` record signed by any of `keys`, its times judged by `when`.
@@ -275,6 +291,7 @@ pub fn verify_as<T: Record>(
     if token.len() > MAX_TOKEN_BYTES {
         return Err(SignedError::TooLarge(token.len()));
     }
+    crypto_provider();
     if token.split('.').count() != 3 {
         return Err(SignedError::Malformed("three parts"));
     }

@@ -1,6 +1,7 @@
-//! Administrator authentication for every service's admin API: a bearer EdDSA token (compact
-//! JWS, as CoCo's kbs-client signs them) under one of the configured Ed25519 keys, each key
-//! scoped to the repositories (tenants) it may change, `*` for all and the global settings.
+//! Administrator authentication for every service's admin API: a bearer token (a signed
+//! record, [`cgx_protocol::signed`]: compact JWS, EdDSA) under one of the configured Ed25519
+//! keys, each key scoped to the repositories (tenants) it may change, `*` for all and the
+//! global settings. CoCo's kbs-client presents such a token from its `--admin-token-file`.
 //!
 //! [`Admin`] is an extractor: a handler that takes one cannot run for an unauthenticated
 //! caller, and it runs before the handler reads its path or body.
@@ -52,6 +53,18 @@ pub enum BearerKind {
     BrokerApi,
 }
 
+impl BearerKind {
+    /// A token of this kind by `signer`, issued at `iat`, expiring at `exp` (the one place
+    /// that maps a bearer kind to its record: `cgx kbs token`, `cgx broker token`, the dev
+    /// network).
+    pub fn sign(self, signer: &signed::Signer, iat: i64, exp: i64) -> Result<String, SignedError> {
+        match self {
+            BearerKind::KbsAdmin => signer.sign(&KbsAdminToken {}, iat, exp),
+            BearerKind::BrokerApi => signer.sign(&BrokerApiToken {}, iat, exp),
+        }
+    }
+}
+
 /// Configured admin keys and their scopes.
 #[derive(Debug, Clone, Default)]
 pub struct AdminKeys {
@@ -61,11 +74,15 @@ pub struct AdminKeys {
     scopes: Vec<Arc<Vec<String>>>,
     /// Longest accepted token lifetime (`exp − iat`), seconds.
     max_ttl: i64,
-    /// Tokens already verified, by their exact text: (key index, expiry). A client presents
-    /// the same bearer token on every request of its lifetime; its signature need not be
-    /// checked each time. Its expiry still is.
-    verified: Arc<std::sync::Mutex<std::collections::HashMap<String, (usize, i64)>>>,
+    /// Tokens already verified, by the SHA-256 of their exact text: (key index, expiry). A
+    /// client presents the same bearer token on every request of its lifetime; its signature
+    /// need not be checked each time. Its expiry still is. Keyed by digest, not text, so the
+    /// cache's size does not grow with the tokens' (up to 64 KiB each).
+    verified: Arc<std::sync::Mutex<Verified>>,
 }
+
+/// Verified tokens: SHA-256 of the text → (key index, expiry).
+type Verified = std::collections::HashMap<[u8; 32], (usize, i64)>;
 
 /// Verified tokens remembered at most (then forgotten all at once and verified again).
 const VERIFIED_CACHE: usize = 4096;
@@ -97,11 +114,12 @@ impl AdminKeys {
             index,
             repositories: self.scopes.get(index).cloned().unwrap_or_default(),
         };
+        let digest = token_digest(token);
         let seen = self
             .verified
             .lock()
             .ok()
-            .and_then(|m| m.get(token).copied());
+            .and_then(|m| m.get(&digest).copied());
         if let Some((index, exp)) = seen {
             if now > exp {
                 return Err(AuthError::Token(SignedError::Expired(exp)));
@@ -125,10 +143,18 @@ impl AdminKeys {
             if m.len() >= VERIFIED_CACHE {
                 m.clear();
             }
-            m.insert(token.to_string(), (index, exp));
+            m.insert(digest, (index, exp));
         }
         Ok(admin(index))
     }
+}
+
+/// SHA-256 of a bearer token's text (the verified-token cache's key).
+fn token_digest(token: &str) -> [u8; 32] {
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 /// State that can authenticate administrators: its keys, its clock, and how it reports a

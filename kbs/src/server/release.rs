@@ -17,10 +17,12 @@
 //! (`PolicyDeny`), and a stored policy the allow-list now refuses answers `PolicyInvalid` at its
 //! turn, never at startup.
 //!
-//! A lease is an EdDSA JWT from a configured broker key: `{"lease", "resources": [paths],
-//! "node_key": <RFC 7638 thumbprint of the TEE key>, "aud": "cgx-kbs", "iat", "exp"}`, living at
-//! most `lease_max_ttl_secs`. It must name this resource and the very TEE key the session
-//! attested. Broker keys and admin keys are distinct (refused at start otherwise).
+//! A lease is a signed record of kind [`cgx_protocol::records::Lease`] (`typ`
+//! `cgx-lease+jwt`, its audience the KBS) under a configured broker key: it names the tenant,
+//! the resources (paths in that tenant's repository) and `node_key` (RFC 7638 thumbprint of
+//! the TEE key), and lives at most `lease_max_ttl_secs`. It must name this resource and the
+//! very TEE key the session attested. Broker keys and admin keys are distinct (refused at
+//! start otherwise).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
