@@ -3,7 +3,7 @@
 # kind, region, price). Submit one with a job (`cgx job submit --placement-policy F`).
 #
 # input.node: id, operator, region, tee, sim, gpu_model, gpu_chip, gpu_count, gpu_memory_gib,
-#             price_per_gpu_hour, reputation, and claims {cpu, gpus} as the verifier produced them
+#             price_per_gpu_hour_micros (integer: 10^-6 units), reputation, and claims {cpu, gpus} as the verifier produced them
 # input.job:  the job as submitted
 #
 # `deny` is a set of readable reasons; a node fits when it is empty. A placement policy is

@@ -11,6 +11,7 @@ use cgx_devnet::broker::{
     BrokerServer, BrokerSetup, OPERATOR, SimBrokerNode, TENANT_A, broker_setup, offer,
 };
 use cgx_protocol::broker::JobSpec;
+use cgx_protocol::money::Micros;
 use cgx_service::clock::{Clock, ManualClock};
 
 /// A KBS and a broker on loopback, trusting `nodes`' simulator roots.
@@ -70,9 +71,9 @@ fn job(gpus: u32) -> JobSpec {
         min_gpu_memory_gib: 40,
         tee: vec!["snp".into()],
         regions: Vec::new(),
-        max_price_per_gpu_hour: 4.0,
+        max_price_per_gpu_hour_micros: Micros(4_000_000),
         duration_secs: 3600,
-        budget: 4.0 * f64::from(gpus),
+        budget_micros: Micros(4_000_000 * u64::from(gpus)),
         resources: Vec::new(),
         placement_policy: None,
     }
@@ -86,15 +87,17 @@ fn code(r: Result<impl std::fmt::Debug, ClientError>) -> (String, String) {
     }
 }
 
-fn node(gpus: usize, region: &str, price: f64) -> SimBrokerNode {
+/// A node at `price` currency units per GPU-hour (exact decimal text).
+fn node(gpus: usize, region: &str, price: &str) -> SimBrokerNode {
+    let price = Micros::parse_decimal(price).unwrap();
     SimBrokerNode::generate(gpus, offer(gpus as u32, region, price)).unwrap()
 }
 
 #[test]
 fn a_job_is_placed_on_the_right_node_and_only_that_vm_gets_its_key() {
-    let a = node(2, "eu-west", 2.0);
-    let b = node(1, "us-east", 1.0);
-    let cheap_far = node(2, "us-east", 0.5);
+    let a = node(2, "eu-west", "2.0");
+    let b = node(1, "us-east", "1.0");
+    let cheap_far = node(2, "us-east", "0.5");
     let net = Net::new(&[&a, &b, &cheap_far], None);
     let kbs = cgx_devnet::Server::start(&net.kbs.config).unwrap();
     let broker = BrokerServer::start(&net.broker.config).unwrap();
@@ -178,9 +181,9 @@ fn a_job_is_placed_on_the_right_node_and_only_that_vm_gets_its_key() {
 
 #[test]
 fn registration_refuses_what_the_evidence_does_not_prove() {
-    let a = node(2, "eu-west", 2.0);
-    let other = node(1, "eu-west", 2.0);
-    let mut lying = node(2, "eu-west", 2.0);
+    let a = node(2, "eu-west", "2.0");
+    let other = node(1, "eu-west", "2.0");
+    let mut lying = node(2, "eu-west", "2.0");
     let net = Net::new(&[&a, &other, &lying], None);
     let broker = BrokerServer::start(&net.broker.config).unwrap();
     let op = net.operator(&broker);
@@ -236,7 +239,7 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
     lying.offer.gpu_memory_gib = 200;
     assert_eq!(code(lying.register(&op)).0, "InventoryNotProven");
     // Sim evidence whose roots the broker does not trust (this node's were not pinned).
-    let untrusted = node(1, "eu-west", 2.0);
+    let untrusted = node(1, "eu-west", "2.0");
     let (c, d) = code(untrusted.register(&op));
     assert_eq!(c, "EvidenceRefused", "{d}");
     assert!(d.contains("sim"), "{d}");
@@ -285,7 +288,7 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
     let mut fixed = stolen.clone();
     fixed.proof = a.registration(&n.nonce).unwrap().proof;
     assert_eq!(op.register(&fixed).unwrap().status, "affirming");
-    let mut moved = node(1, "eu-west", 1.0);
+    let mut moved = node(1, "eu-west", "1.0");
     moved.offer.operator = "op2".into();
     let n = op.nonce().unwrap();
     let mut reg = a.registration(&n.nonce).unwrap();
@@ -302,7 +305,7 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
     assert!(d.contains("belongs to operator op1"), "{d}");
     drop(moved);
     // Operators register their own operator's nodes only; tenants register none.
-    let mut foreign = node(1, "eu-west", 1.0);
+    let mut foreign = node(1, "eu-west", "1.0");
     foreign.offer.operator = "someone-else".into();
     assert_eq!(code(foreign.register(&op)).0, "Forbidden");
     assert_eq!(code(net.tenant(&broker).nonce()).0, "Forbidden");
@@ -315,9 +318,9 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
 
 #[test]
 fn contraindicated_evidence_registers_but_is_never_placed_and_says_why() {
-    let good = node(1, "eu-west", 3.0);
+    let good = node(1, "eu-west", "3.0");
     // A debug guest: the appraisal policy contraindicates it.
-    let mut bad = node(1, "eu-west", 0.1);
+    let mut bad = node(1, "eu-west", "0.1");
     bad.snp_policy |= 1 << 19;
     let net = Net::with(&[&good], &[&bad], None);
     let broker = BrokerServer::start(&net.broker.config).unwrap();
@@ -347,8 +350,8 @@ fn contraindicated_evidence_registers_but_is_never_placed_and_says_why() {
 
 #[test]
 fn heartbeats_are_signed_monotonic_and_freshness_lapses() {
-    let a = node(1, "eu-west", 1.0);
-    let b = node(1, "eu-west", 1.0);
+    let a = node(1, "eu-west", "1.0");
+    let b = node(1, "eu-west", "1.0");
     let net = Net::new(&[&a, &b], None);
     let clock = ManualClock::default();
     let broker = BrokerServer::start_with_clock(&net.broker.config, clock.shared()).unwrap();
@@ -443,7 +446,7 @@ fn heartbeats_are_signed_monotonic_and_freshness_lapses() {
 
 #[test]
 fn budgets_policies_tenants_and_cancellation() {
-    let a = node(2, "eu-west", 2.0);
+    let a = node(2, "eu-west", "2.0");
     let mut net = Net::new(&[&a], None);
     net.broker.config.max_pending_per_tenant = 3;
     let broker = BrokerServer::start(&net.broker.config).unwrap();
@@ -452,9 +455,13 @@ fn budgets_policies_tenants_and_cancellation() {
     let tenant = net.tenant(&broker);
     // The budget must cover max price × GPUs × hours.
     let mut spec = job(2);
-    spec.budget = 7.99;
+    spec.budget_micros = Micros(7_999_999);
     let (c, d) = code(tenant.submit(&spec));
     assert_eq!(c, "BudgetTooSmall", "{d}");
+    assert!(
+        d.contains("a budget of 7.999999 does not cover 2 GPUs × 3600 s at up to 4.000000 per GPU-hour (8.000000)"),
+        "{d}"
+    );
     // A placement policy that does not compile is refused at submission.
     let mut spec = job(1);
     spec.placement_policy = Some("package placement\ndeny contains".into());
@@ -519,8 +526,8 @@ fn budgets_policies_tenants_and_cancellation() {
 
 #[test]
 fn failover_moves_the_job_within_a_measured_time() {
-    let a = node(1, "eu-west", 1.0);
-    let b = node(1, "eu-west", 2.0);
+    let a = node(1, "eu-west", "1.0");
+    let b = node(1, "eu-west", "2.0");
     let mut net = Net::new(&[&a, &b], None);
     // The default monitor interval, as production runs it.
     net.broker.config.monitor_interval_ms = 500;
@@ -580,7 +587,7 @@ fn failover_moves_the_job_within_a_measured_time() {
 
 #[test]
 fn a_restarted_broker_rebuilds_from_the_database_and_trusts_no_row_by_itself() {
-    let a = node(2, "eu-west", 2.0);
+    let a = node(2, "eu-west", "2.0");
     let net = Net::new(&[&a], None);
     let broker = BrokerServer::start(&net.broker.config).unwrap();
     let op = net.operator(&broker);
@@ -647,7 +654,7 @@ fn two_replicas_never_double_book_a_gpu() {
         return;
     };
     let nodes: Vec<SimBrokerNode> = (0..5)
-        .map(|i| node(8, "eu-west", 1.0 + f64::from(i) * 0.1))
+        .map(|i| node(8, "eu-west", &format!("1.{i}")))
         .collect();
     let refs: Vec<&SimBrokerNode> = nodes.iter().collect();
     let db = cgx_devnet::fresh_postgres(&url).unwrap();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use cgx_broker::client::{BrokerClient, ClientError};
 use cgx_devnet::broker::{BrokerServer, BrokerSetup, OPERATOR, SimBrokerNode, broker_setup, offer};
 use cgx_protocol::broker::{JobSpec, JobView};
+use cgx_protocol::money::Micros;
 use cgx_service::clock::{Clock, ManualClock};
 
 struct Net {
@@ -45,16 +46,16 @@ fn job(gpus: u32) -> JobSpec {
         min_gpu_memory_gib: 40,
         tee: vec!["snp".into()],
         regions: Vec::new(),
-        max_price_per_gpu_hour: 4.0,
+        max_price_per_gpu_hour_micros: Micros(4_000_000),
         duration_secs: 3600,
-        budget: 4.0 * f64::from(gpus),
+        budget_micros: Micros(4_000_000 * u64::from(gpus)),
         resources: Vec::new(),
         placement_policy: None,
     }
 }
 
 fn node(gpus: usize) -> SimBrokerNode {
-    SimBrokerNode::generate(gpus, offer(gpus as u32, "eu-west", 1.0)).unwrap()
+    SimBrokerNode::generate(gpus, offer(gpus as u32, "eu-west", Micros(1_000_000))).unwrap()
 }
 
 #[track_caller]
@@ -663,7 +664,7 @@ fn a_failed_over_job_waits_anew_and_does_not_expire() {
     a.register(&at(&net.broker.operator)).unwrap();
     let mut long = job(1);
     long.duration_secs = 30 * 86_400;
-    long.budget = 4.0 * 30.0 * 24.0;
+    long.budget_micros = Micros(4_000_000 * 30 * 24);
     let j = at(&net.broker.tenant).submit(&long).unwrap();
     assert_eq!(j.state, "placed");
     // Two minutes of service (past pending_ttl_secs since submission), then the node goes

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use cgx_broker::server::index::{Freshness, Index, NodeRecord, Requirements, TeeKind};
 use cgx_devnet::broker::{BrokerServer, SimBrokerNode, broker_setup, offer};
+use cgx_protocol::money::Micros;
 use serde_json::json;
 
 use crate::CliResult;
@@ -101,7 +102,7 @@ fn fleet(nodes: usize, r: &mut Rng) -> Index {
             gpu_chip: "GH100".into(),
             gpu_count: 8,
             gpu_memory_gib: mem,
-            price: 1_000_000 + r.below(300) * 10_000,
+            price: Micros(1_000_000 + r.below(300) * 10_000),
             status: "affirming".into(),
             violations: Vec::new(),
             attested_at: NOW - r.below(300) as i64,
@@ -136,7 +137,7 @@ fn job(r: &mut Rng) -> Requirements {
             Vec::new()
         },
         regions,
-        max_price: 2_000_000 + r.below(300) * 10_000,
+        max_price: Micros(2_000_000 + r.below(300) * 10_000),
         policy: None,
         has_policy: false,
         spec: Arc::new(json!({})),
@@ -241,7 +242,7 @@ impl Network {
 /// Part 2: submit → placed over HTTP, `tenants` concurrent.
 fn submissions(tenants: usize, secs: f64) -> Result<serde_json::Value, String> {
     let nodes: Vec<SimBrokerNode> = (0..4)
-        .map(|i| SimBrokerNode::generate(64, offer(64, "eu-west", 1.0 + f64::from(i) * 0.1)))
+        .map(|i| SimBrokerNode::generate(64, offer(64, "eu-west", Micros(1_000_000 + i * 100_000))))
         .collect::<Result<_, _>>()
         .map_err(e)?;
     let refs: Vec<&SimBrokerNode> = nodes.iter().collect();
@@ -256,8 +257,8 @@ fn submissions(tenants: usize, secs: f64) -> Result<serde_json::Value, String> {
     let token = net.broker.tenant.api_token().map_err(e)?;
     let auth = format!("Bearer {token}");
     let body = serde_json::to_vec(&json!({
-        "gpu_model": "H100", "gpu_count": 1, "max_price_per_gpu_hour": 2.0,
-        "duration_secs": 3600, "budget": 2.0,
+        "gpu_model": "H100", "gpu_count": 1, "max_price_per_gpu_hour_micros": 2_000_000,
+        "duration_secs": 3600, "budget_micros": 2_000_000,
     }))
     .map_err(e)?;
     // The tenants: tasks on one client thread speaking HTTP/1.1 by hand (as `cgx bench kbs`),
@@ -333,7 +334,7 @@ fn submissions(tenants: usize, secs: f64) -> Result<serde_json::Value, String> {
 
 /// Part 3: registrations/s over HTTP against in-process appraisal of the same evidence.
 fn registrations(count: usize, clients: usize) -> Result<serde_json::Value, String> {
-    let node = SimBrokerNode::generate(8, offer(8, "eu-west", 2.0)).map_err(e)?;
+    let node = SimBrokerNode::generate(8, offer(8, "eu-west", Micros(2_000_000))).map_err(e)?;
     let net = Network::start(&[&node])?;
     let op = net
         .broker

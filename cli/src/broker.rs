@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use cgx_broker::client::{BrokerClient, ClientError};
 use cgx_broker::server::config::BrokerConfig;
 use cgx_protocol::broker::{JobSpec, JobView, NodeView};
+use cgx_protocol::money::Micros;
 
 use crate::output::{CliResult, print_json, read_text};
 
@@ -159,15 +160,16 @@ pub struct SubmitArgs {
     /// Regions allowed, in order of preference; repeat or comma-separate. Default: any.
     #[arg(long = "region", value_delimiter = ',')]
     pub regions: Vec<String>,
-    /// Highest price per GPU-hour.
+    /// Highest price per GPU-hour, in currency units (exact decimal, up to 6 decimals: 2.5).
     #[arg(long)]
-    pub max_price: Option<f64>,
+    pub max_price: Option<Micros>,
     /// How long the job runs: 90s, 15m, 2h, 1d.
     #[arg(long, default_value = "1h")]
     pub duration: String,
-    /// Escrowed budget; default: exactly max price × GPUs × hours.
+    /// Escrowed budget, in currency units (exact decimal); default: exactly max price × GPUs ×
+    /// hours, rounded up to the micro.
     #[arg(long)]
-    pub budget: Option<f64>,
+    pub budget: Option<Micros>,
     /// KBS resources the lease covers (repo/type/tag); repeat.
     #[arg(long = "resource")]
     pub resources: Vec<String>,
@@ -182,17 +184,27 @@ pub struct SubmitArgs {
 impl SubmitArgs {
     fn spec(&self) -> Result<JobSpec, String> {
         if let Some(p) = &self.spec {
-            return serde_json::from_str(&read_text(p)?)
-                .map_err(|e| format!("{}: {e}", p.display()));
+            return serde_json::from_str(&read_text(p)?).map_err(|e| {
+                let e = e.to_string();
+                let e = cgx_protocol::money::retired_field_refusal(&e).unwrap_or(e);
+                format!("{}: {e}", p.display())
+            });
         }
         let max_price = self
             .max_price
             .ok_or("--max-price is required (or --spec FILE)")?;
         let duration_secs = parse_duration(&self.duration)?;
-        let budget = self.budget.unwrap_or_else(|| {
-            // Rounded up to the micro-unit the broker counts in.
-            (max_price * f64::from(self.gpus) * duration_secs as f64 / 3600.0 * 1e6).ceil() / 1e6
-        });
+        let budget = match self.budget {
+            Some(b) => b,
+            // What the broker requires: max price × GPUs × hours, rounded up to the micro.
+            None => {
+                let needed =
+                    u128::from(max_price.get()) * u128::from(self.gpus) * u128::from(duration_secs);
+                u64::try_from(needed.div_ceil(3600))
+                    .map(Micros)
+                    .map_err(|_| "--max-price × --gpus × --duration is too large".to_string())?
+            }
+        };
         Ok(JobSpec {
             tenant: self.tenant.clone(),
             gpu_model: self.gpu_model.clone(),
@@ -200,9 +212,9 @@ impl SubmitArgs {
             min_gpu_memory_gib: self.min_memory,
             tee: self.tee.clone(),
             regions: self.regions.clone(),
-            max_price_per_gpu_hour: max_price,
+            max_price_per_gpu_hour_micros: max_price,
             duration_secs,
-            budget,
+            budget_micros: budget,
             resources: self.resources.clone(),
             placement_policy: self
                 .placement_policy
@@ -229,11 +241,11 @@ fn print_job(j: &JobView) {
     println!("state    {}", j.state.as_str().to_uppercase());
     println!("reason   {}", j.reason);
     println!(
-        "asks     {} × {} (≥ {} GiB), ≤ {:.4}/GPU-h, {} s, TEE {}, regions {}",
+        "asks     {} × {} (≥ {} GiB), ≤ {}/GPU-h, {} s, TEE {}, regions {}",
         j.spec.gpu_count,
         j.spec.gpu_model,
         j.spec.min_gpu_memory_gib,
-        j.spec.max_price_per_gpu_hour,
+        j.spec.max_price_per_gpu_hour_micros,
         j.spec.duration_secs,
         if j.spec.tee.is_empty() {
             "any".into()
@@ -307,19 +319,19 @@ pub fn job_ls(conn: &Conn, tenant: Option<&str>) -> CliResult {
 /// One line per node: the table `cgx node ls` prints.
 pub fn node_table(nodes: &[NodeView]) -> Vec<String> {
     let mut out = vec![format!(
-        "{:<34} {:<10} {:<9} {:<4} {:<9} {:>9} {:>8} {:<15} WHY NOT",
+        "{:<34} {:<10} {:<9} {:<4} {:<9} {:>9} {:>14} {:<15} WHY NOT",
         "NODE", "OPERATOR", "REGION", "TEE", "GPUS", "FREE", "PRICE", "STATUS"
     )];
     for n in nodes {
         out.push(format!(
-            "{:<34} {:<10} {:<9} {:<4} {:<9} {:>9} {:>8.4} {:<15} {}",
+            "{:<34} {:<10} {:<9} {:<4} {:<9} {:>9} {:>14} {:<15} {}",
             n.id,
             n.operator,
             n.region,
             n.tee,
             format!("{}×{}", n.gpu_count, n.gpu_model),
             n.free_gpus,
-            n.price_per_gpu_hour,
+            n.price_per_gpu_hour_micros.to_string(),
             if n.placeable {
                 "placeable".to_string()
             } else {
@@ -396,8 +408,8 @@ fn print_node(n: &NodeView) {
     );
     println!("free GPUs    {}", n.free_gpus);
     println!(
-        "price        {:.6} per GPU-hour; reputation {}",
-        n.price_per_gpu_hour, n.reputation
+        "price        {} per GPU-hour; reputation {}",
+        n.price_per_gpu_hour_micros, n.reputation
     );
     println!("appraisal    {}", n.status.to_uppercase());
     for v in &n.violations {

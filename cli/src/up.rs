@@ -68,12 +68,32 @@ pub fn up() -> CliResult {
     println!(
         "cgx up: a broker, a KBS and 4 simulated confidential VMs on loopback (evidence is simulated; claims say so)"
     );
-    let mut debug_node = SimBrokerNode::generate(4, offer(4, "eu-west", 0.90)).map_err(s)?;
+    let mut debug_node =
+        SimBrokerNode::generate(4, offer(4, "eu-west", cgx_protocol::money::Micros(900_000)))
+            .map_err(s)?;
     debug_node.snp_policy |= 1 << 19;
     let nodes: Vec<Arc<SimBrokerNode>> = vec![
-        Arc::new(SimBrokerNode::generate(8, offer(8, "eu-west", 2.10)).map_err(s)?),
-        Arc::new(SimBrokerNode::generate(4, offer(4, "eu-west", 2.40)).map_err(s)?),
-        Arc::new(SimBrokerNode::generate(2, offer(2, "us-east", 1.20)).map_err(s)?),
+        Arc::new(
+            SimBrokerNode::generate(
+                8,
+                offer(8, "eu-west", cgx_protocol::money::Micros(2_100_000)),
+            )
+            .map_err(s)?,
+        ),
+        Arc::new(
+            SimBrokerNode::generate(
+                4,
+                offer(4, "eu-west", cgx_protocol::money::Micros(2_400_000)),
+            )
+            .map_err(s)?,
+        ),
+        Arc::new(
+            SimBrokerNode::generate(
+                2,
+                offer(2, "us-east", cgx_protocol::money::Micros(1_200_000)),
+            )
+            .map_err(s)?,
+        ),
         Arc::new(debug_node),
     ];
     let names = ["node-1", "node-2", "node-3", "node-4"];
@@ -189,9 +209,9 @@ fn run(
         min_gpu_memory_gib: 80,
         tee: vec!["snp".into()],
         regions: vec!["eu-west".into()],
-        max_price_per_gpu_hour: 3.0,
+        max_price_per_gpu_hour_micros: cgx_protocol::money::Micros(3_000_000),
         duration_secs: 3600,
-        budget: 12.0,
+        budget_micros: cgx_protocol::money::Micros(12_000_000),
         resources: vec![path.into()],
         placement_policy: None,
     };

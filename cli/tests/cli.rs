@@ -618,7 +618,9 @@ fn broker_serve_and_the_job_and_node_commands() {
     let jobs = json(&out);
     let id = jobs[0]["id"].as_str().unwrap().to_string();
     assert_eq!(jobs[0]["spec"]["duration_secs"], 1800);
-    assert_eq!(jobs[0]["spec"]["budget"], 2.5);
+    // 2 GPUs × 30 min at 2.5 per GPU-hour, exactly, in micros.
+    assert_eq!(jobs[0]["spec"]["budget_micros"], 2_500_000);
+    assert_eq!(jobs[0]["spec"]["max_price_per_gpu_hour_micros"], 2_500_000);
     let (code, out, _) = as_tenant(&["job", "status", &id]);
     assert_eq!(code, 0);
     assert!(
@@ -632,6 +634,13 @@ fn broker_serve_and_the_job_and_node_commands() {
     let (code, _, err) = as_tenant(&["job", "submit", "--max-price", "2", "--budget", "0.1"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("BudgetTooSmall"), "{err}");
+    // Amounts are exact decimals: a seventh decimal or a sign is refused before any request.
+    for bad in ["0.0000001", "-2", "2e3"] {
+        let flag = format!("--max-price={bad}");
+        let (code, _, err) = as_tenant(&["job", "submit", &flag]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains("--max-price"), "{bad}: {err}");
+    }
     let (code, out, _) = as_tenant(&["job", "cancel", &id, "--json"]);
     assert_eq!(code, 1);
     assert_eq!(json(&out)["error"]["code"], "Conflict");

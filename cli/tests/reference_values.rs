@@ -33,7 +33,11 @@ fn cgx_ok(cmd: &mut Command) -> String {
 fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
     // The image: a firmware made to order, measured by `cgx measure snp`; the file it writes
     // starts from the deployment's reference values (the devnet's: simulated roots allowed).
-    let unrelated = SimBrokerNode::generate(1, offer(1, "eu-west", 1.0)).unwrap();
+    let unrelated = SimBrokerNode::generate(
+        1,
+        offer(1, "eu-west", cgx_protocol::money::Micros(1_000_000)),
+    )
+    .unwrap();
     let kbs = cgx_devnet::setup(&[&unrelated.sim], None).unwrap();
     let fw = kbs.dir.join("fw.fd");
     std::fs::write(&fw, cgx_measure::ovmf::testing::image(16, &[], None)).unwrap();
@@ -60,7 +64,11 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
 
     // A node launched from that image (its reports carry the digest), its roots trusted.
     let sim = cgx_kbs::sim::SimNode::generate(1, digest, cgx_devnet::now()).unwrap();
-    let node = SimBrokerNode::new(sim, offer(1, "eu-west", 1.0)).unwrap();
+    let node = SimBrokerNode::new(
+        sim,
+        offer(1, "eu-west", cgx_protocol::money::Micros(1_000_000)),
+    )
+    .unwrap();
     let mut pins: Vec<String> = kbs.pins.iter().map(hex::encode).collect();
     pins.extend(node.sim.root_pins().iter().map(hex::encode));
     // Its CRL in the store the broker reads (the broker uses no CRL a node sends).
@@ -239,10 +247,18 @@ fn reference_values_put_on_one_replica_reach_the_other() {
         eprintln!("SKIPPED reference values across replicas: CGX_TEST_DATABASE_URL is not set");
         return;
     };
-    let unrelated = SimBrokerNode::generate(1, offer(1, "eu-west", 1.0)).unwrap();
+    let unrelated = SimBrokerNode::generate(
+        1,
+        offer(1, "eu-west", cgx_protocol::money::Micros(1_000_000)),
+    )
+    .unwrap();
     let kbs = cgx_devnet::setup(&[&unrelated.sim], None).unwrap();
     let sim = cgx_kbs::sim::SimNode::generate(1, [7; 48], cgx_devnet::now()).unwrap();
-    let node = SimBrokerNode::new(sim, offer(1, "eu-west", 1.0)).unwrap();
+    let node = SimBrokerNode::new(
+        sim,
+        offer(1, "eu-west", cgx_protocol::money::Micros(1_000_000)),
+    )
+    .unwrap();
     let mut pins: Vec<String> = kbs.pins.iter().map(hex::encode).collect();
     pins.extend(node.sim.root_pins().iter().map(hex::encode));
     // Its CRL in the store the broker reads (the broker uses no CRL a node sends).

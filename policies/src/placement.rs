@@ -1,7 +1,7 @@
 //! The placement package: a job's own constraints on a node, beyond the broker's filters. A
 //! tenant submits it with the job; `data.placement.deny` is a set of readable reasons, and a node
 //! fits when the set is empty (or undefined). Input: `{"node": {id, operator, region, tee, sim,
-//! gpu_model, gpu_chip, gpu_count, gpu_memory_gib, price_per_gpu_hour, reputation, claims:
+//! gpu_model, gpu_chip, gpu_count, gpu_memory_gib, price_per_gpu_hour_micros (integer, 10^-6 units), reputation, claims:
 //! {cpu, gpus: [...]}}, "job": <the job spec>}` — the node's *verified* claims, and its offer.
 
 use std::sync::Arc;

@@ -77,7 +77,12 @@ pub(super) fn router(broker: Arc<Broker>) -> Router {
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, BrokerError> {
-    serde_json::from_slice(body).map_err(|e| BrokerError::BadRequest(format!("{what}: {e}")))
+    serde_json::from_slice(body).map_err(|e| {
+        let e = e.to_string();
+        // A client from before integer money: say what to send, not just "unknown field".
+        let e = cgx_protocol::money::retired_field_refusal(&e).unwrap_or(e);
+        BrokerError::BadRequest(format!("{what}: {e}"))
+    })
 }
 
 /// Path ids: short and printable (they are looked up, never interpolated).

@@ -20,11 +20,6 @@ use cgx_policies::placement::PlacementPolicy;
 
 pub use cgx_protocol::records::{Micros, NodeRecord, TeeKind};
 
-/// Convert a wire price (currency units, at most 10⁶) to [`Micros`].
-pub fn micros(v: f64) -> Option<Micros> {
-    (v.is_finite() && (0.0..=1e9).contains(&v)).then(|| (v * 1e6).round() as Micros)
-}
-
 /// Freshness rules.
 #[derive(Debug, Clone, Copy)]
 pub struct Freshness {
@@ -700,7 +695,7 @@ impl Index {
                 "tee": record.tee.as_str(), "sim": record.sim, "gpu_model": record.gpu_model,
                 "gpu_chip": record.gpu_chip, "gpu_count": record.gpu_count,
                 "gpu_memory_gib": record.gpu_memory_gib,
-                "price_per_gpu_hour": record.price as f64 / 1e6,
+                "price_per_gpu_hour_micros": record.price,
                 "reputation": reputation, "claims": placement_claims(&record.claims),
             },
             "job": job,
@@ -1170,7 +1165,7 @@ mod tests {
             gpu_chip: "GH100".into(),
             gpu_count: gpus,
             gpu_memory_gib: 80,
-            price: micros(price).unwrap(),
+            price: Micros::from_stored_float(price).unwrap(),
             status: "affirming".into(),
             violations: Vec::new(),
             attested_at: NOW - 10,
@@ -1188,7 +1183,7 @@ mod tests {
             min_gpu_memory_gib: 0,
             tee: Vec::new(),
             regions: Vec::new(),
-            max_price: micros(10.0).unwrap(),
+            max_price: Micros(10_000_000),
             policy: None,
             has_policy: false,
             spec: Arc::new(serde_json::json!({})),
@@ -1310,7 +1305,7 @@ mod tests {
         i.set_operator_reputation("op", 7);
         assert_eq!(i.reputation("b"), Some(12));
         // Over the job's price: stop walking.
-        r.max_price = micros(1.0).unwrap();
+        r.max_price = Micros(1_000_000);
         assert!(i.choose(&r, NOW).is_none());
     }
 
@@ -1401,7 +1396,7 @@ mod tests {
             for step in 0..200 {
                 let mut q = req([1, 1, 2, 3, 4, 8, 9, 16][rnd(8) as usize]);
                 q.gpu_model = models[rnd(2) as usize].into();
-                q.max_price = micros(1.0 + rnd(6) as f64 * 0.5).unwrap();
+                q.max_price = Micros(1_000_000 + rnd(6) * 500_000);
                 q.min_gpu_memory_gib = [0, 40, 80][rnd(3) as usize];
                 q.tee = match rnd(3) {
                     0 => vec![TeeKind::Tdx],
@@ -1452,15 +1447,6 @@ mod tests {
                 assert_eq!(counted, i.held, "round {round} step {step}");
                 assert!(i.parts.values().all(|s| s.iter().any(|b| !b.is_empty())));
             }
-        }
-    }
-
-    #[test]
-    fn prices_convert_exactly_and_refuse_nonsense() {
-        assert_eq!(micros(2.5), Some(2_500_000));
-        assert_eq!(micros(0.000001), Some(1));
-        for bad in [f64::NAN, f64::INFINITY, -1.0, 1e10] {
-            assert_eq!(micros(bad), None, "{bad}");
         }
     }
 }

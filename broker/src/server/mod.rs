@@ -29,6 +29,7 @@ use cgx_attestation::{SimTrust, Verifier, VerifierConfig};
 use cgx_policies::placement::PlacementPolicy;
 use cgx_policies::{Appraiser, PolicyEngine};
 use cgx_protocol::broker::{HeartbeatAnswer, JobSpec, JobView, NodeView, Registered, Registration};
+use cgx_protocol::money::Micros;
 use cgx_service::auth::{Admin, AdminKeys, AdminState};
 use cgx_service::metrics::Metrics;
 use cgx_service::{Background, SharedClock, jwt};
@@ -129,6 +130,22 @@ fn sim_trust(roots: &[String]) -> Result<SimTrust, BrokerError> {
     })
 }
 
+/// Refuse a placement policy that reads the float price of before: `input.node.price_per_gpu_hour`
+/// is undefined now, and a `deny` rule over an undefined value never fires — the policy would
+/// let through every node it was written to keep out.
+fn retired_policy_input(text: &str) -> Result<(), BrokerError> {
+    const OLD: &str = "price_per_gpu_hour";
+    let reads_old = text
+        .match_indices(OLD)
+        .any(|(i, _)| !text[i + OLD.len()..].starts_with("_micros"));
+    if reads_old {
+        return Err(BrokerError::PlacementPolicy(
+            "input.node.price_per_gpu_hour is no longer given: read price_per_gpu_hour_micros, an integer of micros (10^-6 of the currency unit)".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The tenant a caller acts for: `wanted` if its token has that scope, else its only tenant.
 fn tenant_of(admin: &Admin, wanted: Option<&str>) -> Result<String, BrokerError> {
     if let Some(t) = wanted {
@@ -158,7 +175,7 @@ fn probe_input(spec: &JobSpec) -> serde_json::Value {
         "node": {
             "id": "n-probe", "operator": "op", "region": "region", "tee": "snp", "sim": false,
             "gpu_model": spec.gpu_model, "gpu_chip": "GH100", "gpu_count": spec.gpu_count,
-            "gpu_memory_gib": 80, "price_per_gpu_hour": 1.0, "reputation": 0,
+            "gpu_memory_gib": 80, "price_per_gpu_hour_micros": 1_000_000, "reputation": 0,
             "claims": {"cpu": {"kind": "snp", "sim": false, "debug": false}, "gpus": []},
         },
         "job": spec,
@@ -451,7 +468,7 @@ impl Broker {
             gpu_chip: proven.chip,
             gpu_count: reg.offer.gpu_count,
             gpu_memory_gib: reg.offer.gpu_memory_gib,
-            price: index::micros(reg.offer.price_per_gpu_hour).unwrap_or(u64::MAX),
+            price: reg.offer.price_per_gpu_hour_micros,
             status: appraisal.status().as_str().to_string(),
             violations: appraisal.violations(),
             attested_at: now,
@@ -924,7 +941,7 @@ impl Broker {
             gpu_count: r.gpu_count,
             gpu_memory_gib: r.gpu_memory_gib,
             free_gpus: idx.free_gpus(id).unwrap_or(0),
-            price_per_gpu_hour: r.price as f64 / 1e6,
+            price_per_gpu_hour_micros: r.price,
             reputation: idx.reputation(id).unwrap_or(0),
             status: r.status.clone(),
             placeable: placeable.is_ok(),
@@ -1048,9 +1065,13 @@ impl Broker {
         for r in &spec.regions {
             register::check_name(r, "region")?;
         }
-        let Some(max_price) = index::micros(spec.max_price_per_gpu_hour) else {
-            return bad("max_price_per_gpu_hour must be a finite number from 0 to 10^9".into());
-        };
+        let max_price = spec.max_price_per_gpu_hour_micros;
+        if !max_price.in_range() {
+            return bad(format!(
+                "max_price_per_gpu_hour_micros must be at most {} (10^9 units)",
+                Micros::MAX.get()
+            ));
+        }
         if spec
             .placement_policy
             .as_ref()
@@ -1096,25 +1117,31 @@ impl Broker {
             return Err(BrokerError::BadRequest("at most 32 resources".into()));
         }
         owned_resources(&tenant, &spec.resources)?;
+        if let Some(text) = &spec.placement_policy {
+            retired_policy_input(text)?;
+        }
         let id = random_id("j")?;
         let req = self.requirements(&id, &tenant, &spec).await?;
-        let Some(budget) = index::micros(spec.budget) else {
-            return Err(BrokerError::BadRequest(
-                "budget must be a finite number from 0 to 10^9".into(),
-            ));
-        };
-        // max price × GPUs × hours, in millionths, rounded up.
-        let cost =
-            u128::from(req.max_price) * u128::from(spec.gpu_count) * u128::from(spec.duration_secs);
+        let budget = spec.budget_micros;
+        if !budget.in_range() {
+            return Err(BrokerError::BadRequest(format!(
+                "budget_micros must be at most {} (10^9 units)",
+                Micros::MAX.get()
+            )));
+        }
+        // max price × GPUs × hours, in micros, rounded up.
+        let cost = u128::from(req.max_price.get())
+            * u128::from(spec.gpu_count)
+            * u128::from(spec.duration_secs);
         let needed = cost.div_ceil(3600);
-        if u128::from(budget) < needed {
+        if u128::from(budget.get()) < needed {
+            // `needed` < budget bound × … fits u64 whenever it is shown against a budget in range.
+            let needed = Micros(u64::try_from(needed).unwrap_or(u64::MAX));
             return Err(BrokerError::Budget(format!(
-                "a budget of {:.6} does not cover {} GPUs × {} s at up to {:.6} per GPU-hour ({:.6})",
-                spec.budget,
+                "a budget of {budget} does not cover {} GPUs × {} s at up to {max} per GPU-hour ({needed})",
                 spec.gpu_count,
                 spec.duration_secs,
-                spec.max_price_per_gpu_hour,
-                needed as f64 / 1e6
+                max = req.max_price,
             )));
         }
         let now = self.clock.unix();
@@ -1204,7 +1231,7 @@ impl Broker {
         new: bool,
     ) -> Result<(Option<PlacementRow>, HashMap<String, Misfit>), BrokerError> {
         self.keys.check_job(job)?;
-        let spec: JobSpec = serde_json::from_str(&job.spec)
+        let spec = JobSpec::from_stored(&job.spec)
             .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
         if spec.tenant.as_deref() != Some(job.tenant.as_str()) {
             return Err(BrokerError::JobSeal(format!(
@@ -1497,7 +1524,7 @@ impl Broker {
     }
 
     async fn job_view(&self, row: JobRow, events: bool) -> Result<JobView, BrokerError> {
-        let spec: JobSpec = serde_json::from_str(&row.spec)
+        let spec = JobSpec::from_stored(&row.spec)
             .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
         let mut reason = row.reason.clone();
         // Why a job waits is worked out for one job's status only, not for a listing.
@@ -1633,7 +1660,7 @@ impl Broker {
         self.metrics.event("job", "cancelled");
         self.place_pending().await;
         let now = self.clock.unix();
-        let spec: JobSpec = serde_json::from_str(&row.spec)
+        let spec = JobSpec::from_stored(&row.spec)
             .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
         Ok(JobView {
             id: row.id,
@@ -1915,4 +1942,20 @@ pub async fn run(
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn placement_policies_reading_the_float_price_are_refused() {
+        let old = "package placement\ndeny contains \"dear\" if input.node.price_per_gpu_hour > 2";
+        let e = super::retired_policy_input(old).unwrap_err().to_string();
+        assert!(e.contains("read price_per_gpu_hour_micros"), "{e}");
+        let job = "package placement\ndeny contains \"x\" if input.job.max_price_per_gpu_hour > 2";
+        assert!(super::retired_policy_input(job).is_err());
+        let today = "package placement\ndeny contains \"dear\" if input.node.price_per_gpu_hour_micros > input.job.max_price_per_gpu_hour_micros";
+        assert!(super::retired_policy_input(today).is_ok());
+    }
 }

@@ -87,10 +87,11 @@ pub(crate) fn check_offer(o: &Offer) -> Result<(), BrokerError> {
             "gpu_count must be 1 to {MAX_GPUS}"
         )));
     }
-    if super::index::micros(o.price_per_gpu_hour).is_none() {
-        return Err(BrokerError::BadRequest(
-            "price_per_gpu_hour must be a finite number from 0 to 10^9".into(),
-        ));
+    if !o.price_per_gpu_hour_micros.in_range() {
+        return Err(BrokerError::BadRequest(format!(
+            "price_per_gpu_hour_micros must be at most {} (10^9 units)",
+            cgx_protocol::money::Micros::MAX.get()
+        )));
     }
     Ok(())
 }

@@ -258,13 +258,13 @@ impl std::fmt::Debug for SimBrokerNode {
 }
 
 /// An offer of `gpus` simulated H100s (80 GiB) in `region` at `price` per GPU-hour.
-pub fn offer(gpus: u32, region: &str, price: f64) -> Offer {
+pub fn offer(gpus: u32, region: &str, price: cgx_protocol::money::Micros) -> Offer {
     Offer {
         gpu_model: "H100".into(),
         gpu_count: gpus,
         gpu_memory_gib: 80,
         region: region.into(),
-        price_per_gpu_hour: price,
+        price_per_gpu_hour_micros: price,
         operator: OPERATOR.into(),
     }
 }

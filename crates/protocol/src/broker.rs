@@ -21,6 +21,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use serde::{Deserialize, Serialize};
 
 use crate::kbs_types::TeePubKey;
+use crate::money::Micros;
 
 /// The audience of a heartbeat token: a heartbeat is made for the broker, nothing else.
 pub const HEARTBEAT_AUDIENCE: &str = crate::signed::Kind::Heartbeat.audience();
@@ -193,8 +194,8 @@ pub struct Offer {
     /// Memory per GPU, GiB; at most the model's.
     pub gpu_memory_gib: u32,
     pub region: String,
-    /// Price per GPU-hour (the marketplace's currency unit; six decimals kept).
-    pub price_per_gpu_hour: f64,
+    /// Price per GPU-hour, in micros (`crate::money`).
+    pub price_per_gpu_hour_micros: Micros,
     /// The operator (provider) the node belongs to.
     pub operator: String,
 }
@@ -273,16 +274,41 @@ pub struct JobSpec {
     /// Regions allowed, in order of preference; empty: any.
     #[serde(default)]
     pub regions: Vec<String>,
-    pub max_price_per_gpu_hour: f64,
+    /// The most the tenant pays per GPU-hour, in micros.
+    pub max_price_per_gpu_hour_micros: Micros,
     pub duration_secs: u64,
-    /// What the tenant escrows: at least `max price × GPUs × hours`.
-    pub budget: f64,
+    /// What the tenant escrows, in micros: at least `max price × GPUs × hours`.
+    pub budget_micros: Micros,
     /// KBS resource paths the job's lease covers (`repo/type/tag`).
     #[serde(default)]
     pub resources: Vec<String>,
     /// Rego, package `placement`: `deny` is a set of readable reasons (empty: the node fits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement_policy: Option<String>,
+}
+
+impl JobSpec {
+    /// A job spec as the broker stored it: today's form, or one stored before integer money
+    /// (`max_price_per_gpu_hour`, `budget` as floats), read exactly as the broker of then read
+    /// it ([`Micros::from_stored_float`]). The API takes today's form only.
+    pub fn from_stored(text: &str) -> Result<JobSpec, String> {
+        let mut v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if let Some(obj) = v.as_object_mut() {
+            for (old, new) in [
+                ("max_price_per_gpu_hour", "max_price_per_gpu_hour_micros"),
+                ("budget", "budget_micros"),
+            ] {
+                if let Some(f) = obj.remove(old) {
+                    let m = f
+                        .as_f64()
+                        .and_then(Micros::from_stored_float)
+                        .ok_or_else(|| format!("stored {old} {f} is not an amount"))?;
+                    obj.insert(new.into(), serde_json::json!(m));
+                }
+            }
+        }
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
 }
 
 /// A job's state. On the wire and in storage, its lowercase name.
@@ -390,7 +416,7 @@ pub struct NodeView {
     pub gpu_count: u32,
     pub gpu_memory_gib: u32,
     pub free_gpus: u32,
-    pub price_per_gpu_hour: f64,
+    pub price_per_gpu_hour_micros: Micros,
     pub reputation: i64,
     /// The appraisal's status.
     pub status: String,
@@ -429,5 +455,44 @@ mod tests {
         assert!(serde_json::from_str::<CpuEvidence>(bad).is_err());
         let ok = r#"{"kind":"tdx","quote":"AA"}"#;
         assert!(serde_json::from_str::<CpuEvidence>(ok).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod money_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const TODAY: &str = r#"{"gpu_model":"H100","gpu_count":2,"max_price_per_gpu_hour_micros":2500000,"duration_secs":3600,"budget_micros":5000000}"#;
+    const STORED_BEFORE: &str = r#"{"gpu_model":"H100","gpu_count":2,"max_price_per_gpu_hour":2.5,"duration_secs":3600,"budget":5.0000004}"#;
+
+    #[test]
+    fn job_specs_carry_integer_micros_and_old_stored_ones_read_exactly() {
+        let today: JobSpec = serde_json::from_str(TODAY).unwrap();
+        assert_eq!(today.max_price_per_gpu_hour_micros, Micros(2_500_000));
+        assert_eq!(JobSpec::from_stored(TODAY).unwrap(), today);
+        // A spec a broker from before stored: its floats, rounded as that broker rounded.
+        assert_eq!(JobSpec::from_stored(STORED_BEFORE).unwrap(), today);
+        // The API takes today's form only: the float field is unknown, and says so.
+        let e = serde_json::from_str::<JobSpec>(STORED_BEFORE)
+            .unwrap_err()
+            .to_string();
+        let said = crate::money::retired_field_refusal(&e).unwrap();
+        assert!(
+            said.contains("send max_price_per_gpu_hour_micros"),
+            "{said}"
+        );
+        // A float where an integer belongs is refused, not rounded.
+        let e = serde_json::from_str::<JobSpec>(&TODAY.replace("5000000}", "5000000.5}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected u64"), "{e}");
+        // A stored amount that was never valid stays an error.
+        let bad = STORED_BEFORE.replace("5.0000004", "-1");
+        assert!(
+            JobSpec::from_stored(&bad)
+                .unwrap_err()
+                .contains("not an amount")
+        );
     }
 }

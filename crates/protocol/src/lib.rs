@@ -19,6 +19,7 @@ pub mod binding;
 pub mod broker;
 pub mod jcs;
 pub mod kbs;
+pub mod money;
 pub mod records;
 pub mod signed;
 pub mod weights;

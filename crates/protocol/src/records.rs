@@ -8,8 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::signed::{Kind, Record};
 
-/// Prices and budgets in millionths of the marketplace's currency unit.
-pub type Micros = u64;
+pub use crate::money::Micros;
 
 /// A CPU TEE kind a node runs and a job may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -186,7 +185,7 @@ mod tests {
             gpu_chip: "GH100".into(),
             gpu_count: 8,
             gpu_memory_gib: 80,
-            price: 1_000_000,
+            price: Micros(1_000_000),
             status: "affirming".into(),
             violations: vec![],
             attested_at: 1_000,
