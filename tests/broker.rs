@@ -12,6 +12,7 @@ use cgx_devnet::broker::{
 };
 use cgx_protocol::broker::JobSpec;
 use cgx_protocol::money::Micros;
+use cgx_protocol::records::{TeeKind, Tier};
 use cgx_service::clock::{Clock, ManualClock};
 
 /// A KBS and a broker on loopback, trusting `nodes`' simulator roots.
@@ -69,7 +70,7 @@ fn job(gpus: u32) -> JobSpec {
         gpu_model: "H100".into(),
         gpu_count: gpus,
         min_gpu_memory_gib: 40,
-        tee: vec!["snp".into()],
+        tee: vec![TeeKind::Snp],
         regions: Vec::new(),
         max_price_per_gpu_hour_micros: Micros(4_000_000),
         duration_secs: 3600,
@@ -104,7 +105,7 @@ fn a_job_is_placed_on_the_right_node_and_only_that_vm_gets_its_key() {
     let op = net.operator(&broker);
     for n in [&a, &b, &cheap_far] {
         let r = n.register(&op).unwrap();
-        assert_eq!(r.status, "affirming", "{:?}", r.violations);
+        assert_eq!(r.status, Tier::Affirming, "{:?}", r.violations);
         assert_eq!(r.node_id, n.id);
     }
     // The weights key: a job resource, released only with a lease.
@@ -287,7 +288,7 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
     // That refusal is cheap and spends nothing: the node itself may still use the nonce.
     let mut fixed = stolen.clone();
     fixed.proof = a.registration(&n.nonce).unwrap().proof;
-    assert_eq!(op.register(&fixed).unwrap().status, "affirming");
+    assert_eq!(op.register(&fixed).unwrap().status, Tier::Affirming);
     let mut moved = node(1, "eu-west", "1.0");
     moved.offer.operator = "op2".into();
     let n = op.nonce().unwrap();
@@ -326,7 +327,7 @@ fn contraindicated_evidence_registers_but_is_never_placed_and_says_why() {
     let broker = BrokerServer::start(&net.broker.config).unwrap();
     let op = net.operator(&broker);
     let r = bad.register(&op).unwrap();
-    assert_eq!(r.status, "contraindicated");
+    assert_eq!(r.status, Tier::Contraindicated);
     assert!(!r.violations.is_empty());
     let view = op.node(&bad.id).unwrap();
     assert!(!view.placeable);
@@ -425,7 +426,7 @@ fn heartbeats_are_signed_monotonic_and_freshness_lapses() {
     );
     // Re-attesting (the broker's clock is ahead of the simulator's certificates: fine).
     let r = a.register(&op).unwrap();
-    assert_eq!(r.status, "affirming");
+    assert_eq!(r.status, Tier::Affirming);
     assert!(op.node(&a.id).unwrap().placeable);
     // A nonce past its lifetime, and one whose MAC does not match.
     let n = op.nonce().unwrap();
@@ -473,12 +474,28 @@ fn budgets_policies_tenants_and_cancellation() {
     assert!(held.reason.contains("placement_policy"), "{}", held.reason);
     tenant.cancel(&held.id).unwrap();
     // Bad shapes.
-    let mut spec = job(0);
-    assert_eq!(code(tenant.submit(&spec)).0, "BadRequest");
-    spec = job(1);
-    spec.tee = vec!["sgx".into()];
-    assert_eq!(code(tenant.submit(&spec)).0, "BadRequest");
-    spec = job(1);
+    assert_eq!(code(tenant.submit(&job(0))).0, "BadRequest");
+    // Shapes a typed client cannot send, as JSON: an unknown TEE kind; money as a float.
+    let mut raw = serde_json::to_value(job(1)).unwrap();
+    raw["tee"] = serde_json::json!(["sgx"]);
+    let (c, d) = code(tenant.submit_json(&raw));
+    assert!(
+        c == "BadRequest" && d.contains("unknown variant `sgx`"),
+        "{c}: {d}"
+    );
+    let mut raw = serde_json::to_value(job(1)).unwrap();
+    raw.as_object_mut().unwrap().remove("budget_micros");
+    raw["budget"] = serde_json::json!(4.0);
+    let (c, d) = code(tenant.submit_json(&raw));
+    assert!(
+        c == "BadRequest" && d.contains("budget (a float) is no longer read: send budget_micros"),
+        "{c}: {d}"
+    );
+    let mut raw = serde_json::to_value(job(1)).unwrap();
+    raw["max_price_per_gpu_hour_micros"] = serde_json::json!(4.5);
+    let (c, d) = code(tenant.submit_json(&raw));
+    assert!(c == "BadRequest" && d.contains("expected u64"), "{c}: {d}");
+    let mut spec = job(1);
     spec.resources = vec!["../etc/passwd".into()];
     assert_eq!(code(tenant.submit(&spec)).0, "BadRequest");
     // Two GPUs: the first job takes both, the second waits, cancelling frees them.

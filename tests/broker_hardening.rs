@@ -10,6 +10,7 @@ use cgx_broker::client::{BrokerClient, ClientError};
 use cgx_devnet::broker::{BrokerServer, BrokerSetup, OPERATOR, SimBrokerNode, broker_setup, offer};
 use cgx_protocol::broker::{JobSpec, JobView};
 use cgx_protocol::money::Micros;
+use cgx_protocol::records::{TeeKind, Tier};
 use cgx_service::clock::{Clock, ManualClock};
 
 struct Net {
@@ -44,7 +45,7 @@ fn job(gpus: u32) -> JobSpec {
         gpu_model: "H100".into(),
         gpu_count: gpus,
         min_gpu_memory_gib: 40,
-        tee: vec!["snp".into()],
+        tee: vec![TeeKind::Snp],
         regions: Vec::new(),
         max_price_per_gpu_hour_micros: Micros(4_000_000),
         duration_secs: 3600,
@@ -361,7 +362,7 @@ fn an_older_node_record_put_back_is_refused() {
     };
     assert_eq!(
         a.register(&op_at(clock.unix())).unwrap().status,
-        "affirming"
+        Tier::Affirming
     );
     let db = net.broker.config.database.clone();
     let old = one_string(&db, "SELECT record FROM nodes WHERE id = $1", &a.id).unwrap();
@@ -369,7 +370,7 @@ fn an_older_node_record_put_back_is_refused() {
     clock.advance(5);
     a.snp_policy |= 1 << 19;
     let r = a.register(&op_at(clock.unix())).unwrap();
-    assert_ne!(r.status, "affirming");
+    assert_ne!(r.status, Tier::Affirming);
     // The database writer puts the older, validly signed, affirming record back.
     sql(
         &db,
@@ -628,7 +629,7 @@ fn a_gpu_registered_by_another_vm_leaves_the_first_unplaceable() {
         &other.tee_thumbprint().unwrap(),
     )
     .unwrap();
-    assert_eq!(op.register(&moved).unwrap().status, "affirming");
+    assert_eq!(op.register(&moved).unwrap().status, Tier::Affirming);
     // `a` speaks again: it no longer has that GPU, and is told to register again (which the
     // database refuses while the other VM is live).
     let ans = op

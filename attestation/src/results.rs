@@ -31,38 +31,8 @@ pub const TRUST_CLAIMS: [&str; 8] = [
     "sourced-data",
 ];
 
-/// AR4SI trustworthiness tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    None,
-    Affirming,
-    Warning,
-    Contraindicated,
-}
-
-impl Tier {
-    /// Tier of one AR4SI claim value (draft-ietf-rats-ar4si §2.3.1, as EAR libraries read it):
-    /// -1..=1 none; 2..=31 and -32..=-2 affirming; 32..=95 and -96..=-33 warning; the rest
-    /// (96..=127, -128..=-97) contraindicated.
-    pub fn of(code: i64) -> Tier {
-        match code {
-            -1..=1 => Tier::None,
-            -32..=31 => Tier::Affirming,
-            -96..=95 => Tier::Warning,
-            _ => Tier::Contraindicated,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::None => "none",
-            Tier::Affirming => "affirming",
-            Tier::Warning => "warning",
-            Tier::Contraindicated => "contraindicated",
-        }
-    }
-}
+/// AR4SI trustworthiness tier: one type with the wire's ([`cgx_protocol::records::Tier`]).
+pub use cgx_protocol::records::Tier;
 
 /// One reason the policy lowered a claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

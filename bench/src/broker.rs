@@ -103,7 +103,7 @@ fn fleet(nodes: usize, r: &mut Rng) -> Index {
             gpu_count: 8,
             gpu_memory_gib: mem,
             price: Micros(1_000_000 + r.below(300) * 10_000),
-            status: "affirming".into(),
+            status: cgx_protocol::records::Tier::Affirming,
             violations: Vec::new(),
             attested_at: NOW - r.below(300) as i64,
             ear_expires_at: NOW + 3600,

@@ -194,6 +194,12 @@ impl BrokerClient {
         self.post(routes::JOBS, spec)
     }
 
+    /// Submit a job spec given as JSON as it stands (a file a tenant wrote): the broker, not
+    /// this client, judges its shape.
+    pub fn submit_json(&self, spec: &serde_json::Value) -> Result<JobView> {
+        self.post(routes::JOBS, spec)
+    }
+
     pub fn job(&self, id: &str) -> Result<JobView> {
         self.call("GET", &routes::with_id(routes::JOB, id), None, None)
     }

@@ -10,6 +10,7 @@ use cgx_broker::client::{BrokerClient, ClientError};
 use cgx_broker::server::config::BrokerConfig;
 use cgx_protocol::broker::{JobSpec, JobView, NodeView};
 use cgx_protocol::money::Micros;
+use cgx_protocol::records::TeeKind;
 
 use crate::output::{CliResult, print_json, read_text};
 
@@ -155,8 +156,8 @@ pub struct SubmitArgs {
     #[arg(long, default_value_t = 0)]
     pub min_memory: u32,
     /// TEE kinds allowed (snp, tdx); repeat or comma-separate. Default: any.
-    #[arg(long, value_delimiter = ',')]
-    pub tee: Vec<String>,
+    #[arg(long, value_delimiter = ',', value_parser = parse_tee)]
+    pub tee: Vec<TeeKind>,
     /// Regions allowed, in order of preference; repeat or comma-separate. Default: any.
     #[arg(long = "region", value_delimiter = ',')]
     pub regions: Vec<String>,
@@ -250,7 +251,12 @@ fn print_job(j: &JobView) {
         if j.spec.tee.is_empty() {
             "any".into()
         } else {
-            j.spec.tee.join(",")
+            j.spec
+                .tee
+                .iter()
+                .map(|t| t.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
         },
         if j.spec.regions.is_empty() {
             "any".into()
@@ -335,7 +341,7 @@ pub fn node_table(nodes: &[NodeView]) -> Vec<String> {
             if n.placeable {
                 "placeable".to_string()
             } else {
-                n.status.clone()
+                n.status.to_string()
             },
             if n.placeable { "" } else { n.reason.as_str() }
         ));
@@ -411,7 +417,7 @@ fn print_node(n: &NodeView) {
         "price        {} per GPU-hour; reputation {}",
         n.price_per_gpu_hour_micros, n.reputation
     );
-    println!("appraisal    {}", n.status.to_uppercase());
+    println!("appraisal    {}", n.status.as_str().to_uppercase());
     for v in &n.violations {
         println!("  {v}");
     }
@@ -426,4 +432,9 @@ fn print_node(n: &NodeView) {
     } else {
         println!("placeable    NO: {}", n.reason);
     }
+}
+
+/// `--tee`: a TEE kind by its wire name.
+fn parse_tee(text: &str) -> Result<TeeKind, String> {
+    TeeKind::parse(text).ok_or_else(|| format!("{text:?} is not a TEE kind (snp, tdx)"))
 }

@@ -163,7 +163,7 @@ fn run(
             n.id,
             t.elapsed().as_secs_f64() * 1e3,
             n.offer.gpu_count,
-            r.status.to_uppercase(),
+            r.status.as_str().to_uppercase(),
             r.violations
                 .first()
                 .map(|v| format!(" ({v})"))
@@ -207,7 +207,7 @@ fn run(
         gpu_model: "H100".into(),
         gpu_count: 4,
         min_gpu_memory_gib: 80,
-        tee: vec!["snp".into()],
+        tee: vec![cgx_protocol::records::TeeKind::Snp],
         regions: vec!["eu-west".into()],
         max_price_per_gpu_hour_micros: cgx_protocol::money::Micros(3_000_000),
         duration_secs: 3600,

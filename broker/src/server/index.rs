@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use cgx_policies::placement::PlacementPolicy;
 
-pub use cgx_protocol::records::{Micros, NodeRecord, TeeKind};
+pub use cgx_protocol::records::{Micros, NodeRecord, TeeKind, Tier};
 
 /// Freshness rules.
 #[derive(Debug, Clone, Copy)]
@@ -32,7 +32,7 @@ pub struct Freshness {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unplaceable {
     #[error("appraisal is {status}, not affirming: {detail}")]
-    NotAffirming { status: String, detail: String },
+    NotAffirming { status: Tier, detail: String },
     #[error("attestation lapsed at {at} (re-attestation due every {every} s)")]
     AttestationLapsed { at: i64, every: i64 },
     #[error("missed heartbeats: last at {last}, {missed} intervals of {every} s allowed")]
@@ -576,9 +576,9 @@ impl Index {
                 node: node.clone(),
             });
         }
-        if r.status != "affirming" {
+        if r.status != Tier::Affirming {
             return Err(Unplaceable::NotAffirming {
-                status: r.status.clone(),
+                status: r.status,
                 detail: if r.violations.is_empty() {
                     "no violation reported".into()
                 } else {
@@ -674,7 +674,7 @@ impl Index {
         match self.nodes.get(id) {
             Some(e) => self.cheap_fit(e, req, now),
             None => Err(Misfit::Unplaceable(Unplaceable::NotAffirming {
-                status: "none".into(),
+                status: Tier::None,
                 detail: "no longer registered".into(),
             })),
         }
@@ -1166,7 +1166,7 @@ mod tests {
             gpu_count: gpus,
             gpu_memory_gib: 80,
             price: Micros::from_stored_float(price).unwrap(),
-            status: "affirming".into(),
+            status: Tier::Affirming,
             violations: Vec::new(),
             attested_at: NOW - 10,
             ear_expires_at: NOW + 3600,
@@ -1205,7 +1205,7 @@ mod tests {
     #[test]
     fn every_misfit_is_refused_with_its_reason() {
         let mut contra = record("contra", "eu", 1.0, 8);
-        contra.status = "contraindicated".into();
+        contra.status = Tier::Contraindicated;
         contra.violations = vec!["cpu0: debug_forbidden".into()];
         let mut expired = record("expired", "eu", 1.0, 8);
         expired.attested_at = NOW - 601;
@@ -1382,7 +1382,7 @@ mod tests {
                 };
                 r.gpu_memory_gib = [40, 80][rnd(2) as usize];
                 if rnd(20) == 0 {
-                    r.status = "warning".into();
+                    r.status = Tier::Warning;
                 }
                 if rnd(20) == 0 {
                     r.attested_at = NOW - 700;

@@ -30,6 +30,7 @@ use cgx_policies::placement::PlacementPolicy;
 use cgx_policies::{Appraiser, PolicyEngine};
 use cgx_protocol::broker::{HeartbeatAnswer, JobSpec, JobView, NodeView, Registered, Registration};
 use cgx_protocol::money::Micros;
+use cgx_protocol::records::Tier;
 use cgx_service::auth::{Admin, AdminKeys, AdminState};
 use cgx_service::metrics::Metrics;
 use cgx_service::{Background, SharedClock, jwt};
@@ -37,7 +38,7 @@ use cgx_service::{Background, SharedClock, jwt};
 pub use config::BrokerConfig;
 pub use error::BrokerError;
 
-use index::{Freshness, Index, Misfit, NodeRecord, Requirements, TeeKind};
+use index::{Freshness, Index, Misfit, NodeRecord, Requirements};
 use store::{JobRow, JobState, LeaseRow, Outcome, PlacementRow, Refusal, Store, Write};
 
 /// How long a tenant's placement policy may take to compile (64 KiB at most).
@@ -469,7 +470,7 @@ impl Broker {
             gpu_count: reg.offer.gpu_count,
             gpu_memory_gib: reg.offer.gpu_memory_gib,
             price: reg.offer.price_per_gpu_hour_micros,
-            status: appraisal.status().as_str().to_string(),
+            status: appraisal.status(),
             violations: appraisal.violations(),
             attested_at: now,
             ear_expires_at: appraisal.ear().exp.unwrap_or(now),
@@ -566,7 +567,7 @@ impl Broker {
         }
         self.metrics.event(
             "register",
-            if record.status == "affirming" {
+            if record.status == Tier::Affirming {
                 "affirming"
             } else {
                 "not_affirming"
@@ -934,7 +935,7 @@ impl Broker {
             id: r.id.clone(),
             operator: r.operator.clone(),
             region: r.region.clone(),
-            tee: r.tee.as_str().into(),
+            tee: r.tee,
             sim: r.sim,
             gpu_model: r.gpu_model.clone(),
             gpu_chip: r.gpu_chip.clone(),
@@ -943,7 +944,7 @@ impl Broker {
             free_gpus: idx.free_gpus(id).unwrap_or(0),
             price_per_gpu_hour_micros: r.price,
             reputation: idx.reputation(id).unwrap_or(0),
-            status: r.status.clone(),
+            status: r.status,
             placeable: placeable.is_ok(),
             reason: placeable.err().map(|u| u.to_string()).unwrap_or_default(),
             violations: r.violations.clone(),
@@ -1053,12 +1054,7 @@ impl Broker {
         if spec.gpu_count == 0 || spec.gpu_count > index::MAX_GPUS {
             return bad(format!("gpu_count must be 1 to {}", index::MAX_GPUS));
         }
-        let tee = spec
-            .tee
-            .iter()
-            .map(|t| TeeKind::parse(t).ok_or(()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| BrokerError::BadRequest("tee must list snp and/or tdx".into()))?;
+        let tee = spec.tee.clone();
         if spec.regions.len() > 32 {
             return bad("at most 32 regions".into());
         }

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::kbs_types::TeePubKey;
 use crate::money::Micros;
+use crate::records::{TeeKind, Tier};
 
 /// The audience of a heartbeat token: a heartbeat is made for the broker, nothing else.
 pub const HEARTBEAT_AUDIENCE: &str = crate::signed::Kind::Heartbeat.audience();
@@ -221,8 +222,8 @@ pub struct Registration {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Registered {
     pub node_id: String,
-    /// `affirming`, `warning`, `contraindicated` or `none`.
-    pub status: String,
+    /// The appraisal's status (`affirming`, `warning`, `contraindicated` or `none`).
+    pub status: Tier,
     /// The signed EAR.
     pub ear: String,
     /// The policy's violations, readable.
@@ -270,7 +271,7 @@ pub struct JobSpec {
     pub min_gpu_memory_gib: u32,
     /// TEE kinds allowed (`snp`, `tdx`); empty: any.
     #[serde(default)]
-    pub tee: Vec<String>,
+    pub tee: Vec<TeeKind>,
     /// Regions allowed, in order of preference; empty: any.
     #[serde(default)]
     pub regions: Vec<String>,
@@ -409,7 +410,7 @@ pub struct NodeView {
     pub id: String,
     pub operator: String,
     pub region: String,
-    pub tee: String,
+    pub tee: TeeKind,
     pub sim: bool,
     pub gpu_model: String,
     pub gpu_chip: String,
@@ -419,7 +420,7 @@ pub struct NodeView {
     pub price_per_gpu_hour_micros: Micros,
     pub reputation: i64,
     /// The appraisal's status.
-    pub status: String,
+    pub status: Tier,
     pub placeable: bool,
     /// Why the node is not placeable (empty when it is).
     pub reason: String,

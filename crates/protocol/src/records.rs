@@ -35,6 +35,52 @@ impl TeeKind {
     }
 }
 
+/// An appraisal's status: the AR4SI trustworthiness tier (draft-ietf-rats-ar4si), on the
+/// wire and in storage its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    None,
+    Affirming,
+    Warning,
+    Contraindicated,
+}
+
+impl Tier {
+    /// Tier of one AR4SI claim value (draft-ietf-rats-ar4si §2.3.1, as EAR libraries read it):
+    /// -1..=1 none; 2..=31 and -32..=-2 affirming; 32..=95 and -96..=-33 warning; the rest
+    /// (96..=127, -128..=-97) contraindicated.
+    pub fn of(code: i64) -> Tier {
+        match code {
+            -1..=1 => Tier::None,
+            -32..=31 => Tier::Affirming,
+            -96..=95 => Tier::Warning,
+            _ => Tier::Contraindicated,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::None => "none",
+            Tier::Affirming => "affirming",
+            Tier::Warning => "warning",
+            Tier::Contraindicated => "contraindicated",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl std::fmt::Display for TeeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// The broker's lease: the KBS releases `resources` (each the tenant's own) to the VM whose
 /// attested TEE key has the thumbprint `node_key`, until the envelope's `exp`; renewed in
 /// heartbeat answers up to `until`, the job's end.
@@ -93,7 +139,7 @@ pub struct NodeRecord {
     pub gpu_memory_gib: u32,
     pub price: Micros,
     /// `affirming`, `warning`, `contraindicated`, `none`.
-    pub status: String,
+    pub status: Tier,
     pub violations: Vec<String>,
     pub attested_at: i64,
     pub ear_expires_at: i64,
@@ -186,7 +232,7 @@ mod tests {
             gpu_count: 8,
             gpu_memory_gib: 80,
             price: Micros(1_000_000),
-            status: "affirming".into(),
+            status: Tier::Affirming,
             violations: vec![],
             attested_at: 1_000,
             ear_expires_at: 1_500,
