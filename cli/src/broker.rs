@@ -199,8 +199,10 @@ impl SubmitArgs {
             Some(b) => b,
             // What the broker requires: max price × GPUs × hours, rounded up to the micro.
             None => {
-                let needed =
-                    u128::from(max_price.get()) * u128::from(self.gpus) * u128::from(duration_secs);
+                let needed = u128::from(max_price.get())
+                    .checked_mul(u128::from(self.gpus))
+                    .and_then(|n| n.checked_mul(u128::from(duration_secs)))
+                    .ok_or("--max-price × --gpus × --duration is too large")?;
                 u64::try_from(needed.div_ceil(3600))
                     .map(Micros)
                     .map_err(|_| "--max-price × --gpus × --duration is too large".to_string())?

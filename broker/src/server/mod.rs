@@ -131,18 +131,24 @@ fn sim_trust(roots: &[String]) -> Result<SimTrust, BrokerError> {
     })
 }
 
-/// Refuse a placement policy that reads the float price of before: `input.node.price_per_gpu_hour`
-/// is undefined now, and a `deny` rule over an undefined value never fires — the policy would
-/// let through every node it was written to keep out.
+/// Refuse a placement policy that reads a money field of before (`input.node.price_per_gpu_hour`,
+/// `input.job.max_price_per_gpu_hour`, `input.job.budget`): each is undefined now, and a `deny`
+/// rule over an undefined value never fires — the policy would let through every node it was
+/// written to keep out. A field access is the name after `.` or `"` and not followed by more
+/// of an identifier (`_micros`), so prose and today's names pass.
 fn retired_policy_input(text: &str) -> Result<(), BrokerError> {
-    const OLD: &str = "price_per_gpu_hour";
-    let reads_old = text
-        .match_indices(OLD)
-        .any(|(i, _)| !text[i + OLD.len()..].starts_with("_micros"));
-    if reads_old {
-        return Err(BrokerError::PlacementPolicy(
-            "input.node.price_per_gpu_hour is no longer given: read price_per_gpu_hour_micros, an integer of micros (10^-6 of the currency unit)".into(),
-        ));
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    for (old, new) in cgx_protocol::money::RETIRED_FLOAT_FIELDS {
+        let reads_old = text.match_indices(old).any(|(i, _)| {
+            let before = i.checked_sub(1).map(|j| text.as_bytes()[j]);
+            let after = text.as_bytes().get(i + old.len()).copied();
+            matches!(before, Some(b'.' | b'"')) && !after.is_some_and(ident)
+        });
+        if reads_old {
+            return Err(BrokerError::PlacementPolicy(format!(
+                "the policy reads {old}, which is no longer given: read {new}, an integer of micros (10^-6 of the currency unit)"
+            )));
+        }
     }
     Ok(())
 }
@@ -1050,6 +1056,11 @@ impl Broker {
         spec: &JobSpec,
     ) -> Result<Requirements, BrokerError> {
         let bad = |m: String| Err(BrokerError::BadRequest(m));
+        // At submission, and for a job stored before integer money (its policy fails the job
+        // with this reason rather than let through what it was written to keep out).
+        if let Some(text) = &spec.placement_policy {
+            retired_policy_input(text)?;
+        }
         register::check_name(&spec.gpu_model, "gpu_model")?;
         if spec.gpu_count == 0 || spec.gpu_count > index::MAX_GPUS {
             return bad(format!("gpu_count must be 1 to {}", index::MAX_GPUS));
@@ -1113,9 +1124,6 @@ impl Broker {
             return Err(BrokerError::BadRequest("at most 32 resources".into()));
         }
         owned_resources(&tenant, &spec.resources)?;
-        if let Some(text) = &spec.placement_policy {
-            retired_policy_input(text)?;
-        }
         let id = random_id("j")?;
         let req = self.requirements(&id, &tenant, &spec).await?;
         let budget = spec.budget_micros;
@@ -1131,8 +1139,9 @@ impl Broker {
             * u128::from(spec.duration_secs);
         let needed = cost.div_ceil(3600);
         if u128::from(budget.get()) < needed {
-            // `needed` < budget bound × … fits u64 whenever it is shown against a budget in range.
-            let needed = Micros(u64::try_from(needed).unwrap_or(u64::MAX));
+            // Shown exactly, as `Micros` shows amounts (`needed` may pass u64: 10^15 × 64 × 30 days).
+            let per = u128::from(Micros::PER_UNIT);
+            let needed = format!("{}.{:06}", needed / per, needed % per);
             return Err(BrokerError::Budget(format!(
                 "a budget of {budget} does not cover {} GPUs × {} s at up to {max} per GPU-hour ({needed})",
                 spec.gpu_count,
@@ -1951,6 +1960,11 @@ mod tests {
         assert!(e.contains("read price_per_gpu_hour_micros"), "{e}");
         let job = "package placement\ndeny contains \"x\" if input.job.max_price_per_gpu_hour > 2";
         assert!(super::retired_policy_input(job).is_err());
+        let budget = "package placement\ndeny contains \"x\" if input.job[\"budget\"] < 9";
+        assert!(super::retired_policy_input(budget).is_err());
+        // Prose and today's names pass: a comment about the budget, the _micros fields.
+        let prose = "package placement\n# price_per_gpu_hour moved; the budget is in micros\ndeny contains \"x\" if input.job.budget_micros < 9";
+        assert!(super::retired_policy_input(prose).is_ok());
         let today = "package placement\ndeny contains \"dear\" if input.node.price_per_gpu_hour_micros > input.job.max_price_per_gpu_hour_micros";
         assert!(super::retired_policy_input(today).is_ok());
     }

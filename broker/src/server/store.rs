@@ -1637,6 +1637,12 @@ mod tests {
         assert_eq!(check("acme").await, None);
         assert_eq!(check("globex").await.as_deref(), Some("acme"));
         assert_eq!(held().await, Some(("acme".into(), i64::MAX)));
+        // The other way round: the holder's name sorts after the placing tenant's (the guard
+        // looks on both sides of the placing tenant's name, `< t` and `> t`).
+        run(vec![insert("g1", "globex", token("g1", "globex")).await]).await;
+        assert_eq!(check("acme").await.as_deref(), Some("globex"));
+        assert_eq!(check("umbrella").await.as_deref(), Some("globex"));
+        assert_eq!(check("globex").await, None);
         // A row from before migration 5: no tenant column value, its token still decides.
         run(vec![insert("old", "", token("old", "globex")).await]).await;
         assert_eq!(check("acme").await.as_deref(), Some("globex"));
@@ -1729,6 +1735,7 @@ mod tests {
         end("ended", 890).await;
         end("earlier", 885).await;
         assert_eq!(check("acme").await.as_deref(), Some("globex"));
+        assert_eq!(check("umbrella").await.as_deref(), Some("globex"));
         assert_eq!(held().await, Some(("globex".into(), 890 + 120)));
         // However many leases a tenant churned through on the node, one row says so.
         let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM node_holds")
