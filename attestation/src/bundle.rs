@@ -77,7 +77,6 @@ impl Bundle {
         source: &crate::collateral::fetch::CollateralSource,
         now: i64,
     ) -> Result<Self> {
-        use crate::collateral::CollateralKey;
         let kind = if dir.is_dir() {
             Self::detect_kind(dir)?
         } else {
@@ -91,43 +90,47 @@ impl Bundle {
                 )
                 .is_none() =>
             {
+                use crate::collateral::needed::{self, NeedError, Role, SnpCarried};
                 let report = read(&dir.join("report.bin"))?;
                 let parsed = snp::AttestationReport::parse(&report)?;
-                if parsed.signing_key()? == snp::SigningKey::Vlek {
-                    return Err(missing(dir, "vlek.der (VLEKs are not served by AMD KDS)"));
-                }
-                let vcek_key = CollateralKey::vcek_for(&parsed).ok_or_else(|| {
-                    missing(dir, "vcek.der (a v2 report does not name its product)")
-                })?;
-                let CollateralKey::AmdVcek { product, .. } = vcek_key else {
-                    return Err(missing(dir, "vcek.der"));
+                let chain_file = first_existing(dir, &["ask_ark.pem", "cert_chain.pem"])
+                    .map(|p| read(&p))
+                    .transpose()?;
+                let carried = SnpCarried {
+                    signing_cert: false,
+                    chain: chain_file.as_deref(),
                 };
-                let vcek = source.get(&vcek_key, now)?.bytes;
-                let chain = match first_existing(dir, &["ask_ark.pem", "cert_chain.pem"]) {
-                    Some(p) => read(&p)?,
-                    None => {
-                        source
-                            .get(
-                                &CollateralKey::AmdCertChain {
-                                    product,
-                                    vlek: false,
-                                },
-                                now,
-                            )?
-                            .bytes
-                    }
+                let needs = needed::snp(&parsed, parsed.signing_key()?, carried).map_err(|e| {
+                    missing(
+                        dir,
+                        match e {
+                            NeedError::VlekNotServed => {
+                                "vlek.der (VLEKs are not served by AMD KDS)"
+                            }
+                            NeedError::NoProduct(_) => {
+                                "vcek.der (a v2 report does not name its product)"
+                            }
+                            _ => "a readable ask_ark.pem",
+                        },
+                    )
+                })?;
+                let fetch = |role| -> Result<Option<Vec<u8>>> {
+                    needed::keys_of(&needs, role)
+                        .next()
+                        .map(|k| source.get(k, now).map(|f| f.bytes))
+                        .transpose()
+                };
+                let vcek = fetch(Role::SigningCert)?.ok_or_else(|| missing(dir, "vcek.der"))?;
+                let chain = match chain_file {
+                    Some(c) => c,
+                    None => fetch(Role::Chain)?.ok_or_else(|| missing(dir, "ask_ark.pem"))?,
                 };
                 // Revocation is checked whenever the CRL can be had; its absence is not an error
                 // (AMD CRLs are checked "when supplied").
-                let crls = source
-                    .get(
-                        &CollateralKey::AmdCrl {
-                            product,
-                            vlek: false,
-                        },
-                        now,
-                    )
-                    .map(|f| vec![f.bytes])
+                let crls = fetch(Role::Revocation)
+                    .ok()
+                    .flatten()
+                    .map(|c| vec![c])
                     .unwrap_or_default();
                 Ok(Bundle::Snp {
                     report,
@@ -148,14 +151,9 @@ impl Bundle {
                 };
                 // Like AMD CRLs: revocation is checked whenever the responses can be had; when
                 // they cannot, the claims say `not_checked` and policy decides.
-                let ocsp = crate::nvidia::ocsp::chain_cert_ids(&cert_chain)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|cert_id| {
-                        source
-                            .get(&CollateralKey::NvidiaOcsp { cert_id }, now)
-                            .map(|f| f.bytes)
-                    })
+                let ocsp = crate::collateral::needed::nvidia_ocsp(&cert_chain)
+                    .iter()
+                    .map(|n| source.get(&n.key, now).map(|f| f.bytes))
                     .collect::<Result<Vec<_>>>()
                     .unwrap_or_default();
                 Ok(Bundle::Nvidia {

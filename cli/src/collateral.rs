@@ -119,44 +119,50 @@ pub fn import(a: &crate::SourceArgs, paths: &[std::path::PathBuf]) -> CliResult 
                     cert_chain,
                     crls,
                 } => {
+                    use cgx_attestation::collateral::needed::{self, Role, SnpCarried};
                     let r = cgx_attestation::snp::AttestationReport::parse(&report)
                         .map_err(|e| e.to_string())?;
-                    let vcek_key = CollateralKey::vcek_for(&r)
-                        .ok_or("v2 report: its product is not in the report")?;
-                    let CollateralKey::AmdVcek { product, .. } = vcek_key else {
-                        return Err("not a VCEK key".into());
+                    // Stored under the keys a reader without this bundle's files asks for:
+                    // what `needed::snp` names for evidence that carries nothing but its report.
+                    let needs = needed::snp(&r, signing_key, SnpCarried::default());
+                    let needs = match needs {
+                        Ok(n) => n,
+                        // A VLEK is not served by KDS, so no reader looks one up by key:
+                        // import its chain and CRLs as for a VCEK's, under the VLEK paths.
+                        Err(needed::NeedError::VlekNotServed) => needed::snp(
+                            &r,
+                            signing_key,
+                            SnpCarried {
+                                signing_cert: true,
+                                chain: None,
+                            },
+                        )
+                        .map_err(|e| format!("{}: {e}", p.display()))?,
+                        Err(e) => return Err(format!("{}: {e}", p.display())),
                     };
-                    let vlek = signing_key == cgx_attestation::snp::SigningKey::Vlek;
-                    if !vlek {
-                        let der = if signing_cert.first() == Some(&0x30) {
-                            signing_cert
-                        } else {
+                    let key = |role| needed::keys_of(&needs, role).next().cloned();
+                    if let Some(vcek_key) = key(Role::SigningCert) {
+                        if signing_cert.first() != Some(&0x30) {
                             return Err("import the VCEK as DER".into());
-                        };
+                        }
                         store
-                            .put(&vcek_key.path(), &der, &src, now)
+                            .put(&vcek_key.path(), &signing_cert, &src, now)
                             .map_err(|e| e.to_string())?;
                         n += 1;
                     }
-                    store
-                        .put(
-                            &CollateralKey::AmdCertChain { product, vlek }.path(),
-                            &cert_chain,
-                            &src,
-                            now,
-                        )
-                        .map_err(|e| e.to_string())?;
-                    n += 1;
-                    for crl in crls {
+                    if let Some(chain_key) = key(Role::Chain) {
                         store
-                            .put(
-                                &CollateralKey::AmdCrl { product, vlek }.path(),
-                                &crl,
-                                &src,
-                                now,
-                            )
+                            .put(&chain_key.path(), &cert_chain, &src, now)
                             .map_err(|e| e.to_string())?;
                         n += 1;
+                    }
+                    if let Some(crl_key) = key(Role::Revocation) {
+                        for crl in crls {
+                            store
+                                .put(&crl_key.path(), &crl, &src, now)
+                                .map_err(|e| e.to_string())?;
+                            n += 1;
+                        }
                     }
                 }
                 _ => {

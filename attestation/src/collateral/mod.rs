@@ -15,6 +15,7 @@
 //! so a KDS answer is cached by (chip id, TCB) — KDS rate-limits hard.
 
 pub mod fetch;
+pub mod needed;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

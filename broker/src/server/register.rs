@@ -6,6 +6,7 @@
 
 use cgx_attestation::collateral::CollateralKey;
 use cgx_attestation::collateral::fetch::{CollateralSource, tdx_collateral_json, tdx_keys};
+use cgx_attestation::collateral::needed::{self, NeedError, Role, SnpCarried};
 use cgx_attestation::{Evidence, EvidenceKind, KindClaims, nvidia, snp, tdx};
 use cgx_policies::{Appraisal, Appraiser};
 use cgx_protocol::broker::{CpuEvidence, Offer, Registration, unb64};
@@ -141,30 +142,47 @@ pub(crate) fn decode(
                     )));
                 }
             };
-            let cert = match signing_cert {
-                Some(c) => bytes(c, "cpu.signing_cert")?,
-                None => CollateralKey::vcek_for(&parsed)
+            let carried_cert = signing_cert
+                .as_ref()
+                .map(|c| bytes(c, "cpu.signing_cert"))
+                .transpose()?;
+            let carried_chain = cert_chain.as_ref().map(|c| c.clone().into_bytes());
+            let needs = needed::snp(
+                &parsed,
+                kind,
+                SnpCarried {
+                    signing_cert: carried_cert.is_some(),
+                    chain: carried_chain.as_deref(),
+                },
+            )
+            .map_err(|e| match e {
+                NeedError::NoProduct("VCEK") => missing("VCEK"),
+                NeedError::NoProduct(_) => missing("AMD ASK/ARK chain"),
+                other => BrokerError::Evidence {
+                    code: "collateral_missing",
+                    detail: other.to_string(),
+                },
+            })?;
+            let stored = |role| needed::keys_of(&needs, role).next().cloned();
+            let cert = match carried_cert {
+                Some(c) => c,
+                None => stored(Role::SigningCert)
                     .and_then(lookup)
                     .ok_or_else(|| missing("VCEK"))?,
             };
-            let product = parsed.cpuid_product();
-            let vlek = kind == snp::SigningKey::Vlek;
-            let chain = match cert_chain {
-                Some(c) => c.clone().into_bytes(),
-                None => product
-                    .and_then(|product| lookup(CollateralKey::AmdCertChain { product, vlek }))
+            let chain = match carried_chain {
+                Some(c) => c,
+                None => stored(Role::Chain)
+                    .and_then(lookup)
                     .ok_or_else(|| missing("AMD ASK/ARK chain"))?,
             };
             // Revocation is the broker's to judge: a node chooses which CRLs it sends (one
             // from before a revocation hides it), so what it sends is not used, and the
             // store's current CRL for the chain's ARK is required.
             let _ = crls;
-            let key = cgx_attestation::trust::amd_crl_key(&chain, vlek).ok_or_else(|| {
-                BrokerError::Evidence {
-                    code: "collateral_missing",
-                    detail: "the AMD chain has no readable root, so no CRL can be found for it"
-                        .into(),
-                }
+            let key = stored(Role::Revocation).ok_or_else(|| BrokerError::Evidence {
+                code: "collateral_missing",
+                detail: "no AMD CRL can be named for this evidence".into(),
             })?;
             let path = key.path();
             let crl = lookup(key).ok_or_else(|| BrokerError::Evidence {
@@ -218,13 +236,10 @@ pub(crate) fn decode(
             // store's current responses for every certificate of the chain are, and without
             // them the claims say `not_checked` and policy decides (`require_ocsp`).
             let _ = &g.ocsp;
-            let ocsp = nvidia::ocsp::chain_cert_ids(&chain)
-                .ok()
-                .and_then(|ids| {
-                    ids.into_iter()
-                        .map(|cert_id| lookup(CollateralKey::NvidiaOcsp { cert_id }))
-                        .collect::<Option<Vec<_>>>()
-                })
+            let ocsp = needed::nvidia_ocsp(&chain)
+                .into_iter()
+                .map(|n| lookup(n.key))
+                .collect::<Option<Vec<_>>>()
                 .unwrap_or_default();
             Ok((bytes(&g.report, &format!("gpus[{i}].report"))?, chain, ocsp))
         })

@@ -22,6 +22,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use cgx_attestation::collateral::CollateralKey;
+use cgx_attestation::collateral::needed::{self, NeedError, Role, SnpCarried};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -340,45 +341,52 @@ impl Attester {
                 }
             }
         }
-        let product = parsed.cpuid_product();
-        let (cert, kind) = match signing {
-            Some(s) => s,
-            None => {
-                let key = CollateralKey::vcek_for(&parsed).ok_or_else(|| {
-                    failed("no VCEK in cert_chain and the report names no product")
-                })?;
-                let vcek = lk
-                    .get(key)
-                    .ok_or_else(|| failed("no VCEK in cert_chain or in the collateral store"))?;
-                (vcek, snp::SigningKey::Vcek)
-            }
+        let kind = match &signing {
+            Some((_, k)) => *k,
+            None => snp::SigningKey::Vcek,
         };
-        let chain = match (ask, ark) {
-            (Some(ask), Some(ark)) => pem(&ask) + &pem(&ark),
-            _ => {
-                let product = product.ok_or_else(|| {
-                    failed("no ASK/ARK in cert_chain and the report names no product")
-                })?;
-                let bytes = lk
-                    .get(CollateralKey::AmdCertChain {
-                        product,
-                        vlek: kind == snp::SigningKey::Vlek,
-                    })
+        let carried_chain = match (ask, ark) {
+            (Some(ask), Some(ark)) => Some(pem(&ask) + &pem(&ark)),
+            _ => None,
+        };
+        let needs = needed::snp(
+            &parsed,
+            kind,
+            SnpCarried {
+                signing_cert: signing.is_some(),
+                chain: carried_chain.as_deref().map(str::as_bytes),
+            },
+        )
+        .map_err(|e| match e {
+            NeedError::NoProduct("VCEK") => {
+                failed("no VCEK in cert_chain and the report names no product")
+            }
+            NeedError::NoProduct(_) => {
+                failed("no ASK/ARK in cert_chain and the report names no product")
+            }
+            other => failed(other.to_string()),
+        })?;
+        let stored = |role| needed::keys_of(&needs, role).next().cloned();
+        let cert = match signing {
+            Some((cert, _)) => cert,
+            None => stored(Role::SigningCert)
+                .and_then(|k| lk.get(k))
+                .ok_or_else(|| failed("no VCEK in cert_chain or in the collateral store"))?,
+        };
+        let chain = match carried_chain {
+            Some(c) => c,
+            None => {
+                let bytes = stored(Role::Chain)
+                    .and_then(|k| lk.get(k))
                     .ok_or_else(|| failed("no ASK/ARK in cert_chain or in the collateral store"))?;
                 String::from_utf8_lossy(&bytes).into_owned()
             }
         };
-        let crl = product.and_then(|product| {
-            lk.get(CollateralKey::AmdCrl {
-                product,
-                vlek: kind == snp::SigningKey::Vlek,
-            })
-        });
+        let crl = stored(Role::Revocation).and_then(|k| lk.get(k));
         // Online, the CRL is required: attesting without it would let a revoked VCEK or ASK
         // through whenever the store lacks a current one (the caller fetches it and retries).
         // Offline, the operator's store decides: no CRL there, no revocation check.
-        if crl.is_none() && product.is_some() && self.source.as_ref().is_some_and(|s| s.is_online())
-        {
+        if crl.is_none() && self.source.as_ref().is_some_and(|s| s.is_online()) {
             return Err(failed(
                 "the AMD CRL is not in the collateral store: revocation cannot be checked",
             ));
@@ -460,10 +468,9 @@ impl Attester {
             // checked" in the claims, for policy to weigh); each lookup is made, so the missing
             // ones are all fetched at once.
             let ocsp: Vec<Vec<u8>> = match &self.source {
-                Some(_) => nvidia::ocsp::chain_cert_ids(&chain)
-                    .unwrap_or_default()
+                Some(_) => needed::nvidia_ocsp(&chain)
                     .into_iter()
-                    .map(|cert_id| lk.get(CollateralKey::NvidiaOcsp { cert_id }))
+                    .map(|n| lk.get(n.key))
                     .collect::<Vec<_>>()
                     .into_iter()
                     .collect::<Option<Vec<_>>>()
