@@ -1236,8 +1236,11 @@ impl Broker {
         new: bool,
     ) -> Result<(Option<PlacementRow>, HashMap<String, Misfit>), BrokerError> {
         self.keys.check_job(job)?;
+        // Sealed, so the broker stored this text; one it cannot read now (a form no version
+        // wrote, say) is the job's fault, and fails it with the reason rather than stay
+        // pending for ever.
         let spec = JobSpec::from_stored(&job.spec)
-            .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
+            .map_err(|e| BrokerError::BadRequest(format!("stored job spec: {e}")))?;
         if spec.tenant.as_deref() != Some(job.tenant.as_str()) {
             return Err(BrokerError::JobSeal(format!(
                 "job {}'s spec names another tenant than its row",
