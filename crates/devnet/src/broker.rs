@@ -14,7 +14,7 @@ use cgx_broker::server::config::{ApiKey, AppraisalConfig, BrokerConfig};
 use cgx_kbs::client::KbsClient;
 use cgx_kbs::sim::SimNode;
 use cgx_protocol::broker::{
-    CpuEvidence, GpuEvidence, HeartbeatAnswer, Offer, Registered, Registration, b64,
+    CpuEvidence, GpuEvidence, HeartbeatAnswer, Offer, Registered, Registration,
 };
 use cgx_protocol::kbs::jwe::{Curve, TeeKey};
 use serde_json::json;
@@ -359,36 +359,20 @@ impl SimBrokerNode {
                     report,
                     cert_chain,
                     ocsp,
-                } => Some(GpuEvidence {
-                    report: b64(report),
-                    cert_chain: String::from_utf8_lossy(cert_chain).into_owned(),
-                    ocsp: ocsp.iter().map(|o| b64(o)).collect(),
-                }),
+                } => Some(GpuEvidence::new(report, cert_chain, ocsp)),
                 _ => None,
             })
             .collect();
-        let proof = cgx_protocol::broker::registration_proof(
+        // The guest's own builder (`cgx-protocol`): the dev network registers as a node does.
+        cgx_protocol::broker::registration(
+            nonce,
             &self.node_key.pkcs8,
-            &cgx_protocol::broker::unb64(nonce).unwrap_or_default(),
-            &self.offer.operator,
-            &self.tee_thumbprint()?,
-        )
-        .map_err(DevnetError::Kbs)?;
-        Ok(Registration {
-            nonce: nonce.to_string(),
-            node_key: b64(&self.node_key_raw),
-            proof,
-            tee_pubkey: self.tee_key()?.public().map_err(sim_err)?,
-            cpu: CpuEvidence::Snp {
-                report: b64(report),
-                signing_cert: Some(b64(signing_cert)),
-                signing_key: Some("vcek".into()),
-                cert_chain: Some(String::from_utf8_lossy(cert_chain).into_owned()),
-                crls: Vec::new(),
-            },
+            self.tee_key()?.public().map_err(sim_err)?,
+            CpuEvidence::snp_with_vcek(report, signing_cert, cert_chain),
             gpus,
-            offer: self.offer.clone(),
-        })
+            self.offer.clone(),
+        )
+        .map_err(|e| DevnetError::Kbs(e.to_string()))
     }
 
     /// A registration for `nonce` binding this node's own keys.

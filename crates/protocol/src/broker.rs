@@ -218,6 +218,73 @@ pub struct Registration {
     pub offer: Offer,
 }
 
+impl CpuEvidence {
+    /// SEV-SNP evidence as a node sends it: the report and its VCEK (DER) and chain (PEM, ASK
+    /// then ARK) as the TEE's firmware or KDS gave them; no CRLs (the broker uses its own).
+    pub fn snp_with_vcek(report: &[u8], vcek_der: &[u8], chain_pem: &[u8]) -> CpuEvidence {
+        CpuEvidence::Snp {
+            report: b64(report),
+            signing_cert: Some(b64(vcek_der)),
+            signing_key: Some("vcek".into()),
+            cert_chain: Some(String::from_utf8_lossy(chain_pem).into_owned()),
+            crls: Vec::new(),
+        }
+    }
+}
+
+impl GpuEvidence {
+    /// One GPU's evidence: its SPDM transcript, its device chain (PEM) and any OCSP responses.
+    pub fn new(report: &[u8], chain_pem: &[u8], ocsp: &[Vec<u8>]) -> GpuEvidence {
+        GpuEvidence {
+            report: b64(report),
+            cert_chain: String::from_utf8_lossy(chain_pem).into_owned(),
+            ocsp: ocsp.iter().map(|o| b64(o)).collect(),
+        }
+    }
+}
+
+/// Why a registration cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistrationError {
+    #[error("the nonce is not base64url")]
+    Nonce,
+    #[error("the node key is not an Ed25519 PKCS#8 key")]
+    NodeKey,
+}
+
+/// A node's registration (`POST /v1/nodes`), as the guest builds it: the broker's `nonce`
+/// (base64url, as `POST /v1/nodes/nonce` gave it), the node key (Ed25519 PKCS#8) that proves
+/// possession over the nonce, the operator and the TEE key, and the evidence — which must bind
+/// [`node_identity`] of this node key and TEE key through [`crate::binding`] (the caller asks
+/// its TEE and GPUs for it). One builder for the guest daemon and the dev network.
+pub fn registration(
+    nonce: &str,
+    node_key_pkcs8: &[u8],
+    tee_pubkey: TeePubKey,
+    cpu: CpuEvidence,
+    gpus: Vec<GpuEvidence>,
+    offer: Offer,
+) -> Result<Registration, RegistrationError> {
+    use aws_lc_rs::signature::KeyPair;
+    let raw = unb64(nonce).ok_or(RegistrationError::Nonce)?;
+    let pair = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(node_key_pkcs8)
+        .map_err(|_| RegistrationError::NodeKey)?;
+    let thumbprint = crate::kbs::jwe::thumbprint(&tee_pubkey);
+    let proof = b64(pair
+        .sign(&registration_message(&raw, &offer.operator, &thumbprint))
+        .as_ref());
+    Ok(Registration {
+        nonce: nonce.to_string(),
+        node_key: b64(pair.public_key().as_ref()),
+        proof,
+        tee_pubkey,
+        cpu,
+        gpus,
+        offer,
+    })
+}
+
 /// `POST /v1/nodes` answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Registered {
@@ -495,5 +562,66 @@ mod money_tests {
                 .unwrap_err()
                 .contains("not an amount")
         );
+    }
+}
+
+#[cfg(test)]
+mod registration_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use aws_lc_rs::signature::{ED25519, UnparsedPublicKey};
+
+    fn offer() -> Offer {
+        Offer {
+            gpu_model: "H100".into(),
+            gpu_count: 1,
+            gpu_memory_gib: 80,
+            region: "eu-west".into(),
+            price_per_gpu_hour_micros: Micros(2_000_000),
+            operator: "op1".into(),
+        }
+    }
+
+    #[test]
+    fn a_registration_proves_the_node_key_over_nonce_operator_and_tee_key() {
+        let rng = aws_lc_rs::rand::SystemRandom::new();
+        let pkcs8 = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+        let tee = crate::kbs::jwe::TeeKey::generate_ec(crate::kbs::jwe::Curve::P256)
+            .unwrap()
+            .public()
+            .unwrap();
+        let nonce = b64(&[5; 32]);
+        let cpu = CpuEvidence::snp_with_vcek(&[1; 1184], &[0x30, 1], b"-----BEGIN");
+        let gpus = vec![GpuEvidence::new(&[2; 8], b"chain", &[vec![3]])];
+        let reg = registration(
+            &nonce,
+            pkcs8.as_ref(),
+            tee.clone(),
+            cpu.clone(),
+            gpus,
+            offer(),
+        )
+        .unwrap();
+        assert_eq!((reg.nonce.as_str(), &reg.cpu), (nonce.as_str(), &cpu));
+        assert_eq!(reg.gpus[0].ocsp, vec![b64(&[3])]);
+        // The broker's check: the node key signed (nonce, operator, TEE key thumbprint).
+        let message = registration_message(&[5; 32], "op1", &crate::kbs::jwe::thumbprint(&tee));
+        let key = UnparsedPublicKey::new(&ED25519, unb64(&reg.node_key).unwrap());
+        assert!(key.verify(&message, &unb64(&reg.proof).unwrap()).is_ok());
+        // Over another operator it does not verify.
+        let other = registration_message(&[5; 32], "op2", &crate::kbs::jwe::thumbprint(&tee));
+        assert!(key.verify(&other, &unb64(&reg.proof).unwrap()).is_err());
+        // Refusals, before anything is signed.
+        let bad = registration(
+            "not base64!",
+            pkcs8.as_ref(),
+            tee.clone(),
+            cpu.clone(),
+            vec![],
+            offer(),
+        );
+        assert_eq!(bad.unwrap_err(), RegistrationError::Nonce);
+        let bad = registration(&nonce, b"not a key", tee, cpu, vec![], offer());
+        assert_eq!(bad.unwrap_err(), RegistrationError::NodeKey);
     }
 }
