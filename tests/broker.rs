@@ -194,6 +194,16 @@ fn registration_refuses_what_the_evidence_does_not_prove() {
     op.register(&reg).unwrap();
     let (c, d) = code(op.register(&reg));
     assert_eq!(c, "NonceInvalid", "{d}");
+    // The same nonce in another base64 spelling (standard alphabet, padded) is the same nonce:
+    // spent once, whatever its text.
+    let mut respelled = reg.clone();
+    respelled.nonce = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        cgx_protocol::broker::unb64(&reg.nonce).unwrap(),
+    );
+    assert_ne!(respelled.nonce, reg.nonce);
+    let (c, d) = code(op.register(&respelled));
+    assert_eq!(c, "NonceInvalid", "{d}");
     // A nonce never issued.
     let forged = a
         .registration(&cgx_protocol::broker::b64(&[7; 32]))

@@ -118,12 +118,13 @@ impl Keys {
         Ok((cgx_protocol::broker::b64(&n), expires_at))
     }
 
-    /// A nonce this broker issued, unexpired at `now`: its expiry.
-    pub(crate) fn check_nonce(&self, nonce: &str, now: i64) -> Result<i64, BrokerError> {
+    /// A nonce this broker issued (its bytes, decoded once at the edge), unexpired at `now`:
+    /// its expiry.
+    pub(crate) fn check_nonce(&self, n: &[u8], now: i64) -> Result<i64, BrokerError> {
         let bad = |m: &str| Err(BrokerError::Nonce(m.into()));
-        let Some(n) = cgx_protocol::broker::unb64(nonce).filter(|n| n.len() == NONCE_LEN) else {
+        if n.len() != NONCE_LEN {
             return bad("not a nonce of this broker: ask for a new one");
-        };
+        }
         let tag = aws_lc_rs::hmac::sign(&self.nonce_mac, &n[..24]);
         // Constant-time comparison: the tag is a MAC.
         if aws_lc_rs::constant_time::verify_slices_are_equal(&tag.as_ref()[..16], &n[24..]).is_err()

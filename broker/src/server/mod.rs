@@ -423,8 +423,10 @@ impl Broker {
         register::check_offer(&reg.offer)?;
         admin.may(Some(&format!("operator:{}", reg.offer.operator)))?;
         let now = self.clock.unix();
-        let nonce_expires_at = self.keys.check_nonce(&reg.nonce, now)?;
-        let decoded = register::decode(&reg, self.source.as_deref(), now)?;
+        // Decoded once, here at the edge: every later step reads the bytes. The nonce first.
+        let nonce = register::nonce(&reg)?;
+        let nonce_expires_at = self.keys.check_nonce(&nonce, now)?;
+        let decoded = register::decode(&reg, nonce, self.source.as_deref(), now)?;
         // Whoever registers holds the node key (evidence alone can bind anyone's public key).
         register::check_proof(&reg, &decoded)?;
         let id = cgx_protocol::broker::node_id(&decoded.node_key);
@@ -440,7 +442,9 @@ impl Broker {
         let spent = self
             .store
             .write(Write::UseNonce {
-                nonce: reg.nonce.clone(),
+                // Spent by its bytes' one spelling: another base64 spelling of the same nonce
+                // is the same nonce.
+                nonce: cgx_protocol::broker::b64(&decoded.nonce),
                 expires_at: nonce_expires_at,
             })
             .await?;

@@ -28,7 +28,11 @@ pub const GPU_MODELS: &[(&str, &str, u32)] = &[
 pub(crate) struct Decoded {
     pub node_key: [u8; 32],
     pub tee_thumbprint: String,
+    /// The nonce's bytes: what is checked, proven over and spent (never its text, which has
+    /// several spellings).
     pub nonce: Vec<u8>,
+    /// The node key's signature over [`cgx_protocol::broker::registration_message`].
+    proof: Vec<u8>,
     cpu: Cpu,
     gpus: Vec<Gpu>,
 }
@@ -97,9 +101,18 @@ pub(crate) fn check_offer(o: &Offer) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// Decode `reg`; collateral the node did not send comes from `source` (as of `now`).
+/// The registration's nonce, decoded (checked before anything else is read: [`decode`] takes
+/// these bytes rather than decode the text again).
+pub(crate) fn nonce(reg: &Registration) -> Result<Vec<u8>, BrokerError> {
+    unb64(&reg.nonce)
+        .ok_or_else(|| BrokerError::Nonce("not a nonce of this broker: ask for a new one".into()))
+}
+
+/// Decode `reg`, whose nonce is `nonce` ([`nonce`]); collateral the node did not send comes
+/// from `source` (as of `now`).
 pub(crate) fn decode(
     reg: &Registration,
+    nonce: Vec<u8>,
     source: Option<&CollateralSource>,
     now: i64,
 ) -> Result<Decoded, BrokerError> {
@@ -107,7 +120,7 @@ pub(crate) fn decode(
     let node_key: [u8; 32] = key
         .try_into()
         .map_err(|_| BrokerError::BadRequest("node_key must be a 32-byte Ed25519 key".into()))?;
-    let nonce = bytes(&reg.nonce, "nonce")?;
+    let proof = unb64(&reg.proof).ok_or_else(proof_refused)?;
     if reg.gpus.len() > MAX_GPUS as usize {
         return Err(BrokerError::BadRequest(format!(
             "at most {MAX_GPUS} GPU reports"
@@ -248,6 +261,7 @@ pub(crate) fn decode(
         node_key,
         tee_thumbprint,
         nonce,
+        proof,
         cpu,
         gpus,
     })
@@ -256,19 +270,21 @@ pub(crate) fn decode(
 /// The registration proof: the node key signed the nonce, the operator and the TEE key's
 /// thumbprint (possession of the key the evidence binds).
 pub(crate) fn check_proof(reg: &Registration, d: &Decoded) -> Result<(), BrokerError> {
-    let refused = || BrokerError::Evidence {
-        code: "node_key_proof",
-        detail: "the registration is not signed by the node key it names".into(),
-    };
-    let sig = unb64(&reg.proof).ok_or_else(refused)?;
     let msg = cgx_protocol::broker::registration_message(
         &d.nonce,
         &reg.offer.operator,
         &d.tee_thumbprint,
     );
     aws_lc_rs::signature::UnparsedPublicKey::new(&aws_lc_rs::signature::ED25519, d.node_key)
-        .verify(&msg, &sig)
-        .map_err(|_| refused())
+        .verify(&msg, &d.proof)
+        .map_err(|_| proof_refused())
+}
+
+fn proof_refused() -> BrokerError {
+    BrokerError::Evidence {
+        code: "node_key_proof",
+        detail: "the registration is not signed by the node key it names".into(),
+    }
 }
 
 /// Verify, bind and appraise (CPU-heavy: the caller runs it off the async threads).
