@@ -1736,8 +1736,15 @@ impl Broker {
                             0,
                         );
                     }
-                    _ => {
-                        tracing::error!(node = %row.id, "a node row without a valid broker signature; ignored");
+                    Ok(record) => {
+                        tracing::error!(node = %row.id, record_for = %record.id, "a node row carrying another node's record; ignored");
+                        idx.remove(&row.id);
+                        continue;
+                    }
+                    Err(e) => {
+                        // Say why: a bad signature, or a record this version cannot read (a
+                        // newer replica's, say) — not the same thing to an operator.
+                        tracing::error!(node = %row.id, error = %e, "a node row whose record does not verify or parse; ignored");
                         idx.remove(&row.id);
                         continue;
                     }
