@@ -89,26 +89,41 @@ const fn hex32(s: &str) -> [u8; 32] {
     out
 }
 
-/// Where the CRL of an AMD certificate chain (PEM, ASK or ASVK then ARK, as KDS serves it)
-/// lives in a collateral store: AMD's own chains under KDS's path for the product
-/// (`CollateralKey::AmdCrl`); a simulator chain, each of which has an ARK of its own, under
-/// `sim/amd/<ARK SPKI SHA-256>/crl`. `None`: not a chain ending at a certificate whose key
-/// can be read. Reads public bytes only; verifying the chain and the CRL is the verifier's.
-/// The product is the ARK's (each AMD product has its own).
+/// Where the CRL of an AMD certificate chain (PEM: ASK or ASVK and ARK, in either order, as the
+/// verifier accepts them) lives in a collateral store: AMD's own chains under KDS's path for
+/// the product (`CollateralKey::AmdCrl`); a simulator chain, each of which has an ARK of its
+/// own, under `sim/amd/<ARK SPKI SHA-256>/crl`. The root is found as the verifier finds it,
+/// not by position: AMD's pinned ARK wherever it stands, else the chain's one self-issued
+/// certificate (a chain labelled ARK-first must not name a CRL that is never there and so skip
+/// revocation where a missing CRL is tolerated). `None`: no root can be told. Reads public
+/// bytes only; verifying the chain and the CRL is the verifier's. The product is the ARK's
+/// (each AMD product has its own).
 pub fn amd_crl_key(chain_pem: &[u8], vlek: bool) -> Option<crate::collateral::CollateralKey> {
     use crate::collateral::CollateralKey;
-    let certs = crate::x509::pem_certs(chain_pem, "AMD chain").ok()?;
-    let (_, ark) = x509_parser::parse_x509_certificate(certs.last()?).ok()?;
-    let pin = crate::x509::spki_sha256(&ark);
-    if let Some((product, _)) = AMD_ARKS.iter().find(|(_, p)| *p == pin) {
-        Some(CollateralKey::AmdCrl {
-            product: *product,
-            vlek,
-        })
-    } else {
-        Some(CollateralKey::Other(format!(
-            "sim/amd/{}/crl",
-            hex::encode(pin)
-        )))
+    let ders = crate::x509::pem_certs(chain_pem, "AMD chain").ok()?;
+    let certs: Vec<_> = ders
+        .iter()
+        .filter_map(|d| x509_parser::parse_x509_certificate(d).ok().map(|(_, c)| c))
+        .collect();
+    if certs.len() != ders.len() {
+        return None;
     }
+    for c in &certs {
+        let pin = crate::x509::spki_sha256(c);
+        if let Some((product, _)) = AMD_ARKS.iter().find(|(_, p)| *p == pin) {
+            return Some(CollateralKey::AmdCrl {
+                product: *product,
+                vlek,
+            });
+        }
+    }
+    let mut roots = certs.iter().filter(|c| c.subject() == c.issuer());
+    let root = roots.next()?;
+    if roots.next().is_some() {
+        return None;
+    }
+    Some(CollateralKey::Other(format!(
+        "sim/amd/{}/crl",
+        hex::encode(crate::x509::spki_sha256(root))
+    )))
 }

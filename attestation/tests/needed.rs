@@ -21,6 +21,25 @@ fn read(dir: &Path, name: &str) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap()
 }
 
+/// The PEM blocks of `pem`, each with its END line.
+fn pem_blocks(pem: &[u8]) -> Vec<String> {
+    let text = String::from_utf8(pem.to_vec()).unwrap();
+    text.split_inclusive("-----END CERTIFICATE-----")
+        .filter(|b| b.contains("BEGIN CERTIFICATE"))
+        .map(|b| b.trim().to_string() + "\n")
+        .collect()
+}
+
+fn reversed_pem(pem: &[u8]) -> Vec<u8> {
+    let mut blocks = pem_blocks(pem);
+    blocks.reverse();
+    blocks.concat().into_bytes()
+}
+
+fn first_pem(pem: &[u8]) -> Vec<u8> {
+    pem_blocks(pem)[0].clone().into_bytes()
+}
+
 #[test]
 fn real_reports_need_kds_items_and_the_crl_of_their_chains_root() {
     let Some(v) = vectors() else { return };
@@ -62,6 +81,27 @@ fn real_reports_need_kds_items_and_the_crl_of_their_chains_root() {
         assert_eq!(some.len(), 1, "{folder}");
         assert_eq!(some[0].key, crl, "{folder}");
         assert!(crl.path().contains("crl"), "{}", crl.path());
+        // Labelled the other way round (ARK first, as the verifier also accepts): the same
+        // root, the same CRL — not a key that is never in a store.
+        let reversed = reversed_pem(&chain);
+        assert_ne!(reversed, chain);
+        let flipped = SnpCarried {
+            signing_cert: true,
+            chain: Some(&reversed),
+        };
+        let some = needed::snp(&report, SigningKey::Vcek, flipped).unwrap();
+        assert_eq!(some[0].key, crl, "{folder} reversed");
+        // The ASK alone (no root): no CRL can be named.
+        let ask_only = first_pem(&chain);
+        let no_root = SnpCarried {
+            signing_cert: true,
+            chain: Some(&ask_only),
+        };
+        assert_eq!(
+            needed::snp(&report, SigningKey::Vcek, no_root),
+            Err(NeedError::UnreadableChain),
+            "{folder}"
+        );
         // Not a chain: no CRL can be named.
         let junk = SnpCarried {
             signing_cert: true,

@@ -156,10 +156,19 @@ pub fn import(a: &crate::SourceArgs, paths: &[std::path::PathBuf]) -> CliResult 
                             .map_err(|e| e.to_string())?;
                         n += 1;
                     }
-                    if let Some(crl_key) = key(Role::Revocation) {
-                        for crl in crls {
+                    // The CRL under the key a reader without the bundle asks for, and under the
+                    // one a reader of evidence carrying this chain asks for (the chain's root:
+                    // the same key for AMD's own chains, a simulator's own otherwise).
+                    let by_root = cgx_attestation::trust::amd_crl_key(
+                        &cert_chain,
+                        signing_key == cgx_attestation::snp::SigningKey::Vlek,
+                    );
+                    let mut crl_keys: Vec<_> = key(Role::Revocation).into_iter().collect();
+                    crl_keys.extend(by_root.filter(|k| !crl_keys.contains(k)));
+                    for crl_key in &crl_keys {
+                        for crl in &crls {
                             store
-                                .put(&crl_key.path(), &crl, &src, now)
+                                .put(&crl_key.path(), crl, &src, now)
                                 .map_err(|e| e.to_string())?;
                             n += 1;
                         }

@@ -1240,11 +1240,17 @@ impl Broker {
         new: bool,
     ) -> Result<(Option<PlacementRow>, HashMap<String, Misfit>), BrokerError> {
         self.keys.check_job(job)?;
-        // Sealed, so the broker stored this text; one it cannot read now (a form no version
-        // wrote, say) is the job's fault, and fails it with the reason rather than stay
-        // pending for ever.
-        let spec = JobSpec::from_stored(&job.spec)
-            .map_err(|e| BrokerError::BadRequest(format!("stored job spec: {e}")))?;
+        // Sealed, so the broker stored this text. One no version could read (not JSON, a
+        // field missing) fails its job with the reason rather than stay pending for ever; one a
+        // newer replica wrote (a field or a kind this version does not know) is left for a
+        // replica that reads it.
+        let spec = JobSpec::from_stored(&job.spec).map_err(|e| {
+            if e.contains("unknown field") || e.contains("unknown variant") {
+                BrokerError::Internal(format!("stored job spec of a newer version: {e}"))
+            } else {
+                BrokerError::BadRequest(format!("stored job spec: {e}"))
+            }
+        })?;
         if spec.tenant.as_deref() != Some(job.tenant.as_str()) {
             return Err(BrokerError::JobSeal(format!(
                 "job {}'s spec names another tenant than its row",

@@ -31,8 +31,9 @@ pub(crate) struct Decoded {
     /// The nonce's bytes: what is checked, proven over and spent (never its text, which has
     /// several spellings).
     pub nonce: Vec<u8>,
-    /// The node key's signature over [`cgx_protocol::broker::registration_message`].
-    proof: Vec<u8>,
+    /// The node key's signature over [`cgx_protocol::broker::registration_message`] (`None`:
+    /// not base64; refused by [`check_proof`], in its turn).
+    proof: Option<Vec<u8>>,
     cpu: Cpu,
     gpus: Vec<Gpu>,
 }
@@ -120,7 +121,7 @@ pub(crate) fn decode(
     let node_key: [u8; 32] = key
         .try_into()
         .map_err(|_| BrokerError::BadRequest("node_key must be a 32-byte Ed25519 key".into()))?;
-    let proof = unb64(&reg.proof).ok_or_else(proof_refused)?;
+    let proof = unb64(&reg.proof);
     if reg.gpus.len() > MAX_GPUS as usize {
         return Err(BrokerError::BadRequest(format!(
             "at most {MAX_GPUS} GPU reports"
@@ -276,7 +277,7 @@ pub(crate) fn check_proof(reg: &Registration, d: &Decoded) -> Result<(), BrokerE
         &d.tee_thumbprint,
     );
     aws_lc_rs::signature::UnparsedPublicKey::new(&aws_lc_rs::signature::ED25519, d.node_key)
-        .verify(&msg, &d.proof)
+        .verify(&msg, d.proof.as_deref().ok_or_else(proof_refused)?)
         .map_err(|_| proof_refused())
 }
 

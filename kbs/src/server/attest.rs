@@ -341,9 +341,11 @@ impl Attester {
                 }
             }
         }
+        // Not carried: the kind the report says signed it (a VLEK cannot be had from KDS,
+        // and is refused at once rather than asked for as a VCEK).
         let kind = match &signing {
             Some((_, k)) => *k,
-            None => snp::SigningKey::Vcek,
+            None => parsed.signing_key().unwrap_or(snp::SigningKey::Vcek),
         };
         let carried_chain = match (ask, ark) {
             (Some(ask), Some(ark)) => Some(pem(&ask) + &pem(&ark)),
