@@ -199,11 +199,9 @@ impl SubmitArgs {
             Some(b) => b,
             // What the broker requires: max price × GPUs × hours, rounded up to the micro.
             None => {
-                let needed = u128::from(max_price.get())
-                    .checked_mul(u128::from(self.gpus))
-                    .and_then(|n| n.checked_mul(u128::from(duration_secs)))
+                let needed = cgx_protocol::money::max_cost(max_price, self.gpus, duration_secs)
                     .ok_or("--max-price × --gpus × --duration is too large")?;
-                u64::try_from(needed.div_ceil(3600))
+                u64::try_from(needed)
                     .map(Micros)
                     .map_err(|_| "--max-price × --gpus × --duration is too large".to_string())?
             }

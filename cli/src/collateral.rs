@@ -124,22 +124,15 @@ pub fn import(a: &crate::SourceArgs, paths: &[std::path::PathBuf]) -> CliResult 
                         .map_err(|e| e.to_string())?;
                     // Stored under the keys a reader without this bundle's files asks for:
                     // what `needed::snp` names for evidence that carries nothing but its report.
-                    let needs = needed::snp(&r, signing_key, SnpCarried::default());
-                    let needs = match needs {
-                        Ok(n) => n,
-                        // A VLEK is not served by KDS, so no reader looks one up by key:
-                        // import its chain and CRLs as for a VCEK's, under the VLEK paths.
-                        Err(needed::NeedError::VlekNotServed) => needed::snp(
-                            &r,
-                            signing_key,
-                            SnpCarried {
-                                signing_cert: true,
-                                chain: None,
-                            },
-                        )
-                        .map_err(|e| format!("{}: {e}", p.display()))?,
-                        Err(e) => return Err(format!("{}: {e}", p.display())),
+                    // A VLEK is not served by KDS, so no reader looks one up by key: its
+                    // chain and CRLs are imported as for a VCEK's, under the VLEK paths.
+                    let vlek = signing_key == cgx_attestation::snp::SigningKey::Vlek;
+                    let carried = SnpCarried {
+                        signing_cert: vlek,
+                        chain: None,
                     };
+                    let needs = needed::snp(&r, signing_key, carried)
+                        .map_err(|e| format!("{}: {e}", p.display()))?;
                     let key = |role| needed::keys_of(&needs, role).next().cloned();
                     if let Some(vcek_key) = key(Role::SigningCert) {
                         if signing_cert.first() != Some(&0x30) {
@@ -159,10 +152,7 @@ pub fn import(a: &crate::SourceArgs, paths: &[std::path::PathBuf]) -> CliResult 
                     // The CRL under the key a reader without the bundle asks for, and under the
                     // one a reader of evidence carrying this chain asks for (the chain's root:
                     // the same key for AMD's own chains, a simulator's own otherwise).
-                    let by_root = cgx_attestation::trust::amd_crl_key(
-                        &cert_chain,
-                        signing_key == cgx_attestation::snp::SigningKey::Vlek,
-                    );
+                    let by_root = cgx_attestation::trust::amd_crl_key(&cert_chain, vlek);
                     let mut crl_keys: Vec<_> = key(Role::Revocation).into_iter().collect();
                     crl_keys.extend(by_root.filter(|k| !crl_keys.contains(k)));
                     for crl_key in &crl_keys {

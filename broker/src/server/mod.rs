@@ -1137,11 +1137,10 @@ impl Broker {
                 Micros::MAX.get()
             )));
         }
-        // max price × GPUs × hours, in micros, rounded up.
-        let cost = u128::from(req.max_price.get())
-            * u128::from(spec.gpu_count)
-            * u128::from(spec.duration_secs);
-        let needed = cost.div_ceil(3600);
+        // Bounded above (price, GPUs, duration), so never past u128.
+        let needed =
+            cgx_protocol::money::max_cost(req.max_price, spec.gpu_count, spec.duration_secs)
+                .unwrap_or(u128::MAX);
         if u128::from(budget.get()) < needed {
             // Shown exactly, as `Micros` shows amounts (`needed` may pass u64: 10^15 × 64 × 30 days).
             let per = u128::from(Micros::PER_UNIT);

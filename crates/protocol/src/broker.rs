@@ -362,10 +362,7 @@ impl JobSpec {
     pub fn from_stored(text: &str) -> Result<JobSpec, String> {
         let mut v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
         if let Some(obj) = v.as_object_mut() {
-            for (old, new) in [
-                ("max_price_per_gpu_hour", "max_price_per_gpu_hour_micros"),
-                ("budget", "budget_micros"),
-            ] {
+            for (old, new) in crate::money::RETIRED_FLOAT_FIELDS {
                 if let Some(f) = obj.remove(old) {
                     let m = f
                         .as_f64()

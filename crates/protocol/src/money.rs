@@ -59,13 +59,11 @@ impl Micros {
             return Err(MoneyError::TooPrecise(text.chars().take(40).collect()));
         }
         let too_large = || MoneyError::TooLarge(text.chars().take(40).collect());
-        let units: u64 = units.trim_start_matches('0').parse::<u64>().or_else(|_| {
-            if units.bytes().all(|b| b == b'0') {
-                Ok(0)
-            } else {
-                Err(too_large())
-            }
-        })?;
+        // All digits by now: parsing fails only on overflow ("" is a run of zeros).
+        let units = match units.trim_start_matches('0') {
+            "" => 0,
+            digits => digits.parse::<u64>().map_err(|_| too_large())?,
+        };
         let frac_micros = if frac.is_empty() {
             0
         } else {
@@ -94,6 +92,15 @@ impl Micros {
     pub fn checked_mul(self, n: u64) -> Option<Micros> {
         self.0.checked_mul(n).map(Micros)
     }
+}
+
+/// The most a job can cost: `price` per GPU-hour × `gpus` × `secs`, in micros rounded up (what
+/// a budget must cover). `None` past u128 (only absurd inputs: callers bound them first).
+pub fn max_cost(price: Micros, gpus: u32, secs: u64) -> Option<u128> {
+    u128::from(price.0)
+        .checked_mul(u128::from(gpus))?
+        .checked_mul(u128::from(secs))
+        .map(|c| c.div_ceil(3600))
 }
 
 /// The float money fields of before and the integer field each became.
