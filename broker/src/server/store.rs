@@ -1121,7 +1121,7 @@ async fn begin(db: &Database) -> Result<Tx, sqlx::Error> {
     match db.backend() {
         // Take the write lock up front: a deferred transaction that read first could not write
         // after another process's commit.
-        Backend::Sqlite => db.pool().begin_with("BEGIN IMMEDIATE").await,
+        Backend::Sqlite => db.write_pool().begin_with("BEGIN IMMEDIATE").await,
         // Replicas' batches commit one at a time: two batches taking the same GPUs in opposite
         // orders would otherwise deadlock (and wait out PostgreSQL's deadlock timeout).
         Backend::Postgres => {

@@ -73,6 +73,11 @@ pub struct Migration {
 #[derive(Debug, Clone)]
 pub struct Database {
     pool: AnyPool,
+    /// Where a service's single writer begins its transactions ([`Database::write_pool`]):
+    /// on an SQLite file a pool of one connection of its own; otherwise (PostgreSQL, where
+    /// replicas write too; in-memory SQLite, where a second pool would open a second
+    /// database) the pool itself.
+    writer: AnyPool,
     backend: Backend,
     /// The SQLite file, for [`Database::inline_conn`] (none for PostgreSQL and in-memory).
     sqlite_file: Option<std::path::PathBuf>,
@@ -112,10 +117,7 @@ impl Database {
             // An embedded database does not drop connections: pinging each one before use would
             // cost every statement a second round trip to its worker thread.
             opts = opts.test_before_acquire(false);
-            let settings = sqlite_settings(
-                durable,
-                "PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;",
-            );
+            let settings = sqlite_settings(durable, POOL_SETTINGS);
             opts = opts.after_connect(move |conn, _| {
                 let settings = settings.clone();
                 Box::pin(async move {
@@ -137,8 +139,32 @@ impl Database {
         } else {
             None
         };
+        let pool = opts.connect(&url).await?;
+        // SQLite keeps a page cache per connection and drops it whenever another connection
+        // has written since: writes that took any pool connection found it cold each batch
+        // and read their B-tree pages again from the log (about seven reads a placement). One
+        // connection for the writer keeps its pages warm; readers keep the pool.
+        let writer = if sqlite_file.is_some() {
+            let settings = sqlite_settings(durable, POOL_SETTINGS);
+            AnyPoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .after_connect(move |conn, _| {
+                    let settings = settings.clone();
+                    Box::pin(async move {
+                        use sqlx::Executor;
+                        conn.execute(sqlx::AssertSqlSafe(settings)).await?;
+                        Ok(())
+                    })
+                })
+                .connect(&url)
+                .await?
+        } else {
+            pool.clone()
+        };
         Ok(Database {
-            pool: opts.connect(&url).await?,
+            pool,
+            writer,
             backend,
             sqlite_file,
             durable,
@@ -158,6 +184,13 @@ impl Database {
 
     pub fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// The pool a service's single writer (its [`GroupCommit`] batch) begins transactions on:
+    /// one connection of its own on an SQLite file, whose page cache then stays warm from
+    /// batch to batch; the pool itself on PostgreSQL and in-memory SQLite.
+    pub fn write_pool(&self) -> &AnyPool {
+        &self.writer
     }
 
     pub fn backend(&self) -> Backend {
@@ -260,6 +293,7 @@ impl Database {
 
     /// Wait for every connection to come back, then close.
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 }
@@ -317,6 +351,11 @@ where
         };
     }
 }
+
+/// What a pooled SQLite connection sets after [`sqlite_settings`]: it waits for the write lock,
+/// checkpoints only when the log is large (the checkpoint task does the rest), reads by mmap.
+const POOL_SETTINGS: &str =
+    "PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;";
 
 /// The settings every SQLite connection of a service gets: WAL, `synchronous` FULL if
 /// `durable` else NORMAL, then `rest` (the connection's own waiting and checkpointing).
@@ -554,6 +593,42 @@ mod tests {
         }
         assert!(!dir.join("m.db").exists(), "an in-memory pool made a file");
         plain.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The writer's pool writes the database the readers read: on an SQLite file, a pool of
+    /// one connection of its own (so its page cache stays warm from batch to batch).
+    #[tokio::test]
+    async fn the_writer_writes_what_the_readers_read() {
+        let dir = std::env::temp_dir().join(format!("cgx-db-writer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = Database::open_durable(&format!("sqlite://{}", dir.join("w.db").display()))
+            .await
+            .unwrap();
+        assert_eq!(db.write_pool().options().get_max_connections(), 1);
+        assert!(db.pool().options().get_max_connections() > 1);
+        sqlx::query("CREATE TABLE t (n BIGINT)")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        for n in 0..3i64 {
+            let mut tx = db.write_pool().begin().await.unwrap();
+            sqlx::query("INSERT INTO t (n) VALUES ($1)")
+                .bind(n)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            let seen: i64 = sqlx::query("SELECT COUNT(*) FROM t")
+                .fetch_one(db.pool())
+                .await
+                .unwrap()
+                .try_get(0)
+                .unwrap();
+            assert_eq!(seen, n + 1);
+        }
+        db.close().await;
+        assert!(db.write_pool().is_closed() && db.pool().is_closed());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
