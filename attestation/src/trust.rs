@@ -100,6 +100,31 @@ const fn hex32(s: &str) -> [u8; 32] {
 /// (each AMD product has its own).
 pub fn amd_crl_key(chain_pem: &[u8], vlek: bool) -> Option<crate::collateral::CollateralKey> {
     use crate::collateral::CollateralKey;
+    // A KBS names the CRL of the chain each attestation carries: parsing it every time cost
+    // the flow a PEM decode and two X.509 parses. The answer is a function of public bytes,
+    // so it is remembered by them (bounded; a flood of chains churns only probation).
+    static SEEN: std::sync::OnceLock<crate::cache::ChainCache<CollateralKey>> =
+        std::sync::OnceLock::new();
+    let seen = SEEN.get_or_init(|| crate::cache::ChainCache::with_budget(CRL_KEY_MEMO_BUDGET));
+    let flag = [u8::from(vlek)];
+    if let Some(k) = seen.get(chain_pem, &[&flag]) {
+        return Some((*k).clone());
+    }
+    seen.note_miss();
+    let key = amd_crl_key_parsed(chain_pem, vlek)?;
+    let bytes = match &key {
+        CollateralKey::Other(path) => path.len(),
+        _ => 0,
+    };
+    seen.insert(chain_pem, &[&flag], std::sync::Arc::new(key.clone()), bytes);
+    Some(key)
+}
+
+/// Bytes [`amd_crl_key`] may keep: a chain's PEM is about 3 KiB, so a few hundred chains.
+const CRL_KEY_MEMO_BUDGET: usize = 1 << 20;
+
+fn amd_crl_key_parsed(chain_pem: &[u8], vlek: bool) -> Option<crate::collateral::CollateralKey> {
+    use crate::collateral::CollateralKey;
     let ders = crate::x509::pem_certs(chain_pem, "AMD chain").ok()?;
     let certs: Vec<_> = ders
         .iter()

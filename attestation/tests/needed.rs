@@ -81,6 +81,20 @@ fn real_reports_need_kds_items_and_the_crl_of_their_chains_root() {
         assert_eq!(some.len(), 1, "{folder}");
         assert_eq!(some[0].key, crl, "{folder}");
         assert!(crl.path().contains("crl"), "{}", crl.path());
+        // Asked again (answered from memory now), the same; for a VLEK's chain, the VLEK CRL
+        // (the memory tells the two apart).
+        for _ in 0..2 {
+            use cgx_attestation::trust::amd_crl_key;
+            assert_eq!(amd_crl_key(&chain, false), Some(crl.clone()), "{folder}");
+            assert_eq!(
+                amd_crl_key(&chain, true),
+                Some(CollateralKey::AmdCrl {
+                    product,
+                    vlek: true
+                }),
+                "{folder}"
+            );
+        }
         // Labelled the other way round (ARK first, as the verifier also accepts): the same
         // root, the same CRL — not a key that is never in a store.
         let reversed = reversed_pem(&chain);
