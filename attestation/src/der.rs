@@ -64,11 +64,13 @@ pub(crate) mod write {
         tlv(0x30, &parts.concat())
     }
 
+    #[cfg(any(feature = "sim", test))]
     pub fn set(parts: &[Vec<u8>]) -> Vec<u8> {
         tlv(0x31, &parts.concat())
     }
 
     /// An unsigned INTEGER from big-endian magnitude bytes.
+    #[cfg(any(feature = "sim", test))]
     pub fn uint(be: &[u8]) -> Vec<u8> {
         let skip = be.iter().take_while(|&&b| b == 0).count();
         let mut v = be[skip..].to_vec();
@@ -78,6 +80,7 @@ pub(crate) mod write {
         tlv(0x02, &v)
     }
 
+    #[cfg(any(feature = "sim", test))]
     pub fn small_uint(n: u64) -> Vec<u8> {
         uint(&n.to_be_bytes())
     }
@@ -115,6 +118,7 @@ pub(crate) mod write {
         tlv(0x03, &body)
     }
 
+    #[cfg(any(feature = "sim", test))]
     pub fn utf8(s: &str) -> Vec<u8> {
         tlv(0x0C, s.as_bytes())
     }
@@ -123,11 +127,13 @@ pub(crate) mod write {
         vec![0x05, 0x00]
     }
 
+    #[cfg(any(feature = "sim", test))]
     pub fn boolean(b: bool) -> Vec<u8> {
         tlv(0x01, &[if b { 0xFF } else { 0 }])
     }
 
     /// GeneralizedTime `YYYYMMDDHHMMSSZ` from Unix seconds.
+    #[cfg(any(feature = "sim", test))]
     pub fn generalized_time(ts: i64) -> Vec<u8> {
         let t = time::OffsetDateTime::from_unix_timestamp(ts)
             .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);

@@ -43,6 +43,7 @@ pub mod fuzz;
 pub mod nvidia;
 pub mod results;
 pub mod sample;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod snp;
 pub mod tdx;

@@ -109,6 +109,7 @@ pub(crate) const fn from_be(bytes: &[u8; 48]) -> Limbs {
     l
 }
 
+#[cfg(any(feature = "sim", test))]
 pub(crate) fn to_be(l: &Limbs) -> [u8; 48] {
     let mut out = [0u8; 48];
     for (i, limb) in l.iter().enumerate() {
@@ -231,6 +232,7 @@ impl Modulus {
         self.mul(a, &self.r2)
     }
 
+    #[cfg(any(feature = "sim", test))]
     pub(crate) fn demont(&self, a: &Limbs) -> Limbs {
         self.mul(a, &[1, 0, 0, 0, 0, 0])
     }

@@ -671,6 +671,7 @@ pub fn validity_window(der: &[u8]) -> Option<(i64, i64)> {
 }
 
 /// Build and sign a response (the simulator and tests play NVIDIA's responder with it).
+#[cfg(any(feature = "sim", test))]
 pub(crate) struct ResponseBuilder<'a> {
     pub responder: ResponderId,
     pub produced_at: i64,
@@ -679,6 +680,7 @@ pub(crate) struct ResponseBuilder<'a> {
     pub nonce: Option<&'a [u8]>,
 }
 
+#[cfg(any(feature = "sim", test))]
 impl ResponseBuilder<'_> {
     /// `sign(tbs) -> (signatureAlgorithm DER, signature)`.
     pub(crate) fn build(
