@@ -946,20 +946,9 @@ fn tls_by_default() {
 }
 
 fn put_resource_tls(base: &str, ca: &str, admin: &Ed) {
-    let certs: Vec<_> = ureq::tls::parse_pem(ca.as_bytes())
-        .filter_map(|i| match i {
-            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-            _ => None,
-        })
-        .collect();
-    let tls = ureq::tls::TlsConfig::builder()
-        .provider(ureq::tls::TlsProvider::Rustls)
-        .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(certs)))
-        .unversioned_rustls_crypto_provider(std::sync::Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .build();
-    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().tls_config(tls).build());
+    let agent = cgx_http::Client::service(cgx_http::Roots::Pem(ca.as_bytes()))
+        .agent()
+        .unwrap();
     let r = agent
         .post(&format!("{base}/kbs/v0/resource/tenant-a/key/tls"))
         .header("authorization", &format!("Bearer {}", admin_token(admin)))

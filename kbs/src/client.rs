@@ -3,8 +3,6 @@
 //! simulator (in `cgx-guest-agent` and the tests). The TEE key is generated per client and never
 //! leaves it; resources arrive as JWEs to it.
 
-use std::sync::Arc;
-
 use cgx_protocol::kbs::jwe::{Curve, TeeKey};
 pub use cgx_protocol::kbs::rcar::ClientError;
 use cgx_protocol::kbs::rcar::{self, EvidenceSource};
@@ -16,42 +14,19 @@ pub use ureq::http::Uri;
 
 type Result<T> = std::result::Result<T, ClientError>;
 
-/// An HTTP agent for a KBS: rustls on aws-lc-rs, trusting `ca_pem`'s certificates (or the
-/// WebPKI roots), error statuses returned as responses (their CoCo bodies are read).
+/// An HTTP agent for a cgx service (a KBS, a broker): [`cgx_http::Client::service`], trusting
+/// `ca_pem`'s certificates (or the WebPKI roots).
 pub fn agent(ca_pem: Option<&[u8]>) -> Result<ureq::Agent> {
     let roots = match ca_pem {
-        Some(pem) => {
-            let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(pem)
-                .filter_map(|i| match i {
-                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                    _ => None,
-                })
-                .collect();
-            if certs.is_empty() {
-                return Err(ClientError::Transport {
-                    step: "setup",
-                    detail: "no certificate in the CA file".into(),
-                });
-            }
-            ureq::tls::RootCerts::Specific(Arc::new(certs))
-        }
-        None => ureq::tls::RootCerts::WebPki,
+        Some(pem) => cgx_http::Roots::Pem(pem),
+        None => cgx_http::Roots::WebPki,
     };
-    let tls = ureq::tls::TlsConfig::builder()
-        .provider(ureq::tls::TlsProvider::Rustls)
-        .root_certs(roots)
-        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-        .build();
-    Ok(ureq::Agent::new_with_config(
-        ureq::Agent::config_builder()
-            // The KBS is reached directly: a proxy taken from the environment (ureq's default)
-            // would see a plain-HTTP loopback KBS's cookie and lease tokens.
-            .proxy(None)
-            .timeout_global(Some(std::time::Duration::from_secs(30)))
-            .http_status_as_error(false)
-            .tls_config(tls)
-            .build(),
-    ))
+    cgx_http::Client::service(roots)
+        .agent()
+        .map_err(|e| ClientError::Transport {
+            step: "setup",
+            detail: e.to_string(),
+        })
 }
 
 /// An RCAR client for one KBS.

@@ -75,12 +75,11 @@ pub fn admin_token(key: &Ed) -> String {
     key.admin_token().unwrap()
 }
 
+/// The agent the services' own clients use ([`cgx_http::Client::service`], WebPKI roots).
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::new_with_config(
-        ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build(),
-    )
+    cgx_http::Client::service(cgx_http::Roots::WebPki)
+        .agent()
+        .unwrap()
 }
 
 /// (status, body) of an HTTP call.

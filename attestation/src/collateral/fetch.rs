@@ -150,24 +150,12 @@ impl CollateralSource {
     /// A source that refreshes from the vendors at `endpoints`.
     #[cfg(feature = "fetch")]
     pub fn new(store: CollateralStore, endpoints: Endpoints, policy: FetchPolicy) -> Self {
-        let tls = ureq::tls::TlsConfig::builder()
-            .provider(ureq::tls::TlsProvider::Rustls)
-            .root_certs(ureq::tls::RootCerts::WebPki)
-            .unversioned_rustls_crypto_provider(Arc::new(
-                rustls::crypto::aws_lc_rs::default_provider(),
-            ))
-            .build();
-        let agent = ureq::Agent::new_with_config(
-            ureq::Agent::config_builder()
-                .timeout_global(Some(policy.timeout))
-                .http_status_as_error(false)
-                .max_redirects(2)
-                .tls_config(tls)
-                .build(),
-        );
+        // The WebPKI roots cannot be refused (only a CA file without certificates is): `None`
+        // would then leave the source offline, and its fetches say so.
+        let agent = cgx_http::Client::vendor(policy.timeout).agent().ok();
         CollateralSource {
             store: Mutex::new(store),
-            agent: Some(agent),
+            agent,
             endpoints,
             policy,
             pacing: Mutex::new(HashMap::new()),

@@ -1,0 +1,151 @@
+//! The one HTTP client set-up of cgx: every client — the KBS and broker clients (the guest, the
+//! CLI, the dev network), the collateral fetcher, the system tests — builds its agent here, so
+//! the TLS stack (rustls on aws-lc-rs, one crypto provider for the whole build), the trust
+//! roots and the rules below are chosen in one place.
+//!
+//! What a caller states ([`Client`]): which roots it trusts, whether a proxy from the
+//! environment may carry its requests, how long a request may take in all, and how many
+//! redirects it follows. Error statuses come back as responses (their bodies carry CoCo and
+//! RFC 9457 problem details, which the callers read).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use ureq;
+
+/// Why an agent could not be built (the request has not been made).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SetupError {
+    /// The CA file named no certificate.
+    #[error("no certificate in the CA file")]
+    NoCaCertificate,
+}
+
+/// Whose certificates a server's chain must end in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Roots<'a> {
+    /// The WebPKI roots (public services: AMD KDS, Intel PCS, NVIDIA).
+    WebPki,
+    /// The certificates of a PEM file (a KBS or broker under its own CA); other PEM items are
+    /// ignored, and a file with none is refused.
+    Pem(&'a [u8]),
+}
+
+/// How an agent behaves. [`Client::service`] and [`Client::vendor`] are the two kinds cgx makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client<'a> {
+    pub roots: Roots<'a>,
+    /// Whether a proxy named in the environment (`HTTPS_PROXY`, …) may carry the requests.
+    pub proxy_from_env: bool,
+    /// The most one request may take, from connecting to the last byte of the body.
+    pub timeout: Duration,
+    /// Redirects followed (0: none).
+    pub max_redirects: u32,
+}
+
+impl<'a> Client<'a> {
+    /// A client of a cgx service (a KBS, a broker): reached directly — a proxy taken from the
+    /// environment would see a plain-HTTP loopback KBS's cookie and lease tokens —, 30 s per
+    /// request, no redirects (a service never sends one; following it would replay a bearer
+    /// token elsewhere).
+    pub fn service(roots: Roots<'a>) -> Self {
+        Client {
+            roots,
+            proxy_from_env: false,
+            timeout: Duration::from_secs(30),
+            max_redirects: 0,
+        }
+    }
+
+    /// A fetcher of vendor collateral: the WebPKI roots, the environment's proxy (a provider's
+    /// egress may require one; the answers are signed, so a proxy cannot forge them), two
+    /// redirects (the vendors' CDNs use them), `timeout` per request.
+    pub fn vendor(timeout: Duration) -> Self {
+        Client {
+            roots: Roots::WebPki,
+            proxy_from_env: true,
+            timeout,
+            max_redirects: 2,
+        }
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> Result<ureq::Agent, SetupError> {
+        let roots = match self.roots {
+            Roots::WebPki => ureq::tls::RootCerts::WebPki,
+            Roots::Pem(pem) => {
+                let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(pem)
+                    .filter_map(|i| match i {
+                        Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                        _ => None,
+                    })
+                    .collect();
+                if certs.is_empty() {
+                    return Err(SetupError::NoCaCertificate);
+                }
+                ureq::tls::RootCerts::Specific(Arc::new(certs))
+            }
+        };
+        let tls = ureq::tls::TlsConfig::builder()
+            .provider(ureq::tls::TlsProvider::Rustls)
+            .root_certs(roots)
+            .unversioned_rustls_crypto_provider(Arc::new(
+                rustls::crypto::aws_lc_rs::default_provider(),
+            ))
+            .build();
+        let mut config = ureq::Agent::config_builder()
+            .timeout_global(Some(self.timeout))
+            .http_status_as_error(false)
+            .max_redirects(self.max_redirects)
+            .tls_config(tls);
+        if !self.proxy_from_env {
+            config = config.proxy(None);
+        }
+        Ok(ureq::Agent::new_with_config(config.build()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let key_only = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+        for pem in [&b""[..], &b"not pem"[..], &key_only[..]] {
+            assert_eq!(
+                Client::service(Roots::Pem(pem)).agent().err(),
+                Some(SetupError::NoCaCertificate)
+            );
+        }
+        assert!(Client::service(Roots::WebPki).agent().is_ok());
+    }
+
+    /// What the agent was told is what it does: a service client follows no redirect and
+    /// returns an error status as a response (served on loopback by a one-shot listener).
+    #[test]
+    fn a_service_client_returns_statuses_and_follows_no_redirect() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            for answer in [
+                "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:1/elsewhere\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                "HTTP/1.1 401 Unauthorized\r\nContent-Length: 5\r\nConnection: close\r\n\r\nnope!",
+            ] {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).unwrap();
+                s.write_all(answer.as_bytes()).unwrap();
+            }
+        });
+        let agent = Client::service(Roots::WebPki).agent().unwrap();
+        let r = agent.get(&format!("http://{addr}/a")).call().unwrap();
+        assert_eq!(r.status().as_u16(), 302, "the redirect was followed");
+        let mut r = agent.get(&format!("http://{addr}/b")).call().unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+        assert_eq!(r.body_mut().read_to_string().unwrap(), "nope!");
+        server.join().unwrap();
+    }
+}
