@@ -2,7 +2,6 @@
 //! and speak to it as a tenant, an operator or an auditor. Human tables by default, `--json`
 //! for scripts; a refusal prints the broker's stable code and exits 1.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -56,35 +55,12 @@ impl Conn {
 
 /// `cgx broker serve --config F`.
 pub fn serve(config: &Path, insecure_dev: bool) -> CliResult {
-    let cfg = BrokerConfig::from_file_with(config, |c| {
-        if insecure_dev {
-            c.insecure_dev = true;
-            c.tls = None;
-        }
-    })
-    .map_err(|e| e.to_string())?;
-    if insecure_dev {
-        eprintln!("cgx broker: plain HTTP (--insecure-dev): development on loopback only");
-    }
-    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-    crate::kbs::runtime()?
-        .block_on(async {
-            // Handlers first: the line below tells the caller it may signal us.
-            let signals = cgx_service::server::shutdown_signals();
-            let shutdown = async {
-                if let Err(e) = signals.await {
-                    eprintln!("cgx broker: {e}; stopping");
-                }
-            };
-            cgx_broker::server::run(&cfg, shutdown, |addr| {
-                println!("cgx broker listening on {scheme}://{addr}");
-                let _ = std::io::stdout().flush();
-            })
-            .await
-        })
-        .map_err(|e| e.to_string())?;
-    eprintln!("cgx broker: stopped");
-    Ok(ExitCode::SUCCESS)
+    crate::kbs::serve_service::<BrokerConfig, _, _>(
+        "cgx broker",
+        config,
+        insecure_dev,
+        |cfg, stop, on_listen| async move { cgx_broker::server::run(&cfg, stop, on_listen).await },
+    )
 }
 
 /// Ask the broker (`call`), then print the answer: JSON with `--json`, else `text`. A refusal

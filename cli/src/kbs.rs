@@ -18,34 +18,51 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, String> {
 
 /// `cgx kbs serve --config F`: load the configuration, then run until SIGINT/SIGTERM.
 pub fn serve(config: &Path, insecure_dev: bool) -> CliResult {
-    let cfg = KbsConfig::from_file_with(config, |c| {
+    serve_service::<KbsConfig, _, _>(
+        "cgx kbs",
+        config,
+        insecure_dev,
+        |cfg, stop, on_listen| async move { cgx_kbs::server::run(&cfg, stop, on_listen).await },
+    )
+}
+
+/// `cgx kbs|broker serve`: the configuration read as every service reads it
+/// ([`cgx_service::config::load_service`], `--insecure-dev` applied), then served until a
+/// signal ([`cgx_service::server::serve_until_signal`]).
+pub(crate) fn serve_service<C, F, Fut>(
+    name: &str,
+    config: &Path,
+    insecure_dev: bool,
+    run: F,
+) -> CliResult
+where
+    C: cgx_service::config::ServiceConfig,
+    C::Error: std::fmt::Display,
+    F: FnOnce(
+        C,
+        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+        Box<dyn FnOnce(std::net::SocketAddr) + Send>,
+    ) -> Fut,
+    Fut: std::future::Future<Output = Result<(), C::Error>>,
+{
+    let cfg: C = cgx_service::config::load_service(config, |c: &mut C| {
         if insecure_dev {
-            c.insecure_dev = true;
-            c.tls = None;
+            c.set_insecure_dev();
         }
     })
     .map_err(|e| e.to_string())?;
     if insecure_dev {
-        eprintln!("cgx kbs: plain HTTP (--insecure-dev): development on loopback only");
+        eprintln!("{name}: plain HTTP (--insecure-dev): development on loopback only");
     }
-    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    let tls = cfg.tls();
     runtime()?
-        .block_on(async {
-            // Handlers first: the line below tells the caller it may signal us.
-            let signals = cgx_service::server::shutdown_signals();
-            let shutdown = async {
-                if let Err(e) = signals.await {
-                    eprintln!("cgx kbs: {e}; stopping");
-                }
-            };
-            cgx_kbs::server::run(&cfg, shutdown, |addr| {
-                println!("cgx kbs listening on {scheme}://{addr}");
-                let _ = std::io::stdout().flush();
-            })
-            .await
-        })
+        .block_on(cgx_service::server::serve_until_signal(
+            name,
+            tls,
+            |stop, on_listen| run(cfg, stop, on_listen),
+        ))
         .map_err(|e| e.to_string())?;
-    eprintln!("cgx kbs: stopped");
+    eprintln!("{name}: stopped");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -176,19 +176,36 @@ fn default_max_in_flight_per_client() -> usize {
     cgx_service::server::DEFAULT_MAX_IN_FLIGHT_PER_CLIENT
 }
 
+impl cgx_service::config::ServiceConfig for BrokerConfig {
+    const ENV_PREFIX: &'static str = ENV_PREFIX;
+    type Error = BrokerError;
+
+    fn check(&self) -> Result<(), BrokerError> {
+        BrokerConfig::check(self)
+    }
+
+    fn set_insecure_dev(&mut self) {
+        self.insecure_dev = true;
+        self.tls = None;
+    }
+
+    fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    fn listener(&self) -> cgx_service::ListenerConfig {
+        BrokerConfig::listener(self)
+    }
+}
+
 impl BrokerConfig {
-    /// Read, let the caller override (command-line flags), then check.
+    /// Read, let the caller override (command-line flags), then check
+    /// ([`cgx_service::config::load_service`]).
     pub fn from_file_with(
         path: &std::path::Path,
         adjust: impl FnOnce(&mut BrokerConfig),
     ) -> Result<Self, BrokerError> {
-        let env = cgx_service::config::env_vars(ENV_PREFIX)
-            .map_err(|e| BrokerError::Config(e.to_string()))?;
-        let mut c: BrokerConfig = cgx_service::config::load(path, ENV_PREFIX, env)
-            .map_err(|e| BrokerError::Config(e.to_string()))?;
-        adjust(&mut c);
-        c.check()?;
-        Ok(c)
+        cgx_service::config::load_service(path, adjust)
     }
 
     pub(crate) fn listener(&self) -> cgx_service::ListenerConfig {

@@ -48,6 +48,12 @@ pub enum BrokerError {
     Internal(String),
 }
 
+impl From<cgx_service::ServiceError> for BrokerError {
+    fn from(e: cgx_service::ServiceError) -> Self {
+        BrokerError::Config(e.to_string())
+    }
+}
+
 impl From<cgx_service::db::DbError> for BrokerError {
     fn from(e: cgx_service::db::DbError) -> Self {
         BrokerError::Storage(e.to_string())

@@ -45,7 +45,7 @@ const REFERENCE_VALUES_BODY: usize = 1 << 20;
 pub(super) fn router(broker: Arc<Broker>) -> Router {
     use cgx_protocol::broker::routes;
     use cgx_service::limits::limited;
-    Router::new()
+    let api = Router::new()
         .route(routes::NONCE, limited(post(nonce), SMALL_BODY))
         .route(
             routes::NODES,
@@ -65,9 +65,8 @@ pub(super) fn router(broker: Arc<Broker>) -> Router {
             limited(post(put_reference_values), REFERENCE_VALUES_BODY)
                 .merge(limited(get(reference_values), SMALL_BODY)),
         )
-        .route(routes::ADMIN_EVENTS, limited(get(admin_events), SMALL_BODY))
-        .route(routes::OPENAPI, get(openapi))
-        .route(routes::METRICS, get(metrics))
+        .route(routes::ADMIN_EVENTS, limited(get(admin_events), SMALL_BODY));
+    cgx_service::ops::routes(api, routes::OPENAPI, OPENAPI, broker.metrics.clone())
         .route(routes::HEALTHZ, get(healthz))
         .route_layer(cgx_service::metrics::TrackLayer::new(
             broker.metrics.clone(),
@@ -227,18 +226,6 @@ async fn cancel(
 ) -> Result<Response, BrokerError> {
     check_id(&id)?;
     Ok(Json(b.cancel(&admin, &id).await?).into_response())
-}
-
-async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
-}
-
-async fn metrics(State(b): Shared) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        b.metrics.render(),
-    )
-        .into_response()
 }
 
 async fn healthz(State(b): Shared) -> Response {

@@ -48,6 +48,38 @@ pub fn load<T: DeserializeOwned>(
     })
 }
 
+/// What the service skeleton needs of a service's configuration: where its environment
+/// overrides live, its own checks, and its listener. The KBS's and the broker's configurations
+/// implement it; [`load_service`] reads one, [`crate::server::serve_until_signal`] runs it.
+pub trait ServiceConfig: DeserializeOwned {
+    /// The prefix of its environment overrides (`CGX_KBS`: `CGX_KBS__LISTEN=…`).
+    const ENV_PREFIX: &'static str;
+    /// The service's error, which a configuration error becomes.
+    type Error: From<ServiceError>;
+    /// Its own rules, checked once the file, the environment and the caller's adjustments are in.
+    fn check(&self) -> Result<(), Self::Error>;
+    /// Plain HTTP for development (`--insecure-dev`): TLS off; the listener still refuses any
+    /// address but loopback.
+    fn set_insecure_dev(&mut self);
+    /// Whether it serves TLS.
+    fn tls(&self) -> bool;
+    /// The listener it asks for.
+    fn listener(&self) -> crate::ListenerConfig;
+}
+
+/// Read a service's configuration: `path` (TOML or JSON), the environment's overrides under its
+/// prefix, `adjust` (the command line's flags), then its checks.
+pub fn load_service<C: ServiceConfig>(
+    path: &Path,
+    adjust: impl FnOnce(&mut C),
+) -> Result<C, C::Error> {
+    let env = env_vars(C::ENV_PREFIX)?;
+    let mut c: C = load(path, C::ENV_PREFIX, env)?;
+    adjust(&mut c);
+    c.check()?;
+    Ok(c)
+}
+
 /// `(name, value)` pairs of the process environment under `prefix`, for [`load`]. A variable
 /// under the prefix whose name or value is not UTF-8 is an error; others are not looked at.
 pub fn env_vars(prefix: &str) -> Result<Vec<(String, String)>, ServiceError> {

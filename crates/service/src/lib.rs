@@ -8,6 +8,7 @@
 //! - [`clock`]: the injected clock (tests move time instead of sleeping);
 //! - [`error`]: errors as RFC 9457 problem details with stable codes, no internals on the wire;
 //! - [`metrics`]: Prometheus metrics with a layer keyed by matched route;
+//! - [`ops`]: the OpenAPI document and metrics routes every service mounts;
 //! - [`auth`] and [`jwt`]: the admin-auth extractor over EdDSA bearer tokens;
 //! - [`config`]: TOML or JSON files plus environment overrides;
 //! - [`db`]: the sqlx database (SQLite or PostgreSQL), locked versioned migrations, kept writer
@@ -22,6 +23,7 @@ pub mod error;
 pub mod jwt;
 pub mod limits;
 pub mod metrics;
+pub mod ops;
 pub mod server;
 pub mod tls;
 

@@ -580,6 +580,33 @@ async fn timer_anchor(header_timeout: Duration) {
     }
 }
 
+/// Serve until SIGINT or SIGTERM, as every `cgx … serve` does. The signal handlers are
+/// installed first; then `run` starts the service with a shutdown future and an `on_listen`
+/// that prints "`name` listening on http(s)://ADDR" on stdout (callers and tests wait for that
+/// line, after which a signal drains the service rather than killing it). A failure to install
+/// the handlers is reported on stderr and stops the service the same way.
+pub async fn serve_until_signal<E, F, Fut>(name: &str, tls: bool, run: F) -> Result<(), E>
+where
+    F: FnOnce(Pin<Box<dyn Future<Output = ()> + Send>>, Box<dyn FnOnce(SocketAddr) + Send>) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+{
+    let signals = shutdown_signals();
+    let who = name.to_string();
+    let shutdown = Box::pin(async move {
+        if let Err(e) = signals.await {
+            eprintln!("{who}: {e}; stopping");
+        }
+    });
+    let scheme = if tls { "https" } else { "http" };
+    let who = name.to_string();
+    let on_listen = Box::new(move |addr: SocketAddr| {
+        use std::io::Write;
+        println!("{who} listening on {scheme}://{addr}");
+        let _ = std::io::stdout().flush();
+    });
+    run(shutdown, on_listen).await
+}
+
 /// SIGINT or SIGTERM. The handlers are installed when this is called (inside the runtime),
 /// not when the future is first polled: call it before announcing that the service listens,
 /// or a signal sent right after the announcement would kill the process instead of draining it.

@@ -268,19 +268,36 @@ fn default_session_ttl() -> i64 {
     300
 }
 
+impl cgx_service::config::ServiceConfig for KbsConfig {
+    const ENV_PREFIX: &'static str = ENV_PREFIX;
+    type Error = KbsError;
+
+    fn check(&self) -> Result<(), KbsError> {
+        KbsConfig::check(self)
+    }
+
+    fn set_insecure_dev(&mut self) {
+        self.insecure_dev = true;
+        self.tls = None;
+    }
+
+    fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    fn listener(&self) -> cgx_service::ListenerConfig {
+        KbsConfig::listener(self)
+    }
+}
+
 impl KbsConfig {
-    /// Read, let the caller override (command-line flags), then check.
+    /// Read, let the caller override (command-line flags), then check
+    /// ([`cgx_service::config::load_service`]).
     pub fn from_file_with(
         path: &std::path::Path,
         adjust: impl FnOnce(&mut KbsConfig),
     ) -> Result<Self, KbsError> {
-        let env = cgx_service::config::env_vars(ENV_PREFIX)
-            .map_err(|e| KbsError::Config(e.to_string()))?;
-        let mut c: KbsConfig = cgx_service::config::load(path, ENV_PREFIX, env)
-            .map_err(|e| KbsError::Config(e.to_string()))?;
-        adjust(&mut c);
-        c.check()?;
-        Ok(c)
+        cgx_service::config::load_service(path, adjust)
     }
 
     /// The listener this configuration asks for.

@@ -149,6 +149,12 @@ impl IntoResponse for KbsError {
     }
 }
 
+impl From<cgx_service::ServiceError> for KbsError {
+    fn from(e: cgx_service::ServiceError) -> Self {
+        KbsError::Config(e.to_string())
+    }
+}
+
 impl From<DbError> for KbsError {
     fn from(e: DbError) -> Self {
         match e {

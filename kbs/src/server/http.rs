@@ -47,7 +47,7 @@ const RESOURCE_BODY: usize = 16 << 20;
 
 pub(super) fn router(kbs: Arc<Kbs>) -> Router {
     use cgx_service::limits::limited;
-    Router::new()
+    let api = Router::new()
         .route(
             cgx_protocol::kbs::rcar::AUTH_PATH,
             limited(post(auth), SMALL_BODY),
@@ -96,9 +96,8 @@ pub(super) fn router(kbs: Arc<Kbs>) -> Router {
         )
         .route("/kbs/v0/reference-value/{id}", get(get_reference_value))
         .route("/kbs/v0/audit", get(audit))
-        .route("/kbs/v0/jwks", get(jwks))
-        .route("/kbs/v0/openapi.json", get(openapi))
-        .route("/metrics", get(metrics))
+        .route("/kbs/v0/jwks", get(jwks));
+    cgx_service::ops::routes(api, "/kbs/v0/openapi.json", OPENAPI, kbs.metrics.clone())
         .route("/healthz", get(healthz))
         .route_layer(cgx_service::metrics::TrackLayer::new(kbs.metrics.clone()))
         .fallback(not_found)
@@ -821,18 +820,6 @@ async fn audit(
 
 async fn jwks(State(kbs): Shared) -> Response {
     Json(kbs.attester.signer().jwks()).into_response()
-}
-
-async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
-}
-
-async fn metrics(State(kbs): Shared) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        kbs.metrics.render(),
-    )
-        .into_response()
 }
 
 async fn healthz(State(kbs): Shared) -> Response {
