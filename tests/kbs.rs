@@ -946,9 +946,8 @@ fn tls_by_default() {
 }
 
 fn put_resource_tls(base: &str, ca: &str, admin: &Ed) {
-    let agent = cgx_http::Client::service(cgx_http::Roots::Pem(ca.as_bytes()))
-        .agent()
-        .unwrap();
+    let agent =
+        cgx_http::Client::service(cgx_http::Roots::from_pem(ca.as_bytes()).unwrap()).agent();
     let r = agent
         .post(&format!("{base}/kbs/v0/resource/tenant-a/key/tls"))
         .header("authorization", &format!("Bearer {}", admin_token(admin)))

@@ -103,11 +103,18 @@ pub fn amd_crl_key(chain_pem: &[u8], vlek: bool) -> Option<crate::collateral::Co
     // A KBS names the CRL of the chain each attestation carries: parsing it every time cost
     // the flow a PEM decode and two X.509 parses. The answer is a function of public bytes,
     // so it is remembered by them (bounded; a flood of chains churns only probation).
-    static SEEN: std::sync::OnceLock<crate::cache::ChainCache<CollateralKey>> =
-        std::sync::OnceLock::new();
-    let seen = SEEN.get_or_init(|| crate::cache::ChainCache::with_budget(CRL_KEY_MEMO_BUDGET));
-    let flag = [u8::from(vlek)];
-    if let Some(k) = seen.get(chain_pem, &[&flag]) {
+    // One memory per signing-key kind: a chain asked about under the other kind never
+    // replaces the entry an honest node's answer sits in.
+    type Memo = crate::cache::ChainCache<CollateralKey>;
+    static SEEN: std::sync::OnceLock<[Memo; 2]> = std::sync::OnceLock::new();
+    let memos = SEEN.get_or_init(|| {
+        [
+            Memo::with_budget(CRL_KEY_MEMO_BUDGET / 2),
+            Memo::with_budget(CRL_KEY_MEMO_BUDGET / 2),
+        ]
+    });
+    let seen = &memos[usize::from(vlek)];
+    if let Some(k) = seen.get(chain_pem, &[]) {
         return Some((*k).clone());
     }
     seen.note_miss();
@@ -116,7 +123,7 @@ pub fn amd_crl_key(chain_pem: &[u8], vlek: bool) -> Option<crate::collateral::Co
         CollateralKey::Other(path) => path.len(),
         _ => 0,
     };
-    seen.insert(chain_pem, &[&flag], std::sync::Arc::new(key.clone()), bytes);
+    seen.insert(chain_pem, &[], std::sync::Arc::new(key.clone()), bytes);
     Some(key)
 }
 

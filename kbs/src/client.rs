@@ -18,15 +18,13 @@ type Result<T> = std::result::Result<T, ClientError>;
 /// `ca_pem`'s certificates (or the WebPKI roots).
 pub fn agent(ca_pem: Option<&[u8]>) -> Result<ureq::Agent> {
     let roots = match ca_pem {
-        Some(pem) => cgx_http::Roots::Pem(pem),
-        None => cgx_http::Roots::WebPki,
-    };
-    cgx_http::Client::service(roots)
-        .agent()
-        .map_err(|e| ClientError::Transport {
+        Some(pem) => cgx_http::Roots::from_pem(pem).map_err(|e| ClientError::Transport {
             step: "setup",
             detail: e.to_string(),
-        })
+        })?,
+        None => cgx_http::Roots::WebPki,
+    };
+    Ok(cgx_http::Client::service(roots).agent())
 }
 
 /// An RCAR client for one KBS.

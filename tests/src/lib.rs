@@ -77,9 +77,7 @@ pub fn admin_token(key: &Ed) -> String {
 
 /// The agent the services' own clients use ([`cgx_http::Client::service`], WebPKI roots).
 pub fn agent() -> ureq::Agent {
-    cgx_http::Client::service(cgx_http::Roots::WebPki)
-        .agent()
-        .unwrap()
+    cgx_http::Client::service(cgx_http::Roots::WebPki).agent()
 }
 
 /// (status, body) of an HTTP call.

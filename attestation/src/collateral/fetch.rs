@@ -150,12 +150,10 @@ impl CollateralSource {
     /// A source that refreshes from the vendors at `endpoints`.
     #[cfg(feature = "fetch")]
     pub fn new(store: CollateralStore, endpoints: Endpoints, policy: FetchPolicy) -> Self {
-        // The WebPKI roots cannot be refused (only a CA file without certificates is): `None`
-        // would then leave the source offline, and its fetches say so.
-        let agent = cgx_http::Client::vendor(policy.timeout).agent().ok();
+        let agent = cgx_http::Client::vendor(policy.timeout).agent();
         CollateralSource {
             store: Mutex::new(store),
-            agent,
+            agent: Some(agent),
             endpoints,
             policy,
             pacing: Mutex::new(HashMap::new()),

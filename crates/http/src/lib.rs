@@ -13,7 +13,7 @@ use std::time::Duration;
 
 pub use ureq;
 
-/// Why an agent could not be built (the request has not been made).
+/// Why roots could not be read (no request has been made).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SetupError {
     /// The CA file named no certificate.
@@ -22,33 +22,50 @@ pub enum SetupError {
 }
 
 /// Whose certificates a server's chain must end in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Roots<'a> {
+#[derive(Debug, Clone)]
+pub enum Roots {
     /// The WebPKI roots (public services: AMD KDS, Intel PCS, NVIDIA).
     WebPki,
-    /// The certificates of a PEM file (a KBS or broker under its own CA); other PEM items are
-    /// ignored, and a file with none is refused.
-    Pem(&'a [u8]),
+    /// The certificates of a CA file ([`Roots::from_pem`]).
+    Certificates(Arc<Vec<ureq::tls::Certificate<'static>>>),
+}
+
+impl Roots {
+    /// The certificates of a PEM file (a KBS or broker under its own CA). Other PEM items are
+    /// ignored; a file with no certificate is refused, so a client never starts trusting
+    /// nothing (or, worse, something else) by mistake.
+    pub fn from_pem(pem: &[u8]) -> Result<Roots, SetupError> {
+        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(pem)
+            .filter_map(|i| match i {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if certs.is_empty() {
+            return Err(SetupError::NoCaCertificate);
+        }
+        Ok(Roots::Certificates(Arc::new(certs)))
+    }
 }
 
 /// How an agent behaves. [`Client::service`] and [`Client::vendor`] are the two kinds cgx makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Client<'a> {
-    pub roots: Roots<'a>,
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub roots: Roots,
     /// Whether a proxy named in the environment (`HTTPS_PROXY`, …) may carry the requests.
     pub proxy_from_env: bool,
     /// The most one request may take, from connecting to the last byte of the body.
     pub timeout: Duration,
-    /// Redirects followed (0: none).
+    /// Redirects followed (0: none; a 3xx is then returned as the response).
     pub max_redirects: u32,
 }
 
-impl<'a> Client<'a> {
+impl Client {
     /// A client of a cgx service (a KBS, a broker): reached directly — a proxy taken from the
     /// environment would see a plain-HTTP loopback KBS's cookie and lease tokens —, 30 s per
-    /// request, no redirects (a service never sends one; following it would replay a bearer
-    /// token elsewhere).
-    pub fn service(roots: Roots<'a>) -> Self {
+    /// request, no redirects (a service never sends one; following it would carry a lease
+    /// token in a query, or the request's other headers, elsewhere).
+    pub fn service(roots: Roots) -> Self {
         Client {
             roots,
             proxy_from_env: false,
@@ -69,22 +86,11 @@ impl<'a> Client<'a> {
         }
     }
 
-    /// The agent.
-    pub fn agent(&self) -> Result<ureq::Agent, SetupError> {
-        let roots = match self.roots {
+    /// The agent (building one cannot fail: the roots were read already).
+    pub fn agent(&self) -> ureq::Agent {
+        let roots = match &self.roots {
             Roots::WebPki => ureq::tls::RootCerts::WebPki,
-            Roots::Pem(pem) => {
-                let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(pem)
-                    .filter_map(|i| match i {
-                        Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                        _ => None,
-                    })
-                    .collect();
-                if certs.is_empty() {
-                    return Err(SetupError::NoCaCertificate);
-                }
-                ureq::tls::RootCerts::Specific(Arc::new(certs))
-            }
+            Roots::Certificates(certs) => ureq::tls::RootCerts::Specific(certs.clone()),
         };
         let tls = ureq::tls::TlsConfig::builder()
             .provider(ureq::tls::TlsProvider::Rustls)
@@ -101,7 +107,7 @@ impl<'a> Client<'a> {
         if !self.proxy_from_env {
             config = config.proxy(None);
         }
-        Ok(ureq::Agent::new_with_config(config.build()))
+        ureq::Agent::new_with_config(config.build())
     }
 }
 
@@ -115,11 +121,10 @@ mod tests {
         let key_only = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
         for pem in [&b""[..], &b"not pem"[..], &key_only[..]] {
             assert_eq!(
-                Client::service(Roots::Pem(pem)).agent().err(),
+                Roots::from_pem(pem).err(),
                 Some(SetupError::NoCaCertificate)
             );
         }
-        assert!(Client::service(Roots::WebPki).agent().is_ok());
     }
 
     /// What the agent was told is what it does: a service client follows no redirect and
@@ -140,7 +145,7 @@ mod tests {
                 s.write_all(answer.as_bytes()).unwrap();
             }
         });
-        let agent = Client::service(Roots::WebPki).agent().unwrap();
+        let agent = Client::service(Roots::WebPki).agent();
         let r = agent.get(&format!("http://{addr}/a")).call().unwrap();
         assert_eq!(r.status().as_u16(), 302, "the redirect was followed");
         let mut r = agent.get(&format!("http://{addr}/b")).call().unwrap();

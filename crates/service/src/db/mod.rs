@@ -146,8 +146,12 @@ impl Database {
         // connection for the writer keeps its pages warm; readers keep the pool.
         let writer = if sqlite_file.is_some() {
             let settings = sqlite_settings(durable, POOL_SETTINGS);
+            // Opened on first use (a service with writers of its own, the KBS's inline ones,
+            // never holds it), and kept: recycling it would drop the cache it is for.
             AnyPoolOptions::new()
                 .max_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
                 .test_before_acquire(false)
                 .after_connect(move |conn, _| {
                     let settings = settings.clone();
@@ -157,8 +161,7 @@ impl Database {
                         Ok(())
                     })
                 })
-                .connect(&url)
-                .await?
+                .connect_lazy(&url)?
         } else {
             pool.clone()
         };
@@ -189,6 +192,9 @@ impl Database {
     /// The pool a service's single writer (its [`GroupCommit`] batch) begins transactions on:
     /// one connection of its own on an SQLite file, whose page cache then stays warm from
     /// batch to batch; the pool itself on PostgreSQL and in-memory SQLite.
+    ///
+    /// For the one writer only: a second user would queue behind it for the connection (up to
+    /// the pool's acquire timeout) instead of waiting on SQLite's lock.
     pub fn write_pool(&self) -> &AnyPool {
         &self.writer
     }
