@@ -54,7 +54,9 @@ where
     if insecure_dev {
         eprintln!("{name}: plain HTTP (--insecure-dev): development on loopback only");
     }
-    let tls = cfg.tls();
+    let tls = cgx_service::config::ServiceConfig::listener(&cfg)
+        .tls
+        .is_some();
     runtime()?
         .block_on(cgx_service::server::serve_until_signal(
             name,

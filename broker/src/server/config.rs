@@ -189,10 +189,6 @@ impl cgx_service::config::ServiceConfig for BrokerConfig {
         self.tls = None;
     }
 
-    fn tls(&self) -> bool {
-        self.tls.is_some()
-    }
-
     fn listener(&self) -> cgx_service::ListenerConfig {
         BrokerConfig::listener(self)
     }

@@ -44,7 +44,7 @@ pub mod routes {
     pub const REFERENCE_VALUES: &str = "/v1/reference-values";
     pub const ADMIN_EVENTS: &str = "/v1/admin-events";
     pub const OPENAPI: &str = "/openapi.json";
-    pub const METRICS: &str = "/metrics";
+    // `/metrics` is every service's (`cgx_service::ops::METRICS_PATH`).
     pub const HEALTHZ: &str = "/healthz";
 
     /// `template` with its `{id}` segment set to `id`.

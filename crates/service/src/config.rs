@@ -61,8 +61,6 @@ pub trait ServiceConfig: DeserializeOwned {
     /// Plain HTTP for development (`--insecure-dev`): TLS off; the listener still refuses any
     /// address but loopback.
     fn set_insecure_dev(&mut self);
-    /// Whether it serves TLS.
-    fn tls(&self) -> bool;
     /// The listener it asks for.
     fn listener(&self) -> crate::ListenerConfig;
 }

@@ -281,10 +281,6 @@ impl cgx_service::config::ServiceConfig for KbsConfig {
         self.tls = None;
     }
 
-    fn tls(&self) -> bool {
-        self.tls.is_some()
-    }
-
     fn listener(&self) -> cgx_service::ListenerConfig {
         KbsConfig::listener(self)
     }

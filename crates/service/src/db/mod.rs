@@ -112,21 +112,11 @@ impl Database {
         } else {
             url.to_string()
         };
-        let mut opts = AnyPoolOptions::new().max_connections(if sqlite { 8 } else { 16 });
-        if sqlite {
-            // An embedded database does not drop connections: pinging each one before use would
-            // cost every statement a second round trip to its worker thread.
-            opts = opts.test_before_acquire(false);
-            let settings = sqlite_settings(durable, POOL_SETTINGS);
-            opts = opts.after_connect(move |conn, _| {
-                let settings = settings.clone();
-                Box::pin(async move {
-                    use sqlx::Executor;
-                    conn.execute(sqlx::AssertSqlSafe(settings)).await?;
-                    Ok(())
-                })
-            });
-        }
+        let opts = if sqlite {
+            sqlite_pool_options(durable).max_connections(8)
+        } else {
+            AnyPoolOptions::new().max_connections(16)
+        };
         // Inline writers open the file itself: only for a plain file URL (`mode=memory`, `ro`
         // or other options keep every write on the pool).
         let plain_file = url
@@ -145,22 +135,12 @@ impl Database {
         // and read their B-tree pages again from the log (about seven reads a placement). One
         // connection for the writer keeps its pages warm; readers keep the pool.
         let writer = if sqlite_file.is_some() {
-            let settings = sqlite_settings(durable, POOL_SETTINGS);
             // Opened on first use (a service with writers of its own, the KBS's inline ones,
             // never holds it), and kept: recycling it would drop the cache it is for.
-            AnyPoolOptions::new()
+            sqlite_pool_options(durable)
                 .max_connections(1)
                 .idle_timeout(None)
                 .max_lifetime(None)
-                .test_before_acquire(false)
-                .after_connect(move |conn, _| {
-                    let settings = settings.clone();
-                    Box::pin(async move {
-                        use sqlx::Executor;
-                        conn.execute(sqlx::AssertSqlSafe(settings)).await?;
-                        Ok(())
-                    })
-                })
                 .connect_lazy(&url)?
         } else {
             pool.clone()
@@ -356,6 +336,23 @@ where
             }
         };
     }
+}
+
+/// A pool of SQLite connections, each set up with [`sqlite_settings`] and [`POOL_SETTINGS`].
+/// An embedded database does not drop connections: pinging each one before use would cost
+/// every statement a second round trip to its worker thread.
+fn sqlite_pool_options(durable: bool) -> AnyPoolOptions {
+    let settings = sqlite_settings(durable, POOL_SETTINGS);
+    AnyPoolOptions::new()
+        .test_before_acquire(false)
+        .after_connect(move |conn, _| {
+            let settings = settings.clone();
+            Box::pin(async move {
+                use sqlx::Executor;
+                conn.execute(sqlx::AssertSqlSafe(settings)).await?;
+                Ok(())
+            })
+        })
 }
 
 /// What a pooled SQLite connection sets after [`sqlite_settings`]: it waits for the write lock,
