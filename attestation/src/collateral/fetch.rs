@@ -286,6 +286,16 @@ impl CollateralSource {
         })
     }
 
+    /// Put an item a caller obtained itself in the store under `key` (an import into a running
+    /// service): the store's own rules apply — only content at least as fresh replaces an
+    /// entry, and nothing is validated here (validation happens where it is used).
+    pub fn put(&self, key: &CollateralKey, bytes: &[u8], source: &str, now: i64) -> Result<Entry> {
+        self.store
+            .lock()
+            .map_err(|_| err("lock poisoned"))?
+            .put(&key.path(), bytes, source, now)
+    }
+
     /// Whether [`Self::get`] may contact vendors.
     pub fn is_online(&self) -> bool {
         !self.offline

@@ -2,7 +2,7 @@
 //! freshness, its free GPUs, and per GPU model an ordered set by (price, reputation, id). Pure
 //! data and functions of `now` — no I/O, no clock — so the rules are tested directly and the
 //! benchmark measures them alone. The database is the truth: a replica rebuilds this index from
-//! it at start and keeps it in step (`store.rs`, `sync`).
+//! it at start and keeps it in step (`store/`, `monitor.rs`: `sync`).
 //!
 //! A node is **placeable** while its appraisal is affirming, its result is younger than the
 //! re-attestation interval (and its EAR unexpired), and its last signed heartbeat is at most

@@ -12,11 +12,15 @@
 //! Versions also serialize admins: a put is made against the version it read and fails if
 //! another put came first.
 
+use cgx_policies::PolicyEngine;
 use cgx_protocol::records::Setting;
+use cgx_service::auth::Admin;
 use serde_json::Value;
 
 use super::error::BrokerError;
-use super::lease::{Keys, verify_stored};
+use super::keys::{Keys, verify_stored};
+use super::store::{Outcome, Refusal, SettingWrite};
+use super::{Broker, auditor};
 
 /// The reference values' setting name.
 pub(crate) const REFERENCE_VALUES: &str = "reference-values";
@@ -86,6 +90,188 @@ pub(crate) fn reference_values_text(body: &[u8]) -> Result<String, BrokerError> 
     Ok(v.to_string())
 }
 
+impl Broker {
+    /// The reference values in force: (version, text).
+    pub(super) fn refs_in_force(&self) -> (i64, String) {
+        match self.refs_in_force.lock() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The engine and the values GET reports switch together: under the values' lock.
+    pub(super) fn set_refs_in_force(&self, version: i64, text: String, engine: PolicyEngine) {
+        let mut r = match self.refs_in_force.lock() {
+            Ok(r) => r,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        self.appraiser.set_engine(engine);
+        *r = (version, text);
+    }
+
+    /// Pick up reference values an admin stored (on this replica or another): a newer
+    /// version whose record verifies goes into force. A row at the version in force with
+    /// another body, or at an older version, is refused (an older row put back, or a version
+    /// signed twice after one was): the engine stays as it is.
+    pub(crate) async fn refresh_reference_values(&self) -> Result<(), BrokerError> {
+        let _one = self.settings_lock.lock().await;
+        let Some((body, record, version)) = self.store.setting(REFERENCE_VALUES).await? else {
+            return Ok(());
+        };
+        let (current, text) = self.refs_in_force();
+        if version == current && body == text {
+            return Ok(());
+        }
+        if version <= current {
+            return Err(BrokerError::Storage(format!(
+                "setting reference-values: the row holds version {version}, and version \
+                 {current} with {} is in force (an older row put back, or a version signed \
+                 twice): kept version {current}",
+                if version == current {
+                    "another body"
+                } else {
+                    "its own body"
+                }
+            )));
+        }
+        self.keys
+            .verify_setting(&record, REFERENCE_VALUES, version, &body)?;
+        let engine =
+            PolicyEngine::new("broker.appraisal", &self.appraisal_policy, &body).map_err(|e| {
+                BrokerError::Storage(format!("setting reference-values v{version}: {e}"))
+            })?;
+        self.set_refs_in_force(version, body, engine);
+        tracing::info!(version, "reference values in force");
+        Ok(())
+    }
+
+    /// Store reference values (the document `cgx measure … --reference-values` writes) in
+    /// place of version `replaces` and put them in force: they judge registrations from now on
+    /// (registered nodes at their next re-attestation, or at once with `reattest`). Refused
+    /// unless they compile with the appraisal policy; a conflict where the stored values are no
+    /// longer at `replaces`.
+    pub(crate) async fn put_reference_values(
+        &self,
+        admin: &Admin,
+        body: &[u8],
+        replaces: i64,
+    ) -> Result<serde_json::Value, BrokerError> {
+        if !admin
+            .scopes()
+            .iter()
+            .any(|s| s == "*" || s == REFERENCE_VALUES)
+        {
+            return Err(BrokerError::Forbidden(
+                "reference values are set by admins (scope reference-values or *)".into(),
+            ));
+        }
+        let text = reference_values_text(body)?;
+        let engine = PolicyEngine::new("broker.appraisal", &self.appraisal_policy, &text)
+            .map_err(|e| BrokerError::BadRequest(format!("reference values: {e}")))?;
+        let policy_id = engine.id().to_string();
+        let _one = self.settings_lock.lock().await;
+        let stored = self
+            .store
+            .setting(REFERENCE_VALUES)
+            .await?
+            .map_or(0, |(_, _, v)| v);
+        if stored != replaces {
+            return Err(BrokerError::Conflict(format!(
+                "the reference values are at version {stored}, not {replaces}: read them and \
+                 put again"
+            )));
+        }
+        let (current, _) = self.refs_in_force();
+        if stored < current {
+            return Err(BrokerError::Storage(format!(
+                "setting reference-values: the row holds version {stored}, older than the \
+                 {current} in force (an older row put back?): nothing put"
+            )));
+        }
+        let version = replaces.checked_add(1).ok_or_else(|| {
+            BrokerError::Conflict(format!("version {replaces} cannot be followed"))
+        })?;
+        let at = self.clock.unix();
+        let actor = admin.actor();
+        let record = self
+            .keys
+            .sign_setting(REFERENCE_VALUES, version, &text, at, &actor)?;
+        let detail = serde_json::json!({
+            "version": version,
+            "replaces": replaces,
+            "sha256": sha256_hex(text.as_bytes()),
+            "policy_id": policy_id,
+        });
+        match self
+            .store
+            .write(SettingWrite::PutSetting {
+                name: REFERENCE_VALUES,
+                body: text.clone(),
+                record,
+                version,
+                at,
+                actor: actor.clone(),
+                detail: detail.to_string(),
+            })
+            .await?
+        {
+            Outcome::Done => {}
+            Outcome::Refused(Refusal::SettingChanged) => {
+                return Err(BrokerError::Conflict(format!(
+                    "the reference values changed from version {replaces} meanwhile (another \
+                     admin or replica): read them and put again"
+                )));
+            }
+            other => return Err(BrokerError::Internal(format!("setting write: {other:?}"))),
+        }
+        self.set_refs_in_force(version, text, engine);
+        tracing::info!(version, by = %actor, "reference values put");
+        Ok(detail)
+    }
+
+    /// The reference values this replica appraises with, and their version (0: the
+    /// configuration's).
+    pub(crate) fn reference_values(&self, admin: &Admin) -> Result<serde_json::Value, BrokerError> {
+        if !admin
+            .scopes()
+            .iter()
+            .any(|s| s == "*" || s == REFERENCE_VALUES || s == "auditor")
+        {
+            return Err(BrokerError::Forbidden(
+                "reference values are read by admins and auditors".into(),
+            ));
+        }
+        let (version, text) = self.refs_in_force();
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| BrokerError::Internal(format!("reference values: {e}")))?;
+        Ok(serde_json::json!({"version": version, "reference_values": v}))
+    }
+
+    /// The admin audit trail (auditors and `*`).
+    pub(crate) async fn admin_events(
+        &self,
+        admin: &Admin,
+    ) -> Result<serde_json::Value, BrokerError> {
+        if !auditor(admin) {
+            return Err(BrokerError::Forbidden(
+                "the audit trail is for auditors".into(),
+            ));
+        }
+        let events: Vec<serde_json::Value> = self
+            .store
+            .admin_events()
+            .await?
+            .into_iter()
+            .map(|(at, actor, action, detail)| {
+                let detail: serde_json::Value =
+                    serde_json::from_str(&detail).unwrap_or(serde_json::Value::String(detail));
+                serde_json::json!({"at": at, "actor": actor, "action": action, "detail": detail})
+            })
+            .collect();
+        Ok(serde_json::json!({"events": events}))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -118,5 +304,71 @@ mod tests {
         );
         assert!(reference_values_text(b"[1]").is_err());
         assert!(reference_values_text(b"{").is_err());
+    }
+}
+
+#[cfg(test)]
+mod domain_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::super::testing::{Harness, Role};
+    use super::*;
+
+    /// Reference values are put by admins against the version they read, go into force at
+    /// once, and leave an audit row; a stale version, a caller without the scope and values
+    /// that are not a JSON object are refused and change nothing.
+    #[tokio::test]
+    async fn reference_values_are_put_by_version_and_audited() {
+        let h = Harness::new("settings-put").await;
+        let admin = h.admin(Role::ReferenceValues);
+        let auditor = h.admin(Role::Auditor);
+        let before = h.broker.reference_values(&auditor).unwrap();
+        assert_eq!(before["version"], 0);
+        let mut refs = before["reference_values"].clone();
+        refs["snp"]["measurements"] = serde_json::json!([hex::encode([0x11u8; 48])]);
+        let body = refs.to_string();
+        let e = h
+            .broker
+            .put_reference_values(&admin, body.as_bytes(), 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, BrokerError::Conflict(_)), "{e}");
+        let e = h
+            .broker
+            .put_reference_values(&auditor, body.as_bytes(), 0)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, BrokerError::Forbidden(_)), "{e}");
+        for bad in [&b"[1, 2]"[..], b"{\"snp\": "] {
+            let e = h
+                .broker
+                .put_reference_values(&admin, bad, 0)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, BrokerError::BadRequest(_)), "{e}");
+        }
+        assert_eq!(h.broker.reference_values(&auditor).unwrap()["version"], 0);
+        let put = h
+            .broker
+            .put_reference_values(&admin, body.as_bytes(), 0)
+            .await
+            .unwrap();
+        assert_eq!(put["version"], 1);
+        let now = h.broker.reference_values(&auditor).unwrap();
+        assert_eq!(now["version"], 1);
+        assert_eq!(now["reference_values"]["snp"], refs["snp"]);
+        // In force: a node measured as before no longer affirms.
+        let node = h.node(1);
+        let registered = h.register(&node).await.unwrap();
+        assert_ne!(registered.status, cgx_protocol::records::Tier::Affirming);
+        let events = h.broker.admin_events(&auditor).await.unwrap();
+        let events = events["events"].as_array().unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0]["action"], "reference-values.put");
+        assert_eq!(events[0]["actor"], admin.actor());
+        assert_eq!(events[0]["detail"]["version"], 1);
+        assert!(matches!(
+            h.broker.admin_events(&admin).await,
+            Err(BrokerError::Forbidden(_))
+        ));
     }
 }

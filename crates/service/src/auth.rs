@@ -108,8 +108,9 @@ impl AdminKeys {
         }
     }
 
-    /// The administrator whose key signed `token`, valid at `now`.
-    pub(crate) fn authenticate(&self, token: &str, now: i64) -> Result<Admin, AuthError> {
+    /// The administrator whose key signed `token`, valid at `now` (the extractor's check; a
+    /// service's in-process tests authenticate the same way).
+    pub fn authenticate(&self, token: &str, now: i64) -> Result<Admin, AuthError> {
         let admin = |index: usize| Admin {
             index,
             repositories: self.scopes.get(index).cloned().unwrap_or_default(),

@@ -1,5 +1,7 @@
-//! The router and its handlers. Handlers validate and delegate: attestation to [`Attester`],
-//! release decisions to [`ReleasePolicies`] and [`check_lease`], persistence to [`Store`].
+//! The router and its handlers. Handlers read the request (cookie, bearer, path, body),
+//! validate and delegate: the RCAR handshake to `rcar.rs` ([`Kbs::challenge`],
+//! [`Kbs::attest`]), a resource's release to `release.rs` ([`Kbs::release`]), persistence to
+//! [`Store`](super::store::Store); they write the answer.
 //!
 //! CoCo protocol: `POST /kbs/v0/auth`, `POST /kbs/v0/attest`, `GET /kbs/v0/resource/{repo}/
 //! {type}/{tag}`. Admin (EdDSA bearer tokens): `POST|DELETE /kbs/v0/resource/...`,
@@ -20,18 +22,16 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use cgx_attestation::results::Tier;
 use cgx_policies::PolicyEngine;
-use cgx_policies::release::ReleaseRequest;
-use cgx_protocol::kbs_types::{Attestation, Challenge, Request, Tee};
+use cgx_protocol::kbs_types::{Challenge, Request};
 use serde_json::{Value, json};
 
 use cgx_service::auth::Admin;
 
+use super::Kbs;
 use super::error::KbsError;
-use super::release::{GLOBAL_SCOPE, check_lease};
+use super::release::{Credential, GLOBAL_SCOPE};
 use super::store::{AdminChange, AuditRow};
-use super::{Kbs, LiveSession};
 
 pub const PROTOCOL_VERSION: &str = "0.4.0";
 pub const SESSION_COOKIE: &str = "kbs-session-id";
@@ -124,6 +124,17 @@ fn cookie(headers: &HeaderMap) -> Option<String> {
         })
 }
 
+/// Who asks for a resource: the session cookie first, else a bearer EAR.
+fn credential(headers: &HeaderMap) -> Credential {
+    match cookie(headers) {
+        Some(id) => Credential::Session(id),
+        None => match bearer(headers) {
+            Some(token) => Credential::Ear(token.to_string()),
+            None => Credential::None,
+        },
+    }
+}
+
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)?
@@ -154,19 +165,7 @@ pub(super) fn resource_path(repo: &str, kind: &str, tag: &str) -> Result<String,
 
 async fn auth(State(kbs): Shared, body: Bytes) -> Result<Response, KbsError> {
     let req: Request = json_body(&body, "auth request")?;
-    if req.version != PROTOCOL_VERSION {
-        return Err(KbsError::ProtocolVersion(req.version));
-    }
-    match req.tee {
-        Tee::Snp | Tee::Tdx => {}
-        Tee::Sample if kbs.allow_sample => {}
-        other => return Err(KbsError::UnsupportedTee(other.to_string())),
-    }
-    let ch = kbs
-        .session_keys
-        .issue(req.tee.as_ref(), kbs.clock.unix() + kbs.nonce_ttl)
-        .ok_or_else(|| KbsError::Internal("challenge: no randomness, or the clock".into()))?;
-    let (id, nonce) = (ch.id, ch.nonce);
+    let (id, nonce) = kbs.challenge(&req)?;
     let mut resp = Json(Challenge {
         nonce,
         extra_params: json!({}),
@@ -189,7 +188,12 @@ async fn attest(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, KbsError> {
-    let r = attest_inner(&kbs, client, &headers, &body).await;
+    let id = cookie(&headers)
+        .ok_or_else(|| KbsError::UnAuthenticated("no kbs-session-id cookie".into()))?;
+    let r = kbs
+        .attest(&id, client.ip(), &body)
+        .await
+        .map(|token| Json(AttestResponse { token }).into_response());
     kbs.metrics.event(
         "attestation",
         match &r {
@@ -200,114 +204,10 @@ async fn attest(
     r
 }
 
-async fn attest_inner(
-    kbs: &Arc<Kbs>,
-    client: SocketAddr,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, KbsError> {
-    let id = cookie(headers)
-        .ok_or_else(|| KbsError::UnAuthenticated("no kbs-session-id cookie".into()))?;
-    let ch = kbs
-        .session_keys
-        .open(&id, kbs.clock.unix())
-        .map_err(|e| KbsError::UnAuthenticated(e.into()))?;
-    let replayed = || {
-        KbsError::UnAuthenticated(
-            "this challenge was already answered; start again with /auth".into(),
-        )
-    };
-    // Replays are caught when the answer is recorded (`sessions.rs`: one INSERT on any replica,
-    // or this process's table). Checking the database first would cost every honest
-    // attestation a read; this process's table costs a lookup, and spares a replay the
-    // appraisal.
-    if kbs.answered_here(&id) {
-        return Err(replayed());
-    }
-    let att: Attestation = json_body(body, "attestation")?;
-    let tee: Tee = ch
-        .tee
-        .parse()
-        .map_err(|_| KbsError::Internal("session TEE".into()))?;
-    let nonce = ch.nonce.clone();
-    // Pure computation over the store (a few hundred microseconds): no thread hand-off. What the
-    // store lacks is fetched through the bounded gate, charged to this client, and the
-    // attestation tried again; known platforms never get that far.
-    let mut attempt = kbs.attester.attest(tee, &att, &nonce, kbs.clock.now());
-    if let Some(gate) = &kbs.fetcher {
-        for _ in 0..2 {
-            if attempt.missing.is_empty() {
-                break;
-            }
-            if attempt.outcome.is_ok() {
-                // Only what it could do without (OCSP answers): fetch for the next time.
-                gate.prefetch(Some(client.ip()), &attempt.missing);
-                break;
-            }
-            if let Err(e) = gate.fetch(client.ip(), &attempt.missing).await {
-                attempt.outcome = Err(e);
-                break;
-            }
-            attempt = kbs.attester.attest(tee, &att, &nonce, kbs.clock.now());
-        }
-        gate.prefetch(None, &attempt.refresh);
-    }
-    let attested = match attempt.outcome {
-        Ok(a) => a,
-        Err(e) => {
-            // A failed answer uses up the challenge too.
-            kbs.answer_failed(&ch).await?;
-            return Err(e);
-        }
-    };
-    // A session lives at most `session_ttl` past its challenge's expiry, however long the
-    // attestation took (collateral fetches): the session sweep relies on it.
-    let expires_at = kbs.clock.unix().min(ch.expires_at) + kbs.session_ttl;
-    let status = attested.status();
-    let (ear, token) = attested.into_signed();
-    let session = LiveSession {
-        // No longer than its EAR (attestation may have taken a while).
-        expires_at: expires_at.min(ear.exp.unwrap_or(expires_at)),
-        tee_pubkey: att.runtime_data.tee_pubkey,
-        ear,
-    };
-    if !kbs
-        .answer_attested(&ch, expires_at, &token, session)
-        .await?
-    {
-        return Err(replayed());
-    }
-    // The session id is a bearer credential: it is not logged.
-    tracing::info!(status = status.as_str(), "attested");
-    Ok(Json(AttestResponse { token }).into_response())
-}
-
 /// What `/attest` answers: the EAR, signed.
 #[derive(serde::Serialize)]
 struct AttestResponse {
     token: String,
-}
-
-/// The attested session of the requester: its session cookie, or a bearer EAR this KBS issued.
-async fn requester(kbs: &Kbs, headers: &HeaderMap) -> Result<Arc<LiveSession>, KbsError> {
-    if let Some(id) = cookie(headers) {
-        kbs.session_keys
-            .authentic(&id)
-            .map_err(|e| KbsError::UnAuthenticated(e.into()))?;
-        return kbs
-            .attested_session(&id)
-            .await?
-            .filter(|s| s.expires_at > kbs.clock.unix())
-            .ok_or_else(|| {
-                KbsError::UnAuthenticated("no attested, unexpired session for this cookie".into())
-            });
-    }
-    if let Some(token) = bearer(headers) {
-        return kbs.verified_ear(token).map(Arc::new);
-    }
-    Err(KbsError::UnAuthenticated(
-        "no session cookie and no bearer token".into(),
-    ))
 }
 
 async fn get_resource(
@@ -316,7 +216,10 @@ async fn get_resource(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, KbsError> {
-    let r = release(&kbs, &repo, &kind, &tag, &query, &headers).await;
+    let r = kbs
+        .release(&credential(&headers), &repo, &kind, &tag, &query)
+        .await
+        .map(|jwe| Json(jwe).into_response());
     kbs.metrics.event(
         "release",
         match &r {
@@ -327,118 +230,6 @@ async fn get_resource(
         },
     );
     r
-}
-
-async fn release(
-    kbs: &Kbs,
-    repo: &str,
-    kind: &str,
-    tag: &str,
-    query: &HashMap<String, String>,
-    headers: &HeaderMap,
-) -> Result<Response, KbsError> {
-    let path = resource_path(repo, kind, tag)?;
-    // Authentication first: an unauthenticated caller learns nothing about what exists.
-    let session = requester(kbs, headers).await?;
-    let key = &session.tee_pubkey;
-    // Every part must be affirming: a part the policy left at `none` is not a pass, whatever
-    // release policy an administrator installs.
-    let status = session.ear.tier();
-    if status != Tier::Affirming {
-        return Err(KbsError::PolicyDeny(format!(
-            "{path}: the session's appraisal is {}, not affirming",
-            status.as_str()
-        )));
-    }
-    if let Some((part, a)) = session
-        .ear
-        .submods
-        .iter()
-        .find(|(_, a)| a.status != Tier::Affirming)
-    {
-        return Err(KbsError::PolicyDeny(format!(
-            "{path}: part {part} of the session's appraisal is {}, not affirming",
-            a.status.as_str()
-        )));
-    }
-    // Sample evidence is released only by a KBS that takes it: a session another replica (or a
-    // development KBS sharing the result key) appraised from it is not this one's to honour.
-    if !kbs.allow_sample
-        && let Some((part, _)) = session.ear.submods.iter().find(|(_, a)| {
-            matches!(
-                a.verifier_claims.get("cgx.kind").and_then(Value::as_str),
-                Some("sample" | "sampledevice")
-            )
-        })
-    {
-        return Err(KbsError::PolicyDeny(format!(
-            "{path}: part {part} is sample evidence, which this KBS does not take"
-        )));
-    }
-    let lease = match query.get("lease") {
-        Some(token) => Some(check_lease(
-            token,
-            &kbs.broker_keys,
-            &path,
-            key,
-            kbs.clock.unix(),
-            kbs.lease_max_ttl,
-        )?),
-        None => None,
-    };
-    let lease_claims = lease.as_ref().map(super::release::lease_input);
-    let stored = kbs.release_policies(&path, repo).await?;
-    // Policies, tenant isolation included, before the lookup: a denied requester learns
-    // nothing about what exists. They read the EAR as Trustee's do (`input.submods.cpu0…`),
-    // plus the request.
-    let request = ReleaseRequest {
-        path: &path,
-        repository: repo,
-        kind,
-        tag,
-        query,
-        lease: lease_claims.as_ref(),
-    };
-    kbs.release.check(&session.ear, &request, &stored).await?;
-    let resource = kbs
-        .store
-        .resource(&path)
-        .await?
-        .ok_or_else(|| KbsError::ResourceNotFound(path.clone()))?;
-    if resource.requires_lease && lease.is_none() {
-        return Err(KbsError::LeaseInvalid(format!(
-            "{path} is a job resource and needs a lease token (query parameter lease)"
-        )));
-    }
-    // A TEE key serves one tenant at a time: another tenant's lease for this key must have
-    // expired (`tenancy.rs`). The lease names its tenant (checked against the repository).
-    if let Some(l) = &lease {
-        kbs.tee_tenants.claim(
-            &cgx_protocol::kbs::jwe::thumbprint(key),
-            &l.body.tenant,
-            kbs.clock.unix(),
-            l.exp,
-        )?;
-    }
-    let jwe = cgx_protocol::kbs::jwe::encrypt(key, &resource.value).map_err(|e| match e {
-        cgx_protocol::kbs::jwe::JweError::UnsupportedKey(_)
-        | cgx_protocol::kbs::jwe::JweError::InvalidKey(_) => {
-            KbsError::InvalidRequest(format!("TEE key: {e}"))
-        }
-        e => KbsError::Jwe(e.to_string()),
-    })?;
-    kbs.store
-        .audit(
-            "tee",
-            "release",
-            &path,
-            &json!({
-                "tee_key": cgx_protocol::kbs::jwe::thumbprint(key),
-                "lease": lease.as_ref().map(|l| l.body.lease.as_str()),
-            }),
-        )
-        .await?;
-    Ok(Json(jwe).into_response())
 }
 
 // ------------------------------------------------------------------------ admin

@@ -10,6 +10,7 @@ mod fetch;
 pub mod fuzz;
 mod http;
 mod keys;
+mod rcar;
 mod release;
 mod session;
 mod sessions;

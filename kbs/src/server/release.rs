@@ -35,7 +35,12 @@ use cgx_protocol::records::Lease;
 use cgx_protocol::signed::{self, Verified, When};
 use serde_json::Value;
 
+use cgx_attestation::results::Tier;
+use serde_json::json;
+
 use super::error::KbsError;
+use super::http::resource_path;
+use super::{Kbs, LiveSession};
 
 /// A compiled policy's cache key: who wrote it, and the SHA-256 of its text.
 type PolicyKey = (Trust, [u8; 32]);
@@ -341,6 +346,159 @@ pub fn lease_input(lease: &Verified<Lease>) -> Value {
         m.insert("exp".into(), lease.exp.into());
     }
     v
+}
+
+/// Who asks for a resource (read by the handler from the request).
+#[derive(Debug)]
+pub(crate) enum Credential {
+    /// The RCAR session cookie's value.
+    Session(String),
+    /// A bearer EAR this KBS (or a replica sharing its result key) issued.
+    Ear(String),
+    None,
+}
+
+impl Kbs {
+    /// The attested session of the requester: its session cookie, or a bearer EAR this KBS issued.
+    async fn requester(&self, who: &Credential) -> Result<Arc<LiveSession>, KbsError> {
+        let kbs = self;
+        if let Credential::Session(id) = who {
+            kbs.session_keys
+                .authentic(id)
+                .map_err(|e| KbsError::UnAuthenticated(e.into()))?;
+            return kbs
+                .attested_session(id)
+                .await?
+                .filter(|s| s.expires_at > kbs.clock.unix())
+                .ok_or_else(|| {
+                    KbsError::UnAuthenticated(
+                        "no attested, unexpired session for this cookie".into(),
+                    )
+                });
+        }
+        if let Credential::Ear(token) = who {
+            return kbs.verified_ear(token).map(Arc::new);
+        }
+        Err(KbsError::UnAuthenticated(
+            "no session cookie and no bearer token".into(),
+        ))
+    }
+
+    /// Release `repo/kind/tag` to `who`: an attested, affirming session (every part), the lease
+    /// when one is given (or the resource needs one), every release policy that applies, one
+    /// tenant per TEE key; the resource encrypted to the session's TEE key (a JWE), audited.
+    pub(crate) async fn release(
+        &self,
+        who: &Credential,
+        repo: &str,
+        kind: &str,
+        tag: &str,
+        query: &HashMap<String, String>,
+    ) -> Result<Value, KbsError> {
+        let kbs = self;
+        let path = resource_path(repo, kind, tag)?;
+        // Authentication first: an unauthenticated caller learns nothing about what exists.
+        let session = kbs.requester(who).await?;
+        let key = &session.tee_pubkey;
+        // Every part must be affirming: a part the policy left at `none` is not a pass, whatever
+        // release policy an administrator installs.
+        let status = session.ear.tier();
+        if status != Tier::Affirming {
+            return Err(KbsError::PolicyDeny(format!(
+                "{path}: the session's appraisal is {}, not affirming",
+                status.as_str()
+            )));
+        }
+        if let Some((part, a)) = session
+            .ear
+            .submods
+            .iter()
+            .find(|(_, a)| a.status != Tier::Affirming)
+        {
+            return Err(KbsError::PolicyDeny(format!(
+                "{path}: part {part} of the session's appraisal is {}, not affirming",
+                a.status.as_str()
+            )));
+        }
+        // Sample evidence is released only by a KBS that takes it: a session another replica (or a
+        // development KBS sharing the result key) appraised from it is not this one's to honour.
+        if !kbs.allow_sample
+            && let Some((part, _)) = session.ear.submods.iter().find(|(_, a)| {
+                matches!(
+                    a.verifier_claims.get("cgx.kind").and_then(Value::as_str),
+                    Some("sample" | "sampledevice")
+                )
+            })
+        {
+            return Err(KbsError::PolicyDeny(format!(
+                "{path}: part {part} is sample evidence, which this KBS does not take"
+            )));
+        }
+        let lease = match query.get("lease") {
+            Some(token) => Some(check_lease(
+                token,
+                &kbs.broker_keys,
+                &path,
+                key,
+                kbs.clock.unix(),
+                kbs.lease_max_ttl,
+            )?),
+            None => None,
+        };
+        let lease_claims = lease.as_ref().map(lease_input);
+        let stored = kbs.release_policies(&path, repo).await?;
+        // Policies, tenant isolation included, before the lookup: a denied requester learns
+        // nothing about what exists. They read the EAR as Trustee's do (`input.submods.cpu0…`),
+        // plus the request.
+        let request = ReleaseRequest {
+            path: &path,
+            repository: repo,
+            kind,
+            tag,
+            query,
+            lease: lease_claims.as_ref(),
+        };
+        kbs.release.check(&session.ear, &request, &stored).await?;
+        let resource = kbs
+            .store
+            .resource(&path)
+            .await?
+            .ok_or_else(|| KbsError::ResourceNotFound(path.clone()))?;
+        if resource.requires_lease && lease.is_none() {
+            return Err(KbsError::LeaseInvalid(format!(
+                "{path} is a job resource and needs a lease token (query parameter lease)"
+            )));
+        }
+        // A TEE key serves one tenant at a time: another tenant's lease for this key must have
+        // expired (`tenancy.rs`). The lease names its tenant (checked against the repository).
+        if let Some(l) = &lease {
+            kbs.tee_tenants.claim(
+                &cgx_protocol::kbs::jwe::thumbprint(key),
+                &l.body.tenant,
+                kbs.clock.unix(),
+                l.exp,
+            )?;
+        }
+        let jwe = cgx_protocol::kbs::jwe::encrypt(key, &resource.value).map_err(|e| match e {
+            cgx_protocol::kbs::jwe::JweError::UnsupportedKey(_)
+            | cgx_protocol::kbs::jwe::JweError::InvalidKey(_) => {
+                KbsError::InvalidRequest(format!("TEE key: {e}"))
+            }
+            e => KbsError::Jwe(e.to_string()),
+        })?;
+        kbs.store
+            .audit(
+                "tee",
+                "release",
+                &path,
+                &json!({
+                    "tee_key": cgx_protocol::kbs::jwe::thumbprint(key),
+                    "lease": lease.as_ref().map(|l| l.body.lease.as_str()),
+                }),
+            )
+            .await?;
+        serde_json::to_value(&jwe).map_err(|e| KbsError::Internal(e.to_string()))
+    }
 }
 
 #[cfg(test)]

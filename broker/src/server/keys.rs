@@ -39,7 +39,7 @@ pub(crate) struct Keys {
 
 /// A registration nonce: 16 random bytes ‖ expiry (u64 BE) ‖ 16 bytes of
 /// HMAC-SHA-256(nonce key, the first 24). Issuing one writes nothing; using one records it
-/// (`store.rs`).
+/// (`store/nodes.rs`).
 const NONCE_LEN: usize = 40;
 
 impl std::fmt::Debug for Keys {
