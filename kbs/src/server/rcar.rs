@@ -115,3 +115,212 @@ impl Kbs {
         Ok(token)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::super::release::Credential;
+    use super::super::store::AdminChange;
+    use super::*;
+    use cgx_protocol::kbs::jwe::{Curve, TeeKey};
+    use cgx_protocol::records::Lease;
+    use cgx_protocol::signed::Signer;
+    use cgx_service::clock::{Clock, ManualClock};
+    use std::collections::HashMap;
+
+    const MEASUREMENT: [u8; 48] = [0x5A; 48];
+
+    fn ed25519() -> Vec<u8> {
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .unwrap()
+            .as_ref()
+            .to_vec()
+    }
+
+    fn public_b64(pkcs8: &[u8]) -> String {
+        use aws_lc_rs::signature::KeyPair;
+        let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(pkcs8).unwrap();
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            kp.public_key().as_ref(),
+        )
+    }
+
+    /// A KBS in process on SQLite and a manual clock (no listener), trusting simulator roots,
+    /// whose broker key is `broker` (PKCS#8).
+    async fn kbs(name: &str, broker: &[u8]) -> (Kbs, ManualClock, std::path::PathBuf) {
+        use super::super::config::{AppraisalConfig, KbsConfig, KekSource};
+        let dir = std::env::temp_dir().join(format!("cgx-kbs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("kek.hex"), hex::encode([7u8; 32])).unwrap();
+        let refs = serde_json::json!({
+            "allow_sim": "affirming",
+            "snp": {"measurements": [hex::encode(MEASUREMENT)]},
+            "nvidia": {
+                "require_ocsp": false,
+                "driver_versions": [cgx_attestation::sim::SIM_GPU_DRIVER_VERSION],
+                "vbios_versions": [cgx_attestation::sim::SIM_GPU_VBIOS_VERSION],
+                "measurements": "any",
+            },
+        });
+        std::fs::write(dir.join("refs.json"), refs.to_string()).unwrap();
+        let config = KbsConfig {
+            listen: "127.0.0.1:0".into(),
+            tls: None,
+            insecure_dev: true,
+            database: format!("sqlite://{}", dir.join("kbs.db").display()),
+            kek: KekSource::File(dir.join("kek.hex")),
+            admin_keys: Vec::new(),
+            broker_keys: vec![public_b64(broker)],
+            result_key: None,
+            sim_roots: vec!["*".into()],
+            allow_sample: false,
+            nonce_ttl_secs: 60,
+            session_ttl_secs: 300,
+            collateral: Default::default(),
+            appraisal: AppraisalConfig {
+                policy: None,
+                reference_values: Some(dir.join("refs.json")),
+            },
+            tenant_isolation: true,
+            version_file: Some(dir.join("kbs.versions")),
+            accept_new_version_file: false,
+            max_connections: 64,
+            max_in_flight: 64,
+            max_connections_per_client: 64,
+            max_in_flight_per_client: 64,
+            serving_threads: None,
+            admin_token_max_ttl_secs: 3600,
+            lease_max_ttl_secs: 86_400,
+            sessions: None,
+            max_live_sessions: 1000,
+        };
+        let clock = ManualClock::default();
+        let kbs = Kbs::new(&config, clock.shared()).await.unwrap();
+        (kbs, clock, dir)
+    }
+
+    async fn put(kbs: &Kbs, path: &str, value: &[u8], requires_lease: bool) {
+        let repository = path.split('/').next().unwrap();
+        kbs.store
+            .admin_change(
+                AdminChange::PutResource {
+                    path,
+                    repository,
+                    value,
+                    requires_lease,
+                },
+                None,
+            )
+            .await
+            .unwrap();
+    }
+
+    fn request(tee: Tee) -> Request {
+        serde_json::from_slice(&cgx_protocol::kbs::rcar::auth_body(tee).unwrap()).unwrap()
+    }
+
+    /// The handshake in process: a challenge, its answer from a simulated SNP guest with a
+    /// GPU, an EAR; the session then gets its tenant's resource only with a lease for its own
+    /// TEE key, encrypted to that key. A second answer to one challenge, an unknown session
+    /// and a caller with no credential are refused; a TEE this KBS does not take gets no
+    /// challenge.
+    #[tokio::test]
+    async fn a_guest_attests_and_gets_its_resource_through_its_lease() {
+        let broker = ed25519();
+        let (kbs, clock, dir) = kbs("rcar", &broker).await;
+        let now = clock.unix();
+        put(&kbs, "acme/weights/key", b"the weights key", true).await;
+        let e = kbs.challenge(&request(Tee::Sample)).unwrap_err();
+        assert!(matches!(e, KbsError::UnsupportedTee(_)), "{e}");
+        let mut old = request(Tee::Snp);
+        old.version = "0.1.0".into();
+        assert!(matches!(
+            kbs.challenge(&old),
+            Err(KbsError::ProtocolVersion(_))
+        ));
+
+        let node = crate::sim::SimNode::generate(1, MEASUREMENT, now).unwrap();
+        let tee = TeeKey::generate_ec(Curve::P256).unwrap();
+        let (id, nonce) = kbs.challenge(&request(Tee::Snp)).unwrap();
+        let answer =
+            serde_json::to_vec(&cgx_protocol::kbs::rcar::attestation(&tee, &node, &nonce).unwrap())
+                .unwrap();
+        let client: IpAddr = [127, 0, 0, 1].into();
+        let ear = kbs.attest(&id, client, &answer).await.unwrap();
+        assert_eq!(ear.split('.').count(), 3);
+        let again = kbs.attest(&id, client, &answer).await.unwrap_err();
+        assert!(matches!(again, KbsError::UnAuthenticated(_)), "{again}");
+
+        let session = Credential::Session(id.clone());
+        let none = HashMap::new();
+        let e = kbs
+            .release(&session, "acme", "weights", "key", &none)
+            .await
+            .unwrap_err();
+        // Tenant isolation: nothing names this session to tenant acme.
+        assert!(matches!(e, KbsError::PolicyDeny(_)), "{e}");
+        let e = kbs
+            .release(&Credential::None, "acme", "weights", "key", &none)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, KbsError::UnAuthenticated(_)), "{e}");
+        let e = kbs
+            .release(
+                &Credential::Session("not-a-session".into()),
+                "acme",
+                "weights",
+                "key",
+                &none,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, KbsError::UnAuthenticated(_)), "{e}");
+
+        let lease = |node_key: String| {
+            Signer::from_pkcs8(&broker)
+                .unwrap()
+                .sign(
+                    &Lease {
+                        lease: "l1".into(),
+                        job: "j1".into(),
+                        tenant: "acme".into(),
+                        node: "n1".into(),
+                        gpus: vec![0],
+                        resources: vec!["acme/weights/key".into()],
+                        node_key,
+                        iss: "cgx-broker".into(),
+                        until: now + 600,
+                    },
+                    now,
+                    now + 120,
+                )
+                .unwrap()
+        };
+        let thumbprint = cgx_protocol::kbs::jwe::thumbprint(&tee.public().unwrap());
+        let other_key = TeeKey::generate_ec(Curve::P256).unwrap();
+        let others = cgx_protocol::kbs::jwe::thumbprint(&other_key.public().unwrap());
+        let with = |token: String| HashMap::from([("lease".to_string(), token)]);
+        let e = kbs
+            .release(&session, "acme", "weights", "key", &with(lease(others)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, KbsError::LeaseInvalid(_)), "{e}");
+        let jwe = kbs
+            .release(&session, "acme", "weights", "key", &with(lease(thumbprint)))
+            .await
+            .unwrap();
+        let jwe: cgx_protocol::kbs_types::Response = serde_json::from_value(jwe).unwrap();
+        assert_eq!(tee.decrypt(&jwe).unwrap(), b"the weights key");
+        // The session lapses on the clock.
+        clock.advance(301);
+        let e = kbs
+            .release(&session, "acme", "weights", "key", &none)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, KbsError::UnAuthenticated(_)), "{e}");
+        kbs.store.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
