@@ -211,7 +211,7 @@ impl Broker {
                 version,
                 at,
                 actor: actor.clone(),
-                detail: detail.to_string(),
+                detail: detail.clone(),
             })
             .await?
         {
@@ -247,28 +247,15 @@ impl Broker {
         Ok(serde_json::json!({"version": version, "reference_values": v}))
     }
 
-    /// The admin audit trail (auditors and `*`).
-    pub(crate) async fn admin_events(
-        &self,
-        admin: &Admin,
-    ) -> Result<serde_json::Value, BrokerError> {
+    /// The audit trail (auditors and `*`): `{"events": [AuditEvent…]}`, oldest first.
+    pub(super) async fn admin_events(&self, admin: &Admin) -> Result<Value, BrokerError> {
         if !auditor(admin) {
             return Err(BrokerError::Forbidden(
                 "the audit trail is for auditors".into(),
             ));
         }
-        let events: Vec<serde_json::Value> = self
-            .store
-            .admin_events()
-            .await?
-            .into_iter()
-            .map(|(at, actor, action, detail)| {
-                let detail: serde_json::Value =
-                    serde_json::from_str(&detail).unwrap_or(serde_json::Value::String(detail));
-                serde_json::json!({"at": at, "actor": actor, "action": action, "detail": detail})
-            })
-            .collect();
-        Ok(serde_json::json!({"events": events}))
+        let events = self.store.audit_events().await?;
+        Ok(serde_json::json!({ "events": events }))
     }
 }
 
@@ -365,6 +352,7 @@ mod domain_tests {
         assert_eq!(events.len(), 1);
         assert_eq!(events[0]["action"], "reference-values.put");
         assert_eq!(events[0]["actor"], admin.actor());
+        assert_eq!(events[0]["subject"], "reference-values");
         assert_eq!(events[0]["detail"]["version"], 1);
         assert!(matches!(
             h.broker.admin_events(&admin).await,

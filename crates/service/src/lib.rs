@@ -9,12 +9,14 @@
 //! - [`error`]: errors as RFC 9457 problem details with stable codes, no internals on the wire;
 //! - [`metrics`]: Prometheus metrics with a layer keyed by matched route;
 //! - [`ops`]: the OpenAPI document and metrics routes every service mounts;
+//! - [`audit`]: the audit trail's table, writer and reader (both services');
 //! - [`auth`] and [`jwt`]: the admin-auth extractor over EdDSA bearer tokens;
 //! - [`config`]: TOML or JSON files plus environment overrides;
 //! - [`db`]: the sqlx database (SQLite or PostgreSQL), locked versioned migrations, kept writer
 //!   connections and group commit;
 //! - [`tls`]: rustls server configuration and development certificates.
 
+pub mod audit;
 pub mod auth;
 pub mod clock;
 pub mod config;

@@ -31,7 +31,7 @@ use cgx_service::auth::Admin;
 use super::Kbs;
 use super::error::KbsError;
 use super::release::{Credential, GLOBAL_SCOPE};
-use super::store::{AdminChange, AuditRow};
+use super::store::{AdminChange, NewEvent};
 
 pub const PROTOCOL_VERSION: &str = "0.4.0";
 pub const SESSION_COOKIE: &str = "kbs-session-id";
@@ -261,7 +261,7 @@ async fn put_resource(
                 value: &body,
                 requires_lease,
             },
-            Some(AuditRow {
+            Some(NewEvent {
                 actor: &actor,
                 action: "resource.put",
                 subject: &path,
@@ -284,7 +284,7 @@ async fn delete_resource(
         .store
         .admin_change(
             AdminChange::DeleteResource { path: &path },
-            Some(AuditRow {
+            Some(NewEvent {
                 actor: &actor,
                 action: "resource.delete",
                 subject: &path,
@@ -335,7 +335,7 @@ async fn set_policy(
                 scope: &scope,
                 body: &text,
             },
-            Some(AuditRow {
+            Some(NewEvent {
                 actor: &actor,
                 action: "policy.put",
                 subject: &scope,
@@ -435,7 +435,7 @@ async fn put_appraisal(
     kbs.store
         .admin_change(
             AdminChange::PutPolicy { scope, body: text },
-            Some(AuditRow {
+            Some(NewEvent {
                 actor,
                 action,
                 subject: scope,

@@ -158,15 +158,6 @@ pub(crate) enum AdminChange<'a> {
     },
 }
 
-/// The audit row that goes with an administrator's change, in its transaction.
-#[derive(Debug)]
-pub(crate) struct AuditRow<'a> {
-    pub actor: &'a str,
-    pub action: &'a str,
-    pub subject: &'a str,
-    pub detail: &'a serde_json::Value,
-}
-
 /// A stored resource, unsealed.
 #[derive(Debug)]
 pub struct Resource {
@@ -174,16 +165,7 @@ pub struct Resource {
     pub requires_lease: bool,
 }
 
-/// An audit event (becomes a transparency-log leaf later).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct AuditEvent {
-    pub seq: i64,
-    pub at: i64,
-    pub actor: String,
-    pub action: String,
-    pub subject: String,
-    pub detail: serde_json::Value,
-}
+pub use cgx_service::audit::{AuditEvent, NewEvent};
 
 /// A session row to insert (the answer to a challenge).
 #[derive(Debug, Clone)]
@@ -531,7 +513,7 @@ impl Store {
     pub(crate) async fn admin_change(
         &self,
         change: AdminChange<'_>,
-        audit: Option<AuditRow<'_>>,
+        audit: Option<NewEvent<'_>>,
     ) -> Result<bool, KbsError> {
         let sqlite = self.is_sqlite();
         let now = self.clock.unix();
@@ -614,22 +596,11 @@ impl Store {
             if let Some(a) = &audit
                 && changed > 0
             {
-                tracing::info!(target: "cgx_kbs::audit", actor = %a.actor, action = %a.action,
-                    subject = %a.subject, detail = %a.detail, at = now, "audit");
                 if !sqlite {
                     // `seq` in commit order across replicas (see AUDIT_ORDER_LOCK).
                     cgx_service::db::lock_in_commit_order(&mut tx, AUDIT_ORDER_LOCK).await?;
                 }
-                sqlx::query(
-                    "INSERT INTO audit (at, actor, action, subject, detail) VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(now)
-                .bind(a.actor)
-                .bind(a.action)
-                .bind(a.subject)
-                .bind(a.detail.to_string())
-                .execute(&mut *tx)
-                .await?;
+                cgx_service::audit::record(&mut tx, now, a).await?;
             }
             tx.commit().await?;
             Ok::<_, sqlx::Error>(changed > 0)
@@ -813,7 +784,13 @@ impl Store {
         detail: &serde_json::Value,
     ) -> Result<(), KbsError> {
         let at = self.clock.unix();
-        tracing::info!(target: "cgx_kbs::audit", %actor, %action, %subject, %detail, at, "audit");
+        NewEvent {
+            actor,
+            action,
+            subject,
+            detail,
+        }
+        .trace(at);
         self.audits
             .write(NewAudit {
                 at,
@@ -832,28 +809,7 @@ impl Store {
         after_seq: i64,
         limit: i64,
     ) -> Result<Vec<AuditEvent>, KbsError> {
-        let rows = sqlx::query(
-            "SELECT seq, at, actor, action, subject, detail FROM audit WHERE seq > $1 ORDER BY seq LIMIT $2",
-        )
-        .bind(after_seq)
-        .bind(limit)
-        .fetch_all(self.db.pool())
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                let detail: String = r.try_get("detail")?;
-                Ok(AuditEvent {
-                    seq: r.try_get("seq")?,
-                    at: r.try_get("at")?,
-                    actor: r.try_get("actor")?,
-                    action: r.try_get("action")?,
-                    subject: r.try_get("subject")?,
-                    detail: serde_json::from_str(&detail)
-                        .unwrap_or(serde_json::Value::String(detail)),
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(Into::into)
+        Ok(cgx_service::audit::read(self.db.pool(), after_seq, limit).await?)
     }
 
     pub async fn close(&self) {
@@ -863,14 +819,6 @@ impl Store {
         }
         self.db.close().await;
     }
-}
-
-/// The statement that inserts `n` audit rows.
-fn audits_sql(n: usize) -> String {
-    format!(
-        "INSERT INTO audit (at, actor, action, subject, detail) VALUES {}",
-        placeholders(n, 5)
-    )
 }
 
 /// [`insert_sessions`] on an SQLite connection of the caller's own ([`InlineCommit`]): one
@@ -927,7 +875,8 @@ fn insert_audits_inline(c: &rusqlite::Connection, rows: &[NewAudit]) -> Result<V
             &r.detail,
         ]);
     }
-    c.prepare_cached(&audits_sql(n))?.execute(args.as_slice())?;
+    c.prepare_cached(&cgx_service::audit::insert_sql(n))?
+        .execute(args.as_slice())?;
     Ok(vec![(); n])
 }
 
@@ -977,7 +926,9 @@ async fn insert_audits(
     postgres: bool,
     rows: Vec<NewAudit>,
 ) -> Result<Vec<()>, DbError> {
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(audits_sql(rows.len())));
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(cgx_service::audit::insert_sql(
+        rows.len(),
+    )));
     for r in &rows {
         q = q
             .bind(r.at)

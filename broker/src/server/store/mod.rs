@@ -173,6 +173,25 @@ const LEASES_OPEN_BY_TENANT: &str = "DROP INDEX leases_open;
      DROP INDEX leases_node_ended;
      CREATE INDEX leases_open ON leases (node_id, tenant) WHERE ended_at IS NULL";
 
+/// Migration 7: the admin trail becomes the audit table both services keep
+/// (`cgx_service::audit`: `subject` added, read and written by one module, each event a
+/// future log leaf). Its rows so far are settings' puts (`<name>.put`): the name is the
+/// subject. Order is kept; the `seq` numbers start again at 1.
+macro_rules! audit_v7 {
+    ($seq:literal) => {
+        concat!(
+            "CREATE TABLE audit (",
+            $seq,
+            ", at BIGINT NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
+        subject TEXT NOT NULL, detail TEXT NOT NULL);
+     INSERT INTO audit (at, actor, action, subject, detail)
+        SELECT at, actor, action, substr(action, 1, length(action) - 4), detail
+        FROM admin_events ORDER BY seq;
+     DROP TABLE admin_events"
+        )
+    };
+}
+
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -205,6 +224,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 6,
         sqlite: LEASES_OPEN_BY_TENANT,
         postgres: LEASES_OPEN_BY_TENANT,
+    },
+    Migration {
+        version: 7,
+        sqlite: audit_v7!("seq INTEGER PRIMARY KEY"),
+        postgres: audit_v7!("seq BIGSERIAL PRIMARY KEY"),
     },
 ];
 

@@ -1,5 +1,6 @@
-//! Settings' rows (each with its signed record) and the admin audit trail.
+//! Settings' rows (each with its signed record) and the audit trail (`cgx_service::audit`).
 
+use cgx_service::audit::{AuditEvent, NewEvent};
 use sqlx::Row;
 
 use super::super::error::BrokerError;
@@ -17,7 +18,7 @@ pub(crate) enum SettingWrite {
         version: i64,
         at: i64,
         actor: String,
-        detail: String,
+        detail: serde_json::Value,
     },
 }
 
@@ -60,15 +61,14 @@ pub(super) async fn apply(tx: &mut Tx, w: &SettingWrite) -> Result<Outcome, sqlx
             if r.rows_affected() != 1 {
                 return Ok(Outcome::Refused(Refusal::SettingChanged));
             }
-            sqlx::query(
-                "INSERT INTO admin_events (at, actor, action, detail) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(at)
-            .bind(actor)
-            .bind(format!("{name}.put"))
-            .bind(detail)
-            .execute(&mut **tx)
-            .await?;
+            let action = format!("{name}.put");
+            let event = NewEvent {
+                actor,
+                action: &action,
+                subject: name,
+                detail,
+            };
+            cgx_service::audit::record(tx, *at, &event).await?;
             Ok(Outcome::Done)
         }
     }
@@ -92,24 +92,57 @@ impl Store {
         })
     }
 
-    /// The admin audit trail's newest thousand entries, oldest first: (at, actor, action,
-    /// detail).
-    pub async fn admin_events(&self) -> Result<Vec<(i64, String, String, String)>, BrokerError> {
-        let rows = sqlx::query(
-            "SELECT at, actor, action, detail FROM admin_events ORDER BY seq DESC LIMIT 1000",
-        )
-        .fetch_all(self.db.pool())
-        .await?;
-        rows.iter()
-            .rev()
-            .map(|r| {
-                Ok((
-                    r.try_get("at")?,
-                    r.try_get("actor")?,
-                    r.try_get("action")?,
-                    r.try_get("detail")?,
-                ))
-            })
-            .collect()
+    /// The audit trail's newest thousand events, oldest first.
+    pub async fn audit_events(&self) -> Result<Vec<AuditEvent>, BrokerError> {
+        Ok(cgx_service::audit::latest(self.db.pool(), 1000).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::{MIGRATION_LOCK, MIGRATIONS};
+    use super::*;
+    use cgx_service::db::Database;
+
+    /// Migration 7 moves the admin trail into the shared audit table: each row kept, in order,
+    /// its setting's name as the subject, its detail still JSON.
+    #[tokio::test]
+    async fn migration_7_keeps_the_admin_trail_as_audit_events() {
+        let dir = std::env::temp_dir().join(format!("cgx-broker-audit7-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("broker.db").display());
+        let db = Database::open_durable(&url).await.unwrap();
+        db.migrate(MIGRATION_LOCK, &MIGRATIONS[..6], 1_000)
+            .await
+            .unwrap();
+        for (at, version) in [(10, 1), (20, 2)] {
+            sqlx::query(
+                "INSERT INTO admin_events (at, actor, action, detail) VALUES ($1, 'admin:4', 'reference-values.put', $2)",
+            )
+            .bind(at)
+            .bind(format!("{{\"version\": {version}}}"))
+            .execute(db.pool())
+            .await
+            .unwrap();
+        }
+        db.close().await;
+        let store = Store::open(&url, 2_000).await.unwrap();
+        let events = store.audit_events().await.unwrap();
+        assert_eq!(events.len(), 2);
+        for (e, (seq, at, version)) in events.iter().zip([(1, 10, 1), (2, 20, 2)]) {
+            assert_eq!(
+                (e.seq, e.at, e.detail["version"].as_i64()),
+                (seq, at, Some(version))
+            );
+            assert_eq!(e.action, "reference-values.put");
+            assert_eq!(
+                (e.subject.as_str(), e.actor.as_str()),
+                ("reference-values", "admin:4")
+            );
+        }
+        store.close().await;
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
