@@ -762,21 +762,55 @@ fn two_replicas_never_double_book_a_gpu() {
 fn the_broker_serves_its_contract() {
     let net = Net::new(&[], None);
     let broker = BrokerServer::start(&net.broker.config).unwrap();
-    let (s, body) =
-        cgx_system_tests::call("GET", &format!("{}/openapi.json", broker.base), None, None);
-    assert_eq!(s, 200);
-    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    // The document is derived from the handlers and the wire types, and is the router's.
+    use cgx_protocol::broker::routes;
+    let doc = cgx_system_tests::openapi_contract(
+        &broker.base,
+        routes::OPENAPI,
+        &[
+            routes::NONCE,
+            routes::NODES,
+            routes::NODE,
+            routes::HEARTBEAT,
+            routes::REATTEST,
+            routes::JOBS,
+            routes::JOB,
+            routes::CANCEL,
+            routes::REFERENCE_VALUES,
+            routes::ADMIN_EVENTS,
+            routes::OPENAPI,
+            routes::HEALTHZ,
+            "/metrics",
+        ],
+        &[],
+        &[
+            ("POST", routes::NONCE),
+            ("POST", routes::HEARTBEAT),
+            ("POST", routes::REATTEST),
+            ("POST", routes::CANCEL),
+        ],
+    );
     assert_eq!(doc["openapi"], "3.1.0");
-    for p in [
-        "/v1/nodes",
-        "/v1/nodes/{id}/heartbeat",
-        "/v1/jobs",
-        "/v1/jobs/{id}/cancel",
-        "/v1/reference-values",
-        "/v1/admin-events",
-    ] {
-        assert!(doc["paths"][p].is_object(), "{p}");
-    }
+    // The wire types' own schemas: a registration's evidence, money as integer micros.
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(
+        doc["paths"][routes::NODES]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            ["$ref"],
+        "#/components/schemas/Registration"
+    );
+    assert_eq!(schemas["Micros"]["type"], "integer");
+    assert!(
+        schemas["JobSpec"]["required"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("budget_micros"))
+    );
+    assert!(
+        schemas["JobState"]["enum"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("expired"))
+    );
     // Reference values are put in place of a version named in If-Match: without one, refused.
     let (s, body) = cgx_system_tests::call(
         "POST",

@@ -215,9 +215,46 @@ fn handshake_and_release_with_gpus_and_every_refusal() {
         String::from_utf8_lossy(&b)
             .contains("cgx_kbs_events_total{event=\"release\",outcome=\"released\"}")
     );
-    let (st, b) = call("GET", &format!("{base}/kbs/v0/openapi.json"), None, None);
-    assert_eq!(st, 200);
-    assert_eq!(json_of(&b)["openapi"], "3.1.0");
+    // The document is derived from the handlers and the wire types, and is the router's.
+    const RESOURCE: &str = "/kbs/v0/resource/{repo}/{kind}/{tag}";
+    let doc = cgx_system_tests::openapi_contract(
+        &base,
+        "/kbs/v0/openapi.json",
+        &[
+            "/kbs/v0/auth",
+            "/kbs/v0/attest",
+            RESOURCE,
+            "/kbs/v0/resource-policy",
+            "/kbs/v0/resource-policy/{repo}",
+            "/kbs/v0/resource-policy/{repo}/{kind}/{tag}",
+            "/kbs/v0/attestation-policy",
+            "/kbs/v0/reference-values",
+            "/kbs/v0/reference-value",
+            "/kbs/v0/reference-value/{id}",
+            "/kbs/v0/audit",
+            "/kbs/v0/jwks",
+            "/kbs/v0/openapi.json",
+            "/metrics",
+            "/healthz",
+        ],
+        &[
+            ("POST", RESOURCE),
+            ("DELETE", RESOURCE),
+            ("POST", "/kbs/v0/resource-policy"),
+            ("POST", "/kbs/v0/resource-policy/{repo}"),
+            ("POST", "/kbs/v0/resource-policy/{repo}/{kind}/{tag}"),
+            ("POST", "/kbs/v0/attestation-policy"),
+            ("POST", "/kbs/v0/reference-values"),
+            ("POST", "/kbs/v0/reference-value"),
+        ],
+        &[],
+    );
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(
+        doc["paths"]["/kbs/v0/attest"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            ["$ref"],
+        "#/components/schemas/Attestation"
+    );
     assert_eq!(call("GET", &format!("{base}/healthz"), None, None).0, 200);
     assert_eq!(call("GET", &format!("{base}/nope"), None, None).0, 404);
     srv.stop();

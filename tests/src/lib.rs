@@ -208,3 +208,121 @@ pub fn skip(test: &str, why: &str) {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// The OpenAPI contract of a service at `base`, its document at `doc_path`: the document
+/// parses as OpenAPI 3.1 (utoipa's model of it) and every `$ref` in it resolves; its paths are
+/// exactly `expected` (the routes the router is built with); every operation answers each
+/// status with a schema — a problem-details response for refusals — except the successes
+/// `bodiless` names (method, path: an empty 200), and takes a request body with a schema
+/// unless `no_body` names it or it is a GET or DELETE; and every operation is served (asked
+/// without credentials, none answers the router's fallback 404 or 405). The parsed document.
+pub fn openapi_contract(
+    base: &str,
+    doc_path: &str,
+    expected: &[&str],
+    bodiless: &[(&str, &str)],
+    no_body: &[(&str, &str)],
+) -> serde_json::Value {
+    let (s, body) = call("GET", &format!("{base}{doc_path}"), None, None);
+    assert_eq!(s, 200);
+    let typed: Result<utoipa::openapi::OpenApi, _> = serde_json::from_slice(&body);
+    assert!(typed.is_ok(), "not an OpenAPI document: {:?}", typed.err());
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+    // Every reference resolves.
+    fn refs(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(r) = m.get("$ref").and_then(|r| r.as_str()) {
+                    out.push(r.to_string());
+                }
+                m.values().for_each(|v| refs(v, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    refs(&doc, &mut all);
+    assert!(!all.is_empty());
+    for r in &all {
+        let pointer = r
+            .strip_prefix('#')
+            .unwrap_or_else(|| panic!("external ref {r}"));
+        assert!(doc.pointer(pointer).is_some(), "unresolved {r}");
+    }
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented: Vec<&str> = paths.keys().map(String::as_str).collect();
+    let mut wanted = expected.to_vec();
+    documented.sort_unstable();
+    wanted.sort_unstable();
+    assert_eq!(documented, wanted, "documented paths ≠ routes");
+    let resolve = |v: &serde_json::Value| -> serde_json::Value {
+        match v.get("$ref").and_then(|r| r.as_str()) {
+            Some(r) => doc.pointer(&r[1..]).cloned().unwrap(),
+            None => v.clone(),
+        }
+    };
+    let mut operations = 0;
+    for (path, item) in paths {
+        for (method, op) in item.as_object().unwrap() {
+            if !["get", "post", "put", "delete", "patch"].contains(&method.as_str()) {
+                continue;
+            }
+            operations += 1;
+            let m = method.to_uppercase();
+            let here = format!("{m} {path}");
+            let responses = op["responses"]
+                .as_object()
+                .unwrap_or_else(|| panic!("{here}"));
+            assert!(
+                responses.keys().any(|k| k.starts_with('2')),
+                "{here}: no success"
+            );
+            for (status, r) in responses {
+                let r = resolve(r);
+                let with_schema = r["content"]
+                    .as_object()
+                    .is_some_and(|c| !c.is_empty() && c.values().all(|m| m["schema"].is_object()));
+                let named = bodiless.contains(&(m.as_str(), path.as_str()));
+                if status.starts_with('2') && named {
+                    continue;
+                }
+                assert!(with_schema, "{here} {status}: no response schema");
+                if !status.starts_with('2') {
+                    assert!(
+                        r["content"]["application/problem+json"].is_object(),
+                        "{here} {status}: a refusal is not problem details"
+                    );
+                }
+            }
+            if m == "POST" && !no_body.contains(&(m.as_str(), path.as_str())) {
+                let b = resolve(&op["requestBody"]);
+                assert!(
+                    b["content"].as_object().is_some_and(
+                        |c| !c.is_empty() && c.values().all(|m| m["schema"].is_object())
+                    ),
+                    "{here}: no request body schema"
+                );
+            }
+            // Served: the router's fallback answers neither 404 "no such endpoint" nor 405.
+            let url = format!("{base}{path}")
+                .replace("{id}", "x1")
+                .replace("{repo}", "r")
+                .replace("{kind}", "k")
+                .replace("{tag}", "t");
+            let (s, body) = call(&m, &url, None, Some(b"{}"));
+            let text = String::from_utf8_lossy(&body);
+            assert!(
+                s != 405 && !(s == 404 && text.contains("no such endpoint")),
+                "{here} is documented but not served: {s} {text}"
+            );
+        }
+    }
+    assert!(operations >= expected.len());
+    doc
+}

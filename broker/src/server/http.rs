@@ -23,16 +23,25 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
+use cgx_protocol::audit::AuditEvent;
+use cgx_protocol::broker::{
+    AuditTrail, CpuEvidence, GpuEvidence, HeartbeatAnswer, JobEvent, JobList, JobSpec, JobState,
+    JobView, LeaseGrant, NodeList, NodeView, NonceResponse, Offer, ReferenceValuesPut,
+    ReferenceValuesView, Registered, Registration, routes,
+};
+use cgx_protocol::money::Micros;
+use cgx_protocol::records::{TeeKind, Tier};
 use cgx_service::auth::Admin;
-use serde_json::json;
+use cgx_service::error::Problem;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+use utoipa_axum::routes;
 
 use super::{Broker, BrokerError};
 
 type Shared = State<Arc<Broker>>;
-
-const OPENAPI: &str = include_str!("openapi.json");
 
 /// Bodies: a registration carries a CPU report, up to 64 GPU reports with their chains, and
 /// perhaps Intel collateral; everything else is small.
@@ -42,37 +51,104 @@ const SMALL_BODY: usize = 4 << 10;
 /// Reference values name images, measurements and GPU RIM values: 1 MiB is ample.
 const REFERENCE_VALUES_BODY: usize = 1 << 20;
 
-pub(super) fn router(broker: Arc<Broker>) -> Router {
-    use cgx_protocol::broker::routes;
-    use cgx_service::limits::limited;
-    let api = Router::new()
-        .route(routes::NONCE, limited(post(nonce), SMALL_BODY))
-        .route(
-            routes::NODES,
-            limited(post(register), REGISTRATION_BODY).merge(limited(get(nodes), SMALL_BODY)),
-        )
-        .route(routes::NODE, limited(get(node), SMALL_BODY))
-        .route(routes::HEARTBEAT, limited(post(heartbeat), SMALL_BODY))
-        .route(routes::REATTEST, limited(post(reattest), SMALL_BODY))
-        .route(
-            routes::JOBS,
-            limited(post(submit), JOB_BODY).merge(limited(get(jobs), SMALL_BODY)),
-        )
-        .route(routes::JOB, limited(get(job), SMALL_BODY))
-        .route(routes::CANCEL, limited(post(cancel), SMALL_BODY))
-        .route(
-            routes::REFERENCE_VALUES,
-            limited(post(put_reference_values), REFERENCE_VALUES_BODY)
-                .merge(limited(get(reference_values), SMALL_BODY)),
-        )
-        .route(routes::ADMIN_EVENTS, limited(get(admin_events), SMALL_BODY));
-    cgx_service::ops::routes(api, routes::OPENAPI, OPENAPI, broker.metrics.clone())
-        .route(routes::HEALTHZ, get(healthz))
-        .route_layer(cgx_service::metrics::TrackLayer::new(
-            broker.metrics.clone(),
+/// The document's frame: what the handlers' `#[utoipa::path]`s and the wire types' schemas do
+/// not say themselves.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "cgx broker",
+        description = "Node registry on composite evidence, jobs, placement, leases the KBS honours. \
+            Refusals are RFC 9457 problem details with a stable code."
+    ),
+    modifiers(&Security),
+    components(
+        schemas(
+            AuditEvent, CpuEvidence, GpuEvidence, JobEvent, JobState, LeaseGrant, Micros, Offer,
+            TeeKind, Tier
+        ),
+        responses(Problem)
+    ),
+    tags(
+        (name = "nodes", description = "Registration, heartbeats, the registry"),
+        (name = "jobs", description = "Submission, state, cancellation"),
+        (name = "settings", description = "Reference values and the audit trail"),
+        (name = "operations", description = "Health, metrics, this document"),
+    )
+)]
+struct ApiDoc;
+
+/// The security schemes the operations name.
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format(
+                        "EdDSA JWS, typ cgx-broker-api+jwt, under a configured API key \
+                         (scopes tenant:<name>, operator:<name>, auditor, reference-values, *)",
+                    )
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "heartbeat",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format(
+                        "EdDSA JWS, typ cgx-heartbeat+jwt, under the node's attested key",
+                    )
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// `r` with its body limit, applied before any extractor runs (authentication included).
+fn limited(
+    (schemas, paths, r): UtoipaMethodRouter<Arc<Broker>>,
+    max: usize,
+) -> UtoipaMethodRouter<Arc<Broker>> {
+    (schemas, paths, cgx_service::limits::limited(r, max))
+}
+
+/// The routes and the OpenAPI document, made together: each route is added with its handler's
+/// `#[utoipa::path]` (method, path, parameters, request and response schemas), so the router
+/// serves no route the document does not describe.
+pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
+    let (api, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(limited(routes!(nonce), SMALL_BODY))
+        .routes(limited(routes!(register), REGISTRATION_BODY))
+        .routes(limited(routes!(nodes), SMALL_BODY))
+        .routes(limited(routes!(node), SMALL_BODY))
+        .routes(limited(routes!(heartbeat), SMALL_BODY))
+        .routes(limited(routes!(reattest), SMALL_BODY))
+        .routes(limited(routes!(submit), JOB_BODY))
+        .routes(limited(routes!(jobs), SMALL_BODY))
+        .routes(limited(routes!(job), SMALL_BODY))
+        .routes(limited(routes!(cancel), SMALL_BODY))
+        .routes(limited(
+            routes!(put_reference_values),
+            REFERENCE_VALUES_BODY,
         ))
-        .fallback(not_found)
-        .with_state(broker)
+        .routes(limited(routes!(reference_values), SMALL_BODY))
+        .routes(limited(routes!(admin_events), SMALL_BODY))
+        .routes(routes!(healthz))
+        .split_for_parts();
+    Ok(
+        cgx_service::ops::routes(api, routes::OPENAPI, doc, broker.metrics.clone())
+            .map_err(|e| BrokerError::Internal(format!("OpenAPI document: {e}")))?
+            .route_layer(cgx_service::metrics::TrackLayer::new(
+                broker.metrics.clone(),
+            ))
+            .fallback(not_found)
+            .with_state(broker),
+    )
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, BrokerError> {
@@ -92,6 +168,13 @@ fn check_id(id: &str) -> Result<(), BrokerError> {
     Ok(())
 }
 
+/// A single-use registration nonce (operators).
+#[utoipa::path(post, path = routes::NONCE, tag = "nodes", security(("api" = [])),
+    responses(
+        (status = 200, description = "a nonce, MAC'd by the broker, single use across replicas", body = NonceResponse),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+    ))]
 async fn nonce(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
     // Only operators (or `*`) register nodes: nonces are not handed to anyone else.
     if !admin
@@ -106,6 +189,18 @@ async fn nonce(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> 
     Ok(Json(b.nonce().await?).into_response())
 }
 
+/// Register (or re-attest) a node on composite evidence: the offer is checked against what the
+/// evidence proves (operators, for their own nodes).
+#[utoipa::path(post, path = routes::NODES, tag = "nodes", security(("api" = [])),
+    request_body = Registration,
+    responses(
+        (status = 200, description = "attested: the appraisal and the EAR", body = Registered),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+        (status = 413, response = Problem),
+        (status = 422, response = Problem),
+    ))]
 async fn register(State(b): Shared, admin: Admin, body: Bytes) -> Result<Response, BrokerError> {
     let reg = json_body(&body, "registration")?;
     let out = b.register(&admin, reg).await;
@@ -119,6 +214,15 @@ async fn register(State(b): Shared, admin: Admin, body: Bytes) -> Result<Respons
     Ok(Json(out?).into_response())
 }
 
+/// A node's signed heartbeat: liveness, and its leases with fresh tokens.
+#[utoipa::path(post, path = routes::HEARTBEAT, tag = "nodes", security(("heartbeat" = [])),
+    params(("id" = String, Path, description = "the node's id")),
+    responses(
+        (status = 200, description = "re-attest or not, why not placeable, the node's leases", body = HeartbeatAnswer),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+    ))]
 async fn heartbeat(
     State(b): Shared,
     Path(id): Path<String>,
@@ -150,6 +254,19 @@ fn replaces(headers: &HeaderMap) -> Result<i64, BrokerError> {
         })
 }
 
+/// Put the reference values every replica appraises with (the document `cgx measure …
+/// --reference-values` writes), in place of the version named in `If-Match`.
+#[utoipa::path(post, path = routes::REFERENCE_VALUES, tag = "settings", security(("api" = [])),
+    params(("If-Match" = String, Header, description = "the version these values replace (0: the configuration's)")),
+    request_body(content = Object, description = "reference values", content_type = "application/json"),
+    responses(
+        (status = 200, description = "in force: the new version", body = ReferenceValuesPut),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+        (status = 409, response = Problem),
+        (status = 413, response = Problem),
+    ))]
 async fn put_reference_values(
     State(b): Shared,
     admin: Admin,
@@ -160,18 +277,50 @@ async fn put_reference_values(
     Ok(Json(b.put_reference_values(&admin, &body, replaces).await?).into_response())
 }
 
+/// The reference values this replica appraises with, and their version (admins, auditors).
+#[utoipa::path(get, path = routes::REFERENCE_VALUES, tag = "settings", security(("api" = [])),
+    responses(
+        (status = 200, description = "the values in force", body = ReferenceValuesView),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+    ))]
 async fn reference_values(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
     Ok(Json(b.reference_values(&admin)?).into_response())
 }
 
+/// The audit trail: who changed which setting, when (auditors).
+#[utoipa::path(get, path = routes::ADMIN_EVENTS, tag = "settings", security(("api" = [])),
+    responses(
+        (status = 200, description = "the newest thousand events, oldest first", body = AuditTrail),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+    ))]
 async fn admin_events(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
     Ok(Json(b.admin_events(&admin).await?).into_response())
 }
 
+/// The nodes the caller may see (operators: their own; auditors: all).
+#[utoipa::path(get, path = routes::NODES, tag = "nodes", security(("api" = [])),
+    responses(
+        (status = 200, description = "the registry", body = NodeList),
+        (status = 401, response = Problem),
+    ))]
 async fn nodes(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
-    Ok(Json(json!({"nodes": b.nodes(&admin)})).into_response())
+    Ok(Json(NodeList {
+        nodes: b.nodes(&admin),
+    })
+    .into_response())
 }
 
+/// One node, with its claims and why it is (not) placeable.
+#[utoipa::path(get, path = routes::NODE, tag = "nodes", security(("api" = [])),
+    params(("id" = String, Path, description = "the node's id")),
+    responses(
+        (status = 200, description = "the node", body = NodeView),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+    ))]
 async fn node(
     State(b): Shared,
     admin: Admin,
@@ -181,6 +330,15 @@ async fn node(
     Ok(Json(b.node_for(&admin, &id)?).into_response())
 }
 
+/// Ask a node to re-attest at its next heartbeat (its operator, auditors).
+#[utoipa::path(post, path = routes::REATTEST, tag = "nodes", security(("api" = [])),
+    params(("id" = String, Path, description = "the node's id")),
+    responses(
+        (status = 200, description = "asked", body = NodeView),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+    ))]
 async fn reattest(
     State(b): Shared,
     admin: Admin,
@@ -190,6 +348,19 @@ async fn reattest(
     Ok(Json(b.ask_reattest(&admin, &id).await?).into_response())
 }
 
+/// Submit a job for the caller's tenant: checked, stored, placed at once if a node fits.
+#[utoipa::path(post, path = routes::JOBS, tag = "jobs", security(("api" = [])),
+    request_body = JobSpec,
+    responses(
+        (status = 201, description = "stored: placed, or pending with the reason", body = JobView),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+        (status = 413, response = Problem),
+        (status = 422, response = Problem),
+        (status = 429, response = Problem),
+        (status = 503, response = Problem),
+    ))]
 async fn submit(State(b): Shared, admin: Admin, body: Bytes) -> Result<Response, BrokerError> {
     let spec = json_body(&body, "job")?;
     let view = b.submit(&admin, spec).await?;
@@ -202,14 +373,35 @@ struct JobsQuery {
     tenant: Option<String>,
 }
 
+/// The caller's tenant's jobs (auditors: every tenant's, or `tenant`'s).
+#[utoipa::path(get, path = routes::JOBS, tag = "jobs", security(("api" = [])),
+    params(("tenant" = Option<String>, Query, description = "whose jobs (a token with several tenants must say)")),
+    responses(
+        (status = 200, description = "newest first", body = JobList),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+    ))]
 async fn jobs(
     State(b): Shared,
     admin: Admin,
     Query(q): Query<JobsQuery>,
 ) -> Result<Response, BrokerError> {
-    Ok(Json(json!({"jobs": b.jobs(&admin, q.tenant.as_deref()).await?})).into_response())
+    Ok(Json(JobList {
+        jobs: b.jobs(&admin, q.tenant.as_deref()).await?,
+    })
+    .into_response())
 }
 
+/// One job with its events.
+#[utoipa::path(get, path = routes::JOB, tag = "jobs", security(("api" = [])),
+    params(("id" = String, Path, description = "the job's id")),
+    responses(
+        (status = 200, description = "the job", body = JobView),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+    ))]
 async fn job(
     State(b): Shared,
     admin: Admin,
@@ -219,6 +411,17 @@ async fn job(
     Ok(Json(b.job_for(&admin, &id).await?).into_response())
 }
 
+/// Cancel a job (its tenant): its lease ends and its GPUs are free at once.
+#[utoipa::path(post, path = routes::CANCEL, tag = "jobs", security(("api" = [])),
+    params(("id" = String, Path, description = "the job's id")),
+    responses(
+        (status = 200, description = "cancelled", body = JobView),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+        (status = 404, response = Problem),
+        (status = 409, response = Problem),
+    ))]
 async fn cancel(
     State(b): Shared,
     admin: Admin,
@@ -228,9 +431,25 @@ async fn cancel(
     Ok(Json(b.cancel(&admin, &id).await?).into_response())
 }
 
+/// `GET /healthz` answer.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct Health {
+    /// `ok`.
+    status: &'static str,
+    /// Nodes this replica indexes.
+    nodes: usize,
+}
+
+/// Liveness: the replica answers, and how many nodes it indexes.
+#[utoipa::path(get, path = routes::HEALTHZ, tag = "operations",
+    responses((status = 200, description = "serving", body = Health)))]
 async fn healthz(State(b): Shared) -> Response {
     let nodes = b.index.lock().map(|i| i.len()).unwrap_or(0);
-    Json(json!({"status": "ok", "nodes": nodes})).into_response()
+    Json(Health {
+        status: "ok",
+        nodes,
+    })
+    .into_response()
 }
 
 async fn not_found() -> Response {

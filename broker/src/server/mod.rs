@@ -318,10 +318,13 @@ pub async fn start_with_clock(
     if broker.store.is_sqlite() {
         background.push(Box::pin(monitor::checkpoints(broker.clone())));
     }
-    let server =
-        cgx_service::server::start(&config.listener(), http::router(broker.clone()), background)
-            .await
-            .map_err(|e| BrokerError::Config(e.to_string()))?;
+    let server = cgx_service::server::start(
+        &config.listener(),
+        http::router(broker.clone())?,
+        background,
+    )
+    .await
+    .map_err(|e| BrokerError::Config(e.to_string()))?;
     Ok(Running {
         addr: server.addr(),
         broker,

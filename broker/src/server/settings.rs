@@ -13,6 +13,7 @@
 //! another put came first.
 
 use cgx_policies::PolicyEngine;
+use cgx_protocol::broker::{AuditTrail, ReferenceValuesPut, ReferenceValuesView};
 use cgx_protocol::records::Setting;
 use cgx_service::auth::Admin;
 use serde_json::Value;
@@ -155,7 +156,7 @@ impl Broker {
         admin: &Admin,
         body: &[u8],
         replaces: i64,
-    ) -> Result<serde_json::Value, BrokerError> {
+    ) -> Result<ReferenceValuesPut, BrokerError> {
         if !admin
             .scopes()
             .iter()
@@ -196,12 +197,14 @@ impl Broker {
         let record = self
             .keys
             .sign_setting(REFERENCE_VALUES, version, &text, at, &actor)?;
-        let detail = serde_json::json!({
-            "version": version,
-            "replaces": replaces,
-            "sha256": sha256_hex(text.as_bytes()),
-            "policy_id": policy_id,
-        });
+        let put = ReferenceValuesPut {
+            version,
+            replaces,
+            sha256: sha256_hex(text.as_bytes()),
+            policy_id,
+        };
+        let detail =
+            serde_json::to_value(&put).map_err(|e| BrokerError::Internal(e.to_string()))?;
         match self
             .store
             .write(SettingWrite::PutSetting {
@@ -211,7 +214,7 @@ impl Broker {
                 version,
                 at,
                 actor: actor.clone(),
-                detail: detail.clone(),
+                detail,
             })
             .await?
         {
@@ -226,12 +229,15 @@ impl Broker {
         }
         self.set_refs_in_force(version, text, engine);
         tracing::info!(version, by = %actor, "reference values put");
-        Ok(detail)
+        Ok(put)
     }
 
     /// The reference values this replica appraises with, and their version (0: the
     /// configuration's).
-    pub(crate) fn reference_values(&self, admin: &Admin) -> Result<serde_json::Value, BrokerError> {
+    pub(crate) fn reference_values(
+        &self,
+        admin: &Admin,
+    ) -> Result<ReferenceValuesView, BrokerError> {
         if !admin
             .scopes()
             .iter()
@@ -242,20 +248,24 @@ impl Broker {
             ));
         }
         let (version, text) = self.refs_in_force();
-        let v: serde_json::Value = serde_json::from_str(&text)
+        let reference_values = serde_json::from_str(&text)
             .map_err(|e| BrokerError::Internal(format!("reference values: {e}")))?;
-        Ok(serde_json::json!({"version": version, "reference_values": v}))
+        Ok(ReferenceValuesView {
+            version,
+            reference_values,
+        })
     }
 
-    /// The audit trail (auditors and `*`): `{"events": [AuditEvent…]}`, oldest first.
-    pub(super) async fn admin_events(&self, admin: &Admin) -> Result<Value, BrokerError> {
+    /// The audit trail (auditors and `*`), oldest first.
+    pub(super) async fn admin_events(&self, admin: &Admin) -> Result<AuditTrail, BrokerError> {
         if !auditor(admin) {
             return Err(BrokerError::Forbidden(
                 "the audit trail is for auditors".into(),
             ));
         }
-        let events = self.store.audit_events().await?;
-        Ok(serde_json::json!({ "events": events }))
+        Ok(AuditTrail {
+            events: self.store.audit_events().await?,
+        })
     }
 }
 
@@ -309,8 +319,8 @@ mod domain_tests {
         let admin = h.admin(Role::ReferenceValues);
         let auditor = h.admin(Role::Auditor);
         let before = h.broker.reference_values(&auditor).unwrap();
-        assert_eq!(before["version"], 0);
-        let mut refs = before["reference_values"].clone();
+        assert_eq!(before.version, 0);
+        let mut refs = before.reference_values.clone();
         refs["snp"]["measurements"] = serde_json::json!([hex::encode([0x11u8; 48])]);
         let body = refs.to_string();
         let e = h
@@ -333,27 +343,26 @@ mod domain_tests {
                 .unwrap_err();
             assert!(matches!(e, BrokerError::BadRequest(_)), "{e}");
         }
-        assert_eq!(h.broker.reference_values(&auditor).unwrap()["version"], 0);
+        assert_eq!(h.broker.reference_values(&auditor).unwrap().version, 0);
         let put = h
             .broker
             .put_reference_values(&admin, body.as_bytes(), 0)
             .await
             .unwrap();
-        assert_eq!(put["version"], 1);
+        assert_eq!((put.version, put.replaces), (1, 0));
         let now = h.broker.reference_values(&auditor).unwrap();
-        assert_eq!(now["version"], 1);
-        assert_eq!(now["reference_values"]["snp"], refs["snp"]);
+        assert_eq!(now.version, 1);
+        assert_eq!(now.reference_values["snp"], refs["snp"]);
         // In force: a node measured as before no longer affirms.
         let node = h.node(1);
         let registered = h.register(&node).await.unwrap();
         assert_ne!(registered.status, cgx_protocol::records::Tier::Affirming);
-        let events = h.broker.admin_events(&auditor).await.unwrap();
-        let events = events["events"].as_array().unwrap();
+        let events = h.broker.admin_events(&auditor).await.unwrap().events;
         assert_eq!(events.len(), 1);
-        assert_eq!(events[0]["action"], "reference-values.put");
-        assert_eq!(events[0]["actor"], admin.actor());
-        assert_eq!(events[0]["subject"], "reference-values");
-        assert_eq!(events[0]["detail"]["version"], 1);
+        assert_eq!(events[0].action, "reference-values.put");
+        assert_eq!(events[0].actor, admin.actor());
+        assert_eq!(events[0].subject, "reference-values");
+        assert_eq!(events[0].detail["version"], 1);
         assert!(matches!(
             h.broker.admin_events(&admin).await,
             Err(BrokerError::Forbidden(_))

@@ -15,6 +15,7 @@ use serde_json::Value;
 pub const LEAF_KIND: &str = "cgx.audit.v1";
 
 /// One event of a service's audit trail.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AuditEvent {
     /// Its position in the service's trail (1, 2, …; in commit order across replicas).
@@ -29,6 +30,7 @@ pub struct AuditEvent {
     /// What it was done to: a resource path, a policy scope, a setting's name.
     pub subject: String,
     /// The rest, as the service recorded it (digests rather than contents).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub detail: Value,
 }
 

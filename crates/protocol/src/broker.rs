@@ -133,6 +133,7 @@ pub fn heartbeat_token(pkcs8: &[u8], node_id: &str, seq: u64, now: i64) -> Resul
 }
 
 /// `POST /v1/nodes/nonce` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct NonceResponse {
     /// 32 random bytes, base64url.
@@ -143,6 +144,7 @@ pub struct NonceResponse {
 
 /// The CPU report of a registration, as the node's TEE produced it; collateral the node does
 /// not send comes from the broker's collateral store.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum CpuEvidence {
@@ -172,6 +174,7 @@ pub enum CpuEvidence {
 }
 
 /// One GPU's SPDM evidence, in the order the CPU report's binding lists them.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct GpuEvidence {
@@ -185,6 +188,7 @@ pub struct GpuEvidence {
 }
 
 /// What a node offers: checked against what its evidence proves.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Offer {
@@ -202,6 +206,7 @@ pub struct Offer {
 }
 
 /// `POST /v1/nodes` body.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Registration {
@@ -212,6 +217,7 @@ pub struct Registration {
     /// [`registration_proof`] under that key.
     pub proof: String,
     /// The TEE key the node will present to the KBS (a JWK as CoCo sends it).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub tee_pubkey: TeePubKey,
     pub cpu: CpuEvidence,
     pub gpus: Vec<GpuEvidence>,
@@ -286,6 +292,7 @@ pub fn registration(
 }
 
 /// `POST /v1/nodes` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Registered {
     pub node_id: String,
@@ -302,6 +309,7 @@ pub struct Registered {
 }
 
 /// A lease as the node sees it: the token it presents to the KBS, renewed through heartbeats.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LeaseGrant {
     pub lease_id: String,
@@ -314,6 +322,7 @@ pub struct LeaseGrant {
 }
 
 /// `POST /v1/nodes/{id}/heartbeat` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct HeartbeatAnswer {
     /// Re-attest now (the result lapses soon, or the broker asks early).
@@ -326,6 +335,7 @@ pub struct HeartbeatAnswer {
 }
 
 /// A job as a tenant submits it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
@@ -377,6 +387,7 @@ impl JobSpec {
 }
 
 /// A job's state. On the wire and in storage, its lowercase name.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
@@ -440,6 +451,7 @@ impl std::fmt::Display for JobState {
 }
 
 /// One state change of a job.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct JobEvent {
     pub at: i64,
@@ -449,6 +461,7 @@ pub struct JobEvent {
 }
 
 /// A job as the broker reports it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct JobView {
     pub id: String,
@@ -469,6 +482,7 @@ pub struct JobView {
 }
 
 /// A node as the broker reports it (`cgx node ls|show`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct NodeView {
     pub id: String,
@@ -496,7 +510,53 @@ pub struct NodeView {
     #[serde(default)]
     pub reattest_asked: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub claims: Option<serde_json::Value>,
+}
+
+/// `GET /v1/nodes` answer: the nodes the caller may see.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeList {
+    pub nodes: Vec<NodeView>,
+}
+
+/// `GET /v1/jobs` answer: newest first, at most a thousand.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+}
+
+/// `GET /v1/reference-values` answer: the values a replica appraises with.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReferenceValuesView {
+    /// 0: the configuration file's; then each put's.
+    pub version: i64,
+    /// The document `cgx measure … --reference-values` writes.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub reference_values: serde_json::Value,
+}
+
+/// `POST /v1/reference-values` answer: what was put.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReferenceValuesPut {
+    pub version: i64,
+    /// The version these values replaced (`If-Match`).
+    pub replaces: i64,
+    /// SHA-256 (hex) of the values' canonical text.
+    pub sha256: String,
+    /// The appraisal policy's id with these values (`broker.appraisal@sha256:…`).
+    pub policy_id: String,
+}
+
+/// `GET /v1/admin-events` answer: the audit trail's newest thousand events, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditTrail {
+    pub events: Vec<crate::audit::AuditEvent>,
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use crate::signed::{Kind, Record};
 pub use crate::money::Micros;
 
 /// A CPU TEE kind a node runs and a job may ask for.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TeeKind {
@@ -37,6 +38,7 @@ impl TeeKind {
 
 /// An appraisal's status: the AR4SI trustworthiness tier (draft-ietf-rats-ar4si), on the
 /// wire and in storage its lowercase name.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {

@@ -78,6 +78,27 @@ pub fn problem<E: ApiError + ?Sized>(e: &E) -> Response {
     resp
 }
 
+/// A refusal as every service answers it (RFC 9457 problem details, `application/problem+json`):
+/// the shape [`problem`] writes, for the services' OpenAPI documents.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema, utoipa::ToResponse)]
+#[response(
+    description = "problem details (RFC 9457) with a stable code",
+    content_type = "application/problem+json"
+)]
+pub struct Problem {
+    /// `urn:cgx:problem:<code>`.
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// The status's reason phrase.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// The stable code clients branch on (e.g. `PolicyDeny`).
+    pub code: String,
+    /// What was refused and why; for a server error, a reference into the server's log.
+    pub detail: String,
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

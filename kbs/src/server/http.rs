@@ -18,24 +18,31 @@ use axum::body::Bytes;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use cgx_policies::PolicyEngine;
+use cgx_protocol::audit::AuditEvent;
 use cgx_protocol::kbs_types::{Challenge, Request};
-use serde_json::{Value, json};
-
 use cgx_service::auth::Admin;
+use cgx_service::error::Problem;
+use serde_json::{Value, json};
+use utoipa::OpenApi;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+use utoipa_axum::routes;
 
 use super::Kbs;
 use super::error::KbsError;
+use super::openapi::{
+    ApiDoc, AttestResponse, AttestationPolicyMessage, Health, Jwe, PolicyMessage, RcarAttestation,
+    RcarChallenge, RcarRequest, RvpsMessage,
+};
 use super::release::{Credential, GLOBAL_SCOPE};
 use super::store::{AdminChange, NewEvent};
 
 pub const PROTOCOL_VERSION: &str = "0.4.0";
 pub const SESSION_COOKIE: &str = "kbs-session-id";
-const OPENAPI: &str = include_str!("openapi.json");
+const OPENAPI_PATH: &str = "/kbs/v0/openapi.json";
 
 type Shared = State<Arc<Kbs>>;
 
@@ -45,64 +52,57 @@ const EVIDENCE_BODY: usize = 1 << 20;
 const POLICY_BODY: usize = 1 << 20;
 const RESOURCE_BODY: usize = 16 << 20;
 
-pub(super) fn router(kbs: Arc<Kbs>) -> Router {
-    use cgx_service::limits::limited;
-    let api = Router::new()
-        .route(
-            cgx_protocol::kbs::rcar::AUTH_PATH,
-            limited(post(auth), SMALL_BODY),
-        )
-        .route(
-            cgx_protocol::kbs::rcar::ATTEST_PATH,
-            limited(post(attest), EVIDENCE_BODY),
-        )
-        .route(
-            "/kbs/v0/resource/{repo}/{kind}/{tag}",
-            limited(get(get_resource).delete(delete_resource), SMALL_BODY)
-                .merge(limited(post(put_resource), RESOURCE_BODY)),
-        )
-        .route(
-            "/kbs/v0/resource-policy",
-            limited(post(set_global_policy).get(get_global_policy), POLICY_BODY),
-        )
-        .route(
-            "/kbs/v0/resource-policy/{repo}",
-            limited(post(set_repo_policy).get(get_repo_policy), POLICY_BODY),
-        )
-        .route(
-            "/kbs/v0/resource-policy/{repo}/{kind}/{tag}",
-            limited(
-                post(set_resource_policy).get(get_resource_policy),
-                POLICY_BODY,
-            ),
-        )
-        .route(
-            "/kbs/v0/attestation-policy",
-            limited(
-                post(set_attestation_policy).get(get_attestation_policy),
-                POLICY_BODY,
-            ),
-        )
-        .route(
-            "/kbs/v0/reference-values",
-            limited(
-                post(set_reference_values).get(get_reference_values),
-                POLICY_BODY,
-            ),
-        )
-        .route(
-            "/kbs/v0/reference-value",
-            limited(post(set_reference_value), SMALL_BODY),
-        )
-        .route("/kbs/v0/reference-value/{id}", get(get_reference_value))
-        .route("/kbs/v0/audit", get(audit))
-        .route("/kbs/v0/jwks", get(jwks));
-    cgx_service::ops::routes(api, "/kbs/v0/openapi.json", OPENAPI, kbs.metrics.clone())
-        .route("/healthz", get(healthz))
-        .route_layer(cgx_service::metrics::TrackLayer::new(kbs.metrics.clone()))
-        .fallback(not_found)
-        .layer(DefaultBodyLimit::max(16 << 20))
-        .with_state(kbs)
+/// `r` with its body limit.
+fn limited(
+    (schemas, paths, r): UtoipaMethodRouter<Arc<Kbs>>,
+    max: usize,
+) -> UtoipaMethodRouter<Arc<Kbs>> {
+    (schemas, paths, cgx_service::limits::limited(r, max))
+}
+
+/// The routes and the OpenAPI document, made together: each route is added with its handler's
+/// `#[utoipa::path]`, so the router serves no route the document does not describe.
+pub(super) fn router(kbs: Arc<Kbs>) -> Result<Router, KbsError> {
+    let (api, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(limited(routes!(auth), SMALL_BODY))
+        .routes(limited(routes!(attest), EVIDENCE_BODY))
+        .routes(limited(routes!(get_resource), SMALL_BODY))
+        .routes(limited(routes!(delete_resource), SMALL_BODY))
+        .routes(limited(routes!(put_resource), RESOURCE_BODY))
+        .routes(limited(
+            routes!(set_global_policy, get_global_policy),
+            POLICY_BODY,
+        ))
+        .routes(limited(
+            routes!(set_repo_policy, get_repo_policy),
+            POLICY_BODY,
+        ))
+        .routes(limited(
+            routes!(set_resource_policy, get_resource_policy),
+            POLICY_BODY,
+        ))
+        .routes(limited(
+            routes!(set_attestation_policy, get_attestation_policy),
+            POLICY_BODY,
+        ))
+        .routes(limited(
+            routes!(set_reference_values, get_reference_values),
+            POLICY_BODY,
+        ))
+        .routes(limited(routes!(set_reference_value), SMALL_BODY))
+        .routes(routes!(get_reference_value))
+        .routes(routes!(audit))
+        .routes(routes!(jwks))
+        .routes(routes!(healthz))
+        .split_for_parts();
+    Ok(
+        cgx_service::ops::routes(api, OPENAPI_PATH, doc, kbs.metrics.clone())
+            .map_err(|e| KbsError::Internal(format!("OpenAPI document: {e}")))?
+            .route_layer(cgx_service::metrics::TrackLayer::new(kbs.metrics.clone()))
+            .fallback(not_found)
+            .layer(DefaultBodyLimit::max(16 << 20))
+            .with_state(kbs),
+    )
 }
 
 pub(super) fn json_body<T: serde::de::DeserializeOwned>(
@@ -163,6 +163,13 @@ pub(super) fn resource_path(repo: &str, kind: &str, tag: &str) -> Result<String,
 
 // ------------------------------------------------------------------------ RCAR
 
+/// Start an RCAR handshake: a challenge nonce, and the `kbs-session-id` cookie.
+#[utoipa::path(post, path = cgx_protocol::kbs::rcar::AUTH_PATH, tag = "protocol",
+    request_body = RcarRequest,
+    responses(
+        (status = 200, description = "the challenge; Set-Cookie: kbs-session-id", body = RcarChallenge),
+        (status = 400, response = Problem),
+    ))]
 async fn auth(State(kbs): Shared, body: Bytes) -> Result<Response, KbsError> {
     let req: Request = json_body(&body, "auth request")?;
     let (id, nonce) = kbs.challenge(&req)?;
@@ -182,6 +189,18 @@ async fn auth(State(kbs): Shared, body: Bytes) -> Result<Response, KbsError> {
     Ok(resp)
 }
 
+/// Answer the session's challenge with evidence bound to its nonce and TEE key: an EAR.
+#[utoipa::path(post, path = cgx_protocol::kbs::rcar::ATTEST_PATH, tag = "protocol",
+    security(("session" = [])),
+    request_body = RcarAttestation,
+    responses(
+        (status = 200, description = "attested: the signed EAR", body = AttestResponse),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 413, response = Problem),
+        (status = 429, response = Problem),
+        (status = 503, response = Problem),
+    ))]
 async fn attest(
     State(kbs): Shared,
     ConnectInfo(client): ConnectInfo<SocketAddr>,
@@ -204,12 +223,16 @@ async fn attest(
     r
 }
 
-/// What `/attest` answers: the EAR, signed.
-#[derive(serde::Serialize)]
-struct AttestResponse {
-    token: String,
-}
-
+/// A resource, encrypted to the attested session's TEE key: an affirming appraisal, every
+/// release policy that applies, and a broker lease where the resource needs one.
+#[utoipa::path(get, path = "/kbs/v0/resource/{repo}/{kind}/{tag}", tag = "protocol",
+    security(("session" = []), ("ear" = [])),
+    params(("repo" = String, Path), ("kind" = String, Path, description = "the resource type"), ("tag" = String, Path), ("lease" = Option<String>, Query, description = "a broker lease token naming this resource and the session's TEE key")),
+    responses(
+        (status = 200, description = "the resource as a JWE", body = Jwe),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+    ))]
 async fn get_resource(
     State(kbs): Shared,
     Path((repo, kind, tag)): Path<(String, String, String)>,
@@ -234,6 +257,17 @@ async fn get_resource(
 
 // ------------------------------------------------------------------------ admin
 
+/// Store a resource (its repository's administrators).
+#[utoipa::path(post, path = "/kbs/v0/resource/{repo}/{kind}/{tag}", tag = "admin",
+    security(("adminJwt" = [])),
+    params(("repo" = String, Path), ("kind" = String, Path, description = "the resource type"), ("tag" = String, Path), ("lease" = Option<String>, Query, description = "`required`: released only with a broker lease; `optional` (default)")),
+    request_body(content = Vec<u8>, description = "the resource's bytes", content_type = "application/octet-stream"),
+    responses(
+        (status = 200, description = "stored (sealed under the KEK)"),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 413, response = Problem),
+    ))]
 async fn put_resource(
     State(kbs): Shared,
     admin: Admin,
@@ -272,6 +306,15 @@ async fn put_resource(
     Ok(StatusCode::OK.into_response())
 }
 
+/// Delete a resource (its repository's administrators).
+#[utoipa::path(delete, path = "/kbs/v0/resource/{repo}/{kind}/{tag}", tag = "admin",
+    security(("adminJwt" = [])),
+    params(("repo" = String, Path), ("kind" = String, Path, description = "the resource type"), ("tag" = String, Path)),
+    responses(
+        (status = 200, description = "deleted"),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+    ))]
 async fn delete_resource(
     State(kbs): Shared,
     admin: Admin,
@@ -359,9 +402,19 @@ async fn get_policy(
         None if scope == GLOBAL_SCOPE => cgx_policies::RELEASE_POLICY.to_string(),
         None => return Err(KbsError::NotFound(format!("no policy at {scope}"))),
     };
-    Ok(Json(json!({"policy": URL_SAFE_NO_PAD.encode(text)})).into_response())
+    Ok(Json(PolicyMessage {
+        policy: URL_SAFE_NO_PAD.encode(text),
+    })
+    .into_response())
 }
 
+/// Set the global release policy (unscoped administrators): trusted, evaluated inline.
+#[utoipa::path(post, path = "/kbs/v0/resource-policy", tag = "admin", security(("adminJwt" = [])),
+    request_body = PolicyMessage,
+    responses((status = 200, description = "stored"),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 413, response = Problem),))]
 async fn set_global_policy(
     State(kbs): Shared,
     admin: Admin,
@@ -370,10 +423,23 @@ async fn set_global_policy(
     set_policy(&kbs, &admin, None, GLOBAL_SCOPE.into(), &body).await
 }
 
+/// The global release policy (the shipped one until set).
+#[utoipa::path(get, path = "/kbs/v0/resource-policy", tag = "admin", security(("adminJwt" = [])),
+    responses((status = 200, description = "the policy", body = PolicyMessage),
+        (status = 401, response = Problem),))]
 async fn get_global_policy(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
     get_policy(&kbs, &admin, None, GLOBAL_SCOPE).await
 }
 
+/// Set a repository's release policy (its administrators): untrusted, sandboxed.
+#[utoipa::path(post, path = "/kbs/v0/resource-policy/{repo}", tag = "admin", security(("adminJwt" = [])),
+    params(("repo" = String, Path)),
+    request_body = PolicyMessage,
+    responses((status = 200, description = "stored"),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+        (status = 413, response = Problem),))]
 async fn set_repo_policy(
     State(kbs): Shared,
     admin: Admin,
@@ -384,6 +450,12 @@ async fn set_repo_policy(
     set_policy(&kbs, &admin, Some(&repo), format!("resource:{repo}"), &body).await
 }
 
+/// A repository's release policy.
+#[utoipa::path(get, path = "/kbs/v0/resource-policy/{repo}", tag = "admin", security(("adminJwt" = [])),
+    params(("repo" = String, Path)),
+    responses((status = 200, description = "the policy", body = PolicyMessage),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),))]
 async fn get_repo_policy(
     State(kbs): Shared,
     admin: Admin,
@@ -393,6 +465,16 @@ async fn get_repo_policy(
     get_policy(&kbs, &admin, Some(&repo), &format!("resource:{repo}")).await
 }
 
+/// Set one resource's release policy (its repository's administrators): untrusted, sandboxed.
+#[utoipa::path(post, path = "/kbs/v0/resource-policy/{repo}/{kind}/{tag}", tag = "admin",
+    security(("adminJwt" = [])),
+    params(("repo" = String, Path), ("kind" = String, Path, description = "the resource type"), ("tag" = String, Path)),
+    request_body = PolicyMessage,
+    responses((status = 200, description = "stored"),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+        (status = 413, response = Problem),))]
 async fn set_resource_policy(
     State(kbs): Shared,
     admin: Admin,
@@ -403,6 +485,13 @@ async fn set_resource_policy(
     set_policy(&kbs, &admin, Some(&repo), format!("resource:{path}"), &body).await
 }
 
+/// One resource's release policy.
+#[utoipa::path(get, path = "/kbs/v0/resource-policy/{repo}/{kind}/{tag}", tag = "admin",
+    security(("adminJwt" = [])),
+    params(("repo" = String, Path), ("kind" = String, Path, description = "the resource type"), ("tag" = String, Path)),
+    responses((status = 200, description = "the policy", body = PolicyMessage),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),))]
 async fn get_resource_policy(
     State(kbs): Shared,
     admin: Admin,
@@ -455,6 +544,13 @@ pub(super) const SCOPE_SAMPLE_REFERENCE_VALUES: &str = "reference-values.sample"
 /// Bound on the sample reference values, so merges cannot grow them without end.
 const SAMPLE_REFERENCE_VALUES_MAX: usize = 64 << 10;
 
+/// Set the appraisal policy (Rego; unscoped administrators).
+#[utoipa::path(post, path = "/kbs/v0/attestation-policy", tag = "admin", security(("adminJwt" = [])),
+    request_body = AttestationPolicyMessage,
+    responses((status = 200, description = "in force"),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 413, response = Problem),))]
 async fn set_attestation_policy(
     State(kbs): Shared,
     admin: Admin,
@@ -475,12 +571,28 @@ async fn set_attestation_policy(
     put_appraisal(&kbs, &actor, SCOPE_ATTESTATION, &text, engine, None).await
 }
 
+/// The appraisal policy in force.
+#[utoipa::path(get, path = "/kbs/v0/attestation-policy", tag = "admin", security(("adminJwt" = [])),
+    responses((status = 200, description = "the policy", body = AttestationPolicyMessage),
+        (status = 401, response = Problem),))]
 async fn get_attestation_policy(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
     admin.may(None)?;
     let text = kbs.appraisal_policy().await?;
-    Ok(Json(json!({"type": "rego", "policy": URL_SAFE_NO_PAD.encode(text)})).into_response())
+    Ok(Json(AttestationPolicyMessage {
+        kind: "rego".into(),
+        policy: URL_SAFE_NO_PAD.encode(text),
+    })
+    .into_response())
 }
 
+/// Set the reference values appraisal uses (the document `cgx measure … --reference-values`
+/// writes; unscoped administrators).
+#[utoipa::path(post, path = "/kbs/v0/reference-values", tag = "admin", security(("adminJwt" = [])),
+    request_body(content = Object, description = "reference values", content_type = "application/json"),
+    responses((status = 200, description = "in force"),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 413, response = Problem),))]
 async fn set_reference_values(
     State(kbs): Shared,
     admin: Admin,
@@ -496,6 +608,10 @@ async fn set_reference_values(
     put_appraisal(&kbs, &actor, SCOPE_REFERENCE_VALUES, &text, engine, None).await
 }
 
+/// The reference values in force.
+#[utoipa::path(get, path = "/kbs/v0/reference-values", tag = "admin", security(("adminJwt" = [])),
+    responses((status = 200, description = "the reference values", body = Object),
+        (status = 401, response = Problem),))]
 async fn get_reference_values(State(kbs): Shared, admin: Admin) -> Result<Response, KbsError> {
     admin.may(None)?;
     let text = kbs.reference_values().await?;
@@ -508,6 +624,12 @@ async fn get_reference_values(State(kbs): Shared, admin: Admin) -> Result<Respon
 /// cgx speaks the `sample` one: its payload (`{name: value}`) is merged into the reference
 /// values' `sample` section, kept apart from the document `/kbs/v0/reference-values` sets (that
 /// document's own `sample` section is replaced by it).
+#[utoipa::path(post, path = "/kbs/v0/reference-value", tag = "admin", security(("adminJwt" = [])),
+    request_body = RvpsMessage,
+    responses((status = 200, description = "merged, in force"),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 413, response = Problem),))]
 async fn set_reference_value(
     State(kbs): Shared,
     admin: Admin,
@@ -572,6 +694,11 @@ async fn set_reference_value(
 }
 
 /// A sample reference value by name (kbs-client's `get-reference-value --id`).
+#[utoipa::path(get, path = "/kbs/v0/reference-value/{id}", tag = "admin", security(("adminJwt" = [])),
+    params(("id" = String, Path, description = "the value's name")),
+    responses((status = 200, description = "the value", body = Object),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),))]
 async fn get_reference_value(
     State(kbs): Shared,
     admin: Admin,
@@ -588,6 +715,15 @@ async fn get_reference_value(
     }
 }
 
+/// Audit events (admin changes and releases), oldest first (unscoped administrators).
+#[utoipa::path(get, path = "/kbs/v0/audit", tag = "admin", security(("adminJwt" = [])),
+    params(
+        ("after" = Option<i64>, Query, description = "events after this seq (0)"),
+        ("limit" = Option<i64>, Query, description = "at most this many (1000; 1 to 10000)"),
+    ),
+    responses((status = 200, description = "the events", body = Vec<AuditEvent>),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),))]
 async fn audit(
     State(kbs): Shared,
     admin: Admin,
@@ -609,13 +745,24 @@ async fn audit(
 
 // ------------------------------------------------------------------------ public
 
+/// The EAR signing key (JWKS), to verify the tokens /attest issues.
+#[utoipa::path(get, path = "/kbs/v0/jwks", tag = "operations",
+    responses((status = 200, description = "JWKS", body = Object)))]
 async fn jwks(State(kbs): Shared) -> Response {
     Json(kbs.attester.signer().jwks()).into_response()
 }
 
+/// Liveness: the database answers with its schema version.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "serving", body = Health),
+        (status = 500, response = Problem),))]
 async fn healthz(State(kbs): Shared) -> Response {
     match kbs.store.schema_version().await {
-        Ok(v) => Json(json!({"status": "ok", "schema_version": v})).into_response(),
+        Ok(schema_version) => Json(Health {
+            status: "ok",
+            schema_version,
+        })
+        .into_response(),
         Err(e) => e.into_response(),
     }
 }

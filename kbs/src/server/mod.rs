@@ -10,6 +10,7 @@ mod fetch;
 pub mod fuzz;
 mod http;
 mod keys;
+mod openapi;
 mod rcar;
 mod release;
 mod session;
@@ -583,7 +584,7 @@ pub async fn start_with_clock(config: &KbsConfig, clock: SharedClock) -> Result<
         background.push(Box::pin(checkpoints(kbs.clone())));
     }
     let server =
-        cgx_service::server::start(&config.listener(), http::router(kbs.clone()), background)
+        cgx_service::server::start(&config.listener(), http::router(kbs.clone())?, background)
             .await
             .map_err(|e| KbsError::Config(e.to_string()))?;
     Ok(Running {
