@@ -86,7 +86,8 @@ pub fn problem<E: ApiError + ?Sized>(e: &E) -> Response {
     content_type = "application/problem+json"
 )]
 pub struct Problem {
-    /// `urn:cgx:problem:<code>`.
+    /// A URI naming the problem: `urn:cgx:problem:<code>` by default; the KBS uses CoCo's
+    /// error type URIs, as CoCo's clients read them.
     #[serde(rename = "type")]
     pub type_uri: String,
     /// The status's reason phrase.
@@ -97,6 +98,11 @@ pub struct Problem {
     pub code: String,
     /// What was refused and why; for a server error, a reference into the server's log.
     pub detail: String,
+    /// A service may add members of its own (the KBS: `part` and `evidence_code` of a refused
+    /// piece of evidence).
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub extensions: serde_json::Map<String, serde_json::Value>,
 }
 
 #[cfg(test)]
