@@ -240,6 +240,21 @@ impl Ed {
             .first()
             .and_then(|r| r.split('/').next())
             .unwrap_or_default();
+        self.lease_for(tenant, lease, resources, node_key, now(), exp)
+    }
+
+    /// A lease record as the broker signs it (`cgx_protocol::records::Lease`), for `tenant`,
+    /// issued at `iat`: the one place outside the broker that writes a lease's fields (tests
+    /// pass a tenant that does not own the resources, to see it refused).
+    pub fn lease_for(
+        &self,
+        tenant: &str,
+        lease: &str,
+        resources: &[&str],
+        node_key: &str,
+        iat: i64,
+        exp: i64,
+    ) -> Result<String> {
         let body = cgx_protocol::records::Lease {
             lease: lease.to_string(),
             job: lease.to_string(),
@@ -252,7 +267,7 @@ impl Ed {
             until: exp,
         };
         self.signer()?
-            .sign(&body, now(), exp)
+            .sign(&body, iat, exp)
             .map_err(|e| DevnetError::Kbs(e.to_string()))
     }
 }

@@ -169,18 +169,9 @@ pub fn lease_for(
     exp: i64,
 ) -> String {
     let now = cgx_devnet::now();
-    let body = cgx_protocol::records::Lease {
-        lease: lease.into(),
-        job: lease.into(),
-        tenant: tenant.into(),
-        node: "n".into(),
-        gpus: vec![],
-        resources: resources.iter().map(|r| r.to_string()).collect(),
-        node_key: node_key.into(),
-        iss: "cgx-broker".into(),
-        until: exp,
-    };
-    broker.signer().unwrap().sign(&body, now - 1, exp).unwrap()
+    broker
+        .lease_for(tenant, lease, resources, node_key, now - 1, exp)
+        .unwrap()
 }
 
 /// A compact JWS with any header and claims, signed EdDSA by `key`: what an attacker holding a
@@ -214,8 +205,10 @@ pub fn exists(p: &Path) -> bool {
 /// exactly `expected` (the routes the router is built with); every operation answers each
 /// status with a schema — a problem-details response for refusals — except the successes
 /// `bodiless` names (method, path: an empty 200), and takes a request body with a schema
-/// unless `no_body` names it or it is a GET or DELETE; and every operation is served (asked
-/// without credentials, none answers the router's fallback 404 or 405). The parsed document.
+/// unless `no_body` names it or it is a GET or DELETE; every operation is served (asked
+/// without credentials, each answers one of its documented statuses, never the router's
+/// fallback 404 or a 405); and no method the document does not list is served on a documented
+/// path (405). The parsed document.
 pub fn openapi_contract(
     base: &str,
     doc_path: &str,
@@ -267,13 +260,30 @@ pub fn openapi_contract(
             None => v.clone(),
         }
     };
-    let mut operations = 0;
+    let url_of = |path: &str| {
+        format!("{base}{path}")
+            .replace("{id}", "x1")
+            .replace("{repo}", "r")
+            .replace("{kind}", "k")
+            .replace("{tag}", "t")
+    };
     for (path, item) in paths {
+        // Methods the document does not list are not served there.
+        for m in ["GET", "POST", "DELETE"] {
+            if item.get(m.to_lowercase()).is_none() {
+                let (s, body) = call(m, &url_of(path), None, Some(b"{}"));
+                assert_eq!(
+                    s,
+                    405,
+                    "{m} {path} is served but not documented: {}",
+                    String::from_utf8_lossy(&body)
+                );
+            }
+        }
         for (method, op) in item.as_object().unwrap() {
             if !["get", "post", "put", "delete", "patch"].contains(&method.as_str()) {
                 continue;
             }
-            operations += 1;
             let m = method.to_uppercase();
             let here = format!("{m} {path}");
             let responses = op["responses"]
@@ -309,20 +319,18 @@ pub fn openapi_contract(
                     "{here}: no request body schema"
                 );
             }
-            // Served: the router's fallback answers neither 404 "no such endpoint" nor 405.
-            let url = format!("{base}{path}")
-                .replace("{id}", "x1")
-                .replace("{repo}", "r")
-                .replace("{kind}", "k")
-                .replace("{tag}", "t");
-            let (s, body) = call(&m, &url, None, Some(b"{}"));
+            // Served, with a documented answer: never the fallback's 404 nor a 405.
+            let (s, body) = call(&m, &url_of(path), None, Some(b"{}"));
             let text = String::from_utf8_lossy(&body);
             assert!(
                 s != 405 && !(s == 404 && text.contains("no such endpoint")),
                 "{here} is documented but not served: {s} {text}"
             );
+            assert!(
+                responses.contains_key(&s.to_string()),
+                "{here} answered {s}, which it does not document: {text}"
+            );
         }
     }
-    assert!(operations >= expected.len());
     doc
 }

@@ -286,9 +286,10 @@ impl CollateralSource {
         })
     }
 
-    /// Put an item a caller obtained itself in the store under `key` (an import into a running
-    /// service): the store's own rules apply — only content at least as fresh replaces an
-    /// entry, and nothing is validated here (validation happens where it is used).
+    /// Put an item in the store under `key` without the vendor path's validation (simulated
+    /// collateral for tests and the dev network, into a running service; hence behind `sim`):
+    /// the store's own rule applies — only content at least as fresh replaces an entry.
+    #[cfg(feature = "sim")]
     pub fn put(&self, key: &CollateralKey, bytes: &[u8], source: &str, now: i64) -> Result<Entry> {
         self.store
             .lock()

@@ -58,7 +58,9 @@ const REFERENCE_VALUES_BODY: usize = 1 << 20;
     info(
         title = "cgx broker",
         description = "Node registry on composite evidence, jobs, placement, leases the KBS honours. \
-            Refusals are RFC 9457 problem details with a stable code."
+            Refusals are RFC 9457 problem details with a stable code (a malformed path, query \
+            or body the framework refuses is answered in plain text). Any route may answer 429 \
+            or 503 with Retry-After under load."
     ),
     modifiers(&Security),
     components(

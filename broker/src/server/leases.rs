@@ -46,7 +46,7 @@ impl Broker {
 
     /// The open leases of node `id` (placeable now) with fresh tokens, for its heartbeat's
     /// answer; a job whose node took its lease moves to running.
-    pub(crate) async fn renew_leases(
+    pub(super) async fn renew_leases(
         &self,
         id: &str,
         now: i64,

@@ -214,11 +214,17 @@ impl Broker {
                 version,
                 at,
                 actor: actor.clone(),
-                detail,
+                detail: detail.clone(),
             })
             .await?
         {
-            Outcome::Done => {}
+            Outcome::Done => cgx_service::audit::NewEvent {
+                actor: &actor,
+                action: &format!("{REFERENCE_VALUES}.put"),
+                subject: REFERENCE_VALUES,
+                detail: &detail,
+            }
+            .trace(at),
             Outcome::Refused(Refusal::SettingChanged) => {
                 return Err(BrokerError::Conflict(format!(
                     "the reference values changed from version {replaces} meanwhile (another \

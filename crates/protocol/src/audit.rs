@@ -1,12 +1,13 @@
 //! Audit events: what an administrator (or a TEE, at a release) changed or was given, as both
 //! services record it and an auditor reads it. One shape for the KBS's trail
-//! (`GET /kbs/v0/audit`) and the broker's (`GET /v1/admin/events`), written by
+//! (`GET /kbs/v0/audit`) and the broker's (`GET /v1/admin-events`), written by
 //! `cgx_service::audit` in the transaction of the change it records.
 //!
 //! An event is meant to become a leaf of the transparency log: [`AuditEvent::leaf`] is its
-//! canonical encoding (RFC 8785 JSON of the event without its storage position, under a
-//! versioned kind), so the bytes a log commits to do not depend on how a database returned the
-//! row or on the order of a JSON object's members.
+//! canonical encoding (RFC 8785 JSON of every field under a versioned kind and the service's
+//! name), so the bytes a log commits to do not depend on how a database returned the row or on
+//! the order of a JSON object's members; `seq` makes two like events (two releases of one
+//! resource in one second) two leaves.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -36,12 +37,13 @@ pub struct AuditEvent {
 
 impl AuditEvent {
     /// The event's leaf for a transparency log, recorded by `service` (`cgx-kbs`,
-    /// `cgx-broker`): canonical JSON of `{kind, service, at, actor, action, subject, detail}`.
-    /// `seq` is left out: where an event sits is the log's to say.
+    /// `cgx-broker`): canonical JSON of `{kind, service, seq, at, actor, action, subject,
+    /// detail}`.
     pub fn leaf(&self, service: &str) -> Vec<u8> {
         crate::jcs::canonical(&serde_json::json!({
             "kind": LEAF_KIND,
             "service": service,
+            "seq": self.seq,
             "at": self.at,
             "actor": self.actor,
             "action": self.action,
@@ -57,10 +59,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    /// The leaf is canonical: the detail's member order and the storage position change
-    /// nothing; every other field changes it.
+    /// The leaf is canonical: the detail's member order changes nothing; every field changes it.
     #[test]
-    fn the_leaf_is_canonical_and_covers_every_field_but_the_position() {
+    fn the_leaf_is_canonical_and_covers_every_field() {
         let e = AuditEvent {
             seq: 7,
             at: 1_700_000_000,
@@ -72,16 +73,19 @@ mod tests {
         let leaf = e.leaf("cgx-kbs");
         assert_eq!(
             String::from_utf8(leaf.clone()).unwrap(),
-            r#"{"action":"resource.put","actor":"admin:0","at":1700000000,"detail":{"bytes":32,"requires_lease":true},"kind":"cgx.audit.v1","service":"cgx-kbs","subject":"acme/weights/key"}"#
+            r#"{"action":"resource.put","actor":"admin:0","at":1700000000,"detail":{"bytes":32,"requires_lease":true},"kind":"cgx.audit.v1","seq":7,"service":"cgx-kbs","subject":"acme/weights/key"}"#
         );
         let reordered = AuditEvent {
-            seq: 8,
             detail: serde_json::from_str(r#"{"requires_lease": true, "bytes": 32}"#).unwrap(),
             ..e.clone()
         };
         assert_eq!(reordered.leaf("cgx-kbs"), leaf);
         assert_ne!(e.leaf("cgx-broker"), leaf);
         for changed in [
+            AuditEvent {
+                seq: 8,
+                ..e.clone()
+            },
             AuditEvent { at: 1, ..e.clone() },
             AuditEvent {
                 actor: "tee".into(),

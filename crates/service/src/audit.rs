@@ -3,7 +3,9 @@
 //! change it describes, one reader. The event type is `cgx_protocol::audit::AuditEvent`, whose
 //! canonical leaf a transparency log will commit to.
 //!
-//! Every event is also logged (`tracing` target `cgx::audit`) before it is written. `seq`
+//! Every event is also logged (`tracing` target `cgx::audit`), by the caller, once its
+//! transaction committed ([`NewEvent::trace`]): a batch rolled back and retried logs nothing
+//! twice. `seq`
 //! grows in commit order: on SQLite one writer commits at a time; on PostgreSQL the caller
 //! takes its commit-order lock ([`crate::db::lock_in_commit_order`]) in the transaction first.
 
@@ -22,7 +24,7 @@ pub struct NewEvent<'a> {
 }
 
 impl NewEvent<'_> {
-    /// Say it in the log (`cgx::audit`), as it goes to the database.
+    /// Say it in the log (`cgx::audit`): after the commit that recorded it.
     pub fn trace(&self, at: i64) {
         tracing::info!(target: "cgx::audit", actor = %self.actor, action = %self.action,
             subject = %self.subject, detail = %self.detail, at, "audit");
@@ -39,13 +41,12 @@ pub fn insert_sql(rows: usize) -> String {
 }
 
 /// Record `event` at `at` in the caller's transaction: it commits with the change it
-/// describes, or neither does.
+/// describes, or neither does (the caller traces it once committed).
 pub async fn record(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     at: i64,
     event: &NewEvent<'_>,
 ) -> Result<(), sqlx::Error> {
-    event.trace(at);
     sqlx::query(sqlx::AssertSqlSafe(insert_sql(1)))
         .bind(at)
         .bind(event.actor)

@@ -28,13 +28,14 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
     metrics: Arc<Metrics>,
 ) -> Result<Router<S>, serde_json::Error> {
     document(&mut doc, openapi_path);
-    let openapi: Arc<str> = doc.to_json()?.into();
+    // Built once; each request clones a reference to the bytes.
+    let openapi = axum::body::Bytes::from(doc.to_json()?);
     Ok(router
         .route(
             openapi_path,
             get(move || {
                 let doc = openapi.clone();
-                async move { ([(CONTENT_TYPE, "application/json")], doc.to_string()) }
+                async move { ([(CONTENT_TYPE, "application/json")], doc) }
             }),
         )
         .route(

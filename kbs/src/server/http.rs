@@ -207,12 +207,13 @@ async fn attest(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, KbsError> {
-    let id = cookie(&headers)
-        .ok_or_else(|| KbsError::UnAuthenticated("no kbs-session-id cookie".into()))?;
-    let r = kbs
-        .attest(&id, client.ip(), &body)
-        .await
-        .map(|token| Json(AttestResponse { token }).into_response());
+    let r = match cookie(&headers) {
+        Some(id) => kbs
+            .attest(&id, client.ip(), &body)
+            .await
+            .map(|token| Json(AttestResponse { token }).into_response()),
+        None => Err(KbsError::UnAuthenticated("no kbs-session-id cookie".into())),
+    };
     kbs.metrics.event(
         "attestation",
         match &r {
@@ -230,8 +231,11 @@ async fn attest(
     params(("repo" = String, Path), ("kind" = String, Path, description = "the resource type"), ("tag" = String, Path), ("lease" = Option<String>, Query, description = "a broker lease token naming this resource and the session's TEE key")),
     responses(
         (status = 200, description = "the resource as a JWE", body = Jwe),
+        (status = 400, response = Problem),
         (status = 401, response = Problem),
         (status = 404, response = Problem),
+        (status = 500, response = Problem),
+        (status = 503, response = Problem),
     ))]
 async fn get_resource(
     State(kbs): Shared,
@@ -261,7 +265,7 @@ async fn get_resource(
 #[utoipa::path(post, path = "/kbs/v0/resource/{repo}/{kind}/{tag}", tag = "admin",
     security(("adminJwt" = [])),
     params(("repo" = String, Path), ("kind" = String, Path, description = "the resource type"), ("tag" = String, Path), ("lease" = Option<String>, Query, description = "`required`: released only with a broker lease; `optional` (default)")),
-    request_body(content = Vec<u8>, description = "the resource's bytes", content_type = "application/octet-stream"),
+    request_body(content = String, description = "the resource's bytes", content_type = "application/octet-stream"),
     responses(
         (status = 200, description = "stored (sealed under the KEK)"),
         (status = 400, response = Problem),

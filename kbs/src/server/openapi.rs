@@ -22,7 +22,9 @@ use utoipa::{OpenApi, PartialSchema, ToSchema};
         title = "cgx KBS",
         description = "Key broker service: Confidential Containers' KBS protocol (RCAR), \
             resources released to attested TEEs under release policies and broker leases, \
-            the admin API. Refusals are RFC 9457 problem details with a stable code."
+            the admin API. Refusals are RFC 9457 problem details with a stable code (a \
+            malformed path, query or body the framework refuses is answered in plain text). Any \
+            route may answer 429 or 503 with Retry-After under load."
     ),
     modifiers(&Security),
     components(schemas(AuditEvent), responses(Problem)),
@@ -132,8 +134,9 @@ pub(super) const COCO_SCHEMAS: &str = r#"{
     "description": "A resource encrypted to the session's TEE key (kbs-types Response: a JWE in flattened JSON)",
     "required": ["protected", "encrypted_key", "iv", "ciphertext", "tag"],
     "properties": {
-      "protected": {"type": "object"},
+      "protected": {"type": "string", "description": "the protected header (alg, enc, epk…), base64url of its JSON"},
       "encrypted_key": {"type": "string"},
+      "aad": {"type": "string"},
       "iv": {"type": "string"},
       "ciphertext": {"type": "string"},
       "tag": {"type": "string"}
@@ -290,6 +293,25 @@ mod tests {
                 required.is_subset(&written),
                 "{name}: {required:?} ⊄ {written:?}"
             );
+            // And each written value is of a type its description allows.
+            let all: serde_json::Value = serde_json::from_str(COCO_SCHEMAS).unwrap();
+            for (field, value) in v.as_object().unwrap() {
+                let allowed = &all[name]["properties"][field]["type"];
+                let kind = match value {
+                    serde_json::Value::Null => "null",
+                    serde_json::Value::Bool(_) => "boolean",
+                    serde_json::Value::Number(_) => "number",
+                    serde_json::Value::String(_) => "string",
+                    serde_json::Value::Array(_) => "array",
+                    serde_json::Value::Object(_) => "object",
+                };
+                let ok = match allowed {
+                    serde_json::Value::String(t) => t == kind,
+                    serde_json::Value::Array(ts) => ts.iter().any(|t| t == kind),
+                    _ => false,
+                };
+                assert!(ok, "{name}.{field}: {kind}, described as {allowed}");
+            }
         }
         for t in [
             RcarRequest::schema(),

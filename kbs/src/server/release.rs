@@ -348,14 +348,24 @@ pub fn lease_input(lease: &Verified<Lease>) -> Value {
     v
 }
 
-/// Who asks for a resource (read by the handler from the request).
-#[derive(Debug)]
+/// Who asks for a resource (read by the handler from the request). Both are bearer
+/// credentials: `Debug` names the kind only.
 pub(crate) enum Credential {
     /// The RCAR session cookie's value.
     Session(String),
     /// A bearer EAR this KBS (or a replica sharing its result key) issued.
     Ear(String),
     None,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Credential::Session(_) => "Credential::Session(..)",
+            Credential::Ear(_) => "Credential::Ear(..)",
+            Credential::None => "Credential::None",
+        })
+    }
 }
 
 impl Kbs {

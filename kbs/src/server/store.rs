@@ -613,6 +613,9 @@ impl Store {
                 .await;
         }
         let changed = written?;
+        if changed && let Some(a) = &audit {
+            a.trace(now);
+        }
         match change {
             AdminChange::PutResource { path, .. } => {
                 self.forget_resource(path);
@@ -784,13 +787,6 @@ impl Store {
         detail: &serde_json::Value,
     ) -> Result<(), KbsError> {
         let at = self.clock.unix();
-        NewEvent {
-            actor,
-            action,
-            subject,
-            detail,
-        }
-        .trace(at);
         self.audits
             .write(NewAudit {
                 at,
@@ -800,7 +796,15 @@ impl Store {
                 detail: detail.to_string(),
             })
             .await
-            .map_err(KbsError::from)
+            .map_err(KbsError::from)?;
+        NewEvent {
+            actor,
+            action,
+            subject,
+            detail,
+        }
+        .trace(at);
+        Ok(())
     }
 
     /// Audit events after `after_seq`, oldest first.

@@ -176,16 +176,22 @@ const LEASES_OPEN_BY_TENANT: &str = "DROP INDEX leases_open;
 /// Migration 7: the admin trail becomes the audit table both services keep
 /// (`cgx_service::audit`: `subject` added, read and written by one module, each event a
 /// future log leaf). Its rows so far are settings' puts (`<name>.put`): the name is the
-/// subject. Order is kept; the `seq` numbers start again at 1.
+/// subject. Order is kept; the `seq` numbers start again at 1. On PostgreSQL the old table is
+/// locked first, so a put of an older replica still in flight lands before the copy or waits
+/// and then fails, never between copy and drop. Replicas upgrade together: an older one has no
+/// `admin_events` to write after this.
 macro_rules! audit_v7 {
-    ($seq:literal) => {
+    ($lock:literal, $seq:literal) => {
         concat!(
+            $lock,
             "CREATE TABLE audit (",
             $seq,
             ", at BIGINT NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
         subject TEXT NOT NULL, detail TEXT NOT NULL);
      INSERT INTO audit (at, actor, action, subject, detail)
-        SELECT at, actor, action, substr(action, 1, length(action) - 4), detail
+        SELECT at, actor, action,
+          CASE WHEN action LIKE '%.put' THEN substr(action, 1, length(action) - 4) ELSE action END,
+          detail
         FROM admin_events ORDER BY seq;
      DROP TABLE admin_events"
         )
@@ -227,8 +233,11 @@ const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 7,
-        sqlite: audit_v7!("seq INTEGER PRIMARY KEY"),
-        postgres: audit_v7!("seq BIGSERIAL PRIMARY KEY"),
+        sqlite: audit_v7!("", "seq INTEGER PRIMARY KEY"),
+        postgres: audit_v7!(
+            "LOCK TABLE admin_events IN EXCLUSIVE MODE; ",
+            "seq BIGSERIAL PRIMARY KEY"
+        ),
     },
 ];
 
@@ -395,7 +404,7 @@ pub(crate) enum Outcome {
     Done,
     /// Not applied (and undone): why.
     Refused(Refusal),
-    /// The lease a [`Write::EndLease`] ended.
+    /// The lease a [`LeaseWrite::EndLease`] ended.
     Ended(LeaseRow),
 }
 
