@@ -7,15 +7,12 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cgx_attestation::bundle::Bundle;
 use cgx_attestation::sim::SnpReportOptions;
 use cgx_broker::client::BrokerClient;
 use cgx_broker::server::config::{ApiKey, AppraisalConfig, BrokerConfig};
 use cgx_kbs::client::KbsClient;
 use cgx_kbs::sim::SimNode;
-use cgx_protocol::broker::{
-    CpuEvidence, GpuEvidence, HeartbeatAnswer, Offer, Registered, Registration,
-};
+use cgx_protocol::broker::{HeartbeatAnswer, Offer, Registered, Registration};
 use cgx_protocol::kbs::jwe::{Curve, TeeKey};
 use serde_json::json;
 
@@ -342,33 +339,15 @@ impl SimBrokerNode {
                 },
             )
             .map_err(sim_err)?;
-        let Bundle::Snp {
-            report,
-            signing_cert,
-            cert_chain,
-            ..
-        } = &composite.cpu
-        else {
-            return Err(sim_err("the simulator made no SNP bundle"));
-        };
-        let gpus = composite
-            .gpus
-            .iter()
-            .filter_map(|g| match g {
-                Bundle::Nvidia {
-                    report,
-                    cert_chain,
-                    ocsp,
-                } => Some(GpuEvidence::new(report, cert_chain, ocsp)),
-                _ => None,
-            })
-            .collect();
+        let (cpu, gpus) = composite
+            .broker_evidence()
+            .ok_or_else(|| sim_err("the simulator made no SNP bundle"))?;
         // The guest's own builder (`cgx-protocol`): the dev network registers as a node does.
         cgx_protocol::broker::registration(
             nonce,
             &self.node_key.pkcs8,
             self.tee_key()?.public().map_err(sim_err)?,
-            CpuEvidence::snp_with_vcek(report, signing_cert, cert_chain),
+            cpu,
             gpus,
             self.offer.clone(),
         )

@@ -553,6 +553,44 @@ fn nvidia_parts(b: &Bundle) -> Option<(&[u8], &[u8])> {
 }
 
 impl SimComposite {
+    /// This evidence as a node's registration carries it (`cgx_protocol::broker`): the SNP
+    /// report with its VCEK and chain, and each GPU's SPDM transcript, chain and OCSP answers;
+    /// `None` when the CPU part is not SEV-SNP.
+    pub fn broker_evidence(
+        &self,
+    ) -> Option<(
+        cgx_protocol::broker::CpuEvidence,
+        Vec<cgx_protocol::broker::GpuEvidence>,
+    )> {
+        let Bundle::Snp {
+            report,
+            signing_cert,
+            cert_chain,
+            ..
+        } = &self.cpu
+        else {
+            return None;
+        };
+        let gpus = self
+            .gpus
+            .iter()
+            .filter_map(|g| match g {
+                Bundle::Nvidia {
+                    report,
+                    cert_chain,
+                    ocsp,
+                } => Some(cgx_protocol::broker::GpuEvidence::new(
+                    report, cert_chain, ocsp,
+                )),
+                _ => None,
+            })
+            .collect();
+        Some((
+            cgx_protocol::broker::CpuEvidence::snp_with_vcek(report, signing_cert, cert_chain),
+            gpus,
+        ))
+    }
+
     /// The evidence with the GPUs in `order` (indices into [`SimComposite::gpus`]; a test
     /// reorders or drops them to break the binding), for `nonce` and `node_key`.
     pub fn evidence<'a>(

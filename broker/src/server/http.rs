@@ -34,9 +34,10 @@ use cgx_protocol::money::Micros;
 use cgx_protocol::records::{TeeKind, Tier};
 use cgx_service::auth::Admin;
 use cgx_service::error::Problem;
+use cgx_service::limits::limited_route as limited;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{Broker, BrokerError};
@@ -109,14 +110,6 @@ impl utoipa::Modify for Security {
             ),
         );
     }
-}
-
-/// `r` with its body limit, applied before any extractor runs (authentication included).
-fn limited(
-    (schemas, paths, r): UtoipaMethodRouter<Arc<Broker>>,
-    max: usize,
-) -> UtoipaMethodRouter<Arc<Broker>> {
-    (schemas, paths, cgx_service::limits::limited(r, max))
 }
 
 /// The routes and the OpenAPI document, made together: each route is added with its handler's

@@ -7,12 +7,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cgx_attestation::bundle::Bundle;
 use cgx_attestation::sim::{SimAmd, SimGpu, SnpReportOptions};
 use cgx_attestation::snp::{Product, SigningKey};
-use cgx_protocol::broker::{
-    CpuEvidence, GpuEvidence, HeartbeatAnswer, JobSpec, Offer, Registered, Registration,
-};
+use cgx_protocol::broker::{HeartbeatAnswer, JobSpec, Offer, Registered, Registration};
 use cgx_protocol::kbs::jwe::{Curve, TeeKey};
 use cgx_protocol::money::Micros;
 use cgx_protocol::signed::Signer;
@@ -172,10 +169,8 @@ impl Harness {
 
     /// The administrator a request with `role`'s token (issued now) is.
     pub fn admin(&self, role: Role) -> Admin {
-        let i = ROLES
-            .iter()
-            .position(|r| std::mem::discriminant(r) == std::mem::discriminant(&role))
-            .unwrap();
+        // ROLES lists the roles in declaration order.
+        let i = role as usize;
         let now = self.clock.unix();
         let token = BearerKind::BrokerApi
             .sign(
@@ -303,32 +298,14 @@ impl SimNode {
                 },
             )
             .unwrap();
-        let Bundle::Snp {
-            report,
-            signing_cert,
-            cert_chain,
-            ..
-        } = &composite.cpu
-        else {
-            panic!("the simulator made no SNP bundle");
-        };
-        let gpus = composite
-            .gpus
-            .iter()
-            .filter_map(|g| match g {
-                Bundle::Nvidia {
-                    report,
-                    cert_chain,
-                    ocsp,
-                } => Some(GpuEvidence::new(report, cert_chain, ocsp)),
-                _ => None,
-            })
-            .collect();
+        let (cpu, gpus) = composite
+            .broker_evidence()
+            .expect("the simulator makes an SNP bundle");
         cgx_protocol::broker::registration(
             nonce,
             &self.node_key,
             tee_public,
-            CpuEvidence::snp_with_vcek(report, signing_cert, cert_chain),
+            cpu,
             gpus,
             self.offer.clone(),
         )

@@ -34,6 +34,15 @@ pub fn limited<S: Clone + Send + Sync + 'static>(
         .layer::<_, Infallible>(DefaultBodyLimit::max(max))
 }
 
+/// [`limited`] for a route added with its OpenAPI path item (`utoipa_axum::routes!`): the
+/// document is kept, the method router limited.
+pub fn limited_route<S: Clone + Send + Sync + 'static>(
+    (schemas, paths, route): utoipa_axum::router::UtoipaMethodRouter<S>,
+    max: usize,
+) -> utoipa_axum::router::UtoipaMethodRouter<S> {
+    (schemas, paths, limited(route, max))
+}
+
 /// Refuses a request whose declared `Content-Length` is over `max`, before anything below it
 /// runs (the body limit itself cuts a chunked body when it is read).
 #[derive(Debug, Clone, Copy)]

@@ -26,9 +26,10 @@ use cgx_protocol::audit::AuditEvent;
 use cgx_protocol::kbs_types::{Challenge, Request};
 use cgx_service::auth::Admin;
 use cgx_service::error::Problem;
+use cgx_service::limits::limited_route as limited;
 use serde_json::{Value, json};
 use utoipa::OpenApi;
-use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::Kbs;
@@ -51,14 +52,6 @@ const SMALL_BODY: usize = 4 << 10;
 const EVIDENCE_BODY: usize = 1 << 20;
 const POLICY_BODY: usize = 1 << 20;
 const RESOURCE_BODY: usize = 16 << 20;
-
-/// `r` with its body limit.
-fn limited(
-    (schemas, paths, r): UtoipaMethodRouter<Arc<Kbs>>,
-    max: usize,
-) -> UtoipaMethodRouter<Arc<Kbs>> {
-    (schemas, paths, cgx_service::limits::limited(r, max))
-}
 
 /// The routes and the OpenAPI document, made together: each route is added with its handler's
 /// `#[utoipa::path]`, so the router serves no route the document does not describe.
