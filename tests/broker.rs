@@ -12,7 +12,7 @@ use cgx_devnet::broker::{
 };
 use cgx_protocol::broker::JobSpec;
 use cgx_protocol::money::Micros;
-use cgx_protocol::records::{TeeKind, Tier};
+use cgx_protocol::records::{TeeKind, Tier, WorkloadState};
 use cgx_service::clock::{Clock, ManualClock};
 
 /// A KBS and a broker on loopback, trusting `nodes`' simulator roots.
@@ -77,6 +77,7 @@ fn job(gpus: u32) -> JobSpec {
         budget_micros: Micros(4_000_000 * u64::from(gpus)),
         resources: Vec::new(),
         placement_policy: None,
+        workload: None,
     }
 }
 
@@ -125,12 +126,24 @@ fn a_job_is_placed_on_the_right_node_and_only_that_vm_gets_its_key() {
     );
     assert_eq!(placed.gpus, vec![0, 1]);
     assert_eq!(placed.tenant, TENANT_A);
-    // The node learns its lease through its heartbeat; the job is running.
+    // The node learns its lease through its heartbeat; the job runs when the node says so.
     let hb = a.heartbeat(&op).unwrap();
     assert_eq!(hb.leases.len(), 1);
     let lease = &hb.leases[0];
     assert_eq!(lease.job_id, placed.id);
     assert_eq!(lease.resources, vec![path.to_string()]);
+    assert_eq!(tenant.job(&placed.id).unwrap().state, "placed");
+    let answer = a
+        .report(
+            &op,
+            &lease.lease_id,
+            &placed.id,
+            WorkloadState::Running,
+            None,
+            cgx_devnet::now(),
+        )
+        .unwrap();
+    assert_eq!(answer.state, "running");
     assert_eq!(tenant.job(&placed.id).unwrap().state, "running");
     // That VM (the TEE key its registration bound) gets the key with the lease.
     let mut vm = a.kbs_client(&kbs.base).unwrap();
@@ -566,8 +579,20 @@ fn failover_moves_the_job_within_a_measured_time() {
     let tenant = net.tenant(&broker);
     let j = tenant.submit(&job(1)).unwrap();
     assert_eq!(j.node_id.as_deref(), Some(a.id.as_str()), "cheapest first");
-    op.heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
-        .unwrap();
+    let lease = op
+        .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap()
+        .leases
+        .remove(0);
+    a.report(
+        &op,
+        &lease.lease_id,
+        &j.id,
+        WorkloadState::Running,
+        None,
+        clock.unix(),
+    )
+    .unwrap();
     // A keeps silent; B heartbeats. 15 s is the allowance (3 × 5 s); one more second passes it.
     clock.advance(10);
     op.heartbeat(&b.id, &b.heartbeat_token(clock.unix()).unwrap())
@@ -772,6 +797,7 @@ fn the_broker_serves_its_contract() {
             routes::NODES,
             routes::NODE,
             routes::HEARTBEAT,
+            routes::REPORTS,
             routes::REATTEST,
             routes::JOBS,
             routes::JOB,

@@ -10,7 +10,7 @@ use cgx_broker::client::{BrokerClient, ClientError};
 use cgx_devnet::broker::{BrokerServer, BrokerSetup, OPERATOR, SimBrokerNode, broker_setup, offer};
 use cgx_protocol::broker::{JobSpec, JobView};
 use cgx_protocol::money::Micros;
-use cgx_protocol::records::{TeeKind, Tier};
+use cgx_protocol::records::{TeeKind, Tier, WorkloadState};
 use cgx_service::clock::{Clock, ManualClock};
 
 struct Net {
@@ -52,6 +52,7 @@ fn job(gpus: u32) -> JobSpec {
         budget_micros: Micros(4_000_000 * u64::from(gpus)),
         resources: Vec::new(),
         placement_policy: None,
+        workload: None,
     }
 }
 
@@ -258,8 +259,20 @@ fn a_flooding_tenant_does_not_starve_another_and_pending_jobs_expire() {
         .broker
         .client_at(&broker.base, &net.broker.operator, clock.unix())
         .unwrap();
-    op.heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
-        .unwrap();
+    let lease = op
+        .heartbeat(&a.id, &a.heartbeat_token(clock.unix()).unwrap())
+        .unwrap()
+        .leases
+        .remove(0);
+    a.report(
+        &op,
+        &lease.lease_id,
+        &honest.id,
+        WorkloadState::Running,
+        None,
+        clock.unix(),
+    )
+    .unwrap();
     broker.tick().unwrap();
     let acme = net
         .broker

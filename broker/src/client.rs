@@ -3,7 +3,8 @@
 //! broker's stable problem code.
 
 use cgx_protocol::broker::{
-    HeartbeatAnswer, JobSpec, JobView, NodeView, NonceResponse, Registered, Registration, routes,
+    HeartbeatAnswer, JobSpec, JobView, NodeView, NonceResponse, Registered, Registration,
+    ReportAnswer, ReportPost, routes,
 };
 use serde::de::DeserializeOwned;
 
@@ -170,6 +171,20 @@ impl BrokerClient {
             &routes::with_id(routes::HEARTBEAT, node_id),
             None,
             Some(token),
+        )
+    }
+
+    /// Send a node's signed workload report (`cgx_protocol::broker::workload_report_token`).
+    pub fn report(&self, node_id: &str, report: &str) -> Result<ReportAnswer> {
+        let body = serde_json::to_vec(&ReportPost {
+            report: report.to_string(),
+        })
+        .map_err(|e| ClientError::Decode(e.to_string()))?;
+        self.call(
+            "POST",
+            &routes::with_id(routes::REPORTS, node_id),
+            Some(body),
+            None,
         )
     }
 

@@ -156,6 +156,16 @@ pub struct SubmitArgs {
     /// Tenant (default: the key's only tenant).
     #[arg(long)]
     pub tenant: Option<String>,
+    /// The workload: an absolute path of a program in the node's image.
+    #[arg(long)]
+    pub command: Option<String>,
+    /// One of the workload's arguments; repeat.
+    #[arg(long = "arg", requires = "command", allow_hyphen_values = true)]
+    pub args: Vec<String>,
+    /// The weights the workload reads: RESOURCE=FILE (the key's KBS resource, one of
+    /// --resource; the age file's name in the node's weights store).
+    #[arg(long, requires = "command")]
+    pub weights: Option<String>,
 }
 
 impl SubmitArgs {
@@ -198,7 +208,33 @@ impl SubmitArgs {
                 .as_deref()
                 .map(read_text)
                 .transpose()?,
+            workload: self.workload()?,
         })
+    }
+
+    fn workload(&self) -> Result<Option<cgx_protocol::broker::Workload>, String> {
+        let Some(command) = &self.command else {
+            return Ok(None);
+        };
+        let weights = match &self.weights {
+            Some(w) => {
+                let (resource, file) = w
+                    .split_once('=')
+                    .ok_or("--weights: RESOURCE=FILE (e.g. acme/weights/llama=llama.age)")?;
+                Some(cgx_protocol::broker::WorkloadWeights {
+                    resource: resource.to_string(),
+                    file: file.to_string(),
+                })
+            }
+            None => None,
+        };
+        let w = cgx_protocol::broker::Workload {
+            command: command.clone(),
+            args: self.args.clone(),
+            weights,
+        };
+        w.check(&self.resources).map_err(|e| e.to_string())?;
+        Ok(Some(w))
     }
 }
 

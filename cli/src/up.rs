@@ -214,6 +214,7 @@ fn run(
         budget_micros: cgx_protocol::money::Micros(12_000_000),
         resources: vec![path.into()],
         placement_policy: None,
+        workload: None,
     };
     let t = Instant::now();
     let job = tenant.submit(&spec).map_err(s)?;

@@ -390,6 +390,30 @@ impl SimBrokerNode {
         client.heartbeat(&self.id, &t)
     }
 
+    /// Report `lease`'s workload (job `job`) in `state`, signed at `at`, through `client`.
+    pub fn report(
+        &self,
+        client: &BrokerClient,
+        lease: &str,
+        job: &str,
+        state: cgx_protocol::records::WorkloadState,
+        exit_code: Option<i32>,
+        at: i64,
+    ) -> std::result::Result<cgx_protocol::broker::ReportAnswer, cgx_broker::client::ClientError>
+    {
+        let report = cgx_protocol::records::WorkloadReport {
+            sub: self.id.clone(),
+            lease: lease.to_string(),
+            job: job.to_string(),
+            state,
+            exit_code,
+            reason: format!("workload {state}"),
+        };
+        let t = cgx_protocol::broker::workload_report_token(&self.node_key.pkcs8, &report, at)
+            .map_err(cgx_broker::client::ClientError::Decode)?;
+        client.report(&self.id, &t)
+    }
+
     /// A KBS client holding this node's TEE key (the key its registration bound).
     pub fn kbs_client(&self, base: &str) -> Result<KbsClient> {
         KbsClient::new(base, None, self.tee_key()?).map_err(|e| DevnetError::Kbs(e.to_string()))

@@ -209,13 +209,36 @@ pub fn run(a: &Args) -> Result<(), String> {
     let secret = client
         .resource(&a.resource, a.lease.as_deref())
         .map_err(|e| e.to_string())?;
-    let key = WeightsKey::parse(&secret).map_err(|e| format!("{}: {e}", a.resource))?;
+    let (n, s) = decrypt_weights(secret, &a.resource, &a.input, &a.output, a.threads)?;
+    eprintln!(
+        "decrypted {n} bytes into {} in {s:.2} s ({:.2} GB/s)",
+        a.output.display(),
+        n as f64 / s.max(1e-9) / 1e9
+    );
+    Ok(())
+}
+
+/// Decrypt `input` (an age file) into `output` with the weights key `secret` the KBS released
+/// for `resource`: streaming, `threads` chunks in parallel, hashing exactly the bytes decrypted.
+/// `output` (0600, never overwritten) appears only once every chunk authenticated and the
+/// file's digest equals the one the key binds; on failure the partial plaintext is removed.
+/// The bytes written and the seconds it took.
+pub fn decrypt_weights(
+    secret: Vec<u8>,
+    resource: &str,
+    input: &std::path::Path,
+    output: &std::path::Path,
+    threads: usize,
+) -> Result<(u64, f64), String> {
+    let key = WeightsKey::parse(&secret).map_err(|e| format!("{resource}: {e}"))?;
     drop(secret);
     let identity = Identity::parse(key.identity()).map_err(|e| e.to_string())?;
-    let input = std::fs::File::open(&a.input).map_err(|e| format!("{}: {e}", a.input.display()))?;
+    let input_path = input;
+    let input =
+        std::fs::File::open(input_path).map_err(|e| format!("{}: {e}", input_path.display()))?;
     let len = input
         .metadata()
-        .map_err(|e| format!("{}: {e}", a.input.display()))?
+        .map_err(|e| format!("{}: {e}", input_path.display()))?
         .len();
     let mut input = Sha256Reader {
         inner: input,
@@ -224,20 +247,17 @@ pub fn run(a: &Args) -> Result<(), String> {
     // Plaintext goes to a temporary file beside DEST (created 0600), and DEST appears only
     // once every chunk has been authenticated: a reader of DEST never sees a prefix of weights
     // that a later chunk would have refused. DEST is never overwritten.
-    if a.output.exists() {
-        return Err(format!("{}: exists; not overwritten", a.output.display()));
+    if output.exists() {
+        return Err(format!("{}: exists; not overwritten", output.display()));
     }
-    let name = a
-        .output
+    let name = output
         .file_name()
-        .ok_or_else(|| format!("{}: not a file name", a.output.display()))?
+        .ok_or_else(|| format!("{}: not a file name", output.display()))?
         .to_string_lossy()
         .into_owned();
     let mut tag = [0u8; 6];
     aws_lc_rs::rand::fill(&mut tag).map_err(|_| "random".to_string())?;
-    let tmp = a
-        .output
-        .with_file_name(format!(".{name}.partial-{}", hex::encode(tag)));
+    let tmp = output.with_file_name(format!(".{name}.partial-{}", hex::encode(tag)));
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -250,7 +270,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", tmp.display()))?;
     let mut out = std::io::BufWriter::with_capacity(4 << 20, out);
     let t = Instant::now();
-    let result = cgx_age::decrypt(&identity, &mut input, len, &mut out, a.threads, &mut |_| {})
+    let result = cgx_age::decrypt(&identity, &mut input, len, &mut out, threads, &mut |_| {})
         .map_err(|e| e.to_string())
         .and_then(|n| {
             out.flush().map_err(|e| e.to_string())?;
@@ -267,33 +287,22 @@ pub fn run(a: &Args) -> Result<(), String> {
                 Err(format!(
                     "{}: weights digest mismatch: the file's SHA-256 is {}, the key {} binds {}; \
                      not the tenant's weights, refused",
-                    a.input.display(),
+                    input_path.display(),
                     hex::encode(got.as_ref()),
-                    a.resource,
+                    resource,
                     hex::encode(key.sha256())
                 ))
             }
         })
         // Linking fails if DEST appeared meanwhile: never overwritten.
         .and_then(|n| {
-            std::fs::hard_link(&tmp, &a.output)
+            std::fs::hard_link(&tmp, output)
                 .map(|()| n)
-                .map_err(|e| format!("{}: {e}", a.output.display()))
+                .map_err(|e| format!("{}: {e}", output.display()))
         });
     drop(out);
     let _ = std::fs::remove_file(&tmp);
-    match result {
-        Ok(n) => {
-            let s = t.elapsed().as_secs_f64();
-            eprintln!(
-                "decrypted {n} bytes into {} in {s:.2} s ({:.2} GB/s)",
-                a.output.display(),
-                n as f64 / s.max(1e-9) / 1e9
-            );
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
+    result.map(|n| (n, t.elapsed().as_secs_f64()))
 }
 
 /// The program: parse `args` (without the program name), run, and say how it ended.

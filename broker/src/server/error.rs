@@ -28,6 +28,9 @@ pub enum BrokerError {
     Inventory(String),
     #[error("heartbeat: {0}")]
     Heartbeat(String),
+    /// A workload report not signed by the node's attested key, or not of this node.
+    #[error("workload report: {0}")]
+    Report(String),
     #[error("budget: {0}")]
     Budget(String),
     #[error("placement policy: {0}")]
@@ -81,7 +84,9 @@ impl ApiError for BrokerError {
     fn status(&self) -> StatusCode {
         match self {
             BrokerError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            BrokerError::Unauthorized(_) | BrokerError::Heartbeat(_) => StatusCode::UNAUTHORIZED,
+            BrokerError::Unauthorized(_) | BrokerError::Heartbeat(_) | BrokerError::Report(_) => {
+                StatusCode::UNAUTHORIZED
+            }
             BrokerError::Forbidden(_) => StatusCode::FORBIDDEN,
             BrokerError::NotFound(_) => StatusCode::NOT_FOUND,
             BrokerError::Nonce(_)
@@ -110,6 +115,7 @@ impl ApiError for BrokerError {
             BrokerError::Evidence { .. } => "EvidenceRefused",
             BrokerError::Inventory(_) => "InventoryNotProven",
             BrokerError::Heartbeat(_) => "HeartbeatInvalid",
+            BrokerError::Report(_) => "ReportInvalid",
             BrokerError::Budget(_) => "BudgetTooSmall",
             BrokerError::PlacementPolicy(_) => "PlacementPolicyInvalid",
             BrokerError::Conflict(_) => "Conflict",

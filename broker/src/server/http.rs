@@ -7,6 +7,7 @@
 //! | `POST /v1/nodes/nonce` | operator | a single-use registration nonce |
 //! | `POST /v1/nodes` | operator | register or re-attest a node on composite evidence |
 //! | `POST /v1/nodes/{id}/heartbeat` | the node (bearer: heartbeat JWS) | liveness; renewed leases |
+//! | `POST /v1/nodes/{id}/reports` | the node (body: workload report JWS) | the workload started, completed or failed: the job follows |
 //! | `GET /v1/nodes`, `GET /v1/nodes/{id}` | operator (own), auditor | registry, why (not) placeable |
 //! | `POST /v1/nodes/{id}/reattest` | operator (own), auditor | ask for re-attestation now |
 //! | `POST /v1/jobs` | tenant | submit |
@@ -28,7 +29,8 @@ use cgx_protocol::audit::AuditEvent;
 use cgx_protocol::broker::{
     AuditTrail, CpuEvidence, GpuEvidence, HeartbeatAnswer, JobEvent, JobList, JobSpec, JobState,
     JobView, LeaseGrant, NodeList, NodeView, NonceResponse, Offer, ReferenceValuesPut,
-    ReferenceValuesView, Registered, Registration, routes,
+    ReferenceValuesView, Registered, Registration, ReportAnswer, ReportPost, Workload,
+    WorkloadWeights, routes,
 };
 use cgx_protocol::money::Micros;
 use cgx_protocol::records::{TeeKind, Tier};
@@ -67,7 +69,7 @@ const REFERENCE_VALUES_BODY: usize = 1 << 20;
     components(
         schemas(
             AuditEvent, CpuEvidence, GpuEvidence, JobEvent, JobState, LeaseGrant, Micros, Offer,
-            TeeKind, Tier
+            TeeKind, Tier, Workload, WorkloadWeights
         ),
         responses(Problem)
     ),
@@ -122,6 +124,7 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
         .routes(limited(routes!(nodes), SMALL_BODY))
         .routes(limited(routes!(node), SMALL_BODY))
         .routes(limited(routes!(heartbeat), SMALL_BODY))
+        .routes(limited(routes!(report), SMALL_BODY))
         .routes(limited(routes!(reattest), SMALL_BODY))
         .routes(limited(routes!(submit), JOB_BODY))
         .routes(limited(routes!(jobs), SMALL_BODY))
@@ -230,6 +233,29 @@ async fn heartbeat(
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| BrokerError::Heartbeat("no bearer heartbeat token".into()))?;
     Ok(Json(b.heartbeat(&id, token.trim()).await?).into_response())
+}
+
+/// A node's signed workload report: the job follows it (running, completed, failed with the
+/// node's reason), and a finished workload ends its lease.
+#[utoipa::path(post, path = routes::REPORTS, tag = "nodes",
+    params(("id" = String, Path, description = "the node's id")),
+    request_body = ReportPost,
+    responses(
+        (status = 200, description = "the job's state once the report is applied", body = ReportAnswer),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+        (status = 409, response = Problem),
+        (status = 413, response = Problem),
+    ))]
+async fn report(
+    State(b): Shared,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, BrokerError> {
+    check_id(&id)?;
+    let post: ReportPost = json_body(&body, "workload report")?;
+    Ok(Json(b.report(&id, post.report.trim()).await?).into_response())
 }
 
 /// The version a put replaces, as `If-Match: "N"` (or `N`): required, so an admin's edit of

@@ -240,6 +240,10 @@ impl Broker {
             return Err(BrokerError::BadRequest("at most 32 resources".into()));
         }
         owned_resources(&tenant, &spec.resources)?;
+        if let Some(w) = &spec.workload {
+            w.check(&spec.resources)
+                .map_err(|e| BrokerError::BadRequest(e.to_string()))?;
+        }
         let id = random_id("j")?;
         let req = self.requirements(&id, &tenant, &spec).await?;
         let budget = spec.budget_micros;

@@ -211,6 +211,7 @@ impl Keys {
         record: &NodeRecord,
         gpus: &[u32],
         resources: &[String],
+        workload: Option<&cgx_protocol::broker::Workload>,
         now: i64,
         until: i64,
         ttl: i64,
@@ -226,17 +227,22 @@ impl Keys {
             node_key: record.tee_thumbprint.clone(),
             iss: "cgx-broker".into(),
             until,
+            workload: workload.cloned(),
         };
         self.sign(&body, now, exp)
+    }
+
+    /// The lease a row stands for: this broker signed it, for the row's id, job and node.
+    pub(crate) fn lease_of(&self, row: &LeaseRow) -> Option<Lease> {
+        let lease = verify_stored::<Lease>(&row.token, &self.public)?.body;
+        (lease.lease == row.id && lease.job == row.job_id && lease.node == row.node_id)
+            .then_some(lease)
     }
 
     /// A fresh token for an open lease, from the signed copy in its row (`None`: the row's token
     /// is not this broker's, or does not match the row).
     pub(crate) fn renew(&self, row: &LeaseRow, now: i64, ttl: i64) -> Option<LeaseGrant> {
-        let lease = verify_stored::<Lease>(&row.token, &self.public)?.body;
-        if lease.lease != row.id || lease.job != row.job_id || lease.node != row.node_id {
-            return None;
-        }
+        let lease = self.lease_of(row)?;
         if now >= lease.until {
             return None;
         }
@@ -249,6 +255,7 @@ impl Keys {
             resources: lease.resources,
             token,
             expires_at: exp,
+            workload: lease.workload,
         })
     }
 }

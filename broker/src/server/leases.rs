@@ -45,7 +45,7 @@ impl Broker {
     }
 
     /// The open leases of node `id` (placeable now) with fresh tokens, for its heartbeat's
-    /// answer; a job whose node took its lease moves to running.
+    /// answer. The job moves on the node's workload reports (`reports.rs`), not here.
     pub(super) async fn renew_leases(
         &self,
         id: &str,
@@ -73,25 +73,6 @@ impl Broker {
                 }
                 _ => {}
             }
-            let known = self.running.lock().is_ok_and(|r| r.contains(&l.id));
-            if !known
-                && self
-                    .transition(
-                        &l.job_id,
-                        &[JobState::Placed],
-                        JobState::Running,
-                        &format!("node {id} took the lease"),
-                    )
-                    .await?
-            {
-                tracing::info!(job = %l.job_id, node = %id, "job running");
-            }
-            if !known && let Ok(mut r) = self.running.lock() {
-                if r.len() > 100_000 {
-                    r.clear();
-                }
-                r.insert(l.id.clone());
-            }
             leases.push(grant);
         }
         Ok(leases)
@@ -107,17 +88,27 @@ mod tests {
     use cgx_protocol::signed::{self, When};
 
     /// A placed job's node learns its lease from its heartbeat's answer, with a token the
-    /// broker signed for the KBS (the job's tenant, the node's TEE key); taking it moves the
-    /// job to running. A node that heartbeats for another node's leases gets none.
+    /// broker signed for the KBS (the job's tenant, the node's TEE key) and the job's
+    /// workload; taking it leaves the job placed (it runs when the node says so). A node that
+    /// heartbeats for another node's leases gets none.
     #[tokio::test]
-    async fn a_heartbeat_hands_the_node_its_leases_and_starts_the_job() {
+    async fn a_heartbeat_hands_the_node_its_leases_and_their_workload() {
         let h = Harness::new("leases-renew").await;
         let (node, idle) = (h.node(1), h.node(1));
         h.register(&node).await.unwrap();
         let tenant = h.admin(Role::Tenant);
+        let workload = cgx_protocol::broker::Workload {
+            command: "/bin/serve".into(),
+            args: vec!["--port".into(), "8000".into()],
+            weights: None,
+        };
         let job = h
             .broker
-            .submit(&tenant, Harness::job(1, 600))
+            .submit(&tenant, {
+                let mut j = Harness::job(1, 600);
+                j.workload = Some(workload.clone());
+                j
+            })
             .await
             .unwrap();
         assert_eq!(job.node_id.as_deref(), Some(node.id.as_str()));
@@ -141,8 +132,14 @@ mod tests {
             (lease.tenant.as_str(), lease.job.as_str()),
             (TENANT, job.id.as_str())
         );
-        let running = h.broker.job_for(&tenant, &job.id).await.unwrap();
-        assert_eq!(running.state, JobState::Running);
+        assert_eq!(
+            lease.workload.as_ref(),
+            Some(&workload),
+            "signed with the lease"
+        );
+        assert_eq!(grant.workload.as_ref(), Some(&workload));
+        let placed = h.broker.job_for(&tenant, &job.id).await.unwrap();
+        assert_eq!(placed.state, JobState::Placed);
     }
 
     /// Ending a lease frees its GPUs at once, and its tenant holds the VM until the last

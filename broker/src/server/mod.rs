@@ -28,6 +28,7 @@ mod monitor;
 mod nodes;
 mod placement;
 mod register;
+mod reports;
 mod settings;
 pub mod store;
 #[cfg(test)]
@@ -83,8 +84,6 @@ pub(crate) struct Broker {
     /// Pending jobs this replica knows of (a hint: when zero, a placement pass skips its read;
     /// the monitor reads anyway, for jobs another replica left pending).
     pending: std::sync::atomic::AtomicI64,
-    /// Leases whose job this replica saw move to running (heartbeats skip that write after).
-    running: Mutex<std::collections::HashSet<String>>,
     /// The appraisal policy (configured; reference values change under it).
     appraisal_policy: String,
     /// The reference values in force and their version (0: the configuration file's); the
@@ -237,7 +236,6 @@ impl Broker {
             denials: Mutex::new(HashMap::new()),
             placing: tokio::sync::Mutex::new(()),
             sync_cursor: Mutex::new(0),
-            running: Mutex::new(std::collections::HashSet::new()),
             pending: std::sync::atomic::AtomicI64::new(1),
             appraisal_policy: policy,
             refs_in_force: Mutex::new((0, refs)),

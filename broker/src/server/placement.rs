@@ -181,6 +181,7 @@ impl Broker {
                 &record,
                 &choice.gpus,
                 &spec.resources,
+                spec.workload.as_ref(),
                 now,
                 ends_at,
                 self.config.lease_ttl_secs,

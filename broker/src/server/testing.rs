@@ -312,6 +312,30 @@ impl SimNode {
         .unwrap()
     }
 
+    /// A workload report of `lease` (job `job`) in `state`, signed at `at`.
+    pub fn report_token(
+        &self,
+        lease: &str,
+        job: &str,
+        state: cgx_protocol::records::WorkloadState,
+        exit_code: Option<i32>,
+        at: i64,
+    ) -> String {
+        cgx_protocol::broker::workload_report_token(
+            &self.node_key,
+            &cgx_protocol::records::WorkloadReport {
+                sub: self.id.clone(),
+                lease: lease.to_string(),
+                job: job.to_string(),
+                state,
+                exit_code,
+                reason: format!("workload {state}"),
+            },
+            at,
+        )
+        .unwrap()
+    }
+
     /// A heartbeat token with the next sequence number, signed at `at`.
     pub fn heartbeat_token(&self, at: i64) -> String {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;

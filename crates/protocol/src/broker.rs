@@ -38,6 +38,7 @@ pub mod routes {
     pub const NODE: &str = "/v1/nodes/{id}";
     pub const HEARTBEAT: &str = "/v1/nodes/{id}/heartbeat";
     pub const REATTEST: &str = "/v1/nodes/{id}/reattest";
+    pub const REPORTS: &str = "/v1/nodes/{id}/reports";
     pub const JOBS: &str = "/v1/jobs";
     pub const JOB: &str = "/v1/jobs/{id}";
     pub const CANCEL: &str = "/v1/jobs/{id}/cancel";
@@ -129,6 +130,19 @@ pub fn heartbeat_token(pkcs8: &[u8], node_id: &str, seq: u64, now: i64) -> Resul
             now,
             now + crate::records::HEARTBEAT_TTL_SECS,
         )
+        .map_err(|e| e.to_string())
+}
+
+/// A workload report: a [`crate::records::WorkloadReport`] under the node key, living
+/// [`crate::records::WORKLOAD_REPORT_TTL_SECS`].
+pub fn workload_report_token(
+    pkcs8: &[u8],
+    report: &crate::records::WorkloadReport,
+    now: i64,
+) -> Result<String, String> {
+    let signer = crate::signed::Signer::from_pkcs8(pkcs8).map_err(|e| e.to_string())?;
+    signer
+        .sign(report, now, now + crate::records::WORKLOAD_REPORT_TTL_SECS)
         .map_err(|e| e.to_string())
 }
 
@@ -319,6 +333,95 @@ pub struct LeaseGrant {
     /// The lease token (EdDSA JWT, audience `cgx-kbs`, naming the node's TEE key thumbprint).
     pub token: String,
     pub expires_at: i64,
+    /// What the node runs for it: the lease record's own (signed with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<Workload>,
+}
+
+/// What a job runs on its node: a command in the node's image (an absolute path) and its
+/// arguments, and the weights it reads, decrypted inside the VM through the job's lease. The
+/// process gets the decrypted weights' path and the lease in its environment (`CGX_WEIGHTS`,
+/// `CGX_LEASE_ID`, `CGX_JOB_ID`, `CGX_GPUS`, `CGX_LEASE`). A container image reference is a
+/// later step.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Absolute path of a program in the node's image.
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<WorkloadWeights>,
+}
+
+/// The weights a workload reads: the KBS resource holding their key (one of the job's
+/// resources) and the age file's name in the node's encrypted weights store.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadWeights {
+    /// `repo/type/tag`.
+    pub resource: String,
+    /// A plain file name (no directory), e.g. `llama-70b.age`.
+    pub file: String,
+}
+
+/// Why a workload is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkloadError {
+    #[error("workload command must be an absolute path of at most {max} bytes without NUL", max = Workload::MAX_ARG)]
+    Command,
+    #[error("workload args: at most {max_n}, each at most {max} bytes without NUL", max_n = Workload::MAX_ARGS, max = Workload::MAX_ARG)]
+    Args,
+    #[error(
+        "workload weights: the file must be a plain name (letters, digits, '.', '_', '-'; not starting with '.'), at most 255 bytes"
+    )]
+    WeightsFile,
+    #[error("workload weights: resource {0} is not one of the job's resources")]
+    WeightsResource(String),
+    #[error("the workload takes {0} bytes as JSON; at most {max}", max = Workload::MAX_JSON)]
+    TooLarge(usize),
+}
+
+impl Workload {
+    pub const MAX_ARGS: usize = 32;
+    pub const MAX_ARG: usize = 1024;
+    /// It travels in every lease token: kept small.
+    pub const MAX_JSON: usize = 4096;
+
+    /// The rules a broker applies at submission and a node again before it runs one:
+    /// `resources` are the job's.
+    pub fn check(&self, resources: &[String]) -> Result<(), WorkloadError> {
+        let arg_ok = |a: &str| a.len() <= Self::MAX_ARG && !a.contains('\0');
+        if !self.command.starts_with('/') || !arg_ok(&self.command) {
+            return Err(WorkloadError::Command);
+        }
+        if self.args.len() > Self::MAX_ARGS || !self.args.iter().all(|a| arg_ok(a)) {
+            return Err(WorkloadError::Args);
+        }
+        if let Some(w) = &self.weights {
+            let f = &w.file;
+            if f.is_empty()
+                || f.len() > 255
+                || f.starts_with('.')
+                || !f
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+            {
+                return Err(WorkloadError::WeightsFile);
+            }
+            if !resources.contains(&w.resource) {
+                return Err(WorkloadError::WeightsResource(w.resource.clone()));
+            }
+        }
+        let n = serde_json::to_vec(self).map_or(usize::MAX, |v| v.len());
+        if n > Self::MAX_JSON {
+            return Err(WorkloadError::TooLarge(n));
+        }
+        Ok(())
+    }
 }
 
 /// `POST /v1/nodes/{id}/heartbeat` answer.
@@ -332,6 +435,23 @@ pub struct HeartbeatAnswer {
     pub unplaceable: Option<String>,
     /// The node's open leases with fresh tokens.
     pub leases: Vec<LeaseGrant>,
+}
+
+/// `POST /v1/nodes/{id}/reports` body: a workload report under the node key.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ReportPost {
+    /// EdDSA JWS, typ `cgx-workload-report+jwt`, under the node's attested key.
+    pub report: String,
+}
+
+/// `POST /v1/nodes/{id}/reports` answer: the job's state once the report is applied.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReportAnswer {
+    pub job_id: String,
+    pub state: JobState,
 }
 
 /// A job as a tenant submits it.
@@ -363,6 +483,9 @@ pub struct JobSpec {
     /// Rego, package `placement`: `deny` is a set of readable reasons (empty: the node fits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement_policy: Option<String>,
+    /// What the node runs; none: the node holds the lease for the tenant's own use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<Workload>,
 }
 
 impl JobSpec {

@@ -101,6 +101,10 @@ pub struct Lease {
     pub iss: String,
     /// When the job's time ends: no renewal reaches past it.
     pub until: i64,
+    /// What the node runs under it (the job's), signed with the lease so the node runs what
+    /// the tenant submitted and an auditor reads what ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<crate::broker::Workload>,
 }
 
 impl Record for Lease {
@@ -118,6 +122,63 @@ pub struct Heartbeat {
 impl Record for Heartbeat {
     const KIND: Kind = Kind::Heartbeat;
 }
+
+/// What became of a lease's workload, as its node reports it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadState {
+    /// The weights are in place and the workload's process started (or, for a job that names
+    /// no workload, the node holds the lease for its tenant).
+    Running,
+    /// The workload exited with status 0.
+    Completed,
+    /// It could not start (weights refused, no such command) or it exited otherwise.
+    Failed,
+}
+
+impl WorkloadState {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WorkloadState::Running => "running",
+            WorkloadState::Completed => "completed",
+            WorkloadState::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkloadState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// A node's report of its lease's workload (`sub`: the node's id), signed under its node key:
+/// the broker moves the job on it, and the record is what an auditor reads of what ran where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadReport {
+    pub sub: String,
+    pub lease: String,
+    pub job: String,
+    pub state: WorkloadState,
+    /// The process's exit status, when it exited with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why, in words (at most [`WorkloadReport::MAX_REASON`] bytes).
+    pub reason: String,
+}
+
+impl WorkloadReport {
+    pub const MAX_REASON: usize = 512;
+}
+
+impl Record for WorkloadReport {
+    const KIND: Kind = Kind::WorkloadReport;
+}
+
+/// How long a workload report lives (seconds): it is sent at once, and retried fresh.
+pub const WORKLOAD_REPORT_TTL_SECS: i64 = 60;
 
 /// How long a heartbeat token lives (seconds).
 pub const HEARTBEAT_TTL_SECS: i64 = 30;
@@ -217,6 +278,7 @@ mod tests {
             node_key: "thumb".into(),
             iss: "cgx-broker".into(),
             until: 2_000,
+            workload: None,
         }
     }
 
@@ -295,6 +357,22 @@ mod tests {
                 Kind::BrokerApi,
                 s.sign(&BrokerApiToken {}, 1_000, 1_060).unwrap(),
             ),
+            (
+                Kind::WorkloadReport,
+                s.sign(
+                    &WorkloadReport {
+                        sub: "n".into(),
+                        lease: "l".into(),
+                        job: "j".into(),
+                        state: WorkloadState::Failed,
+                        exit_code: Some(3),
+                        reason: "exited with status 3".into(),
+                    },
+                    1_000,
+                    1_060,
+                )
+                .unwrap(),
+            ),
         ];
         assert_eq!(tokens.len(), Kind::ALL.len());
         let keys = [s.public_key()];
@@ -315,6 +393,7 @@ mod tests {
                     Kind::Setting => check::<Setting>(token, &keys, when),
                     Kind::KbsAdmin => check::<KbsAdminToken>(token, &keys, when),
                     Kind::BrokerApi => check::<BrokerApiToken>(token, &keys, when),
+                    Kind::WorkloadReport => check::<WorkloadReport>(token, &keys, when),
                 };
                 if asked == *made {
                     assert_eq!(r, Ok(()), "{made:?}");
@@ -331,7 +410,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(refused, 30);
+        assert_eq!(refused, 42);
     }
 
     /// The kinds' typs and audiences are distinct, so neither a header nor an `aud` is ever
@@ -340,7 +419,7 @@ mod tests {
     fn kinds_have_distinct_types_and_audiences() {
         let typs: std::collections::HashSet<_> = Kind::ALL.iter().map(|k| k.typ()).collect();
         let auds: std::collections::HashSet<_> = Kind::ALL.iter().map(|k| k.audience()).collect();
-        assert_eq!((typs.len(), auds.len()), (6, 6));
+        assert_eq!((typs.len(), auds.len()), (7, 7));
     }
 
     /// A lease without a tenant is no lease.

@@ -45,17 +45,20 @@ pub enum Kind {
     KbsAdmin,
     /// A broker tenant's, operator's or auditor's bearer token.
     BrokerApi,
+    /// A node's report of a lease's workload (started, exited, failed), under its node key.
+    WorkloadReport,
 }
 
 impl Kind {
     /// Every kind (tests present each as every other).
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Lease,
         Kind::NodeRecord,
         Kind::Heartbeat,
         Kind::Setting,
         Kind::KbsAdmin,
         Kind::BrokerApi,
+        Kind::WorkloadReport,
     ];
 
     /// The JWS `typ` header value.
@@ -67,6 +70,7 @@ impl Kind {
             Kind::Setting => "cgx-setting+jwt",
             Kind::KbsAdmin => "cgx-kbs-admin+jwt",
             Kind::BrokerApi => "cgx-broker-api+jwt",
+            Kind::WorkloadReport => "cgx-workload-report+jwt",
         }
     }
 
@@ -79,6 +83,7 @@ impl Kind {
             Kind::Setting => "cgx-broker/setting",
             Kind::KbsAdmin => "cgx-kbs/admin",
             Kind::BrokerApi => "cgx-broker/api",
+            Kind::WorkloadReport => "cgx-broker/report",
         }
     }
 

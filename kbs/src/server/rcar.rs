@@ -292,6 +292,7 @@ mod tests {
                         node_key,
                         iss: "cgx-broker".into(),
                         until: now + 600,
+                        workload: None,
                     },
                     now,
                     now + 120,

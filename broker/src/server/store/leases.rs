@@ -429,8 +429,19 @@ mod tests {
         let keys = crate::server::keys::Keys::from_pkcs8(pkcs8.as_ref().to_vec()).unwrap();
         let node = record("n1");
         let token = |lease: &str, tenant: &str| {
-            keys.lease_token(lease, "j", tenant, &node, &[0], &[], 1_000, 5_000, 120)
-                .unwrap()
+            keys.lease_token(
+                lease,
+                "j",
+                tenant,
+                &node,
+                &[0],
+                &[],
+                None,
+                1_000,
+                5_000,
+                120,
+            )
+            .unwrap()
         };
         let place = |tenant: &str| PlacementRow {
             job_id: "j".into(),
