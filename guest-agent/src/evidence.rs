@@ -93,6 +93,61 @@ impl ConfigfsTsm {
     }
 }
 
+impl ConfigfsTsm {
+    /// The CPU report over `report_data` as a broker registration carries it: SNP's report
+    /// with the VCEK (or VLEK) and the ASK/ARK chain from the host's certificate table when it
+    /// provides one (else the broker's collateral store supplies them); TDX's quote.
+    pub fn cpu_evidence(
+        &self,
+        report_data: &[u8; 64],
+    ) -> Result<cgx_protocol::broker::CpuEvidence> {
+        use cgx_protocol::broker::{CpuEvidence, b64};
+        let (provider, out, aux) = self.report(report_data)?;
+        match provider.as_str() {
+            "tdx_guest" => Ok(CpuEvidence::Tdx {
+                quote: b64(&out),
+                collateral: None,
+            }),
+            "sev_guest" => {
+                let table = snp_cert_table(&aux);
+                let pem = |kind: &str| {
+                    table
+                        .iter()
+                        .find(|(k, _)| k == kind)
+                        .map(|(_, d)| pem_certificate(d))
+                };
+                let leaf = table.iter().find(|(k, _)| k == "VCEK" || k == "VLEK");
+                let chain = match (pem("ASK"), pem("ARK")) {
+                    (Some(ask), Some(ark)) => Some(ask + &ark),
+                    _ => None,
+                };
+                Ok(CpuEvidence::Snp {
+                    report: b64(&out),
+                    signing_cert: leaf.map(|(_, d)| b64(d)),
+                    signing_key: leaf.map(|(k, _)| k.to_ascii_lowercase()),
+                    cert_chain: chain,
+                    crls: Vec::new(),
+                })
+            }
+            other => Err(ClientError::Evidence(format!(
+                "configfs-tsm provider '{other}' is not sev_guest or tdx_guest"
+            ))),
+        }
+    }
+}
+
+/// A DER certificate as PEM.
+fn pem_certificate(der: &[u8]) -> String {
+    let b = STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
 impl EvidenceSource for ConfigfsTsm {
     fn tee(&self) -> Tee {
         if std::path::Path::new("/dev/tdx_guest").exists() {

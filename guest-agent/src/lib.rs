@@ -2,10 +2,17 @@
 //! only hands it the command line.
 //!
 //! ```text
+//! cgx-guest-agent run --broker URL --kbs URL --token-file F --operator NAME --region R
+//!                     --price-micros N [--store DIR] [--work DIR] [--ca PEM] [--threads N]
+//!                     [--sim-machine FILE | --sim [--gpus N]]
 //! cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST
 //!                               [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N]
 //!                               [--sim [--gpus N]]
 //! ```
+//! `run` is the node daemon ([`daemon`], over the state machine in [`node`]): it registers the
+//! VM with the broker on composite evidence, heartbeats, re-attests, runs each lease's
+//! workload with its weights decrypted inside the VM, reports what became of it, and stops
+//! its workloads on SIGTERM. `fetch-weights` is one lease's weights, once:
 //! Attests to the KBS (configfs-tsm on SNP/TDX; `--sim` for simulated evidence), fetches the
 //! weights key released to this TEE — an age identity bound to the SHA-256 of the one age file
 //! it may open (`cgx_protocol::weights`) — and decrypts the age file streaming, in parallel
@@ -26,8 +33,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+pub mod daemon;
 pub mod evidence;
 pub mod keyfile;
+pub mod machine;
+pub mod node;
 
 use cgx_age::Identity;
 use cgx_kbs::client::{KbsClient, Uri};
@@ -35,6 +45,8 @@ use cgx_protocol::kbs::jwe::{Curve, TeeKey};
 use cgx_protocol::kbs::rcar::EvidenceSource;
 use cgx_protocol::weights::WeightsKey;
 use evidence::ConfigfsTsm;
+
+const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--ca PEM] [--threads N] [--sim-machine FILE | --sim [--gpus N]]";
 
 const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
 
@@ -54,13 +66,89 @@ pub struct Args {
     pub gpus: usize,
 }
 
+/// `run`'s arguments.
+#[derive(Debug, Default)]
+pub struct RunArgs {
+    pub options: daemon::Options,
+    pub sim_machine: Option<PathBuf>,
+    pub sim: bool,
+    pub gpus: usize,
+}
+
+/// A command line.
+#[derive(Debug)]
+pub enum Cli {
+    Run(RunArgs),
+    FetchWeights(Args),
+}
+
 /// Parse the command line (without the program name).
-pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+pub fn parse_cli(mut it: impl Iterator<Item = String>) -> Result<Cli, String> {
     match it.next().as_deref() {
-        Some("fetch-weights") => {}
-        Some("--help" | "-h") | None => return Err(USAGE.into()),
-        Some(other) => return Err(format!("unknown command '{other}'\n{USAGE}")),
+        Some("run") => parse_run(it).map(Cli::Run),
+        Some("fetch-weights") => parse(it).map(Cli::FetchWeights),
+        Some("--help" | "-h") | None => Err(format!("{RUN_USAGE}\n{USAGE}")),
+        Some(other) => Err(format!("unknown command '{other}'\n{RUN_USAGE}\n{USAGE}")),
     }
+}
+
+/// Parse `run`'s flags.
+pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String> {
+    let mut a = RunArgs {
+        options: daemon::Options {
+            store: "/var/lib/cgx/weights".into(),
+            work: "/run/cgx".into(),
+            ..Default::default()
+        },
+        gpus: 1,
+        ..Default::default()
+    };
+    let mut ca = None;
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let o = &mut a.options;
+        match flag.as_str() {
+            "--broker" => o.broker = val()?,
+            "--kbs" => o.kbs = val()?,
+            "--token-file" => o.token_file = val()?.into(),
+            "--operator" => o.operator = val()?,
+            "--region" => o.region = val()?,
+            "--price-micros" => {
+                o.price = cgx_protocol::money::Micros(
+                    val()?
+                        .parse()
+                        .map_err(|_| "--price-micros: a whole number")?,
+                )
+            }
+            "--store" => o.store = val()?.into(),
+            "--work" => o.work = val()?.into(),
+            "--ca" => ca = Some(PathBuf::from(val()?)),
+            "--threads" => o.threads = val()?.parse().map_err(|_| "--threads: a number")?,
+            "--sim-machine" => a.sim_machine = Some(val()?.into()),
+            "--sim" => a.sim = true,
+            "--gpus" => a.gpus = val()?.parse().map_err(|_| "--gpus: a number")?,
+            other => return Err(format!("unknown flag '{other}'\n{RUN_USAGE}")),
+        }
+    }
+    let o = &a.options;
+    if o.broker.is_empty()
+        || o.kbs.is_empty()
+        || o.token_file.as_os_str().is_empty()
+        || o.operator.is_empty()
+        || o.region.is_empty()
+    {
+        return Err(RUN_USAGE.into());
+    }
+    check_url("--broker", &o.broker)?;
+    check_url("--kbs", &o.kbs)?;
+    if let Some(p) = ca {
+        a.options.ca = Some(std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?);
+    }
+    Ok(a)
+}
+
+/// Parse `fetch-weights`' flags.
+pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args::default();
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -88,20 +176,22 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     if a.resource.split('/').count() != 3 {
         return Err("--resource must be REPO/TYPE/TAG".into());
     }
-    check_kbs_url(&a.kbs)?;
+    check_url("--kbs", &a.kbs)?;
     Ok(a)
 }
 
-/// The KBS is reached over TLS; plain `http://` only on this machine's loopback (tests, a
-/// development KBS), since the session cookie and the lease travel in the clear.
+/// The KBS and the broker are reached over TLS; plain `http://` only on this machine's
+/// loopback (tests, a development network, or the host agent's forwarder on a guest with no
+/// network address), since the session cookie, the lease and the heartbeats travel in the
+/// clear.
 ///
 /// The URL is parsed with the transport's own URI parser, and anything that could make the
 /// host we check differ from the host ureq connects to is refused: userinfo
 /// (`http://localhost:80@evil.example/` connects to evil.example), a query or a fragment (the
 /// client appends its paths to the base). Loopback means a literal loopback address or the
 /// name `localhost`; `127.0.0.1.evil.example` is a name like any other.
-fn check_kbs_url(url: &str) -> Result<(), String> {
-    let refuse = |why: &str| Err(format!("--kbs {url}: {why}"));
+fn check_url(flag: &str, url: &str) -> Result<(), String> {
+    let refuse = |why: &str| Err(format!("{flag} {url}: {why}"));
     let uri: Uri = match url.parse() {
         Ok(u) => u,
         Err(e) => return refuse(&format!("not a URL ({e})")),
@@ -112,14 +202,14 @@ fn check_kbs_url(url: &str) -> Result<(), String> {
     // The parser keeps userinfo in the authority, and `host()` skips it: the host ureq
     // connects to is the one after the '@', whatever precedes it.
     if authority.as_str().contains('@') {
-        return refuse("a KBS base URL has no userinfo (user@host)");
+        return refuse("a base URL has no userinfo (user@host)");
     }
     if uri.query().is_some() {
-        return refuse("a KBS base URL has no query");
+        return refuse("a base URL has no query");
     }
     // The parser drops a fragment without a trace, so it is looked for in the text.
     if url.contains('#') {
-        return refuse("a KBS base URL has no fragment");
+        return refuse("a base URL has no fragment");
     }
     let scheme = uri.scheme_str().unwrap_or("");
     if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
@@ -128,7 +218,7 @@ fn check_kbs_url(url: &str) -> Result<(), String> {
     // What the client will request: the same authority, or the check proved nothing.
     let joined: Result<Uri, _> = format!("{}/kbs/v0/auth", url.trim_end_matches('/')).parse();
     if joined.ok().and_then(|j| j.authority().cloned()).as_ref() != Some(authority) {
-        return refuse("the KBS paths do not join onto this URL");
+        return refuse("the service's paths do not join onto this URL");
     }
     if scheme.eq_ignore_ascii_case("https") {
         return Ok(());
@@ -305,16 +395,76 @@ pub fn decrypt_weights(
     result.map(|n| (n, t.elapsed().as_secs_f64()))
 }
 
+/// The machine `run` attests: configfs-tsm inside a confidential VM, or a simulated one.
+fn machine(a: &RunArgs) -> Result<std::sync::Arc<dyn machine::Machine>, String> {
+    if let Some(p) = &a.sim_machine {
+        return sim_machine(Some(p), 0);
+    }
+    if a.sim {
+        return sim_machine(None, a.gpus);
+    }
+    let m = machine::TsmMachine::default();
+    if !m.tsm.root.is_dir() {
+        return Err(format!(
+            "{} does not exist: not a confidential VM with configfs-tsm (use --sim-machine or --sim outside one)",
+            m.tsm.root.display()
+        ));
+    }
+    Ok(std::sync::Arc::new(m))
+}
+
+#[cfg(feature = "sim")]
+fn sim_machine(
+    file: Option<&std::path::Path>,
+    gpus: usize,
+) -> Result<std::sync::Arc<dyn machine::Machine>, String> {
+    let node = match file {
+        Some(p) => {
+            let bytes = keyfile::read_private_key(p)?;
+            cgx_kbs::sim::SimNode::from_json(&bytes).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            cgx_kbs::sim::SimNode::generate(gpus, [0u8; 48], now).map_err(|e| e.to_string())?
+        }
+    };
+    Ok(std::sync::Arc::new(machine::SimMachine { node }))
+}
+
+#[cfg(not(feature = "sim"))]
+fn sim_machine(
+    _: Option<&std::path::Path>,
+    _: usize,
+) -> Result<std::sync::Arc<dyn machine::Machine>, String> {
+    Err("this build has no simulator (built without the sim feature)".into())
+}
+
+/// `run`: the daemon until SIGTERM or SIGINT.
+pub fn run_daemon(a: &RunArgs) -> Result<(), String> {
+    let machine = machine(a)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone()).map_err(|e| e.to_string())?;
+    }
+    daemon::run(&a.options, machine, &stop)
+}
+
 /// The program: parse `args` (without the program name), run, and say how it ended.
 pub fn main_with(args: impl Iterator<Item = String>) -> ExitCode {
-    let args = match parse(args) {
+    let cli = match parse_cli(args) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    match run(&args) {
+    let result = match cli {
+        Cli::FetchWeights(a) => run(&a),
+        Cli::Run(a) => run_daemon(&a),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = writeln!(std::io::stderr(), "cgx-guest-agent: {e}");
@@ -347,7 +497,7 @@ mod tests {
             ("http://", "not a URL"),
             ("http://127.0.0.1 /", "not a URL"),
         ] {
-            let e = check_kbs_url(url).unwrap_err();
+            let e = check_url("--kbs", url).unwrap_err();
             assert!(e.starts_with("--kbs ") && e.contains(why), "{url}: {e}");
         }
         for url in [
@@ -359,7 +509,7 @@ mod tests {
             "HTTP://LOCALHOST:1",
             "http://[::1]:1",
         ] {
-            check_kbs_url(url).unwrap();
+            check_url("--kbs", url).unwrap();
         }
     }
 }

@@ -156,3 +156,80 @@ impl SimNode {
         }))
     }
 }
+
+/// A [`SimNode`] as a file: the simulated machine a host's launcher made (and published the
+/// collateral of), for the guest agent it boots to load (`cgx-guest-agent run --sim-machine`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedNode {
+    amd: cgx_attestation::sim::SavedAmd,
+    gpus: Vec<cgx_attestation::sim::SavedGpu>,
+    measurement: String,
+}
+
+impl SimNode {
+    /// This machine's keys, certificates and launch measurement, as JSON (secret: the file
+    /// is the machine).
+    pub fn to_json(&self) -> Result<Vec<u8>, ClientError> {
+        let e = |e: cgx_attestation::Error| ClientError::Evidence(e.to_string());
+        let saved = SavedNode {
+            amd: self.amd.save().map_err(e)?,
+            gpus: self
+                .gpus
+                .iter()
+                .map(|g| g.save().map_err(e))
+                .collect::<Result<_, _>>()?,
+            measurement: hex::encode(self.measurement),
+        };
+        serde_json::to_vec(&saved).map_err(|e| ClientError::Evidence(e.to_string()))
+    }
+
+    /// The machine [`SimNode::to_json`] wrote.
+    pub fn from_json(bytes: &[u8]) -> Result<SimNode, ClientError> {
+        let bad = |why: String| ClientError::Evidence(format!("simulated machine: {why}"));
+        let saved: SavedNode = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        let e = |e: cgx_attestation::Error| bad(e.to_string());
+        Ok(SimNode {
+            amd: SimAmd::load(&saved.amd).map_err(e)?,
+            gpus: saved
+                .gpus
+                .iter()
+                .map(|g| SimGpu::load(g).map_err(e))
+                .collect::<Result<_, _>>()?,
+            measurement: hex::decode(&saved.measurement)
+                .ok()
+                .and_then(|m| m.try_into().ok())
+                .ok_or_else(|| bad("the measurement is not 48 bytes of hex".into()))?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A saved machine loads as the same machine: the same certificates, and its reports and
+    /// GPU evidence verify under the roots the original's pins name.
+    #[test]
+    fn a_saved_machine_loads_as_the_same_machine() {
+        let node = SimNode::generate(2, [7; 48], 1_700_000_000).unwrap();
+        let again = SimNode::from_json(&node.to_json().unwrap()).unwrap();
+        assert_eq!(again.root_pins(), node.root_pins());
+        assert_eq!(again.amd.leaf_der, node.amd.leaf_der);
+        assert_eq!(again.gpus[1].chain_pem, node.gpus[1].chain_pem);
+        assert_eq!(again.measurement, [7; 48]);
+        let key = cgx_protocol::kbs::jwe::TeeKey::generate_ec(cgx_protocol::kbs::jwe::Curve::P256)
+            .unwrap();
+        let ev = again.primary_evidence(&[1; 64]).unwrap();
+        assert!(ev["attestation_report"].is_string());
+        assert!(
+            !again
+                .additional_evidence("n", &key.public().unwrap())
+                .unwrap()
+                .is_empty()
+        );
+        let e = SimNode::from_json(b"{\"amd\":1}").unwrap_err().to_string();
+        assert!(e.contains("simulated machine"), "{e}");
+    }
+}

@@ -919,3 +919,156 @@ pub fn default_tcb(product: Product) -> TcbVersion {
 pub fn fill_random(buf: &mut [u8]) -> Result<()> {
     aws_lc_rs::rand::fill(buf).map_err(|_| keygen_err("random"))
 }
+
+/// A simulated machine's keys and certificates as bytes: the simulated hardware outlives the
+/// process that made it (a host's launcher makes the machine and publishes its collateral, the
+/// guest agent it boots loads it), as a real chip's keys outlive every VM.
+mod saved {
+    use super::*;
+    use aws_lc_rs::encoding::AsDer;
+    use serde::{Deserialize, Serialize};
+
+    fn b(x: &[u8]) -> String {
+        hex::encode(x)
+    }
+
+    fn unb(what: &str, x: &str) -> Result<Vec<u8>> {
+        hex::decode(x).map_err(|_| Error::invalid("sim machine", format!("{what} is not hex")))
+    }
+
+    fn rsa_pk8(k: &RsaKeyPair, what: &str) -> Result<String> {
+        let der: aws_lc_rs::encoding::Pkcs8V1Der<'static> =
+            k.as_der().map_err(|_| keygen_err(what))?;
+        Ok(b(der.as_ref()))
+    }
+
+    fn ec_pk8(k: &EcdsaKeyPair, what: &str) -> Result<String> {
+        Ok(b(k.to_pkcs8v1().map_err(|_| keygen_err(what))?.as_ref()))
+    }
+
+    fn rsa(what: &str, x: &str) -> Result<RsaKeyPair> {
+        RsaKeyPair::from_pkcs8(&unb(what, x)?)
+            .map_err(|_| Error::invalid("sim machine", format!("{what} is not an RSA key")))
+    }
+
+    fn ec(alg: &'static sig::EcdsaSigningAlgorithm, what: &str, x: &str) -> Result<EcdsaKeyPair> {
+        EcdsaKeyPair::from_pkcs8(alg, &unb(what, x)?)
+            .map_err(|_| Error::invalid("sim machine", format!("{what} is not a P-384 key")))
+    }
+
+    /// [`SimAmd`] as saved.
+    #[derive(Debug, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct SavedAmd {
+        product: Product,
+        signing_key: SigningKey,
+        tcb: TcbVersion,
+        chip_id: String,
+        ark: String,
+        ask: String,
+        leaf: String,
+        ark_der: String,
+        ask_der: String,
+        leaf_der: String,
+    }
+
+    /// [`SimGpu`] as saved.
+    #[derive(Debug, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct SavedGpu {
+        root: String,
+        ca: String,
+        leaf: String,
+        root_der: String,
+        ca_der: String,
+        created: i64,
+        chain_pem: String,
+        fwid: String,
+        serial: String,
+    }
+
+    impl SimAmd {
+        /// This AMD-SP's keys and certificates, to [`SimAmd::load`] elsewhere.
+        pub fn save(&self) -> Result<SavedAmd> {
+            Ok(SavedAmd {
+                product: self.product,
+                signing_key: self.signing_key,
+                tcb: self.tcb,
+                chip_id: b(&self.chip_id),
+                ark: rsa_pk8(&self.ark, "ARK")?,
+                ask: rsa_pk8(&self.ask, "ASK")?,
+                leaf: ec_pk8(&self.leaf, "VCEK")?,
+                ark_der: b(&self.ark_der),
+                ask_der: b(&self.ask_der),
+                leaf_der: b(&self.leaf_der),
+            })
+        }
+
+        /// The AMD-SP [`SimAmd::save`] saved.
+        pub fn load(s: &SavedAmd) -> Result<SimAmd> {
+            let leaf = ec(&sig::ECDSA_P384_SHA384_FIXED_SIGNING, "VCEK", &s.leaf)?;
+            let d: EcPrivateKeyBin<'static> = leaf
+                .private_key()
+                .as_be_bytes()
+                .map_err(|_| keygen_err("VCEK"))?;
+            let presigned = presign::Presigned::new(
+                d.as_ref()
+                    .try_into()
+                    .map_err(|_| keygen_err("VCEK scalar"))?,
+            );
+            Ok(SimAmd {
+                product: s.product,
+                signing_key: s.signing_key,
+                ark: rsa("ARK", &s.ark)?,
+                ask: rsa("ASK", &s.ask)?,
+                leaf,
+                ark_der: unb("ARK certificate", &s.ark_der)?,
+                ask_der: unb("ASK certificate", &s.ask_der)?,
+                leaf_der: unb("VCEK certificate", &s.leaf_der)?,
+                tcb: s.tcb,
+                chip_id: unb("chip id", &s.chip_id)?
+                    .try_into()
+                    .map_err(|_| Error::invalid("sim machine", "chip id is not 64 bytes"))?,
+                presigned,
+            })
+        }
+    }
+
+    impl SimGpu {
+        /// This GPU's keys and certificates, to [`SimGpu::load`] elsewhere.
+        pub fn save(&self) -> Result<SavedGpu> {
+            Ok(SavedGpu {
+                root: ec_pk8(&self.root, "GPU root")?,
+                ca: ec_pk8(&self.ca, "GPU CA")?,
+                leaf: ec_pk8(&self.leaf, "GPU leaf")?,
+                root_der: b(&self.root_der),
+                ca_der: b(&self.ca_der),
+                created: self.created,
+                chain_pem: self.chain_pem.clone(),
+                fwid: b(&self.fwid),
+                serial: self.serial.clone(),
+            })
+        }
+
+        /// The GPU [`SimGpu::save`] saved.
+        pub fn load(s: &SavedGpu) -> Result<SimGpu> {
+            let asn1 = &sig::ECDSA_P384_SHA384_ASN1_SIGNING;
+            Ok(SimGpu {
+                root: ec(asn1, "GPU root", &s.root)?,
+                ca: ec(asn1, "GPU CA", &s.ca)?,
+                leaf: ec(&sig::ECDSA_P384_SHA384_FIXED_SIGNING, "GPU leaf", &s.leaf)?,
+                root_der: unb("GPU root certificate", &s.root_der)?,
+                ca_der: unb("GPU CA certificate", &s.ca_der)?,
+                created: s.created,
+                chain_pem: s.chain_pem.clone(),
+                fwid: unb("FWID", &s.fwid)?
+                    .try_into()
+                    .map_err(|_| Error::invalid("sim machine", "FWID is not 48 bytes"))?,
+                serial: s.serial.clone(),
+                good: std::sync::OnceLock::new(),
+            })
+        }
+    }
+}
+
+pub use saved::{SavedAmd, SavedGpu};

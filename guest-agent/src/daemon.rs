@@ -1,0 +1,460 @@
+//! `cgx-guest-agent run`: the node daemon. It performs [`crate::node::Node`]'s steps — HTTP to
+//! the broker and the KBS (TLS, or HTTP to loopback only), evidence from the machine, the
+//! workloads' processes — and feeds their outcomes back. One thread, plus one per lease while
+//! its weights are fetched and decrypted (so heartbeats never wait on a 70 GB decryption).
+//!
+//! Keys: a fresh Ed25519 node key (signs registrations, heartbeats, reports) and a fresh P-256
+//! TEE key (receives the KBS's keys), both bound by every registration's evidence and never
+//! written anywhere. The operator's API token is read from its file at each registration, so
+//! the host can rotate it while the node runs.
+//!
+//! A workload runs as `command args…` in `WORK/<lease>` with a cleared environment: `PATH`,
+//! `CGX_WEIGHTS` (the decrypted weights, when the job names some), `CGX_LEASE_ID`,
+//! `CGX_JOB_ID`, `CGX_GPUS` and `CGX_LEASE` (the lease token). When the lease ends the process
+//! is killed and `WORK/<lease>` (the plaintext included) removed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use cgx_broker::client::{BrokerClient, ClientError};
+use cgx_kbs::client::KbsClient;
+use cgx_protocol::broker::{LeaseGrant, Offer, Registered};
+use cgx_protocol::kbs::jwe::{Curve, TeeKey};
+use cgx_protocol::kbs_types::TeePubKey;
+use cgx_protocol::money::Micros;
+use cgx_protocol::records::WorkloadReport;
+
+use crate::machine::{Machine, registration_evidence};
+use crate::node::{HeartbeatError, Node, ReportError, Step};
+
+/// The daemon's settings (`cgx-guest-agent run`'s flags).
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub broker: String,
+    pub kbs: String,
+    pub ca: Option<Vec<u8>>,
+    /// The operator's broker API token (scope `operator:<name>`), re-read at each registration.
+    pub token_file: PathBuf,
+    pub operator: String,
+    pub region: String,
+    pub price: Micros,
+    /// Encrypted weights (age files), read-only.
+    pub store: PathBuf,
+    /// Where each lease's folder (decrypted weights, the workload's working directory) goes.
+    pub work: PathBuf,
+    pub threads: usize,
+}
+
+fn log(msg: impl std::fmt::Display) {
+    eprintln!("cgx-guest-agent: {msg}");
+}
+
+/// A lease's workload as the daemon holds it.
+#[derive(Debug)]
+struct Work {
+    child: Option<Child>,
+    /// Being set up by its thread; stop asked meanwhile: kill what it starts.
+    setting_up: bool,
+    cancelled: bool,
+    dir: PathBuf,
+}
+
+/// What a setup thread sends back.
+#[derive(Debug)]
+struct SetupDone {
+    lease: String,
+    result: Result<Option<Child>, String>,
+}
+
+/// What a lease's setup thread needs.
+struct Setup {
+    kbs: String,
+    ca: Option<Vec<u8>>,
+    tee_pkcs8: Vec<u8>,
+    machine: Arc<dyn Machine>,
+    store: PathBuf,
+    threads: usize,
+}
+
+/// The daemon: run until `stop` is set (SIGTERM, SIGINT), then stop every workload and return.
+pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Result<(), String> {
+    use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+    let node_pkcs8 = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+        .map_err(|_| "node key generation failed".to_string())?
+        .as_ref()
+        .to_vec();
+    let node_pair = Ed25519KeyPair::from_pkcs8(&node_pkcs8).map_err(|_| "node key")?;
+    let node_raw: [u8; 32] = node_pair
+        .public_key()
+        .as_ref()
+        .try_into()
+        .map_err(|_| "node key")?;
+    let tee = TeeKey::generate_ec(Curve::P256).map_err(|e| e.to_string())?;
+    let tee_pkcs8 = tee.ec_pkcs8().map_err(|e| e.to_string())?;
+    let tee_public = tee.public().map_err(|e| e.to_string())?;
+    let thumbprint = cgx_protocol::kbs::jwe::thumbprint(&tee_public);
+    let identity = cgx_protocol::broker::node_identity(&node_raw, &thumbprint);
+    let id = cgx_protocol::broker::node_id(&node_raw);
+    std::fs::create_dir_all(&opts.work).map_err(|e| format!("{}: {e}", opts.work.display()))?;
+    let client =
+        BrokerClient::new(&opts.broker, opts.ca.as_deref(), None).map_err(|e| e.to_string())?;
+    let setup = Arc::new(Setup {
+        kbs: opts.kbs.clone(),
+        ca: opts.ca.clone(),
+        tee_pkcs8,
+        machine: machine.clone(),
+        store: opts.store.clone(),
+        threads: opts.threads,
+    });
+    let (tx, rx) = mpsc::channel::<SetupDone>();
+    let started = Instant::now();
+    let now = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let seq = AtomicU64::new(0);
+    let mut node = Node::new(&id, now());
+    let mut works: HashMap<String, Work> = HashMap::new();
+    let mut terminating = false;
+    log(format_args!(
+        "node {id}: {} machine, broker {}, KBS {}",
+        if machine.simulated() {
+            "simulated"
+        } else {
+            "confidential"
+        },
+        opts.broker,
+        opts.kbs
+    ));
+    loop {
+        if !terminating && stop.load(Ordering::SeqCst) {
+            log("stopping: every workload is stopped");
+            terminating = true;
+            node.terminate();
+        }
+        // Setups that finished.
+        while let Ok(done) = rx.try_recv() {
+            let Some(w) = works.get_mut(&done.lease) else {
+                continue;
+            };
+            w.setting_up = false;
+            match done.result {
+                Ok(child) if w.cancelled => {
+                    if let Some(mut c) = child {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    remove_dir(&w.dir);
+                    works.remove(&done.lease);
+                    node.stopped(&done.lease);
+                }
+                Ok(Some(child)) => {
+                    log(format_args!(
+                        "lease {}: workload started (pid {})",
+                        done.lease,
+                        child.id()
+                    ));
+                    w.child = Some(child);
+                    node.workload_started(&done.lease, "workload started");
+                }
+                Ok(None) => node.workload_started(&done.lease, "lease held (no workload)"),
+                Err(why) => {
+                    log(format_args!("lease {}: {why}", done.lease));
+                    remove_dir(&w.dir);
+                    works.remove(&done.lease);
+                    node.workload_failed(&done.lease, &why);
+                }
+            }
+        }
+        // Workloads that exited.
+        let mut exited = Vec::new();
+        for (lease, w) in &mut works {
+            if let Some(c) = &mut w.child
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                exited.push((lease.clone(), status));
+            }
+        }
+        for (lease, status) in exited {
+            if let Some(w) = works.remove(&lease) {
+                remove_dir(&w.dir);
+            }
+            let why = describe(&status);
+            log(format_args!("lease {lease}: workload {why}"));
+            node.workload_ended(&lease, status.code(), &why);
+        }
+        match node.next(now()) {
+            Step::Exit => {
+                log("stopped");
+                return Ok(());
+            }
+            Step::Wait(ms) => std::thread::sleep(Duration::from_millis(ms.min(100))),
+            Step::Register => match register(
+                opts,
+                &client,
+                &*machine,
+                &node_pkcs8,
+                &tee_public,
+                &identity,
+            ) {
+                Ok(r) => {
+                    log(format_args!(
+                        "registered as {}: {}{}",
+                        r.node_id,
+                        r.status,
+                        if r.violations.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", r.violations.join("; "))
+                        }
+                    ));
+                    node.registered(now(), &r);
+                }
+                Err(e) => {
+                    log(format_args!("registration: {e}"));
+                    node.register_failed(now());
+                }
+            },
+            Step::Heartbeat => {
+                let n = seq.fetch_add(1, Ordering::SeqCst) + 1;
+                let result = cgx_protocol::broker::heartbeat_token(&node_pkcs8, &id, n, unix_now())
+                    .map_err(|e| HeartbeatError::Unreachable(e.to_string()))
+                    .and_then(|t| {
+                        client.heartbeat(&id, &t).map_err(|e| match &e {
+                            ClientError::Refused { status: 404, .. } => HeartbeatError::UnknownNode,
+                            ClientError::Refused { status: 401, .. } => {
+                                HeartbeatError::Refused(e.to_string())
+                            }
+                            _ => HeartbeatError::Unreachable(e.to_string()),
+                        })
+                    });
+                match result {
+                    Ok(a) => node.heartbeat_answered(now(), &a),
+                    Err(e) => {
+                        log(format_args!("heartbeat: {e:?}"));
+                        node.heartbeat_failed(now(), &e);
+                    }
+                }
+            }
+            Step::Start(grant) => {
+                if !lease_id_ok(&grant.lease_id) {
+                    node.workload_failed(&grant.lease_id, "a lease id that names no folder");
+                    continue;
+                }
+                let dir = opts.work.join(&grant.lease_id);
+                works.insert(
+                    grant.lease_id.clone(),
+                    Work {
+                        child: None,
+                        setting_up: true,
+                        cancelled: false,
+                        dir: dir.clone(),
+                    },
+                );
+                let (setup, tx) = (setup.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    let result = start_workload(&setup, &grant, &dir);
+                    let _ = tx.send(SetupDone {
+                        lease: grant.lease_id.clone(),
+                        result,
+                    });
+                });
+            }
+            Step::Stop(lease) => {
+                log(format_args!("lease {lease}: stopping its workload"));
+                match works.get_mut(&lease) {
+                    Some(w) if w.setting_up => w.cancelled = true,
+                    Some(_) => {
+                        if let Some(mut w) = works.remove(&lease) {
+                            if let Some(c) = &mut w.child {
+                                let _ = c.kill();
+                                let _ = c.wait();
+                            }
+                            remove_dir(&w.dir);
+                        }
+                        node.stopped(&lease);
+                    }
+                    None => node.stopped(&lease),
+                }
+            }
+            Step::Report(r) => match send_report(&client, &node_pkcs8, &r) {
+                Ok(state) => {
+                    log(format_args!(
+                        "lease {}: reported {} (job {} is {state})",
+                        r.lease, r.state, r.job
+                    ));
+                    node.report_sent();
+                }
+                Err(e) => {
+                    log(format_args!("lease {}: report {}: {e:?}", r.lease, r.state));
+                    node.report_failed(now(), &e);
+                }
+            },
+        }
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Lease ids are the broker's (`l` and hex); anything else would name a path of its choosing.
+fn lease_id_ok(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+fn remove_dir(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        log(format_args!("{}: {e}", dir.display()));
+    }
+}
+
+fn describe(status: &std::process::ExitStatus) -> String {
+    match status.code() {
+        Some(c) => format!("exited with status {c}"),
+        None => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::process::ExitStatusExt;
+                if let Some(s) = status.signal() {
+                    return format!("killed by signal {s}");
+                }
+            }
+            "ended without a status".into()
+        }
+    }
+}
+
+/// A nonce, the machine's evidence over it, and the registration.
+fn register(
+    opts: &Options,
+    client: &BrokerClient,
+    machine: &dyn Machine,
+    node_pkcs8: &[u8],
+    tee_public: &TeePubKey,
+    identity: &[u8],
+) -> Result<Registered, String> {
+    let token = std::fs::read_to_string(&opts.token_file)
+        .map_err(|e| format!("{}: {e}", opts.token_file.display()))?;
+    let client = client.with_token(Some(token.trim().to_string()));
+    let gpus = machine.gpus()?;
+    let model = gpus.first().map(|g| g.model.clone()).unwrap_or_default();
+    if gpus.iter().any(|g| g.model != model) {
+        return Err("the GPUs are not all one model; a node offers one".into());
+    }
+    let offer = Offer {
+        gpu_model: model,
+        gpu_count: u32::try_from(gpus.len()).map_err(|_| "too many GPUs")?,
+        gpu_memory_gib: gpus.iter().map(|g| g.memory_gib).min().unwrap_or(0),
+        region: opts.region.clone(),
+        price_per_gpu_hour_micros: opts.price,
+        operator: opts.operator.clone(),
+    };
+    let nonce = client.nonce().map_err(|e| e.to_string())?;
+    let raw =
+        cgx_protocol::broker::unb64(&nonce.nonce).ok_or("the broker's nonce is not base64")?;
+    let (cpu, gpu_evidence) = registration_evidence(machine, &raw, identity)?;
+    let reg = cgx_protocol::broker::registration(
+        &nonce.nonce,
+        node_pkcs8,
+        tee_public.clone(),
+        cpu,
+        gpu_evidence,
+        offer,
+    )
+    .map_err(|e| e.to_string())?;
+    client.register(&reg).map_err(|e| e.to_string())
+}
+
+/// Send `r`, signed now.
+fn send_report(
+    client: &BrokerClient,
+    node_pkcs8: &[u8],
+    r: &WorkloadReport,
+) -> Result<String, ReportError> {
+    let token = cgx_protocol::broker::workload_report_token(node_pkcs8, r, unix_now())
+        .map_err(ReportError::Unreachable)?;
+    match client.report(&r.sub, &token) {
+        Ok(a) => Ok(a.state.to_string()),
+        Err(ClientError::Refused {
+            status: 404,
+            detail,
+            ..
+        }) if detail.starts_with("node ") => Err(ReportError::UnknownNode),
+        Err(
+            e @ ClientError::Refused {
+                status: 400..=499, ..
+            },
+        ) => Err(ReportError::Gone(e.to_string())),
+        Err(e) => Err(ReportError::Unreachable(e.to_string())),
+    }
+}
+
+/// Set up `grant`'s workload in `dir`: check it, fetch and decrypt its weights through the
+/// lease (attesting to the KBS with the TEE key the registration bound), start its process.
+/// `None`: the lease names no workload (held for the tenant).
+fn start_workload(s: &Setup, grant: &LeaseGrant, dir: &Path) -> Result<Option<Child>, String> {
+    let Some(w) = &grant.workload else {
+        return Ok(None);
+    };
+    w.check(&grant.resources).map_err(|e| e.to_string())?;
+    let mut b = std::fs::DirBuilder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        b.mode(0o700);
+    }
+    b.create(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut env: Vec<(&str, String)> = vec![
+        ("PATH", "/usr/local/bin:/usr/bin:/bin".into()),
+        ("CGX_LEASE_ID", grant.lease_id.clone()),
+        ("CGX_JOB_ID", grant.job_id.clone()),
+        (
+            "CGX_GPUS",
+            grant
+                .gpus
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        ("CGX_LEASE", grant.token.clone()),
+    ];
+    if let Some(weights) = &w.weights {
+        let key = TeeKey::ec_from_der(Curve::P256, &s.tee_pkcs8).map_err(|e| e.to_string())?;
+        let mut kbs = KbsClient::new(&s.kbs, s.ca.as_deref(), key).map_err(|e| e.to_string())?;
+        kbs.attest(s.machine.kbs_evidence())
+            .map_err(|e| format!("KBS attestation: {e}"))?;
+        let secret = kbs
+            .resource(&weights.resource, Some(&grant.token))
+            .map_err(|e| format!("weights key {}: {e}", weights.resource))?;
+        let out = dir.join("weights");
+        let (n, secs) = crate::decrypt_weights(
+            secret,
+            &weights.resource,
+            &s.store.join(&weights.file),
+            &out,
+            s.threads,
+        )?;
+        log(format_args!(
+            "lease {}: decrypted {n} bytes of {} in {secs:.2} s",
+            grant.lease_id, weights.file
+        ));
+        env.push(("CGX_WEIGHTS", out.display().to_string()));
+    }
+    Command::new(&w.command)
+        .args(&w.args)
+        .env_clear()
+        .envs(env)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", w.command))
+        .map(Some)
+}
