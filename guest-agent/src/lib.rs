@@ -35,6 +35,7 @@ use std::time::Instant;
 
 pub mod daemon;
 pub mod evidence;
+pub mod gpu;
 pub mod keyfile;
 pub mod machine;
 pub mod node;
@@ -403,7 +404,10 @@ fn machine(a: &RunArgs) -> Result<std::sync::Arc<dyn machine::Machine>, String> 
     if a.sim {
         return sim_machine(None, a.gpus);
     }
-    let m = machine::TsmMachine::default();
+    let (m, no_gpus) = machine::TsmMachine::load();
+    if let Some(why) = no_gpus {
+        eprintln!("cgx-guest-agent: {why}");
+    }
     if !m.tsm.root.is_dir() {
         return Err(format!(
             "{} does not exist: not a confidential VM with configfs-tsm (use --sim-machine or --sim outside one)",

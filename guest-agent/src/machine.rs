@@ -55,21 +55,46 @@ pub fn registration_evidence(
     ))
 }
 
-/// A confidential VM on real hardware: the CPU report from configfs-tsm (SEV-SNP or TDX).
-/// GPU evidence from NVML is the next step of this module; until then this machine offers no
-/// GPUs, and a broker that requires them refuses it, saying so.
-#[derive(Debug, Clone, Default)]
+/// A confidential VM on real hardware: the CPU report from configfs-tsm (SEV-SNP or TDX), the
+/// GPUs' from NVML.
+#[derive(Debug)]
 pub struct TsmMachine {
     pub tsm: crate::evidence::ConfigfsTsm,
+    /// `None`: no NVIDIA driver library (the machine offers no GPUs).
+    pub gpus: Option<crate::gpu::Gpus>,
+}
+
+impl TsmMachine {
+    /// configfs-tsm at its usual place, and NVML when the driver library loads (why not, if
+    /// it does not).
+    pub fn load() -> (TsmMachine, Option<String>) {
+        let (gpus, why) = match crate::gpu::Nvml::load() {
+            Ok(n) => (Some(crate::gpu::Gpus::new(Box::new(n))), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        (
+            TsmMachine {
+                tsm: crate::evidence::ConfigfsTsm::default(),
+                gpus,
+            },
+            why,
+        )
+    }
 }
 
 impl Machine for TsmMachine {
     fn gpus(&self) -> Result<Vec<GpuInfo>, String> {
-        Ok(Vec::new())
+        match &self.gpus {
+            Some(g) => g.inventory().map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
+        }
     }
 
-    fn gpu_evidence(&self, index: u32, _nonce: [u8; 32]) -> Result<(Vec<u8>, Vec<u8>), String> {
-        Err(format!("no GPU {index}"))
+    fn gpu_evidence(&self, index: u32, nonce: [u8; 32]) -> Result<(Vec<u8>, Vec<u8>), String> {
+        match &self.gpus {
+            Some(g) => g.evidence(index, nonce).map_err(|e| e.to_string()),
+            None => Err(format!("no GPU {index}")),
+        }
     }
 
     fn cpu_evidence(&self, report_data: &[u8; 64]) -> Result<CpuEvidence, String> {
@@ -79,11 +104,57 @@ impl Machine for TsmMachine {
     }
 
     fn kbs_evidence(&self) -> &dyn EvidenceSource {
-        &self.tsm
+        self
     }
 
     fn simulated(&self) -> bool {
         false
+    }
+}
+
+/// The KBS's attester: the CPU report from configfs-tsm, and each GPU's evidence over the
+/// nonce CoCo's binding gives the session (`cgx_protocol::kbs::binding::nvidia_nonce`), in
+/// the shape CoCo's NVIDIA attester sends.
+impl EvidenceSource for TsmMachine {
+    fn tee(&self) -> cgx_protocol::kbs_types::Tee {
+        self.tsm.tee()
+    }
+
+    fn additional_evidence(
+        &self,
+        nonce: &str,
+        key: &cgx_protocol::kbs_types::TeePubKey,
+    ) -> Result<String, cgx_protocol::kbs::rcar::ClientError> {
+        use base64::Engine;
+        let Some(gpus) = &self.gpus else {
+            return Ok(String::new());
+        };
+        let e =
+            |e: crate::gpu::GpuError| cgx_protocol::kbs::rcar::ClientError::Evidence(e.to_string());
+        let n = gpus.inventory().map_err(e)?.len() as u32;
+        if n == 0 {
+            return Ok(String::new());
+        }
+        let gpu_nonce = cgx_protocol::kbs::binding::nvidia_nonce(nonce, key);
+        let list = (0..n)
+            .map(|i| {
+                let (report, chain) = gpus.evidence(i, gpu_nonce).map_err(e)?;
+                Ok(serde_json::json!({
+                    "arch": "HOPPER",
+                    "uuid": format!("GPU-{i}"),
+                    "evidence": hex::encode(report),
+                    "certificate": base64::engine::general_purpose::STANDARD.encode(chain),
+                }))
+            })
+            .collect::<Result<Vec<_>, cgx_protocol::kbs::rcar::ClientError>>()?;
+        Ok(serde_json::json!({"nvidia": {"device_evidence_list": list}}).to_string())
+    }
+
+    fn primary_evidence(
+        &self,
+        report_data: &[u8; 64],
+    ) -> Result<serde_json::Value, cgx_protocol::kbs::rcar::ClientError> {
+        self.tsm.primary_evidence(report_data)
     }
 }
 
