@@ -157,6 +157,17 @@ enum MeasureCommand {
     /// without --kernel), and only when the log holds every event of the image, RTMR[1]/[2]
     /// nothing else, and it matches --quote.
     Tdx(Box<measure::tdx::TdxArgs>),
+    /// The launch a host agent's configuration describes (its `[qemu.launch]` table), measured
+    /// as `cgx measure snp` or `tdx` would measure the same flags: the reference values of
+    /// exactly the VM `cgx-host-agent run` boots.
+    Launch {
+        /// The host agent's configuration (TOML).
+        config: PathBuf,
+        #[command(flatten)]
+        refs: measure::RefsArgs,
+        #[arg(long)]
+        json: bool,
+    },
     /// Does an SEV-SNP report's measurement match this launch? Exit 0, or 1 with both digests
     /// and the likely cause (the neighbouring launch parameters that would match).
     Check {
@@ -483,6 +494,41 @@ fn log_filter() -> tracing_subscriber::filter::Targets {
     }
 }
 
+/// `cgx measure launch`'s equivalent command line: `cgx measure snp|tdx` with the flags the
+/// host agent's launch description gives.
+fn launch_flags(
+    config: &std::path::Path,
+    refs: &measure::RefsArgs,
+    json: bool,
+) -> Result<Vec<String>, String> {
+    let c = cgx_host_agent::config::HostConfig::load(config).map_err(|e| e.to_string())?;
+    let q = c
+        .qemu
+        .ok_or_else(|| format!("{}: no [qemu] table, so no launch", config.display()))?;
+    let flags = q
+        .launch
+        .measure_args()
+        .map_err(|e| format!("{}: {e}", config.display()))?
+        .ok_or_else(|| {
+            format!(
+                "{}: a launch without a TEE measures nothing",
+                config.display()
+            )
+        })?;
+    let mut argv = vec!["cgx".to_string(), "measure".to_string()];
+    argv.extend(flags);
+    if let Some(r) = &refs.reference_values {
+        argv.extend(["--reference-values".into(), r.display().to_string()]);
+    }
+    if let Some(n) = &refs.image_name {
+        argv.extend(["--image-name".into(), n.clone()]);
+    }
+    if json {
+        argv.push("--json".into());
+    }
+    Ok(argv)
+}
+
 fn main() -> ExitCode {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -490,7 +536,17 @@ fn main() -> ExitCode {
         .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .with(log_filter())
         .init();
+    // The guest agent, built in (`cgx guest-agent run …`): what `cgx up`'s simulated hosts
+    // launch, as the host agent's sim launcher launches `cgx-guest-agent`.
+    let mut args = std::env::args();
+    if std::env::args().nth(1).as_deref() == Some("guest-agent") {
+        return cgx_guest_agent::main_with(args.by_ref().skip(2));
+    }
     let cli = Cli::parse();
+    run(cli)
+}
+
+fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Up => up::up(),
         Command::Verify {
@@ -629,6 +685,15 @@ fn main() -> ExitCode {
                 launch,
                 json,
             } => measure::check(&report, &launch, json),
+            MeasureCommand::Launch { config, refs, json } => {
+                match launch_flags(&config, &refs, json) {
+                    Ok(argv) => match Cli::try_parse_from(argv) {
+                        Ok(cli) => return run(cli),
+                        Err(e) => Err(format!("{}: {e}", config.display())),
+                    },
+                    Err(e) => Err(e),
+                }
+            }
         },
     };
     match result {

@@ -1,9 +1,14 @@
-//! `cgx up`: the network on embedded defaults, no hardware needed — a broker, a KBS and several
-//! simulated confidential VMs on loopback. The nodes register on composite evidence (one
-//! contraindicated), a tenant's job is placed on the right node with a lease, the weights key is
-//! released into that VM only through that lease, then the node stops and its job moves. Every
-//! piece runs the production code path; only the evidence is simulated (its claims say so).
+//! `cgx up`: the network on embedded defaults, no hardware needed — a broker, a KBS and four
+//! provider hosts on loopback. Each host runs the host agent's `sim` launcher: the real guest
+//! agent (`cgx guest-agent run`, the program `cgx-guest-agent` is) as a process on a simulated
+//! machine the host made, its collateral published as AMD's and NVIDIA's would be. The agents
+//! register on composite evidence (one booted an image the reference values do not list), a
+//! tenant's job is placed with a lease, the agent fetches the weights key through it, decrypts
+//! the weights inside its VM and runs the job's workload, whose state reaches the broker; then a
+//! host stops and its job moves. Every piece runs the production code path; only the evidence
+//! is simulated (its claims say so).
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,8 +17,12 @@ use std::time::{Duration, Instant};
 use cgx_age::Identity;
 use cgx_attestation::{Verifier, VerifierConfig};
 use cgx_broker::client::BrokerClient;
-use cgx_devnet::broker::{BrokerServer, SimBrokerNode, broker_setup, offer};
-use cgx_protocol::broker::JobSpec;
+use cgx_devnet::broker::{BrokerServer, OPERATOR, broker_setup};
+use cgx_host_agent::config::{AgentConfig, SimConfig};
+use cgx_host_agent::supervise::{Backoff, Report, supervise};
+use cgx_kbs::sim::SimNode;
+use cgx_protocol::broker::{JobSpec, JobState, JobView, Workload, WorkloadWeights};
+use cgx_protocol::money::Micros;
 use cgx_protocol::weights::WeightsKey;
 
 use crate::output::CliResult;
@@ -22,43 +31,92 @@ fn s(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// Heartbeats every second from each node until told to stop (the host agents' job).
-struct Beats {
-    stop: Vec<Arc<AtomicBool>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+/// A provider's host: what it offers, and its host agent's supervisor (a thread) once started.
+struct Host {
+    name: &'static str,
+    region: &'static str,
+    price: u64,
+    machine: SimNode,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    log: PathBuf,
 }
 
-impl Beats {
-    fn start(nodes: &[Arc<SimBrokerNode>], client: &BrokerClient) -> Beats {
-        let mut stop = Vec::new();
-        let mut threads = Vec::new();
-        for n in nodes {
-            let flag = Arc::new(AtomicBool::new(false));
-            let (n, c, f) = (n.clone(), client.with_token(None), flag.clone());
-            threads.push(std::thread::spawn(move || {
-                while !f.load(Ordering::SeqCst) {
-                    let _ = n.heartbeat(&c);
-                    std::thread::sleep(Duration::from_millis(1000));
-                }
-            }));
-            stop.push(flag);
-        }
-        Beats { stop, threads }
+impl Host {
+    /// Start this host's agent: the sim launcher, kept running by the supervisor.
+    fn start(&mut self, dir: &Path, broker: &str, kbs: &str, token: &Path) -> Result<(), String> {
+        let machine = dir.join(format!("{}.machine.json", self.name));
+        cgx_devnet::write_private(
+            dir,
+            &format!("{}.machine.json", self.name),
+            &self.machine.to_json().map_err(s)?,
+        )
+        .map_err(s)?;
+        let exe = std::env::current_exe().map_err(s)?;
+        let agent = AgentConfig {
+            broker: broker.into(),
+            kbs: kbs.into(),
+            operator: OPERATOR.into(),
+            region: self.region.into(),
+            price_micros: self.price,
+            token_file: token.to_path_buf(),
+            ca: None,
+        };
+        let sim = SimConfig {
+            guest_agent: vec![exe.display().to_string(), "guest-agent".into()],
+            machine,
+            gpus: self.machine.gpus.len(),
+            store: dir.join("store"),
+            work: dir.join(format!("{}.work", self.name)),
+        };
+        let log = self.log.clone();
+        let stop = self.stop.clone();
+        let report = Report {
+            state_file: Some(dir.join(format!("{}.state.json", self.name))),
+            launcher: "sim".into(),
+            quiet: true,
+        };
+        self.thread = Some(std::thread::spawn(move || {
+            let mut backoff = Backoff::new(500, 5_000);
+            let _ = supervise(
+                || {
+                    let mut c = cgx_host_agent::launcher::sim_command(&agent, &sim)?;
+                    let f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&log)
+                        .map_err(s)?;
+                    c.stderr(f);
+                    Ok(c)
+                },
+                &mut backoff,
+                &report,
+                &stop,
+                Duration::from_secs(5),
+            );
+        }));
+        Ok(())
     }
 
-    fn stop_one(&self, i: usize) {
-        if let Some(f) = self.stop.get(i) {
-            f.store(true, Ordering::SeqCst);
-        }
-    }
-
-    fn stop_all(self) {
-        for f in &self.stop {
-            f.store(true, Ordering::SeqCst);
-        }
-        for t in self.threads {
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+
+    fn log_line(&self, needle: &str) -> Option<String> {
+        std::fs::read_to_string(&self.log)
+            .ok()?
+            .lines()
+            .find(|l| l.contains(needle))
+            .map(|l| l.trim_start_matches("cgx-guest-agent: ").to_string())
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -66,61 +124,80 @@ impl Beats {
 pub fn up() -> CliResult {
     let started = Instant::now();
     println!(
-        "cgx up: a broker, a KBS and 4 simulated confidential VMs on loopback (evidence is simulated; claims say so)"
+        "cgx up: a broker, a KBS and 4 provider hosts on loopback, each running the host agent's sim launcher (evidence is simulated; claims say so)"
     );
-    let mut debug_node =
-        SimBrokerNode::generate(4, offer(4, "eu-west", cgx_protocol::money::Micros(900_000)))
-            .map_err(s)?;
-    debug_node.snp_policy |= 1 << 19;
-    let nodes: Vec<Arc<SimBrokerNode>> = vec![
-        Arc::new(
-            SimBrokerNode::generate(
-                8,
-                offer(8, "eu-west", cgx_protocol::money::Micros(2_100_000)),
-            )
-            .map_err(s)?,
+    let now = cgx_devnet::now();
+    let machine =
+        |gpus: usize, measurement: [u8; 48]| SimNode::generate(gpus, measurement, now).map_err(s);
+    // Four hosts; node-4 launched its VM with the SNP debug policy bit set (its memory is
+    // readable by the host): contraindicated.
+    let mut hosts = vec![
+        (
+            "node-1",
+            "eu-west",
+            2_100_000,
+            machine(8, cgx_devnet::MEASUREMENT)?,
         ),
-        Arc::new(
-            SimBrokerNode::generate(
-                4,
-                offer(4, "eu-west", cgx_protocol::money::Micros(2_400_000)),
-            )
-            .map_err(s)?,
+        (
+            "node-2",
+            "eu-west",
+            2_400_000,
+            machine(4, cgx_devnet::MEASUREMENT)?,
         ),
-        Arc::new(
-            SimBrokerNode::generate(
-                2,
-                offer(2, "us-east", cgx_protocol::money::Micros(1_200_000)),
-            )
-            .map_err(s)?,
+        (
+            "node-3",
+            "us-east",
+            1_200_000,
+            machine(2, cgx_devnet::MEASUREMENT)?,
         ),
-        Arc::new(debug_node),
-    ];
-    let names = ["node-1", "node-2", "node-3", "node-4"];
+        ("node-4", "eu-west", 900_000, {
+            let mut m = machine(4, cgx_devnet::MEASUREMENT)?;
+            m.policy |= 1 << 19;
+            m
+        }),
+    ]
+    .into_iter()
+    .map(|(name, region, price, machine)| Host {
+        name,
+        region,
+        price,
+        machine,
+        stop: Arc::new(AtomicBool::new(false)),
+        thread: None,
+        log: PathBuf::new(),
+    })
+    .collect::<Vec<_>>();
     // Production trust refuses simulated evidence outright; the network pins the sim roots.
     let production = Verifier::new(VerifierConfig::default());
-    let probe = nodes[0].sim.amd.bundle(&Default::default()).map_err(s)?;
+    let probe = hosts[0]
+        .machine
+        .amd
+        .bundle(&Default::default())
+        .map_err(s)?;
     match production.verify(&probe.evidence(), time::OffsetDateTime::now_utc()) {
         Err(e) => println!(
-            "[trust] production roots: simulated evidence refused as it must be ({})",
+            "[trust]  production roots: simulated evidence refused as it must be ({})",
             e.code()
         ),
         Ok(_) => return Err("simulated evidence passed production trust".into()),
     }
-    let sims: Vec<&cgx_kbs::sim::SimNode> = nodes.iter().map(|n| &n.sim).collect();
-    let kbs_setup = cgx_devnet::setup(&sims, None).map_err(s)?;
-    let mut broker_cfg = broker_setup(
-        &kbs_setup,
-        kbs_setup.pins.iter().map(hex::encode).collect(),
-        None,
-    )
-    .map_err(s)?;
+    // The KBS and the broker trust the four machines' roots, accept the image they booted, and
+    // find each machine's CRL and OCSP answers in their collateral store.
+    let machines: Vec<&SimNode> = hosts.iter().map(|h| &h.machine).collect();
+    let kbs_setup = cgx_devnet::setup(&machines, None).map_err(s)?;
+    let pins: Vec<String> = kbs_setup.pins.iter().map(hex::encode).collect();
+    let mut broker_cfg = broker_setup(&kbs_setup, pins, None).map_err(s)?;
     // One-second heartbeats so the failover below shows in seconds (default: 5 s × 3).
     broker_cfg.config.heartbeat_secs = 1;
     broker_cfg.config.monitor_interval_ms = 200;
-    let result = run(&nodes, &names, &kbs_setup, &broker_cfg);
+    let dir = cgx_devnet::temp_dir("up").map_err(s)?;
+    let result = run(&mut hosts, &dir, &kbs_setup, &broker_cfg);
+    for h in &mut hosts {
+        h.stop();
+    }
     kbs_setup.cleanup();
     broker_cfg.cleanup();
+    let _ = std::fs::remove_dir_all(&dir);
     result?;
     println!(
         "ok: cgx up finished in {:.1} s",
@@ -135,9 +212,41 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
     d
 }
 
+fn wait_for<T>(
+    secs: u64,
+    what: &str,
+    mut f: impl FnMut() -> Result<Option<T>, String>,
+) -> Result<T, String> {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f()? {
+            return Ok(v);
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            return Err(format!("timed out after {secs} s waiting for {what}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn job_in(
+    tenant: &BrokerClient,
+    id: &str,
+    want: impl Fn(&JobView) -> bool,
+) -> Result<Option<JobView>, String> {
+    let j = tenant.job(id).map_err(s)?;
+    if want(&j) {
+        return Ok(Some(j));
+    }
+    if j.state.is_final() {
+        return Err(format!("job {id} ended {}: {}", j.state, j.reason));
+    }
+    Ok(None)
+}
+
 fn run(
-    nodes: &[Arc<SimBrokerNode>],
-    names: &[&str],
+    hosts: &mut [Host],
+    dir: &Path,
     kbs_setup: &cgx_devnet::Setup,
     b: &cgx_devnet::broker::BrokerSetup,
 ) -> Result<(), String> {
@@ -148,156 +257,170 @@ fn run(
         "[broker] {} up (re-attestation every {} s, heartbeats every {} s, {} missed = gone)",
         broker.base, b.config.reattest_secs, b.config.heartbeat_secs, b.config.missed_heartbeats
     );
-    let op = b.client(&broker.base, &b.operator).map_err(s)?;
-    let name_of = |id: &str| {
+    // The tenant's weights: an age identity in the KBS, bound to the SHA-256 of the encrypted
+    // file (`cgx weights encrypt --kbs` does this), released only with a lease; the encrypted
+    // file in the hosts' weights store.
+    let path = "acme/weights/llama";
+    let id = Identity::generate().map_err(s)?;
+    let weights: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let mut file = Vec::new();
+    cgx_age::encrypt(
+        &id.recipient().map_err(s)?,
+        &mut &weights[..],
+        weights.len() as u64,
+        &mut file,
+        0,
+        &mut |_| {},
+    )
+    .map_err(s)?;
+    std::fs::create_dir_all(dir.join("store")).map_err(s)?;
+    std::fs::write(dir.join("store/llama.age"), &file).map_err(s)?;
+    let key = WeightsKey::new(&id.to_secret_string(), sha256(&file)).map_err(s)?;
+    kbs.put_resource(&kbs_setup.admin, path, key.to_resource().as_bytes(), true)
+        .map_err(s)?;
+    println!(
+        "[tenant] 4 MiB of weights age-encrypted into the hosts' store; identity in the KBS at {path} (lease required), bound to the file's SHA-256"
+    );
+    // The hosts start their agents with the operator's token.
+    let token = cgx_devnet::write_private(
+        dir,
+        "operator.token",
+        b.operator.api_token().map_err(s)?.as_bytes(),
+    )
+    .map_err(s)?;
+    let t0 = Instant::now();
+    for h in hosts.iter_mut() {
+        h.log = dir.join(format!("{}.log", h.name));
+        h.start(dir, &broker.base, &kbs.base, &token)?;
+    }
+    let auditor = b.client(&broker.base, &b.auditor).map_err(s)?;
+    let nodes = wait_for(30, "4 nodes to register", || {
+        let n = auditor.nodes().map_err(s)?;
+        Ok((n.len() == 4).then_some(n))
+    })?;
+    println!(
+        "[hosts]  4 guest agents registered {:.0} ms after their hosts started them (sim launcher → cgx guest-agent run → composite evidence → broker)",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    let offers: Vec<(&str, u64, &str)> =
+        hosts.iter().map(|h| (h.region, h.price, h.name)).collect();
+    let name_of = |id: &str, nodes: &[cgx_protocol::broker::NodeView]| {
         nodes
             .iter()
-            .position(|n| n.id == id)
-            .map_or(id.to_string(), |i| names[i].to_string())
+            .find(|n| n.id == id)
+            .and_then(|n| {
+                offers
+                    .iter()
+                    .find(|(r, p, _)| *r == n.region && *p == n.price_per_gpu_hour_micros.get())
+            })
+            .map_or(id.to_string(), |(_, _, name)| name.to_string())
     };
-    for (n, name) in nodes.iter().zip(names) {
-        let t = Instant::now();
-        let r = n.register(&op).map_err(s)?;
+    let mut by_name: Vec<&cgx_protocol::broker::NodeView> = nodes.iter().collect();
+    by_name.sort_by_key(|n| name_of(&n.id, &nodes));
+    for n in by_name {
         println!(
-            "[node]   {name} {} registered in {:.0} ms: SNP report + {} GPU SPDM reports bound to the broker nonce, node key and KBS TEE key → {}{}",
+            "[node]   {} {} registered: SNP report + {} GPU SPDM reports bound to the broker nonce, node key and KBS TEE key → {}{}",
+            name_of(&n.id, &nodes),
             n.id,
-            t.elapsed().as_secs_f64() * 1e3,
-            n.offer.gpu_count,
-            r.status.as_str().to_uppercase(),
-            r.violations
+            n.gpu_count,
+            n.status.as_str().to_uppercase(),
+            n.violations
                 .first()
                 .map(|v| format!(" ({v})"))
                 .unwrap_or_default()
         );
     }
-    let beats = Beats::start(nodes, &op);
-    let auditor = b.client(&broker.base, &b.auditor).map_err(s)?;
     println!("[broker] cgx node ls:");
-    for line in crate::broker::node_table(&auditor.nodes().map_err(s)?) {
+    for line in crate::broker::node_table(&nodes) {
         println!("           {line}");
     }
-    // The tenant's weights: an age identity in the KBS, bound to the SHA-256 of the encrypted
-    // file (`cgx weights encrypt --kbs` does this), released only with a lease.
-    let path = "acme/weights/llama";
-    let id = Identity::generate().map_err(s)?;
-    let weights: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
-    let encrypt = |plain: &[u8]| -> Result<Vec<u8>, String> {
-        let mut file = Vec::new();
-        cgx_age::encrypt(
-            &id.recipient().map_err(s)?,
-            &mut &plain[..],
-            plain.len() as u64,
-            &mut file,
-            0,
-            &mut |_| {},
-        )
-        .map_err(s)?;
-        Ok(file)
-    };
-    let file = encrypt(&weights)?;
-    let key = WeightsKey::new(&id.to_secret_string(), sha256(&file)).map_err(s)?;
-    kbs.put_resource(&kbs_setup.admin, path, key.to_resource().as_bytes(), true)
-        .map_err(s)?;
-    println!(
-        "[tenant] 4 MiB of weights age-encrypted; identity stored in the KBS at {path} (lease required), bound to the file's SHA-256"
-    );
     let tenant = b.client(&broker.base, &b.tenant).map_err(s)?;
-    let spec = JobSpec {
+    // The workload checks the weights it was handed inside the VM, then serves until its node
+    // stops.
+    let digest = hex::encode(sha256(&weights));
+    let serve = format!(
+        r#"test "$(sha256sum "$CGX_WEIGHTS" | cut -d' ' -f1)" = {digest} && while kill -0 $PPID 2>/dev/null; do sleep 0.2; done"#
+    );
+    let spec = |script: String, gpus: u32| JobSpec {
         tenant: None,
         gpu_model: "H100".into(),
-        gpu_count: 4,
+        gpu_count: gpus,
         min_gpu_memory_gib: 80,
         tee: vec![cgx_protocol::records::TeeKind::Snp],
         regions: vec!["eu-west".into()],
-        max_price_per_gpu_hour_micros: cgx_protocol::money::Micros(3_000_000),
+        max_price_per_gpu_hour_micros: Micros(3_000_000),
         duration_secs: 3600,
-        budget_micros: cgx_protocol::money::Micros(12_000_000),
+        budget_micros: Micros(3_000_000 * u64::from(gpus)),
         resources: vec![path.into()],
         placement_policy: None,
-        workload: None,
+        workload: Some(Workload {
+            command: "/bin/sh".into(),
+            args: vec!["-c".into(), script],
+            weights: Some(WorkloadWeights {
+                resource: path.into(),
+                file: "llama.age".into(),
+            }),
+        }),
     };
     let t = Instant::now();
-    let job = tenant.submit(&spec).map_err(s)?;
+    let job = tenant.submit(&spec(serve, 4)).map_err(s)?;
     let first = job.node_id.clone().ok_or("the job was not placed")?;
     println!(
-        "[tenant] job {} (4 × H100, eu-west, ≤ 3.00/GPU-h) → {} on {} GPUs {:?} in {:.1} ms, lease {}",
+        "[tenant] job {} (4 × H100, eu-west, ≤ 3.00/GPU-h, workload: check the weights' SHA-256, then serve) → {} on {} GPUs {:?} in {:.1} ms, lease {}",
         job.id,
         job.state.as_str().to_uppercase(),
-        name_of(&first),
+        name_of(&first, &nodes),
         job.gpus,
         t.elapsed().as_secs_f64() * 1e3,
         job.lease_id.as_deref().unwrap_or("-")
     );
     println!("         (node-4 is cheaper but contraindicated; node-3 is in us-east)");
-    if first != nodes[0].id {
+    if name_of(&first, &nodes) != "node-1" {
         return Err(format!("placed on {first}, expected node-1"));
     }
-    // The node learns its lease from its heartbeat answer; its VM fetches the key with it.
-    let grant = nodes[0]
-        .heartbeat(&op.with_token(None))
-        .map_err(s)?
-        .leases
-        .into_iter()
-        .next()
-        .ok_or("node-1's heartbeat carried no lease")?;
-    let fetch = |n: &SimBrokerNode, lease: &str| -> Result<Vec<u8>, String> {
-        let mut vm = n.kbs_client(&kbs.base).map_err(s)?;
-        vm.attest(&n.sim).map_err(s)?;
-        vm.resource(path, Some(lease)).map_err(s)
-    };
-    let secret = fetch(&nodes[0], &grant.token)?;
-    let key = WeightsKey::parse(&secret).map_err(s)?;
-    let identity = Identity::parse(key.identity()).map_err(s)?;
-    // The guest agent's check: the recipient is public, so anyone can encrypt weights of their
-    // own to it; only the file whose digest the tenant bound is opened.
-    let forged = encrypt(b"someone else's weights")?;
-    if sha256(&forged) == *key.sha256() {
-        return Err("a re-encrypted file matched the bound digest".into());
+    let running = wait_for(30, "the job to run", || {
+        job_in(&tenant, &job.id, |j| j.state == JobState::Running)
+    })?;
+    if let Some(line) = hosts[0].log_line("decrypted") {
+        println!("[node-1] {line}");
     }
     println!(
-        "[vm]     a file re-encrypted to the same recipient is refused: its SHA-256 is not the one the key binds"
+        "[broker] job {} RUNNING {:.0} ms after submission: {}",
+        job.id,
+        t.elapsed().as_secs_f64() * 1e3,
+        running.reason
     );
-    if sha256(&file) != *key.sha256() {
-        return Err("the tenant's file does not match its bound digest".into());
-    }
-    let mut plain = Vec::new();
-    cgx_age::decrypt(
-        &identity,
-        &mut &file[..],
-        file.len() as u64,
-        &mut plain,
-        0,
-        &mut |_| {},
-    )
-    .map_err(s)?;
-    if plain != weights {
-        return Err("decrypted weights differ".into());
+    // A second job whose workload finishes: completed, with the node's word for it.
+    let short = tenant
+        .submit(&spec(
+            format!(r#"test "$(sha256sum "$CGX_WEIGHTS" | cut -d' ' -f1)" = {digest}"#),
+            2,
+        ))
+        .map_err(s)?;
+    let done = wait_for(30, "the second job to complete", || {
+        let j = tenant.job(&short.id).map_err(s)?;
+        Ok(j.state.is_final().then_some(j))
+    })?;
+    if done.state != JobState::Completed {
+        return Err(format!("job {} {}: {}", done.id, done.state, done.reason));
     }
     println!(
-        "[kbs]    node-1's VM attested with the TEE key its registration bound: weights key released through the lease; weights decrypted and equal"
+        "[broker] job {} (2 GPUs, a workload that finishes) {}: {}",
+        done.id,
+        done.state.as_str().to_uppercase(),
+        done.reason
     );
-    match fetch(&nodes[1], &grant.token) {
-        Err(e) => println!("[kbs]    node-2's VM with node-1's lease: refused as it must be ({e})"),
-        Ok(_) => return Err("another VM got the key with node-1's lease".into()),
-    }
-    // node-1 stops: no more heartbeats.
-    beats.stop_one(0);
+    // node-1's host stops: its agent stops the workload and falls silent.
+    hosts[0].stop();
     let stopped = Instant::now();
-    println!("[node]   node-1 stops (no more heartbeats)…");
-    let moved = loop {
-        let j = tenant.job(&job.id).map_err(s)?;
-        if let Some(n) = &j.node_id
-            && *n != first
-            && j.state != cgx_protocol::broker::JobState::Pending
-        {
-            break j;
-        }
-        if stopped.elapsed() > Duration::from_secs(20) {
-            return Err(format!("the job did not move: {} {}", j.state, j.reason));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let to = moved.node_id.clone().unwrap_or_default();
+    println!(
+        "[host]   node-1's host agent stops its VM (SIGTERM: the workload stops, heartbeats end)…"
+    );
+    let moved = wait_for(30, "the job to move and run again", || {
+        job_in(&tenant, &job.id, |j| {
+            j.node_id.as_deref() != Some(first.as_str()) && j.state == JobState::Running
+        })
+    })?;
     for e in moved.events.iter().skip(3) {
         println!(
             "[broker] job {} {} → {}: {}",
@@ -307,30 +430,17 @@ fn run(
             e.reason
         );
     }
+    let to = moved.node_id.clone().unwrap_or_default();
     println!(
-        "[broker] job moved to {} {:.1} s after node-1's last heartbeat (allowance {} × {} s)",
-        name_of(&to),
+        "[broker] job running on {} {:.1} s after node-1 stopped (allowance {} × {} s): its agent fetched the weights key through its new lease and started the workload",
+        name_of(&to, &nodes),
         stopped.elapsed().as_secs_f64(),
         b.config.missed_heartbeats,
         b.config.heartbeat_secs
     );
-    let idx = nodes
-        .iter()
-        .position(|n| n.id == to)
-        .ok_or("moved to an unknown node")?;
-    let grant = nodes[idx]
-        .heartbeat(&op.with_token(None))
-        .map_err(s)?
-        .leases
-        .into_iter()
-        .find(|l| l.job_id == job.id)
-        .ok_or("the new node's heartbeat carried no lease")?;
-    fetch(&nodes[idx], &grant.token)?;
-    println!(
-        "[kbs]    {}'s VM fetched the weights key through its new lease",
-        name_of(&to)
-    );
-    beats.stop_all();
+    for h in hosts.iter_mut() {
+        h.stop();
+    }
     broker.stop();
     kbs.stop();
     Ok(())

@@ -192,14 +192,24 @@ fn up_runs_on_embedded_defaults() {
         out.contains("simulated evidence refused as it must be"),
         "{out}"
     );
+    assert!(out.contains("4 guest agents registered"), "{out}");
     assert!(out.contains("→ CONTRAINDICATED"), "{out}");
     assert!(out.contains("→ PLACED on node-1"), "{out}");
-    assert!(out.contains("weights decrypted and equal"), "{out}");
+    // The real guest agent on node-1 decrypted the weights inside its VM, the workload checked
+    // their digest, and its state reached the broker.
     assert!(
-        out.contains("node-2's VM with node-1's lease: refused as it must be"),
+        out.contains("decrypted 4194304 bytes of llama.age"),
         "{out}"
     );
-    assert!(out.contains("job moved to node-2"), "{out}");
+    assert!(
+        out.contains("RUNNING") && out.contains("workload started"),
+        "{out}"
+    );
+    assert!(
+        out.contains("COMPLETED") && out.contains("exited with status 0"),
+        "{out}"
+    );
+    assert!(out.contains("job running on node-2"), "{out}");
     assert!(
         out.contains("fetched the weights key through its new lease"),
         "{out}"

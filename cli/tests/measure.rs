@@ -627,3 +627,93 @@ fn host_data_from_init_data_is_what_the_kbs_compares() {
     assert!(!ok && err.contains("md5"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The launch a host agent's configuration describes, measured by `cgx measure launch`, is
+/// the digest `sev-snp-measure` computes for the same launch: the VM `cgx-host-agent run`
+/// boots (QEMU's arguments from the same table) is the VM the reference values name.
+#[test]
+fn the_launch_the_host_agent_boots_is_the_launch_measured() {
+    if !tool_present() {
+        skip("measure launch: no sev-snp-measure (pip install sev-snp-measure==0.0.13)");
+        return;
+    }
+    let dir = tmp("launch");
+    let image = cgx_measure::ovmf::testing::image(
+        64,
+        &[
+            (0x80_0000, 0x9000, 1),
+            (0x80_9000, 0x1000, 2),
+            (0x80_a000, 0x1000, 3),
+            (0x80_b000, 0x1000, 4),
+            (0x80_c000, 0x1000, 0x10),
+        ],
+        Some(0x80_cc00),
+    );
+    let fw = dir.join("OVMF.amdsev.fd");
+    std::fs::write(&fw, image).unwrap();
+    std::fs::write(dir.join("vmlinuz"), vec![0x4d; 3 * 4096 + 17]).unwrap();
+    std::fs::write(dir.join("initrd"), vec![0x1f; 5000]).unwrap();
+    let p = |n: &str| dir.join(n).display().to_string();
+    let config = dir.join("host.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[agent]
+broker = "https://broker.example"
+kbs = "https://kbs.example"
+operator = "op1"
+region = "eu-west"
+price_micros = 2100000
+token_file = "/etc/cgx/operator.token"
+[launcher]
+kind = "qemu"
+[qemu]
+socket = "/run/cgx/vm.sock"
+[qemu.launch]
+tee = "snp"
+firmware = "{}"
+kernel = "{}"
+initrd = "{}"
+append = "console=ttyS0 quiet"
+vcpus = 2
+vcpu_type = "EPYC-Milan"
+memory_mib = 4096
+"#,
+            p("OVMF.amdsev.fd"),
+            p("vmlinuz"),
+            p("initrd")
+        ),
+    )
+    .unwrap();
+    let (ok, ours, err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
+        .args(["measure", "launch"])
+        .arg(&config));
+    assert!(ok, "{err}");
+    let (ok, theirs, err) = run(Command::new("sev-snp-measure").args([
+        "--mode",
+        "snp",
+        "--ovmf",
+        &p("OVMF.amdsev.fd"),
+        "--vcpus",
+        "2",
+        "--vcpu-type",
+        "EPYC-Milan",
+        "--kernel",
+        &p("vmlinuz"),
+        "--initrd",
+        &p("initrd"),
+        "--append",
+        "console=ttyS0 quiet",
+    ]));
+    assert!(ok, "{err}");
+    assert_eq!(ours, theirs);
+    // A description QEMU could not boot is refused before anything is measured.
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("vcpus = 2", "vcpus = 0")).unwrap();
+    let (ok, _, err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
+        .args(["measure", "launch"])
+        .arg(&config));
+    assert!(!ok && err.contains("launch.vcpus"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -315,27 +315,10 @@ pub const COLLATERAL_DIR: &str = "collateral";
 /// (`cgx_attestation::trust::amd_crl_key`, `CollateralKey::NvidiaOcsp`): the broker requires
 /// the store's current CRL for every chain and uses no CRL or OCSP response a node sends.
 pub fn sim_crls(dir: &Path, nodes: &[&SimNode]) -> Result<()> {
-    let sim = |e: cgx_attestation::Error| DevnetError::Simulator(e.to_string());
-    let mut store = cgx_attestation::collateral::CollateralStore::open(dir).map_err(sim)?;
     let t = now();
     for n in nodes {
-        let chain = n.amd.cert_chain_pem();
-        let key = cgx_attestation::trust::amd_crl_key(chain.as_bytes(), false)
-            .ok_or_else(|| DevnetError::Simulator("a simulated AMD chain without a root".into()))?;
-        let crl = n.amd.crl(&[], t - 86_400, t + 30 * 86_400).map_err(sim)?;
-        store.put(&key.path(), &crl, "devnet", t).map_err(sim)?;
-        // Each GPU chain's OCSP response (good), where a broker looks it up: it uses none a
-        // node sends either.
-        for g in &n.gpus {
-            let ids = cgx_attestation::nvidia::ocsp::chain_cert_ids(g.chain_pem.as_bytes())
-                .map_err(sim)?;
-            for cert_id in ids {
-                let key = cgx_attestation::collateral::CollateralKey::NvidiaOcsp { cert_id };
-                store
-                    .put(&key.path(), &g.good_ocsp().map_err(sim)?, "devnet", t)
-                    .map_err(sim)?;
-            }
-        }
+        n.publish_collateral(dir, t)
+            .map_err(|e| DevnetError::Simulator(e.to_string()))?;
     }
     Ok(())
 }

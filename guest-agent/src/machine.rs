@@ -199,6 +199,7 @@ impl Machine for SimMachine {
         let options = cgx_attestation::sim::SnpReportOptions {
             report_data: *report_data,
             measurement: self.node.measurement,
+            policy: self.node.policy,
             ..Default::default()
         };
         match self.node.amd.bundle(&options).map_err(|e| e.to_string())? {

@@ -19,6 +19,8 @@ pub struct SimNode {
     pub gpus: Vec<SimGpu>,
     /// Launch measurement the simulated guest reports.
     pub measurement: [u8; 48],
+    /// The SNP guest policy it was launched with (tests set the debug bit, 1 << 19).
+    pub policy: u64,
 }
 
 impl SimNode {
@@ -74,6 +76,7 @@ impl SimNode {
                 .map(|_| SimGpu::generate(now).map_err(e))
                 .collect::<Result<_, _>>()?,
             measurement,
+            policy: SnpReportOptions::default().policy,
         })
     }
 
@@ -133,6 +136,7 @@ impl SimNode {
         let mut report = self.amd.report_body(&SnpReportOptions {
             report_data: *report_data,
             measurement: self.measurement,
+            policy: self.policy,
             host_data,
             ..Default::default()
         });
@@ -157,6 +161,36 @@ impl SimNode {
     }
 }
 
+impl SimNode {
+    /// Publish this machine's revocation collateral where a broker or KBS looks it up, as AMD
+    /// and NVIDIA publish a real machine's: its AMD CRL (revoking nothing, current for 30
+    /// days) and each GPU chain's OCSP response (good), into the collateral store at `dir`.
+    /// The broker requires both from its store for every chain and uses none a node sends.
+    pub fn publish_collateral(&self, dir: &std::path::Path, now: i64) -> Result<(), ClientError> {
+        let e = |e: cgx_attestation::Error| ClientError::Evidence(e.to_string());
+        let mut store = cgx_attestation::collateral::CollateralStore::open(dir).map_err(e)?;
+        let chain = self.amd.cert_chain_pem();
+        let key = cgx_attestation::trust::amd_crl_key(chain.as_bytes(), false)
+            .ok_or_else(|| ClientError::Evidence("a simulated AMD chain without a root".into()))?;
+        let crl = self
+            .amd
+            .crl(&[], now - 86_400, now + 30 * 86_400)
+            .map_err(e)?;
+        store.put(&key.path(), &crl, "sim", now).map_err(e)?;
+        for g in &self.gpus {
+            let ids =
+                cgx_attestation::nvidia::ocsp::chain_cert_ids(g.chain_pem.as_bytes()).map_err(e)?;
+            for cert_id in ids {
+                let key = cgx_attestation::collateral::CollateralKey::NvidiaOcsp { cert_id };
+                store
+                    .put(&key.path(), &g.good_ocsp().map_err(e)?, "sim", now)
+                    .map_err(e)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A [`SimNode`] as a file: the simulated machine a host's launcher made (and published the
 /// collateral of), for the guest agent it boots to load (`cgx-guest-agent run --sim-machine`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -165,6 +199,7 @@ struct SavedNode {
     amd: cgx_attestation::sim::SavedAmd,
     gpus: Vec<cgx_attestation::sim::SavedGpu>,
     measurement: String,
+    policy: u64,
 }
 
 impl SimNode {
@@ -180,6 +215,7 @@ impl SimNode {
                 .map(|g| g.save().map_err(e))
                 .collect::<Result<_, _>>()?,
             measurement: hex::encode(self.measurement),
+            policy: self.policy,
         };
         serde_json::to_vec(&saved).map_err(|e| ClientError::Evidence(e.to_string()))
     }
@@ -200,6 +236,7 @@ impl SimNode {
                 .ok()
                 .and_then(|m| m.try_into().ok())
                 .ok_or_else(|| bad("the measurement is not 48 bytes of hex".into()))?,
+            policy: saved.policy,
         })
     }
 }

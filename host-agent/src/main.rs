@@ -1,0 +1,5 @@
+//! `cgx-host-agent`: on the provider's machine (the library's doc says what it does).
+
+fn main() -> std::process::ExitCode {
+    cgx_host_agent::main_with(std::env::args().skip(1))
+}
