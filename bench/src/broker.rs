@@ -441,6 +441,212 @@ fn registrations(count: usize, clients: usize) -> Result<serde_json::Value, Stri
     }))
 }
 
+/// Part 4: signed heartbeats over HTTP, `clients` concurrent over `nodes` registered nodes,
+/// against raw Ed25519 verifications on one core measured in the same run (a heartbeat's
+/// floor: one signature checked; the rest is HTTP, the sequence write and the index).
+fn heartbeats(nodes_n: usize, clients: usize, secs: f64) -> Result<serde_json::Value, String> {
+    let nodes: Vec<SimBrokerNode> = (0..nodes_n)
+        .map(|_| SimBrokerNode::generate(1, offer(1, "eu-west", Micros(1_000_000))))
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
+    let refs: Vec<&SimBrokerNode> = nodes.iter().collect();
+    let net = Network::start(&refs)?;
+    let op = net
+        .broker
+        .client(&net.server.base, &net.broker.operator)
+        .map_err(e)?;
+    for n in &nodes {
+        n.register(&op).map_err(e)?;
+    }
+    let nodes = std::sync::Arc::new(nodes);
+    let addr = net.server.addr;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(e)?;
+    let cpu0 = server_cpu();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(secs);
+    let results: Vec<(usize, usize)> = rt.block_on(async {
+        let tasks: Vec<_> = (0..clients)
+            .map(|c| {
+                let nodes = nodes.clone();
+                tokio::spawn(async move {
+                    let mut conn = crate::kbs::Conn::new(addr);
+                    let (mut ok, mut refused) = (0usize, 0usize);
+                    let mut i = c;
+                    while Instant::now() < deadline {
+                        let n = &nodes[i % nodes.len()];
+                        i += clients;
+                        let Ok(t) = n.heartbeat_token(cgx_devnet::now()) else {
+                            refused += 1;
+                            continue;
+                        };
+                        let auth = format!("Bearer {t}");
+                        let path = format!("/v1/nodes/{}/heartbeat", n.id);
+                        match conn
+                            .request_with("POST", &path, &[("authorization", &auth)], b"")
+                            .await
+                        {
+                            Ok((200, _, _)) => ok += 1,
+                            _ => refused += 1,
+                        }
+                    }
+                    (ok, refused)
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            if let Ok(r) = t.await {
+                out.push(r);
+            }
+        }
+        out
+    });
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = server_cpu() - cpu0;
+    net.stop();
+    let ok: usize = results.iter().map(|r| r.0).sum();
+    let refused: usize = results.iter().map(|r| r.1).sum();
+    // The floor: Ed25519 verifications on this thread for a second.
+    let raw = {
+        use aws_lc_rs::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+        let pk8 = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map_err(|_| "key")?;
+        let kp = Ed25519KeyPair::from_pkcs8(pk8.as_ref()).map_err(|_| "key")?;
+        let msg = [7u8; 200];
+        let sig = kp.sign(&msg);
+        let pk = UnparsedPublicKey::new(&ED25519, kp.public_key().as_ref().to_vec());
+        let t = Instant::now();
+        let mut n = 0u64;
+        while t.elapsed() < Duration::from_secs(1) {
+            for _ in 0..256 {
+                if pk.verify(&msg, sig.as_ref()).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        n as f64 / t.elapsed().as_secs_f64()
+    };
+    let per_core = ok as f64 / cpu.max(1e-9);
+    Ok(json!({
+        "nodes": nodes_n, "clients": clients, "seconds": wall, "database": "sqlite (synchronous=FULL)",
+        "heartbeats": ok, "refused": refused,
+        "heartbeats_per_s": ok as f64 / wall,
+        "server_cpu_s": cpu,
+        "heartbeats_per_server_cpu_s": per_core,
+        "server_cpu_us_per_heartbeat": cpu * 1e6 / (ok.max(1) as f64),
+        "raw_ed25519_verifies_per_s_one_core": raw,
+        "ratio_to_raw_verify": per_core / raw.max(1e-9),
+    }))
+}
+
+/// Part 5: the guest agent as a process (`cgx guest-agent run`, beside this program) on a
+/// simulated machine, heartbeating every second: its resident memory and CPU per heartbeat.
+fn agent(secs: f64) -> Result<serde_json::Value, String> {
+    let cgx = std::env::current_exe().map_err(e)?.with_file_name("cgx");
+    if !cgx.exists() {
+        return Err(format!(
+            "{} not found: build it beside cgx-bench (cargo build --release -p cgx-cli)",
+            cgx.display()
+        ));
+    }
+    let sim = cgx_devnet::node(8).map_err(e)?;
+    let kbs = cgx_devnet::setup(&[&sim], None).map_err(e)?;
+    let mut broker =
+        broker_setup(&kbs, kbs.pins.iter().map(hex::encode).collect(), None).map_err(e)?;
+    broker.config.heartbeat_secs = 1;
+    let server = BrokerServer::start(&broker.config).map_err(e)?;
+    let kbs_server = cgx_devnet::Server::start(&kbs.config).map_err(e)?;
+    let dir = cgx_devnet::temp_dir("bench-agent").map_err(e)?;
+    let machine =
+        cgx_devnet::write_private(&dir, "machine.json", &sim.to_json().map_err(e)?).map_err(e)?;
+    let token = cgx_devnet::write_private(
+        &dir,
+        "op.token",
+        broker.operator.api_token().map_err(e)?.as_bytes(),
+    )
+    .map_err(e)?;
+    let mut child = std::process::Command::new(&cgx)
+        .args([
+            "guest-agent",
+            "run",
+            "--broker",
+            &server.base,
+            "--kbs",
+            &kbs_server.base,
+        ])
+        .arg("--token-file")
+        .arg(&token)
+        .args([
+            "--operator",
+            cgx_devnet::broker::OPERATOR,
+            "--region",
+            "eu-west",
+        ])
+        .args(["--price-micros", "1000000", "--sim-machine"])
+        .arg(&machine)
+        .arg("--work")
+        .arg(dir.join("work"))
+        .arg("--store")
+        .arg(dir.join("store"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(e)?;
+    let pid = child.id();
+    let auditor = broker.client(&server.base, &broker.auditor).map_err(e)?;
+    let t0 = Instant::now();
+    let registered = loop {
+        if auditor.nodes().map_err(e)?.iter().any(|n| n.placeable) {
+            break t0.elapsed().as_secs_f64();
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            return Err("the agent did not register".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let task = std::path::PathBuf::from(format!("/proc/{pid}/task"));
+    let cpu = || crate::kbs::tasks_sched(&task, |_| true).map(|t| t.0);
+    let beats = || -> Result<i64, String> {
+        Ok(auditor
+            .nodes()
+            .map_err(e)?
+            .first()
+            .map_or(0, |n| n.last_heartbeat))
+    };
+    let (cpu0, hb0) = (cpu().unwrap_or(0.0), beats()?);
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    let (cpu1, hb1) = (cpu().unwrap_or(0.0), beats()?);
+    let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = child.wait();
+    server.stop();
+    kbs_server.stop();
+    kbs.cleanup();
+    broker.cleanup();
+    let _ = std::fs::remove_dir_all(&dir);
+    // Heartbeats are once a second: the seconds between the first and last seen.
+    let n = (hb1 - hb0).max(1) as f64;
+    Ok(json!({
+        "gpus": 8, "registered_after_s": registered, "seconds": secs,
+        "heartbeats": n, "rss_kib": rss_kib,
+        "cpu_ms_per_heartbeat": (cpu1 - cpu0) * 1e3 / n,
+        "cpu_percent": (cpu1 - cpu0) * 100.0 / secs,
+    }))
+}
+
 /// CPU seconds the broker's threads (its runtime, blocking pool and SQLite workers) have used
 /// so far.
 fn server_cpu() -> f64 {
@@ -543,7 +749,17 @@ pub fn bench(
     } else {
         json!({})
     };
-    let out = json!({"placement": p, "submit": s, "registration": r});
+    let h = if run("heartbeat") {
+        heartbeats(32, 32, secs)?
+    } else {
+        json!({})
+    };
+    let a = if only == Some("agent") {
+        agent(secs.max(5.0))?
+    } else {
+        json!({})
+    };
+    let out = json!({"placement": p, "submit": s, "registration": r, "heartbeat": h, "agent": a});
     if json_out {
         crate::print_json(&out)?;
     } else {
@@ -569,6 +785,29 @@ pub fn bench(
                 s["jobs_per_s_over_goal"].as_f64().unwrap_or(0.0),
                 s["p50_ms"].as_f64().unwrap_or(0.0),
                 s["p99_ms"].as_f64().unwrap_or(0.0)
+            );
+        }
+        if run("heartbeat") {
+            println!(
+                "heartbeats over HTTP ({} nodes, {} clients, SQLite FULL): {:.0}/s; {:.0} per second of broker CPU ({:.1} µs each) vs {:.0} raw Ed25519 verifications/s on one core: ratio {:.3}",
+                h["nodes"],
+                h["clients"],
+                h["heartbeats_per_s"].as_f64().unwrap_or(0.0),
+                h["heartbeats_per_server_cpu_s"].as_f64().unwrap_or(0.0),
+                h["server_cpu_us_per_heartbeat"].as_f64().unwrap_or(0.0),
+                h["raw_ed25519_verifies_per_s_one_core"]
+                    .as_f64()
+                    .unwrap_or(0.0),
+                h["ratio_to_raw_verify"].as_f64().unwrap_or(0.0)
+            );
+        }
+        if only == Some("agent") {
+            println!(
+                "guest agent (8 simulated GPUs, heartbeats every 1 s): placeable {:.2} s after start; RSS {} KiB; {:.3} ms CPU per heartbeat ({:.2}% of a core)",
+                a["registered_after_s"].as_f64().unwrap_or(0.0),
+                a["rss_kib"],
+                a["cpu_ms_per_heartbeat"].as_f64().unwrap_or(0.0),
+                a["cpu_percent"].as_f64().unwrap_or(0.0)
             );
         }
         if run("registration") {

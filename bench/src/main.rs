@@ -80,7 +80,8 @@ enum BenchWhat {
         /// Registrations posted (each with its own nonce and evidence).
         #[arg(long, default_value_t = 300)]
         registrations: usize,
-        /// Run one part only: placement, submit or registration.
+        /// Run one part only: placement, submit, registration, heartbeat, or agent (the guest
+        /// agent as a process: RSS and CPU per heartbeat; needs `cgx` built beside this).
         #[arg(long)]
         only: Option<String>,
         #[arg(long)]
