@@ -576,6 +576,8 @@ fn agent(secs: f64) -> Result<serde_json::Value, String> {
             &server.base,
             "--kbs",
             &kbs_server.base,
+            "--broker-key",
+            &kbs.broker.public_b64,
         ])
         .arg("--token-file")
         .arg(&token)

@@ -44,7 +44,13 @@ struct Host {
 
 impl Host {
     /// Start this host's agent: the sim launcher, kept running by the supervisor.
-    fn start(&mut self, dir: &Path, broker: &str, kbs: &str, token: &Path) -> Result<(), String> {
+    fn start(
+        &mut self,
+        dir: &Path,
+        broker: (&str, &str),
+        kbs: &str,
+        token: &Path,
+    ) -> Result<(), String> {
         let machine = dir.join(format!("{}.machine.json", self.name));
         cgx_devnet::write_private(
             dir,
@@ -54,7 +60,8 @@ impl Host {
         .map_err(s)?;
         let exe = std::env::current_exe().map_err(s)?;
         let agent = AgentConfig {
-            broker: broker.into(),
+            broker: broker.0.into(),
+            broker_key: broker.1.into(),
             kbs: kbs.into(),
             operator: OPERATOR.into(),
             region: self.region.into(),
@@ -191,6 +198,11 @@ pub fn up() -> CliResult {
     broker_cfg.config.heartbeat_secs = 1;
     broker_cfg.config.monitor_interval_ms = 200;
     let dir = cgx_devnet::temp_dir("up").map_err(s)?;
+    // Workloads run under user ids of their own: they pass through this folder to theirs.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).map_err(s)?;
+    }
     let result = run(&mut hosts, &dir, &kbs_setup, &broker_cfg);
     for h in &mut hosts {
         h.stop();
@@ -291,7 +303,12 @@ fn run(
     let t0 = Instant::now();
     for h in hosts.iter_mut() {
         h.log = dir.join(format!("{}.log", h.name));
-        h.start(dir, &broker.base, &kbs.base, &token)?;
+        h.start(
+            dir,
+            (&broker.base, &kbs_setup.broker.public_b64),
+            &kbs.base,
+            &token,
+        )?;
     }
     let auditor = b.client(&broker.base, &b.auditor).map_err(s)?;
     let nodes = wait_for(30, "4 nodes to register", || {

@@ -661,6 +661,7 @@ fn the_launch_the_host_agent_boots_is_the_launch_measured() {
             r#"
 [agent]
 broker = "https://broker.example"
+broker_key = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"
 kbs = "https://kbs.example"
 operator = "op1"
 region = "eu-west"

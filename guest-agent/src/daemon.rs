@@ -8,10 +8,20 @@
 //! written anywhere. The operator's API token is read from its file at each registration, so
 //! the host can rotate it while the node runs.
 //!
+//! Every lease the broker's answer carries is verified before the node acts on it: the token
+//! is a lease record signed by the broker's key (`--broker-key`), for this node and this VM's
+//! TEE key, and what the node runs, fetches and uses — the workload, the resources, the GPUs —
+//! comes from that signed record, never from the answer around it (a host that proxies the
+//! broker cannot rewrite what the VM runs).
+//!
 //! A workload runs as `command args…` in `WORK/<lease>` with a cleared environment: `PATH`,
 //! `CGX_WEIGHTS` (the decrypted weights, when the job names some), `CGX_LEASE_ID`,
-//! `CGX_JOB_ID`, `CGX_GPUS` and `CGX_LEASE` (the lease token). When the lease ends the process
-//! is killed and `WORK/<lease>` (the plaintext included) removed.
+//! `CGX_JOB_ID`, `CGX_GPUS` and `CGX_LEASE` (the lease token); under a user id of its own per
+//! live lease (`--workload-uid` and up, when the agent runs as root), so it can read neither the
+//! agent's keys, the operator's token nor another lease's folder; its output goes to
+//! `WORK/<lease>/output.log`, inside the VM. When the lease ends every process of its uid is
+//! killed and `WORK/<lease>` (the plaintext included) removed. At start the agent clears `WORK`
+//! and the workload uids of whatever a previous run left.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +29,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
+
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
 
 use cgx_broker::client::{BrokerClient, ClientError};
 use cgx_kbs::client::KbsClient;
@@ -47,7 +60,15 @@ pub struct Options {
     /// Where each lease's folder (decrypted weights, the workload's working directory) goes.
     pub work: PathBuf,
     pub threads: usize,
+    /// The broker's lease-signing key (Ed25519): grants are verified under it.
+    pub broker_key: [u8; 32],
+    /// The first workload user id (one per live lease, up to [`MAX_LEASES`]); `None`: the
+    /// workloads run as the agent (it is not root).
+    pub workload_uid: Option<u32>,
 }
+
+/// The most leases a node runs at once (one per GPU at most).
+pub const MAX_LEASES: u32 = 64;
 
 fn log(msg: impl std::fmt::Display) {
     eprintln!("cgx-guest-agent: {msg}");
@@ -59,8 +80,25 @@ struct Work {
     child: Option<Child>,
     /// Being set up by its thread; stop asked meanwhile: kill what it starts.
     setting_up: bool,
-    cancelled: bool,
+    cancel: Arc<AtomicBool>,
     dir: PathBuf,
+    /// Its user id (`None`: the agent's own).
+    uid: Option<u32>,
+}
+
+impl Work {
+    /// Kill everything it runs, remove its folder.
+    fn end(mut self) {
+        if let Some(c) = &mut self.child {
+            crate::reap::kill_group(c.id());
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(uid) = self.uid {
+            crate::reap::kill_uid(uid);
+        }
+        remove_dir(&self.dir);
+    }
 }
 
 /// What a setup thread sends back.
@@ -78,6 +116,54 @@ struct Setup {
     machine: Arc<dyn Machine>,
     store: PathBuf,
     threads: usize,
+}
+
+/// The grants of `a` that verify: each token a lease record under `broker_key` for node `id`
+/// and the TEE key `thumbprint`, with the grant's workload, resources and GPUs taken from it.
+/// The others are dropped, saying why (a lease not carried is stopped if it runs).
+fn verified(
+    mut a: cgx_protocol::broker::HeartbeatAnswer,
+    broker_key: &[u8; 32],
+    id: &str,
+    thumbprint: &str,
+    now: i64,
+) -> cgx_protocol::broker::HeartbeatAnswer {
+    use cgx_protocol::signed::When;
+    a.leases.retain_mut(|g| {
+        let lease = match cgx_protocol::signed::verify::<cgx_protocol::records::Lease>(
+            &g.token,
+            std::slice::from_ref(broker_key),
+            When::At {
+                now,
+                max_lifetime: 86_400,
+            },
+        ) {
+            Ok(v) => v.body,
+            Err(e) => {
+                log(format_args!(
+                    "lease {}: its token is not the broker's lease: {e}; ignored",
+                    g.lease_id
+                ));
+                return false;
+            }
+        };
+        if lease.lease != g.lease_id
+            || lease.job != g.job_id
+            || lease.node != id
+            || lease.node_key != thumbprint
+        {
+            log(format_args!(
+                "lease {}: its token is not this lease for this node and TEE key; ignored",
+                g.lease_id
+            ));
+            return false;
+        }
+        g.workload = lease.workload;
+        g.resources = lease.resources;
+        g.gpus = lease.gpus;
+        true
+    });
+    a
 }
 
 /// The daemon: run until `stop` is set (SIGTERM, SIGINT), then stop every workload and return.
@@ -100,6 +186,20 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
     let identity = cgx_protocol::broker::node_identity(&node_raw, &thumbprint);
     let id = cgx_protocol::broker::node_id(&node_raw);
     std::fs::create_dir_all(&opts.work).map_err(|e| format!("{}: {e}", opts.work.display()))?;
+    // What a previous run left (it was killed before it could clean up): its workloads'
+    // processes and folders, plaintext included.
+    if let Some(base) = opts.workload_uid {
+        for uid in base..base.saturating_add(MAX_LEASES) {
+            crate::reap::kill_uid(uid);
+        }
+    }
+    for e in std::fs::read_dir(&opts.work)
+        .map_err(|e| format!("{}: {e}", opts.work.display()))?
+        .flatten()
+    {
+        remove_dir(&e.path());
+        let _ = std::fs::remove_file(e.path());
+    }
     let client =
         BrokerClient::new(&opts.broker, opts.ca.as_deref(), None).map_err(|e| e.to_string())?;
     let setup = Arc::new(Setup {
@@ -131,7 +231,7 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
         if !terminating && stop.load(Ordering::SeqCst) {
             log("stopping: every workload is stopped");
             terminating = true;
-            node.terminate();
+            node.terminate(now());
         }
         // Setups that finished.
         while let Ok(done) = rx.try_recv() {
@@ -139,14 +239,13 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                 continue;
             };
             w.setting_up = false;
+            let cancelled = w.cancel.load(Ordering::SeqCst);
             match done.result {
-                Ok(child) if w.cancelled => {
-                    if let Some(mut c) = child {
-                        let _ = c.kill();
-                        let _ = c.wait();
+                Ok(child) if cancelled => {
+                    if let Some(mut w) = works.remove(&done.lease) {
+                        w.child = child;
+                        w.end();
                     }
-                    remove_dir(&w.dir);
-                    works.remove(&done.lease);
                     node.stopped(&done.lease);
                 }
                 Ok(Some(child)) => {
@@ -161,9 +260,14 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                 Ok(None) => node.workload_started(&done.lease, "lease held (no workload)"),
                 Err(why) => {
                     log(format_args!("lease {}: {why}", done.lease));
-                    remove_dir(&w.dir);
-                    works.remove(&done.lease);
-                    node.workload_failed(&done.lease, &why);
+                    if let Some(w) = works.remove(&done.lease) {
+                        w.end();
+                    }
+                    if cancelled {
+                        node.stopped(&done.lease);
+                    } else {
+                        node.workload_failed(&done.lease, &why);
+                    }
                 }
             }
         }
@@ -178,7 +282,7 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
         }
         for (lease, status) in exited {
             if let Some(w) = works.remove(&lease) {
-                remove_dir(&w.dir);
+                w.end();
             }
             let why = describe(&status);
             log(format_args!("lease {lease}: workload {why}"));
@@ -230,7 +334,10 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                         })
                     });
                 match result {
-                    Ok(a) => node.heartbeat_answered(now(), &a),
+                    Ok(a) => {
+                        let a = verified(a, &opts.broker_key, &id, &thumbprint, unix_now());
+                        node.heartbeat_answered(now(), unix_now(), &a);
+                    }
                     Err(e) => {
                         log(format_args!("heartbeat: {e:?}"));
                         node.heartbeat_failed(now(), &e);
@@ -242,19 +349,40 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                     node.workload_failed(&grant.lease_id, "a lease id that names no folder");
                     continue;
                 }
+                // The lowest workload uid no live lease holds.
+                let uid = match opts.workload_uid {
+                    None => None,
+                    Some(base) => {
+                        let taken: Vec<u32> = works.values().filter_map(|w| w.uid).collect();
+                        match (base..base.saturating_add(MAX_LEASES)).find(|u| !taken.contains(u)) {
+                            Some(u) => Some(u),
+                            None => {
+                                node.workload_failed(&grant.lease_id, "no workload uid free");
+                                continue;
+                            }
+                        }
+                    }
+                };
                 let dir = opts.work.join(&grant.lease_id);
+                let cancel = Arc::new(AtomicBool::new(false));
                 works.insert(
                     grant.lease_id.clone(),
                     Work {
                         child: None,
                         setting_up: true,
-                        cancelled: false,
+                        cancel: cancel.clone(),
                         dir: dir.clone(),
+                        uid,
                     },
                 );
                 let (setup, tx) = (setup.clone(), tx.clone());
                 std::thread::spawn(move || {
-                    let result = start_workload(&setup, &grant, &dir);
+                    // Whatever happens in the setup, the daemon hears of it (a lease left
+                    // "starting" would hold its stop, and the agent's exit, for ever).
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        start_workload(&setup, &grant, &dir, uid, &cancel)
+                    }))
+                    .unwrap_or_else(|_| Err("the lease's setup failed unexpectedly".into()));
                     let _ = tx.send(SetupDone {
                         lease: grant.lease_id.clone(),
                         result,
@@ -264,14 +392,10 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             Step::Stop(lease) => {
                 log(format_args!("lease {lease}: stopping its workload"));
                 match works.get_mut(&lease) {
-                    Some(w) if w.setting_up => w.cancelled = true,
+                    Some(w) if w.setting_up => w.cancel.store(true, Ordering::SeqCst),
                     Some(_) => {
-                        if let Some(mut w) = works.remove(&lease) {
-                            if let Some(c) = &mut w.child {
-                                let _ = c.kill();
-                                let _ = c.wait();
-                            }
-                            remove_dir(&w.dir);
+                        if let Some(w) = works.remove(&lease) {
+                            w.end();
                         }
                         node.stopped(&lease);
                     }
@@ -339,8 +463,11 @@ fn register(
     tee_public: &TeePubKey,
     identity: &[u8],
 ) -> Result<Registered, String> {
-    let token = std::fs::read_to_string(&opts.token_file)
-        .map_err(|e| format!("{}: {e}", opts.token_file.display()))?;
+    // Private to the agent (0600), as a key file: a workload that could read it could
+    // register nodes as the operator.
+    let token = crate::keyfile::read_private(&opts.token_file, 64 * 1024)?;
+    let token = String::from_utf8(token)
+        .map_err(|_| format!("{}: not a token", opts.token_file.display()))?;
     let client = client.with_token(Some(token.trim().to_string()));
     let gpus = machine.gpus()?;
     let model = gpus.first().map(|g| g.model.clone()).unwrap_or_default();
@@ -396,21 +523,31 @@ fn send_report(
 }
 
 /// Set up `grant`'s workload in `dir`: check it, fetch and decrypt its weights through the
-/// lease (attesting to the KBS with the TEE key the registration bound), start its process.
-/// `None`: the lease names no workload (held for the tenant).
-fn start_workload(s: &Setup, grant: &LeaseGrant, dir: &Path) -> Result<Option<Child>, String> {
+/// lease (attesting to the KBS with the TEE key the registration bound), start its process
+/// under `uid` (when given) in a process group of its own. `None`: the lease names no workload
+/// (held for the tenant). Nothing starts once `cancel` is set.
+fn start_workload(
+    s: &Setup,
+    grant: &LeaseGrant,
+    dir: &Path,
+    uid: Option<u32>,
+    cancel: &AtomicBool,
+) -> Result<Option<Child>, String> {
     let Some(w) = &grant.workload else {
         return Ok(None);
     };
     w.check(&grant.resources).map_err(|e| e.to_string())?;
     let mut b = std::fs::DirBuilder::new();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        b.mode(0o700);
-    }
+    b.mode(0o700);
     b.create(dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let own = |p: &Path| -> Result<(), String> {
+        match uid {
+            Some(u) => std::os::unix::fs::chown(p, Some(u), Some(u))
+                .map_err(|e| format!("{}: {e}", p.display())),
+            None => Ok(()),
+        }
+    };
     let mut env: Vec<(&str, String)> = vec![
         ("PATH", "/usr/local/bin:/usr/bin:/bin".into()),
         ("CGX_LEASE_ID", grant.lease_id.clone()),
@@ -434,6 +571,9 @@ fn start_workload(s: &Setup, grant: &LeaseGrant, dir: &Path) -> Result<Option<Ch
         let secret = kbs
             .resource(&weights.resource, Some(&grant.token))
             .map_err(|e| format!("weights key {}: {e}", weights.resource))?;
+        if cancel.load(Ordering::SeqCst) {
+            return Err("stopped before its weights were decrypted".into());
+        }
         let out = dir.join("weights");
         let (n, secs) = crate::decrypt_weights(
             secret,
@@ -442,19 +582,119 @@ fn start_workload(s: &Setup, grant: &LeaseGrant, dir: &Path) -> Result<Option<Ch
             &out,
             s.threads,
         )?;
+        own(&out)?;
         log(format_args!(
             "lease {}: decrypted {n} bytes of {} in {secs:.2} s",
             grant.lease_id, weights.file
         ));
         env.push(("CGX_WEIGHTS", out.display().to_string()));
     }
-    Command::new(&w.command)
-        .args(&w.args)
+    // Its output stays in the VM (the console is the host's to read).
+    let output = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(dir.join("output.log"))
+        .map_err(|e| format!("{}: {e}", dir.join("output.log").display()))?;
+    own(&dir.join("output.log"))?;
+    own(dir)?;
+    if cancel.load(Ordering::SeqCst) {
+        return Err("stopped before its workload started".into());
+    }
+    let mut c = Command::new(&w.command);
+    c.args(&w.args)
         .env_clear()
         .envs(env)
         .current_dir(dir)
         .stdin(Stdio::null())
-        .spawn()
+        .stdout(output.try_clone().map_err(|e| e.to_string())?)
+        .stderr(output)
+        .process_group(0);
+    if let Some(u) = uid {
+        c.uid(u).gid(u);
+    }
+    c.spawn()
         .map_err(|e| format!("{}: {e}", w.command))
         .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use cgx_protocol::broker::{HeartbeatAnswer, Workload};
+    use cgx_protocol::records::Lease;
+
+    fn signer() -> cgx_protocol::signed::Signer {
+        use aws_lc_rs::signature::Ed25519KeyPair;
+        let pk8 = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new()).unwrap();
+        cgx_protocol::signed::Signer::from_pkcs8(pk8.as_ref()).unwrap()
+    }
+
+    fn grant(s: &cgx_protocol::signed::Signer, node: &str, node_key: &str) -> LeaseGrant {
+        let lease = Lease {
+            lease: "l1".into(),
+            job: "j1".into(),
+            tenant: "acme".into(),
+            node: node.into(),
+            gpus: vec![3],
+            resources: vec!["acme/weights/llama".into()],
+            node_key: node_key.into(),
+            iss: "cgx-broker".into(),
+            until: 10_000,
+            workload: Some(Workload {
+                command: "/usr/bin/serve".into(),
+                args: vec![],
+                weights: None,
+            }),
+        };
+        LeaseGrant {
+            lease_id: "l1".into(),
+            job_id: "j1".into(),
+            gpus: vec![3],
+            resources: lease.resources.clone(),
+            token: s.sign(&lease, 1_000, 1_120).unwrap(),
+            expires_at: 1_120,
+            workload: lease.workload.clone(),
+        }
+    }
+
+    fn answer(g: LeaseGrant) -> HeartbeatAnswer {
+        HeartbeatAnswer {
+            reattest: false,
+            unplaceable: None,
+            leases: vec![g],
+        }
+    }
+
+    /// What the node runs is the signed record's: a workload, resources or GPUs rewritten in
+    /// the answer around the token are replaced by the record's; a token not the broker's, or
+    /// for another node or TEE key, and the grant is not acted on.
+    #[test]
+    fn only_leases_the_broker_signed_for_this_vm_are_acted_on() {
+        let broker = signer();
+        let key = broker.public_key();
+        let mut g = grant(&broker, "n1", "thumb");
+        g.workload = Some(Workload {
+            command: "/bin/cat".into(),
+            args: vec!["weights".into()],
+            weights: None,
+        });
+        g.resources = vec!["globex/weights/secret".into()];
+        g.gpus = vec![0, 1, 2, 3];
+        let a = verified(answer(g), &key, "n1", "thumb", 1_010);
+        assert_eq!(a.leases.len(), 1);
+        let got = &a.leases[0];
+        assert_eq!(got.workload.as_ref().unwrap().command, "/usr/bin/serve");
+        assert_eq!(got.resources, vec!["acme/weights/llama".to_string()]);
+        assert_eq!(got.gpus, vec![3]);
+        for (g, node, thumb, now) in [
+            (grant(&signer(), "n1", "thumb"), "n1", "thumb", 1_010),
+            (grant(&broker, "n2", "thumb"), "n1", "thumb", 1_010),
+            (grant(&broker, "n1", "other"), "n1", "thumb", 1_010),
+            (grant(&broker, "n1", "thumb"), "n1", "thumb", 2_000),
+        ] {
+            assert!(verified(answer(g), &key, node, thumb, now).leases.is_empty());
+        }
+    }
 }

@@ -156,7 +156,8 @@ impl Gpus {
                 Ok(crate::machine::GpuInfo {
                     model,
                     // Rounded to the nearest GiB: an "80 GB" H100 reports 79.6 GiB.
-                    memory_gib: u32::try_from((bytes + (1 << 29)) >> 30).unwrap_or(u32::MAX),
+                    memory_gib: u32::try_from(bytes.saturating_add(1 << 29) >> 30)
+                        .unwrap_or(u32::MAX),
                 })
             })
             .collect()

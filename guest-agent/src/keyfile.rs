@@ -13,6 +13,12 @@ pub const MAX_KEY_FILE: u64 = 64 * 1024;
 /// window between the check and the read), that it is a regular file of at most
 /// [`MAX_KEY_FILE`] bytes and that group and others have no access to it.
 pub fn read_private_key(path: &Path) -> Result<Vec<u8>, String> {
+    read_private(path, MAX_KEY_FILE)
+}
+
+/// [`read_private_key`] for a private file of up to `limit` bytes (a simulated machine's file
+/// holds a key set per GPU).
+pub fn read_private(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
     let shown = path.display();
     let file = std::fs::File::open(path).map_err(|e| format!("key file {shown}: {e}"))?;
     let meta = file
@@ -32,20 +38,20 @@ pub fn read_private_key(path: &Path) -> Result<Vec<u8>, String> {
             ));
         }
     }
-    if meta.len() > MAX_KEY_FILE {
+    if meta.len() > limit {
         return Err(format!(
-            "key file {shown}: {} bytes, more than a key (at most {MAX_KEY_FILE})",
+            "key file {shown}: {} bytes, more than it holds (at most {limit})",
             meta.len()
         ));
     }
     let mut bytes = Vec::new();
     // `take` too: the file may grow between the stat and the read.
-    file.take(MAX_KEY_FILE + 1)
+    file.take(limit + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("key file {shown}: {e}"))?;
-    if bytes.len() as u64 > MAX_KEY_FILE {
+    if bytes.len() as u64 > limit {
         return Err(format!(
-            "key file {shown}: more than a key (at most {MAX_KEY_FILE} bytes)"
+            "key file {shown}: more than it holds (at most {limit} bytes)"
         ));
     }
     Ok(bytes)
@@ -84,7 +90,7 @@ mod tests {
         assert!(
             read_private_key(&p)
                 .unwrap_err()
-                .contains("more than a key")
+                .contains("more than it holds")
         );
         assert!(
             read_private_key(&dir)

@@ -2,8 +2,9 @@
 //! only hands it the command line.
 //!
 //! ```text
-//! cgx-guest-agent run --broker URL --kbs URL --token-file F --operator NAME --region R
-//!                     --price-micros N [--store DIR] [--work DIR] [--ca PEM] [--threads N]
+//! cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F
+//!                     --operator NAME --region R --price-micros N [--store DIR] [--work DIR]
+//!                     [--workload-uid N] [--ca PEM] [--threads N]
 //!                     [--sim-machine FILE | --sim [--gpus N]]
 //! cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST
 //!                               [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N]
@@ -39,6 +40,7 @@ pub mod gpu;
 pub mod keyfile;
 pub mod machine;
 pub mod node;
+pub mod reap;
 
 use cgx_age::Identity;
 use cgx_kbs::client::{KbsClient, Uri};
@@ -47,7 +49,7 @@ use cgx_protocol::kbs::rcar::EvidenceSource;
 use cgx_protocol::weights::WeightsKey;
 use evidence::ConfigfsTsm;
 
-const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--ca PEM] [--threads N] [--sim-machine FILE | --sim [--gpus N]]";
+const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--workload-uid N] [--ca PEM] [--threads N] [--sim-machine FILE | --sim [--gpus N]]";
 
 const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
 
@@ -105,12 +107,28 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
         ..Default::default()
     };
     let mut ca = None;
+    let mut broker_key = None;
+    // As root, workloads run as uids 60000 and up; otherwise as the agent.
+    a.options.workload_uid = (reap::own_uid() == 0).then_some(60_000);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         let o = &mut a.options;
         match flag.as_str() {
             "--broker" => o.broker = val()?,
             "--kbs" => o.kbs = val()?,
+            "--broker-key" => broker_key = Some(val()?),
+            "--workload-uid" => {
+                let u: u32 = val()?
+                    .parse()
+                    .map_err(|_| "--workload-uid: a user id (1 to 4294967231)")?;
+                if u == 0 || u > u32::MAX - daemon::MAX_LEASES {
+                    return Err(
+                        "--workload-uid: a user id other than root's, with room for 64 after it"
+                            .into(),
+                    );
+                }
+                o.workload_uid = Some(u);
+            }
             "--token-file" => o.token_file = val()?.into(),
             "--operator" => o.operator = val()?,
             "--region" => o.region = val()?,
@@ -142,6 +160,12 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
     }
     check_url("--broker", &o.broker)?;
     check_url("--kbs", &o.kbs)?;
+    let key = broker_key.ok_or_else(|| {
+        format!("--broker-key: the broker's lease-signing key is required (leases are verified under it)\n{RUN_USAGE}")
+    })?;
+    a.options.broker_key = cgx_protocol::broker::unb64(key.trim())
+        .and_then(|k| k.try_into().ok())
+        .ok_or("--broker-key: a 32-byte Ed25519 public key in base64")?;
     if let Some(p) = ca {
         a.options.ca = Some(std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?);
     }
@@ -424,7 +448,7 @@ fn sim_machine(
 ) -> Result<std::sync::Arc<dyn machine::Machine>, String> {
     let node = match file {
         Some(p) => {
-            let bytes = keyfile::read_private_key(p)?;
+            let bytes = keyfile::read_private(p, 4 << 20)?;
             cgx_kbs::sim::SimNode::from_json(&bytes).map_err(|e| format!("{}: {e}", p.display()))?
         }
         None => {

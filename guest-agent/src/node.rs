@@ -11,11 +11,14 @@
 //!
 //!  lease: (new in an answer) Starting ──started──► Running ──exited 0──► Done  (report completed)
 //!                               │ setup failed ─────────────┴─exited ≠ 0─► Done  (report failed)
-//!                               └─ gone from a placeable node's answer, or SIGTERM ─► Stopping ─► Done (no report)
+//!                               └─ gone from a placeable node's answer, its token lapsed
+//!                                  unrenewed, or SIGTERM ─► Stopping ─► Done (no report)
 //! ```
-//! A lease the broker stops renewing is stopped, not reported: its job already moved. Reports
-//! are sent in order and retried (each freshly signed) until the broker takes them or says it
-//! never will.
+//! A lease the broker stops renewing is stopped, not reported: its job already moved. A lease
+//! whose last token lapsed (on this clock) without a renewal is stopped too: a node cut off
+//! from its broker does not go on serving a job the broker has moved. Reports are sent in
+//! order and retried (each freshly signed) until the broker takes them or says it never will;
+//! on terminate they get a few seconds to go out.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -29,6 +32,8 @@ pub type Millis = u64;
 pub const RETRY_MIN_MS: Millis = 500;
 /// Retry delays double up to this.
 pub const RETRY_MAX_MS: Millis = 30_000;
+/// After a terminate, reports still queued get this long to go out.
+pub const FLUSH_MS: Millis = 5_000;
 
 /// What to do next.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +88,8 @@ enum Phase {
 struct Lease {
     grant: LeaseGrant,
     phase: Phase,
+    /// Its newest token lapses then (this clock).
+    valid_until: Millis,
 }
 
 /// The node's state.
@@ -101,6 +108,7 @@ pub struct Node {
     report_at: Millis,
     report_backoff: Millis,
     terminating: bool,
+    exit_by: Millis,
 }
 
 fn backoff(b: &mut Millis) -> Millis {
@@ -126,6 +134,7 @@ impl Node {
             report_at: now,
             report_backoff: RETRY_MIN_MS,
             terminating: false,
+            exit_by: 0,
         }
     }
 
@@ -148,15 +157,29 @@ impl Node {
 
     /// The next step at `now`.
     pub fn next(&mut self, now: Millis) -> Step {
+        for (id, l) in &mut self.leases {
+            if matches!(l.phase, Phase::Starting | Phase::Running) && now >= l.valid_until {
+                l.phase = Phase::Stopping;
+                self.to_start.retain(|s| s != id);
+                self.to_stop.push_back(id.clone());
+            }
+        }
         if let Some(id) = self.to_stop.pop_front() {
             return Step::Stop(id);
         }
         if self.terminating {
-            return if self.leases.values().any(|l| l.phase != Phase::Done) {
-                Step::Wait(50)
-            } else {
-                Step::Exit
-            };
+            if self.leases.values().any(|l| l.phase != Phase::Done) {
+                return Step::Wait(50);
+            }
+            if self.reports.is_empty() || now >= self.exit_by {
+                return Step::Exit;
+            }
+            if let Some(r) = self.reports.front()
+                && now >= self.report_at
+            {
+                return Step::Report(r.clone());
+            }
+            return Step::Wait(self.report_at.min(self.exit_by).saturating_sub(now).max(1));
         }
         if !self.registered && now >= self.register_at {
             return Step::Register;
@@ -201,7 +224,8 @@ impl Node {
     /// A heartbeat's answer: re-attest if asked; start the leases it brings that are new;
     /// stop those it no longer brings — when it speaks for a placeable node (an unplaceable
     /// node's answer carries no leases, and re-attesting may make it placeable again).
-    pub fn heartbeat_answered(&mut self, now: Millis, a: &HeartbeatAnswer) {
+    /// `now_unix`: the wall clock (seconds), to read the grants' expiry against.
+    pub fn heartbeat_answered(&mut self, now: Millis, now_unix: i64, a: &HeartbeatAnswer) {
         self.heartbeat_at = now + self.heartbeat_every;
         if a.reattest {
             self.registered = false;
@@ -211,14 +235,20 @@ impl Node {
             return;
         }
         for g in &a.leases {
+            let lasts = u64::try_from(g.expires_at.saturating_sub(now_unix)).unwrap_or(0);
+            let valid_until = now.saturating_add(lasts.saturating_mul(1_000));
             match self.leases.get_mut(&g.lease_id) {
-                Some(l) => l.grant = g.clone(),
+                Some(l) => {
+                    l.grant = g.clone();
+                    l.valid_until = l.valid_until.max(valid_until);
+                }
                 None => {
                     self.leases.insert(
                         g.lease_id.clone(),
                         Lease {
                             grant: g.clone(),
                             phase: Phase::Starting,
+                            valid_until,
                         },
                     );
                     self.to_start.push_back(g.lease_id.clone());
@@ -341,9 +371,11 @@ impl Node {
     }
 
     /// Stop: every workload is stopped (not reported: the broker moves their jobs when the
-    /// node falls silent), then [`Step::Exit`].
-    pub fn terminate(&mut self) {
+    /// node falls silent), reports still queued get [`FLUSH_MS`] to go out, then
+    /// [`Step::Exit`].
+    pub fn terminate(&mut self, now: Millis) {
         self.terminating = true;
+        self.exit_by = now.saturating_add(FLUSH_MS);
         self.to_start.clear();
         for (id, l) in &mut self.leases {
             if matches!(l.phase, Phase::Starting | Phase::Running) {
@@ -411,7 +443,7 @@ mod tests {
         assert_eq!(n.next(1_500), Step::Register);
         n.registered(1_500, &registered());
         assert_eq!(n.next(1_500), Step::Heartbeat, "at once, to learn leases");
-        n.heartbeat_answered(1_500, &answer(&[]));
+        n.heartbeat_answered(1_500, 0, &answer(&[]));
         assert_eq!(n.next(1_500), Step::Wait(5_000));
         assert_eq!(n.next(6_500), Step::Heartbeat);
     }
@@ -420,10 +452,10 @@ mod tests {
     fn a_lease_runs_is_reported_and_completes() {
         let mut n = Node::new("n1", 0);
         n.registered(0, &registered());
-        n.heartbeat_answered(0, &answer(&["l1"]));
+        n.heartbeat_answered(0, 0, &answer(&["l1"]));
         assert_eq!(n.next(0), Step::Start(grant("l1")));
         // Renewed in the next answer: not started twice.
-        n.heartbeat_answered(5_000, &answer(&["l1"]));
+        n.heartbeat_answered(5_000, 0, &answer(&["l1"]));
         n.workload_started("l1", "started /bin/serve");
         let Step::Report(r) = n.next(5_000) else {
             panic!("a report is due")
@@ -444,7 +476,7 @@ mod tests {
         assert!(matches!(n.next(5_501), Step::Report(ref again) if *again == r));
         n.report_sent();
         // The lease leaves the answers: forgotten, nothing to stop.
-        n.heartbeat_answered(10_000, &answer(&[]));
+        n.heartbeat_answered(10_000, 0, &answer(&[]));
         assert!(n.live_leases().is_empty());
         assert_eq!(n.next(10_000), Step::Wait(5_000));
     }
@@ -453,7 +485,7 @@ mod tests {
     fn failures_are_reported_with_their_reason_and_stops_are_not() {
         let mut n = Node::new("n1", 0);
         n.registered(0, &registered());
-        n.heartbeat_answered(0, &answer(&["l1", "l2", "l3"]));
+        n.heartbeat_answered(0, 0, &answer(&["l1", "l2", "l3"]));
         for _ in 0..3 {
             assert!(matches!(n.next(0), Step::Start(_)));
         }
@@ -462,7 +494,7 @@ mod tests {
         n.workload_started("l3", "started");
         n.workload_ended("l2", Some(3), "exited with status 3");
         // l3 is cancelled: stopped, and its end is not reported.
-        n.heartbeat_answered(5_000, &answer(&["l2"]));
+        n.heartbeat_answered(5_000, 0, &answer(&["l2"]));
         assert_eq!(n.next(5_000), Step::Stop("l3".into()));
         n.workload_ended("l3", None, "killed");
         let mut got = Vec::new();
@@ -489,16 +521,65 @@ mod tests {
                 ),
             ]
         );
-        // A report the broker will never take is dropped.
-        n.workload_started("l9", "unknown lease: nothing");
-        assert!(!matches!(n.next(5_000), Step::Report(_)));
+        // A report the broker will never take is dropped; one it could not take now stays.
+        let mut m = Node::new("n1", 0);
+        m.registered(0, &registered());
+        m.heartbeat_answered(0, 0, &answer(&["l1"]));
+        let _ = m.next(0);
+        m.workload_started("l1", "started");
+        m.report_failed(0, &ReportError::Unreachable("429".into()));
+        assert!(matches!(m.next(500), Step::Report(_)));
+        m.report_failed(500, &ReportError::Gone("409".into()));
+        assert!(!matches!(m.next(60_000), Step::Report(_)));
+    }
+
+    /// A lease whose token lapses unrenewed (the broker is unreachable, or no longer renews
+    /// it) is stopped on this clock, and not reported.
+    #[test]
+    fn a_lease_not_renewed_before_its_token_lapses_is_stopped() {
+        let mut n = Node::new("n1", 0);
+        n.registered(0, &registered());
+        // Granted at unix 1000, lapsing at 1100: 100 s on this clock.
+        n.heartbeat_answered(0, 1_000, &{
+            let mut a = answer(&["l1"]);
+            a.leases[0].expires_at = 1_100;
+            a
+        });
+        let _ = n.next(0);
+        n.workload_started("l1", "started");
+        n.report_sent();
+        for t in (5_000..100_000).step_by(5_000) {
+            n.heartbeat_failed(t, &HeartbeatError::Unreachable("down".into()));
+            assert!(!matches!(n.next(t), Step::Stop(_)), "at {t}");
+        }
+        assert_eq!(n.next(100_000), Step::Stop("l1".into()));
+        n.workload_ended("l1", None, "killed");
+        assert!(!matches!(n.next(100_001), Step::Report(_)));
+    }
+
+    /// On terminate, queued reports get a few seconds to go out, then the agent exits.
+    #[test]
+    fn terminate_flushes_reports_within_a_deadline() {
+        let mut n = Node::new("n1", 0);
+        n.registered(0, &registered());
+        n.heartbeat_answered(0, 0, &answer(&["l1"]));
+        let _ = n.next(0);
+        n.workload_started("l1", "started");
+        n.workload_ended("l1", Some(0), "exited with status 0");
+        n.terminate(1_000);
+        assert!(matches!(n.next(1_000), Step::Report(_)));
+        n.report_failed(1_000, &ReportError::Unreachable("down".into()));
+        assert_eq!(n.next(1_000), Step::Wait(500));
+        assert!(matches!(n.next(1_500), Step::Report(_)));
+        n.report_failed(1_500, &ReportError::Unreachable("down".into()));
+        assert_eq!(n.next(FLUSH_MS + 1_000), Step::Exit, "the deadline passed");
     }
 
     #[test]
     fn a_forgetful_broker_or_a_reattest_ask_registers_again_keeping_the_workloads() {
         let mut n = Node::new("n1", 0);
         n.registered(0, &registered());
-        n.heartbeat_answered(0, &answer(&["l1"]));
+        n.heartbeat_answered(0, 0, &answer(&["l1"]));
         let _ = n.next(0);
         n.workload_started("l1", "started");
         n.report_sent();
@@ -508,6 +589,7 @@ mod tests {
         // Unplaceable for now: the answer brings no leases, and nothing is stopped.
         n.heartbeat_answered(
             5_100,
+            0,
             &HeartbeatAnswer {
                 reattest: true,
                 unplaceable: Some("attestation lapsed".into()),
@@ -527,15 +609,18 @@ mod tests {
     fn terminate_stops_every_workload_then_exits() {
         let mut n = Node::new("n1", 0);
         n.registered(0, &registered());
-        n.heartbeat_answered(0, &answer(&["l1", "l2"]));
+        n.heartbeat_answered(0, 0, &answer(&["l1", "l2"]));
         let _ = n.next(0);
         n.workload_started("l1", "started");
-        n.terminate();
+        n.terminate(0);
         assert_eq!(n.next(0), Step::Stop("l1".into()));
         assert_eq!(n.next(0), Step::Stop("l2".into()));
         assert_eq!(n.next(0), Step::Wait(50));
         n.stopped("l1");
         n.workload_ended("l2", None, "killed");
+        // l1's start was not reported yet: it goes out first (l2's kill is not reported).
+        assert!(matches!(n.next(0), Step::Report(r) if r.lease == "l1"));
+        n.report_sent();
         assert_eq!(n.next(0), Step::Exit);
         assert!(!matches!(n.next(0), Step::Heartbeat | Step::Register));
     }

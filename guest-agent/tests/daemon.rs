@@ -36,12 +36,15 @@ struct Net {
     broker: Option<BrokerServer>,
     dir: PathBuf,
     machines: Vec<PathBuf>,
+    /// The agents' first workload uid (agent i: this + 100 i); tests run side by side, and an
+    /// agent clears its uids of what an earlier agent left.
+    uid_base: u32,
 }
 
 const PLAIN: &[u8] = b"the tenant's weights";
 
 impl Net {
-    fn new(name: &str, gpus: &[usize], heartbeat_secs: i64) -> Net {
+    fn new(name: &str, gpus: &[usize], heartbeat_secs: i64, uid_base: u32) -> Net {
         let sims: Vec<cgx_kbs::sim::SimNode> =
             gpus.iter().map(|g| cgx_devnet::node(*g).unwrap()).collect();
         let refs: Vec<&cgx_kbs::sim::SimNode> = sims.iter().collect();
@@ -53,6 +56,12 @@ impl Net {
         let kbs = cgx_devnet::Server::start(&kbs_setup.config).unwrap();
         let broker = BrokerServer::start(&broker_setup.config).unwrap();
         let dir = cgx_devnet::temp_dir(name).unwrap();
+        // The workloads run under user ids of their own (the agent runs as root here, or as
+        // its user): they pass through this folder to their lease's.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
         // The machines, as their host's launcher hands them to the guest.
         let machines = sims
             .iter()
@@ -109,6 +118,7 @@ impl Net {
             broker: Some(broker),
             dir,
             machines,
+            uid_base,
         }
     }
 
@@ -132,6 +142,8 @@ impl Net {
     fn agent(&self, i: usize, price: u64) -> Agent {
         let token = self.dir.join(format!("op{i}.token"));
         std::fs::write(&token, self.broker_setup.operator.api_token().unwrap()).unwrap();
+        #[cfg(unix)]
+        private(&token);
         let work = self.dir.join(format!("work{i}"));
         let log = self.dir.join(format!("agent{i}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_cgx-guest-agent"))
@@ -141,6 +153,11 @@ impl Net {
                 &self.broker().base,
                 "--kbs",
                 &self.kbs.base,
+            ])
+            .args(["--broker-key", &self.kbs_setup.broker.public_b64])
+            .args([
+                "--workload-uid",
+                &(self.uid_base + 100 * i as u32).to_string(),
             ])
             .arg("--token-file")
             .arg(&token)
@@ -162,6 +179,10 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
+        // A killed agent leaves its workload behind (the next agent on that VM clears it).
+        for uid in self.uid_base..self.uid_base + 200 {
+            cgx_guest_agent::reap::kill_uid(uid);
+        }
         if let Some(b) = self.broker.take() {
             b.stop();
         }
@@ -248,17 +269,28 @@ fn final_state(net: &Net, id: &str, secs: u64) -> JobView {
 
 fn placeable(net: &Net, n: usize) {
     let auditor = net.auditor();
-    wait(20, "the nodes to register", || {
-        auditor
-            .nodes()
-            .ok()
-            .filter(|v| v.iter().filter(|n| n.placeable).count() >= n)
-    });
+    let t = Instant::now();
+    while auditor
+        .nodes()
+        .map_or(0, |v| v.iter().filter(|n| n.placeable).count())
+        < n
+    {
+        if t.elapsed() > Duration::from_secs(20) {
+            let logs: String = (0..net.machines.len())
+                .map(|i| {
+                    std::fs::read_to_string(net.dir.join(format!("agent{i}.log")))
+                        .unwrap_or_default()
+                })
+                .collect();
+            panic!("timed out: the nodes to register\n{logs}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
 fn a_node_registers_runs_its_workload_on_decrypted_weights_and_reports_it() {
-    let net = Net::new("agent-run", &[1], 1);
+    let net = Net::new("agent-run", &[1], 1, 61_000);
     let t0 = Instant::now();
     let agent = net.agent(0, 1_000_000);
     placeable(&net, 1);
@@ -344,12 +376,61 @@ fn a_node_registers_runs_its_workload_on_decrypted_weights_and_reports_it() {
         "{}",
         refused.reason
     );
-    // SIGTERM: the agent stops at once, cleanly.
+    // The workload runs under a user id of its own: the operator's token, which the agent reads,
+    // is not its to read (when the agent is root and can change user); its output stays in
+    // the VM, never on the agent's (the host's console).
+    let root = cgx_guest_agent::reap::own_uid() == 0;
+    let token = net.dir.join("op0.token");
+    let prying = net
+        .tenant()
+        .submit(&job(sh(
+            &format!(
+                "echo tenant-output-7f3; id -u; cat {} >/dev/null 2>&1 && exit 9; exit 0",
+                token.display()
+            ),
+            None,
+        )))
+        .unwrap();
+    let pried = final_state(&net, &prying.id, 30);
+    if root {
+        assert_eq!(pried.state, JobState::Completed, "{}", pried.reason);
+    }
+    assert!(
+        !agent.log().contains("tenant-output-7f3"),
+        "{}",
+        agent.log()
+    );
+    // SIGTERM with a workload running: the agent stops it (every process of its uid) and
+    // removes its folder, then exits cleanly.
+    let long = net
+        .tenant()
+        .submit(&job(sh("exec sleep 120", None)))
+        .unwrap();
+    let running = wait(20, "the long job to run", || {
+        net.tenant()
+            .job(&long.id)
+            .ok()
+            .filter(|v| v.state == JobState::Running)
+    });
+    let lease_dir = agent.work.join(running.lease_id.clone().unwrap());
+    assert!(lease_dir.join("output.log").exists());
     let mut agent = agent;
     let term = Instant::now();
     agent.signal("-TERM");
     let status = wait(10, "the agent to exit", || agent.child.try_wait().unwrap());
     assert!(status.success(), "{status:?}\n{}", agent.log());
+    assert!(
+        !lease_dir.exists(),
+        "the workload's folder outlived the agent"
+    );
+    if root {
+        for uid in 61_000..61_064 {
+            assert!(
+                cgx_guest_agent::reap::pids_of_uid(uid).is_empty(),
+                "a process of workload uid {uid} outlived the agent"
+            );
+        }
+    }
     println!(
         "guest agent (sim machine): placeable {placeable_after:?} after start; stopped {:?} after SIGTERM",
         term.elapsed()
@@ -359,11 +440,11 @@ fn a_node_registers_runs_its_workload_on_decrypted_weights_and_reports_it() {
 #[test]
 fn a_broker_restart_and_a_cancelled_lease_and_a_killed_agent() {
     // Heartbeats every second: a silent node is declared gone after 3 s.
-    let mut net = Net::new("agent-restart", &[1, 1], 1);
+    let mut net = Net::new("agent-restart", &[1, 1], 1, 62_000);
     let cheap = net.agent(0, 1_000_000);
     placeable(&net, 1);
-    // A workload that runs while its agent lives.
-    let forever = sh("while kill -0 $PPID 2>/dev/null; do sleep 0.1; done", None);
+    // A workload that runs until it is stopped.
+    let forever = sh("exec sleep 120", None);
     let j = net.tenant().submit(&job(forever.clone())).unwrap();
     let tenant = net.tenant();
     wait(20, "the job to run", || {
@@ -424,4 +505,136 @@ fn a_broker_restart_and_a_cancelled_lease_and_a_killed_agent() {
         "{}",
         dear.log()
     );
+}
+
+/// A machine that answers with its own CPU report but another machine's GPUs (a host that
+/// swaps in evidence from GPUs it does not pass through), or with none of its GPUs' evidence.
+struct Tampered {
+    cpu: cgx_guest_agent::machine::SimMachine,
+    gpus: cgx_guest_agent::machine::SimMachine,
+    drop_gpus: bool,
+}
+
+impl cgx_guest_agent::machine::Machine for Tampered {
+    fn gpus(&self) -> Result<Vec<cgx_guest_agent::machine::GpuInfo>, String> {
+        if self.drop_gpus {
+            return Ok(vec![]);
+        }
+        self.gpus.gpus()
+    }
+    fn gpu_evidence(&self, index: u32, nonce: [u8; 32]) -> Result<(Vec<u8>, Vec<u8>), String> {
+        self.gpus.gpu_evidence(index, nonce)
+    }
+    fn cpu_evidence(
+        &self,
+        report_data: &[u8; 64],
+    ) -> Result<cgx_protocol::broker::CpuEvidence, String> {
+        self.cpu.cpu_evidence(report_data)
+    }
+    fn kbs_evidence(&self) -> &dyn cgx_protocol::kbs::rcar::EvidenceSource {
+        self.cpu.kbs_evidence()
+    }
+    fn simulated(&self) -> bool {
+        true
+    }
+}
+
+/// Through the guest's own registration path: GPUs another live node offers, in this node's
+/// registration, are refused; GPU evidence swapped in transit breaks the binding; a
+/// registration without the GPU evidence its offer needs proves no GPUs. Each refused with its
+/// reason.
+#[test]
+fn gpu_evidence_from_another_node_or_none_is_refused() {
+    use cgx_guest_agent::machine::{Machine, SimMachine, registration_evidence};
+    let net = Net::new("agent-gpus", &[2, 2], 1, 63_000);
+    let load = |i: usize| SimMachine {
+        node: cgx_kbs::sim::SimNode::from_json(&std::fs::read(&net.machines[i]).unwrap()).unwrap(),
+    };
+    let op = net
+        .broker_setup
+        .client(&net.broker().base, &net.broker_setup.operator)
+        .unwrap();
+    // Register `m` offering `offered` GPUs; with `swap`, the GPU evidence is replaced in
+    // transit by what `swap` makes for the same nonce and identity.
+    let register = |m: &dyn Machine, offered: u32, swap: Option<&dyn Machine>| {
+        use aws_lc_rs::signature::{Ed25519KeyPair, KeyPair};
+        let pk8 = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new()).unwrap();
+        let raw: [u8; 32] = Ed25519KeyPair::from_pkcs8(pk8.as_ref())
+            .unwrap()
+            .public_key()
+            .as_ref()
+            .try_into()
+            .unwrap();
+        let tee = cgx_protocol::kbs::jwe::TeeKey::generate_ec(cgx_protocol::kbs::jwe::Curve::P256)
+            .unwrap()
+            .public()
+            .unwrap();
+        let identity =
+            cgx_protocol::broker::node_identity(&raw, &cgx_protocol::kbs::jwe::thumbprint(&tee));
+        let nonce = op.nonce().unwrap();
+        let bytes = cgx_protocol::broker::unb64(&nonce.nonce).unwrap();
+        let (cpu, mut gpus) = registration_evidence(m, &bytes, &identity).unwrap();
+        if let Some(other) = swap {
+            gpus = registration_evidence(other, &bytes, &identity).unwrap().1;
+        }
+        let reg = cgx_protocol::broker::registration(
+            &nonce.nonce,
+            pk8.as_ref(),
+            tee,
+            cpu,
+            gpus,
+            cgx_protocol::broker::Offer {
+                gpu_model: "H100".into(),
+                gpu_count: offered,
+                gpu_memory_gib: 80,
+                region: "eu-west".into(),
+                price_per_gpu_hour_micros: Micros(1_000_000),
+                operator: OPERATOR.into(),
+            },
+        )
+        .unwrap();
+        op.register(&reg)
+    };
+    let refused = |r: Result<_, cgx_broker::client::ClientError>| match r {
+        Err(cgx_broker::client::ClientError::Refused { code, detail, .. }) => (code, detail),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // Machine 1 registers honestly: its GPUs are a live node's.
+    let one = register(&load(1), 2, None).unwrap();
+    // Machine 0's CPU with machine 1's GPUs, composed as the guest composes.
+    let (code, detail) = refused(register(
+        &Tampered {
+            cpu: load(0),
+            gpus: load(1),
+            drop_gpus: false,
+        },
+        2,
+        None,
+    ));
+    assert_eq!(code, "InventoryNotProven", "{detail}");
+    assert!(
+        detail.contains("already offered by node") && detail.contains(&one.node_id),
+        "{detail}"
+    );
+    // Machine 0's evidence with the GPU reports swapped for machine 1's in transit.
+    let (code, detail) = refused(register(&load(0), 2, Some(&load(1))));
+    assert_eq!(code, "EvidenceRefused", "{detail}");
+    assert!(detail.contains("binding"), "{detail}");
+    // No GPU evidence for the GPUs offered.
+    let (code, detail) = refused(register(
+        &Tampered {
+            cpu: load(0),
+            gpus: load(0),
+            drop_gpus: true,
+        },
+        2,
+        None,
+    ));
+    assert_eq!(code, "InventoryNotProven", "{detail}");
+    assert!(
+        detail.contains("2 GPUs") && detail.contains("0 GPU reports"),
+        "{detail}"
+    );
+    // The honest machine 0 registers.
+    assert!(register(&load(0), 2, None).is_ok());
 }

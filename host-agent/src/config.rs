@@ -3,6 +3,7 @@
 //! ```toml
 //! [agent]                          # what the guest agent is told
 //! broker = "https://broker.example"
+//! broker_key = "<base64 Ed25519>"  # the broker's lease-signing key
 //! kbs = "https://kbs.example"
 //! operator = "op1"
 //! region = "eu-west"
@@ -52,6 +53,9 @@ pub struct HostConfig {
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     pub broker: String,
+    /// The broker's lease-signing public key (Ed25519, base64): the guest verifies every lease
+    /// under it.
+    pub broker_key: String,
     pub kbs: String,
     pub operator: String,
     pub region: String,
@@ -198,6 +202,7 @@ mod tests {
     const SIM: &str = r#"
         [agent]
         broker = "http://127.0.0.1:1"
+        broker_key = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"
         kbs = "http://127.0.0.1:2"
         operator = "op1"
         region = "eu-west"

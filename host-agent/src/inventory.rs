@@ -74,7 +74,7 @@ impl Sources {
     pub fn read(disk_path: &str) -> Sources {
         let text = |p: &str| std::fs::read_to_string(p).ok();
         let df = std::process::Command::new("df")
-            .args(["-Pk", disk_path])
+            .args(["-Pk", "--", disk_path])
             .output()
             .ok()
             .filter(|o| o.status.success())
@@ -162,8 +162,8 @@ impl Inventory {
             let free = f.get(3)?.parse::<u64>().ok()?;
             Some(Disk {
                 path: s.disk_path.clone(),
-                total_bytes: total * 1024,
-                free_bytes: free * 1024,
+                total_bytes: total.saturating_mul(1024),
+                free_bytes: free.saturating_mul(1024),
             })
         });
         let (gpus, gpu_error) = match gpus {
@@ -181,7 +181,7 @@ impl Inventory {
                 enabled: yes(&s.kvm_intel_tdx) == Some(true),
                 evidence: tdx,
             },
-            memory_bytes: kib("MemTotal:") * 1024,
+            memory_bytes: kib("MemTotal:").saturating_mul(1024),
             disk,
             gpus,
             gpu_error,
@@ -206,7 +206,8 @@ pub fn nvml_gpus() -> Result<Vec<Gpu>, String> {
                 index,
                 name: d.name().map_err(|e| format!("GPU {index}: name: {e}"))?,
                 uuid: d.uuid().map_err(|e| format!("GPU {index}: uuid: {e}"))?,
-                memory_gib: u32::try_from((memory.total + (1 << 29)) >> 30).unwrap_or(u32::MAX),
+                memory_gib: u32::try_from(memory.total.saturating_add(1 << 29) >> 30)
+                    .unwrap_or(u32::MAX),
                 cc_enabled: d.is_cc_enabled().ok(),
                 cc_dev_mode: d.is_cc_dev_mode_enabled().ok(),
                 pci_bus_id: d.pci_info().ok().map(|p| p.bus_id),

@@ -124,6 +124,32 @@ impl Launch {
                 return bad("vfio", format!("'{a}' is not a PCI address (0000:41:00.0)"));
             }
         }
+        // QEMU splits option values at commas: a comma in a value would add options the
+        // measurement does not know of.
+        for (field, p) in [
+            ("firmware", self.firmware.as_ref()),
+            ("kernel", Some(&self.kernel)),
+            ("initrd", Some(&self.initrd)),
+            ("id_block", self.id_block.as_ref()),
+            ("id_auth", self.id_auth.as_ref()),
+        ] {
+            if let Some(p) = p
+                && (p.to_string_lossy().contains(',') || p.as_os_str().is_empty())
+            {
+                return bad(field, "a path without commas");
+            }
+        }
+        if let Some(t) = &self.vcpu_type
+            && (t.is_empty()
+                || !t
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')))
+        {
+            return bad(
+                "vcpu_type",
+                "a QEMU CPU model name (letters, digits, '-', '_', '.')",
+            );
+        }
         match self.tee {
             Tee::Snp => {
                 if self.firmware.is_none() {
@@ -167,6 +193,10 @@ impl Launch {
     /// (no KVM: tests).
     pub fn qemu_args(&self, channel: &Channel, tcg: bool) -> Result<Vec<String>, LaunchError> {
         self.check()?;
+        let Channel::VirtioSerial { socket } = channel;
+        if socket.to_string_lossy().contains(',') {
+            return bad("socket", "a path without commas");
+        }
         let b64 = |b: &[u8]| {
             use base64::Engine;
             base64::engine::general_purpose::STANDARD.encode(b)
@@ -373,6 +403,8 @@ mod tests {
             (r#"policy = "zz""#, "policy"),
             (r#"memory_mib = 1"#, "memory_mib"),
             (r#"id_block = "a.b64""#, "id_block"),
+            (r#"vcpu_type = "EPYC,+invtsc""#, "vcpu_type"),
+            (r#"kernel = "/img/vmlinuz,x=1""#, "kernel"),
         ] {
             let key = edit.split_once(" = ").unwrap().0;
             let mut text: String = SNP

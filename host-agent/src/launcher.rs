@@ -14,6 +14,8 @@ pub fn guest_agent_args(a: &AgentConfig) -> Vec<String> {
         "run".to_string(),
         "--broker".into(),
         a.broker.clone(),
+        "--broker-key".into(),
+        a.broker_key.clone(),
         "--kbs".into(),
         a.kbs.clone(),
         "--token-file".into(),
@@ -54,6 +56,9 @@ pub fn sim_machine(
             .map_err(|e| e.to_string())?;
     }
     let bytes = node.to_json().map_err(|e| e.to_string())?;
+    // Whole or not at all: written beside it (0600), then renamed into place.
+    let tmp = path.with_extension("partial");
+    let _ = std::fs::remove_file(&tmp);
     let mut o = std::fs::OpenOptions::new();
     o.write(true).create_new(true);
     #[cfg(unix)]
@@ -61,10 +66,11 @@ pub fn sim_machine(
         use std::os::unix::fs::OpenOptionsExt;
         o.mode(0o600);
     }
-    let mut f = o
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    std::io::Write::write_all(&mut f, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let fail = |e: std::io::Error| format!("{}: {e}", tmp.display());
+    let mut f = o.open(&tmp).map_err(fail)?;
+    std::io::Write::write_all(&mut f, &bytes).map_err(fail)?;
+    f.sync_all().map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(true)
 }
 

@@ -245,9 +245,13 @@ mod tests {
             serde_json::from_slice(&std::fs::read(dir.join("state.json")).unwrap()).unwrap();
         assert_eq!(state["state"], "stopped");
         assert_eq!(state["last_exit"], "exited with status 7");
-        // A long-running VM is stopped with SIGTERM.
+        // A long-running VM is stopped with SIGTERM (not killed after the grace period).
         let stop = AtomicBool::new(false);
-        let report = Report::default();
+        let report = Report {
+            state_file: Some(dir.join("term.json")),
+            launcher: "test".into(),
+            quiet: true,
+        };
         let flag = &stop;
         std::thread::scope(|sc| {
             sc.spawn(|| {
@@ -269,6 +273,9 @@ mod tests {
             .unwrap();
             assert_eq!(r, 0);
         });
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("term.json")).unwrap()).unwrap();
+        assert_eq!(state["last_exit"], "killed by signal 15");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -202,7 +202,7 @@ mod tests {
     #[tokio::test]
     async fn reports_not_of_the_nodes_own_lease_are_refused() {
         let h = Harness::new("reports-refused").await;
-        let (node, other) = (h.node(1), h.node(1));
+        let (node, other) = (h.node(2), h.node(1));
         h.register(&node).await.unwrap();
         let tenant = h.admin(Role::Tenant);
         let job = h
@@ -210,6 +210,13 @@ mod tests {
             .submit(&tenant, Harness::job(1, 600))
             .await
             .unwrap();
+        // A second job of the same tenant on the same node (its other GPU).
+        let second = h
+            .broker
+            .submit(&tenant, Harness::job(1, 600))
+            .await
+            .unwrap();
+        assert_eq!(second.node_id.as_deref(), Some(node.id.as_str()));
         h.register(&other).await.unwrap();
         let lease = job.lease_id.clone().unwrap();
         let now = h.now();
@@ -235,10 +242,16 @@ mod tests {
                 .unwrap_err(),
             "not a workload report",
         );
-        // The lease, but another job.
-        let wrong_job = node.report_token(&lease, "jnotthisone", WorkloadState::Failed, None, now);
+        // The node's own lease, but named for its other job: neither job moves.
+        let wrong_job = node.report_token(&lease, &second.id, WorkloadState::Failed, None, now);
         refused(
             h.broker.report(&node.id, &wrong_job).await.unwrap_err(),
+            &format!("is not job {}'s lease", second.id),
+        );
+        // A job that does not exist.
+        let no_job = node.report_token(&lease, "jnotthisone", WorkloadState::Failed, None, now);
+        refused(
+            h.broker.report(&node.id, &no_job).await.unwrap_err(),
             "not found",
         );
         // Signed long ago.

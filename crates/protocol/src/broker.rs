@@ -344,8 +344,9 @@ pub struct LeaseGrant {
 /// `CGX_LEASE_ID`, `CGX_JOB_ID`, `CGX_GPUS`, `CGX_LEASE`). A container image reference is a
 /// later step.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+// No `deny_unknown_fields`: a workload travels inside lease records and heartbeat answers,
+// which an older node or KBS must still read when a newer broker adds a field.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
 pub struct Workload {
     /// Absolute path of a program in the node's image.
     pub command: String,
@@ -359,7 +360,6 @@ pub struct Workload {
 /// resources) and the age file's name in the node's encrypted weights store.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
 pub struct WorkloadWeights {
     /// `repo/type/tag`.
     pub resource: String,

@@ -1,0 +1,75 @@
+//! Ending a workload for good. A workload runs under a user id of its own (one per live
+//! lease), so every process it left — forked, double-forked, in a session of its own — is
+//! found by that uid and killed, before its folder and plaintext are removed and before the
+//! uid serves another lease. Where the agent cannot change user (not root: development), the
+//! workload's process group is killed instead.
+//!
+//! `kill(2)` is the one call here std has no safe form of.
+
+/// Send `sig` to `pid` (a process, or `-pgid` for a group).
+#[allow(unsafe_code)]
+fn kill(pid: i32, sig: i32) -> bool {
+    // SAFETY: kill(2) takes two integers and reads or writes no memory of this process.
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
+/// Processes whose real or effective uid is `uid` (from `/proc/<pid>/status`).
+pub fn pids_of_uid(uid: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    let line = s.lines().find(|l| l.starts_with("Uid:"))?.to_string();
+                    let ids: Vec<u32> = line
+                        .split_whitespace()
+                        .skip(1)
+                        .filter_map(|v| v.parse().ok())
+                        .collect();
+                    Some(ids.iter().take(2).any(|&u| u == uid))
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Kill every process of `uid` (SIGKILL), again while new ones appear (a fork racing the
+/// kill); the number killed. Never the agent's own uid.
+pub fn kill_uid(uid: u32) -> usize {
+    if uid == own_uid() {
+        return 0;
+    }
+    let mut killed = 0;
+    for _ in 0..50 {
+        let pids = pids_of_uid(uid);
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            if kill(pid, libc::SIGKILL) {
+                killed += 1;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    killed
+}
+
+/// Kill the process group `pgid` (SIGKILL).
+pub fn kill_group(pgid: u32) {
+    if let Ok(p) = i32::try_from(pgid)
+        && p > 1
+    {
+        kill(-p, libc::SIGKILL);
+    }
+}
+
+/// This process's uid.
+pub fn own_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
+}
