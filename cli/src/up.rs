@@ -40,6 +40,7 @@ struct Host {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     log: PathBuf,
+    uid_base: u32,
 }
 
 impl Host {
@@ -75,6 +76,8 @@ impl Host {
             gpus: self.machine.gpus.len(),
             store: dir.join("store"),
             work: dir.join(format!("{}.work", self.name)),
+            // Four hosts on one OS: each agent's workload uids apart (when root).
+            workload_uid: (cgx_guest_agent::reap::own_uid() == 0).then_some(self.uid_base),
         };
         let log = self.log.clone();
         let stop = self.stop.clone();
@@ -164,7 +167,9 @@ pub fn up() -> CliResult {
         }),
     ]
     .into_iter()
-    .map(|(name, region, price, machine)| Host {
+    .enumerate()
+    .map(|(i, (name, region, price, machine))| Host {
+        uid_base: 60_000 + 100 * i as u32,
         name,
         region,
         price,
@@ -356,7 +361,7 @@ fn run(
     // stops.
     let digest = hex::encode(sha256(&weights));
     let serve = format!(
-        r#"test "$(sha256sum "$CGX_WEIGHTS" | cut -d' ' -f1)" = {digest} && while kill -0 $PPID 2>/dev/null; do sleep 0.2; done"#
+        r#"test "$(sha256sum "$CGX_WEIGHTS" | cut -d' ' -f1)" = {digest} && exec sleep 3600"#
     );
     let spec = |script: String, gpus: u32| JobSpec {
         tenant: None,

@@ -694,7 +694,11 @@ mod tests {
             (grant(&broker, "n1", "other"), "n1", "thumb", 1_010),
             (grant(&broker, "n1", "thumb"), "n1", "thumb", 2_000),
         ] {
-            assert!(verified(answer(g), &key, node, thumb, now).leases.is_empty());
+            assert!(
+                verified(answer(g), &key, node, thumb, now)
+                    .leases
+                    .is_empty()
+            );
         }
     }
 }

@@ -102,6 +102,10 @@ pub struct SimConfig {
     pub gpus: usize,
     pub store: PathBuf,
     pub work: PathBuf,
+    /// The guest agent's first workload user id (`--workload-uid`): hosts sharing one OS (the
+    /// sim launcher's) need ranges apart, since an agent clears its range at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_uid: Option<u32>,
 }
 
 fn one() -> usize {

@@ -90,6 +90,9 @@ pub fn sim_command(agent: &AgentConfig, s: &SimConfig) -> Result<Command, String
         .arg("--sim-machine")
         .arg(&s.machine)
         .stdin(Stdio::null());
+    if let Some(u) = s.workload_uid {
+        c.arg("--workload-uid").arg(u.to_string());
+    }
     Ok(c)
 }
 
