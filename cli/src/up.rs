@@ -169,7 +169,7 @@ pub fn up() -> CliResult {
     .into_iter()
     .enumerate()
     .map(|(i, (name, region, price, machine))| Host {
-        uid_base: 60_000 + 100 * i as u32,
+        uid_base: cgx_guest_agent::DEFAULT_WORKLOAD_UID + 1_000 * i as u32,
         name,
         region,
         price,
@@ -361,7 +361,7 @@ fn run(
     // stops.
     let digest = hex::encode(sha256(&weights));
     let serve = format!(
-        r#"test "$(sha256sum "$CGX_WEIGHTS" | cut -d' ' -f1)" = {digest} && exec sleep 3600"#
+        r#"test "$(sha256sum "$CGX_WEIGHTS" | cut -d' ' -f1)" = {digest} && exec sleep 600"#
     );
     let spec = |script: String, gpus: u32| JobSpec {
         tenant: None,

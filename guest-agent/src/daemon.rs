@@ -16,12 +16,14 @@
 //!
 //! A workload runs as `command args…` in `WORK/<lease>` with a cleared environment: `PATH`,
 //! `CGX_WEIGHTS` (the decrypted weights, when the job names some), `CGX_LEASE_ID`,
-//! `CGX_JOB_ID`, `CGX_GPUS` and `CGX_LEASE` (the lease token); under a user id of its own per
-//! live lease (`--workload-uid` and up, when the agent runs as root), so it can read neither the
-//! agent's keys, the operator's token nor another lease's folder; its output goes to
-//! `WORK/<lease>/output.log`, inside the VM. When the lease ends every process of its uid is
-//! killed and `WORK/<lease>` (the plaintext included) removed. At start the agent clears `WORK`
-//! and the workload uids of whatever a previous run left.
+//! `CGX_JOB_ID`, `CGX_GPUS` and `CGX_LEASE` (the lease token); when the agent runs as root,
+//! under a user id of its own per live lease (`--workload-uid` and up, rotating, a uid reused
+//! only once no process runs as it), so it can read neither the agent's keys, the operator's
+//! token nor another lease's folder (not root: as the agent, which is for development); its
+//! output goes to `WORK/<lease>/output.log`, inside the VM. When the lease ends every process of
+//! its uid (not root: its process group) is killed, and `WORK/<lease>` (the plaintext
+//! included) and what the uid left in /tmp, /var/tmp and /dev/shm removed. At start the agent
+//! clears the lease folders in `WORK` and the workload uids of whatever a previous run left.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -96,6 +98,15 @@ impl Work {
         }
         if let Some(uid) = self.uid {
             crate::reap::kill_uid(uid);
+            if !crate::reap::pids_of_uid(uid).is_empty() {
+                log(format_args!(
+                    "workload uid {uid}: processes remain after the kill; the uid is not reused while they do"
+                ));
+            }
+            // What it left where every user may write, so the uid's next lease finds none of it.
+            for shared in ["/tmp", "/var/tmp", "/dev/shm"] {
+                crate::reap::remove_owned(std::path::Path::new(shared), uid);
+            }
         }
         remove_dir(&self.dir);
     }
@@ -130,7 +141,7 @@ fn verified(
 ) -> cgx_protocol::broker::HeartbeatAnswer {
     use cgx_protocol::signed::When;
     a.leases.retain_mut(|g| {
-        let lease = match cgx_protocol::signed::verify::<cgx_protocol::records::Lease>(
+        let (lease, exp) = match cgx_protocol::signed::verify::<cgx_protocol::records::Lease>(
             &g.token,
             std::slice::from_ref(broker_key),
             When::At {
@@ -138,7 +149,7 @@ fn verified(
                 max_lifetime: 86_400,
             },
         ) {
-            Ok(v) => v.body,
+            Ok(v) => (v.body, v.exp),
             Err(e) => {
                 log(format_args!(
                     "lease {}: its token is not the broker's lease: {e}; ignored",
@@ -158,6 +169,8 @@ fn verified(
             ));
             return false;
         }
+        // When it lapses is the token's word too, not the answer's.
+        g.expires_at = exp.min(lease.until);
         g.workload = lease.workload;
         g.resources = lease.resources;
         g.gpus = lease.gpus;
@@ -193,12 +206,14 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             crate::reap::kill_uid(uid);
         }
     }
+    // Only lease folders (named as the broker names leases): WORK may hold other things.
     for e in std::fs::read_dir(&opts.work)
         .map_err(|e| format!("{}: {e}", opts.work.display()))?
         .flatten()
     {
-        remove_dir(&e.path());
-        let _ = std::fs::remove_file(e.path());
+        if e.file_name().to_str().is_some_and(lease_id_ok) && e.path().is_dir() {
+            remove_dir(&e.path());
+        }
     }
     let client =
         BrokerClient::new(&opts.broker, opts.ca.as_deref(), None).map_err(|e| e.to_string())?;
@@ -217,6 +232,7 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
     let mut node = Node::new(&id, now());
     let mut works: HashMap<String, Work> = HashMap::new();
     let mut terminating = false;
+    let mut next_uid = 0u32;
     log(format_args!(
         "node {id}: {} machine, broker {}, KBS {}",
         if machine.simulated() {
@@ -349,13 +365,22 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                     node.workload_failed(&grant.lease_id, "a lease id that names no folder");
                     continue;
                 }
-                // The lowest workload uid no live lease holds.
+                // The next workload uid, round the range, that no live lease holds and no
+                // process still runs as (a uid is reused as late as it can be).
                 let uid = match opts.workload_uid {
                     None => None,
                     Some(base) => {
                         let taken: Vec<u32> = works.values().filter_map(|w| w.uid).collect();
-                        match (base..base.saturating_add(MAX_LEASES)).find(|u| !taken.contains(u)) {
-                            Some(u) => Some(u),
+                        let free = (0..MAX_LEASES)
+                            .map(|i| base + (next_uid + i) % MAX_LEASES)
+                            .find(|u| {
+                                !taken.contains(u) && crate::reap::pids_of_uid(*u).is_empty()
+                            });
+                        match free {
+                            Some(u) => {
+                                next_uid = (u - base + 1) % MAX_LEASES;
+                                Some(u)
+                            }
                             None => {
                                 node.workload_failed(&grant.lease_id, "no workload uid free");
                                 continue;
@@ -427,7 +452,10 @@ fn unix_now() -> i64 {
 
 /// Lease ids are the broker's (`l` and hex); anything else would name a path of its choosing.
 fn lease_id_ok(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric())
+    id.len() > 1
+        && id.len() <= 64
+        && id.starts_with('l')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 fn remove_dir(dir: &Path) {
@@ -508,17 +536,19 @@ fn send_report(
         .map_err(ReportError::Unreachable)?;
     match client.report(&r.sub, &token) {
         Ok(a) => Ok(a.state.to_string()),
-        Err(ClientError::Refused {
-            status: 404,
-            detail,
-            ..
-        }) if detail.starts_with("node ") => Err(ReportError::UnknownNode),
-        Err(
-            e @ ClientError::Refused {
-                status: 400..=499, ..
-            },
-        ) => Err(ReportError::Gone(e.to_string())),
+        Err(ClientError::Refused { status, detail, .. }) => Err(classify(status, &detail)),
         Err(e) => Err(ReportError::Unreachable(e.to_string())),
+    }
+}
+
+/// What a refusal of a report means: the broker does not know this node (register, send it
+/// again); not now (timed out, shed, the broker's own trouble: send it again); or never (not
+/// this node's lease, not its key: drop it).
+fn classify(status: u16, detail: &str) -> ReportError {
+    match status {
+        404 if detail.starts_with("node ") => ReportError::UnknownNode,
+        408 | 425 | 429 | 500..=599 => ReportError::Unreachable(format!("HTTP {status}: {detail}")),
+        _ => ReportError::Gone(format!("HTTP {status}: {detail}")),
     }
 }
 
@@ -667,6 +697,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn refusals_of_reports_are_retried_or_dropped_by_what_they_mean() {
+        for status in [408, 425, 429, 500, 503] {
+            assert!(
+                matches!(classify(status, "x"), ReportError::Unreachable(_)),
+                "{status}"
+            );
+        }
+        assert_eq!(classify(404, "node n1 not found"), ReportError::UnknownNode);
+        for (status, detail) in [
+            (404, "job j1 not found"),
+            (409, "lease"),
+            (401, "key"),
+            (400, "bad"),
+        ] {
+            assert!(
+                matches!(classify(status, detail), ReportError::Gone(_)),
+                "{status}"
+            );
+        }
+    }
+
     /// What the node runs is the signed record's: a workload, resources or GPUs rewritten in
     /// the answer around the token are replaced by the record's; a token not the broker's, or
     /// for another node or TEE key, and the grant is not acted on.
@@ -688,6 +740,11 @@ mod tests {
         assert_eq!(got.workload.as_ref().unwrap().command, "/usr/bin/serve");
         assert_eq!(got.resources, vec!["acme/weights/llama".to_string()]);
         assert_eq!(got.gpus, vec![3]);
+        // When it lapses is the token's word: an answer that says "never" is not believed.
+        let mut g = grant(&broker, "n1", "thumb");
+        g.expires_at = i64::MAX;
+        let a = verified(answer(g), &key, "n1", "thumb", 1_010);
+        assert_eq!(a.leases[0].expires_at, 1_120);
         for (g, node, thumb, now) in [
             (grant(&signer(), "n1", "thumb"), "n1", "thumb", 1_010),
             (grant(&broker, "n2", "thumb"), "n1", "thumb", 1_010),

@@ -69,6 +69,9 @@ pub struct Args {
     pub gpus: usize,
 }
 
+/// The first workload uid when the agent runs as root.
+pub const DEFAULT_WORKLOAD_UID: u32 = 524_288;
+
 /// `run`'s arguments.
 #[derive(Debug, Default)]
 pub struct RunArgs {
@@ -108,8 +111,10 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
     };
     let mut ca = None;
     let mut broker_key = None;
-    // As root, workloads run as uids 60000 and up; otherwise as the agent.
-    a.options.workload_uid = (reap::own_uid() == 0).then_some(60_000);
+    // As root, workloads run as uids 524288 and up (past the ranges systems reserve: systemd's
+    // end at 65535, container subordinate ids start above); otherwise as the agent.
+    let root = reap::own_uid() == 0;
+    a.options.workload_uid = root.then_some(DEFAULT_WORKLOAD_UID);
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         let o = &mut a.options;
@@ -121,6 +126,9 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
                 let u: u32 = val()?
                     .parse()
                     .map_err(|_| "--workload-uid: a user id (1 to 4294967231)")?;
+                if !root {
+                    return Err("--workload-uid: only an agent running as root can run workloads as another user".into());
+                }
                 if u == 0 || u > u32::MAX - daemon::MAX_LEASES {
                     return Err(
                         "--workload-uid: a user id other than root's, with room for 64 after it"

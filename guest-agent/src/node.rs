@@ -33,7 +33,8 @@ pub const RETRY_MIN_MS: Millis = 500;
 /// Retry delays double up to this.
 pub const RETRY_MAX_MS: Millis = 30_000;
 /// After a terminate, reports still queued get this long to go out.
-pub const FLUSH_MS: Millis = 5_000;
+/// (A report already in flight may take up to the HTTP client's timeout.)
+pub const FLUSH_MS: Millis = 3_000;
 
 /// What to do next.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,6 +91,9 @@ struct Lease {
     phase: Phase,
     /// Its newest token lapses then (this clock).
     valid_until: Millis,
+    /// This node ended it on its own (its token lapsed): the broker is told, if it still
+    /// carries the lease.
+    lapsed: bool,
 }
 
 /// The node's state.
@@ -157,12 +161,24 @@ impl Node {
 
     /// The next step at `now`.
     pub fn next(&mut self, now: Millis) -> Step {
+        let mut lapsed = Vec::new();
         for (id, l) in &mut self.leases {
             if matches!(l.phase, Phase::Starting | Phase::Running) && now >= l.valid_until {
                 l.phase = Phase::Stopping;
+                l.lapsed = true;
                 self.to_start.retain(|s| s != id);
                 self.to_stop.push_back(id.clone());
+                lapsed.push(id.clone());
             }
+        }
+        // Said to the broker (sent when it can be reached): the job is not running here.
+        for id in lapsed {
+            self.report(
+                &id,
+                WorkloadState::Failed,
+                None,
+                "stopped on the node: its lease token lapsed without renewal",
+            );
         }
         if let Some(id) = self.to_stop.pop_front() {
             return Step::Stop(id);
@@ -237,10 +253,17 @@ impl Node {
         for g in &a.leases {
             let lasts = u64::try_from(g.expires_at.saturating_sub(now_unix)).unwrap_or(0);
             let valid_until = now.saturating_add(lasts.saturating_mul(1_000));
+            let mut ended_here = false;
             match self.leases.get_mut(&g.lease_id) {
                 Some(l) => {
                     l.grant = g.clone();
                     l.valid_until = l.valid_until.max(valid_until);
+                    // A lease this node ended on its own, carried again: the broker has not
+                    // heard (its report was lost or refused): say it again, once.
+                    if l.phase == Phase::Done && l.lapsed {
+                        l.lapsed = false;
+                        ended_here = true;
+                    }
                 }
                 None => {
                     self.leases.insert(
@@ -249,10 +272,19 @@ impl Node {
                             grant: g.clone(),
                             phase: Phase::Starting,
                             valid_until,
+                            lapsed: false,
                         },
                     );
                     self.to_start.push_back(g.lease_id.clone());
                 }
+            }
+            if ended_here {
+                self.report(
+                    &g.lease_id,
+                    WorkloadState::Failed,
+                    None,
+                    "not running on the node: it stopped the lease when its token lapsed",
+                );
             }
         }
         let gone: Vec<String> = self
@@ -554,7 +586,26 @@ mod tests {
         }
         assert_eq!(n.next(100_000), Step::Stop("l1".into()));
         n.workload_ended("l1", None, "killed");
-        assert!(!matches!(n.next(100_001), Step::Report(_)));
+        // The broker hears that the job is not running here, once it can be reached.
+        let Step::Report(r) = n.next(100_001) else {
+            panic!("the lapse is reported")
+        };
+        assert_eq!(r.state, WorkloadState::Failed);
+        assert!(r.reason.contains("lapsed"), "{}", r.reason);
+        n.report_failed(100_001, &ReportError::Gone("409: moved".into()));
+        // If the broker carries the lease again, it is told once more, and nothing restarts.
+        n.heartbeat_answered(200_000, 2_000, &{
+            let mut a = answer(&["l1"]);
+            a.leases[0].expires_at = 2_100;
+            a
+        });
+        let Step::Report(r) = n.next(200_000) else {
+            panic!("a renewed lease this node ended is reported")
+        };
+        assert_eq!(r.state, WorkloadState::Failed);
+        n.report_sent();
+        n.heartbeat_answered(205_000, 2_005, &answer(&["l1"]));
+        assert!(!matches!(n.next(205_000), Step::Report(_) | Step::Start(_)));
     }
 
     /// On terminate, queued reports get a few seconds to go out, then the agent exits.

@@ -73,3 +73,26 @@ pub fn own_uid() -> u32 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid())
 }
+
+/// Remove the entries of `dir` (not recursing into others' folders) that `uid` owns: what a
+/// workload left in a world-writable place.
+pub fn remove_owned(dir: &std::path::Path, uid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten().take(100_000) {
+        let path = e.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.uid() != uid {
+            continue;
+        }
+        let _ = if meta.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+    }
+}

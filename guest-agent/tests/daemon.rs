@@ -36,8 +36,8 @@ struct Net {
     broker: Option<BrokerServer>,
     dir: PathBuf,
     machines: Vec<PathBuf>,
-    /// The agents' first workload uid (agent i: this + 100 i); tests run side by side, and an
-    /// agent clears its uids of what an earlier agent left.
+    /// The agents' first workload uid when root (agent i: this + 100 i); tests run side by
+    /// side, and an agent clears its uids of what an earlier agent left.
     uid_base: u32,
 }
 
@@ -290,7 +290,7 @@ fn placeable(net: &Net, n: usize) {
 
 #[test]
 fn a_node_registers_runs_its_workload_on_decrypted_weights_and_reports_it() {
-    let net = Net::new("agent-run", &[1], 1, 61_000);
+    let net = Net::new("agent-run", &[1], 1, 530_000);
     let t0 = Instant::now();
     let agent = net.agent(0, 1_000_000);
     placeable(&net, 1);
@@ -424,7 +424,7 @@ fn a_node_registers_runs_its_workload_on_decrypted_weights_and_reports_it() {
         "the workload's folder outlived the agent"
     );
     if root {
-        for uid in 61_000..61_064 {
+        for uid in 530_000..530_064 {
             assert!(
                 cgx_guest_agent::reap::pids_of_uid(uid).is_empty(),
                 "a process of workload uid {uid} outlived the agent"
@@ -440,7 +440,7 @@ fn a_node_registers_runs_its_workload_on_decrypted_weights_and_reports_it() {
 #[test]
 fn a_broker_restart_and_a_cancelled_lease_and_a_killed_agent() {
     // Heartbeats every second: a silent node is declared gone after 3 s.
-    let mut net = Net::new("agent-restart", &[1, 1], 1, 62_000);
+    let mut net = Net::new("agent-restart", &[1, 1], 1, 531_000);
     let cheap = net.agent(0, 1_000_000);
     placeable(&net, 1);
     // A workload that runs until it is stopped.
@@ -546,7 +546,7 @@ impl cgx_guest_agent::machine::Machine for Tampered {
 #[test]
 fn gpu_evidence_from_another_node_or_none_is_refused() {
     use cgx_guest_agent::machine::{Machine, SimMachine, registration_evidence};
-    let net = Net::new("agent-gpus", &[2, 2], 1, 63_000);
+    let net = Net::new("agent-gpus", &[2, 2], 1, 532_000);
     let load = |i: usize| SimMachine {
         node: cgx_kbs::sim::SimNode::from_json(&std::fs::read(&net.machines[i]).unwrap()).unwrap(),
     };

@@ -56,9 +56,18 @@ pub fn sim_machine(
             .map_err(|e| e.to_string())?;
     }
     let bytes = node.to_json().map_err(|e| e.to_string())?;
-    // Whole or not at all: written beside it (0600), then renamed into place.
-    let tmp = path.with_extension("partial");
-    let _ = std::fs::remove_file(&tmp);
+    // Whole or not at all, and never over one another launcher made meanwhile: written beside
+    // it under a name of its own (0600), then linked into place (which fails if the file is
+    // there).
+    let mut tag = [0u8; 8];
+    for (i, b) in tag.iter_mut().enumerate() {
+        *b = (std::process::id() >> (i % 4 * 8)) as u8 ^ (now as u8).wrapping_add(i as u8);
+    }
+    let tmp = path.with_extension(format!(
+        "partial-{}-{}",
+        std::process::id(),
+        hex::encode(tag)
+    ));
     let mut o = std::fs::OpenOptions::new();
     o.write(true).create_new(true);
     #[cfg(unix)]
@@ -70,8 +79,13 @@ pub fn sim_machine(
     let mut f = o.open(&tmp).map_err(fail)?;
     std::io::Write::write_all(&mut f, &bytes).map_err(fail)?;
     f.sync_all().map_err(fail)?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(true)
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
 }
 
 /// The `sim` launcher's command: the guest agent on the simulated machine.
