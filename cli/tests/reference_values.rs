@@ -278,12 +278,24 @@ fn reference_values_put_on_one_replica_reach_the_other() {
         .push(serde_json::json!(hex::encode([7u8; 48])));
     let admin1 = setup.client(&r1.base, &setup.admin).unwrap();
     assert_eq!(admin1.set_reference_values(&doc, 0).unwrap()["version"], 1);
-    r2.tick().unwrap();
+    // In force on the other replica after its next sync (a pass of its own may have run
+    // before the put's commit was visible to it: a later one picks it up).
+    let admin2 = setup.client(&r2.base, &setup.admin).unwrap();
+    let t = std::time::Instant::now();
+    loop {
+        r2.tick().unwrap();
+        if admin2.reference_values().unwrap()["version"] == 1 {
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "version 1 never reached the other replica"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     node.register(&op2).unwrap();
     let view = op2.node(&node.id).unwrap();
     assert!(view.placeable, "{}", view.reason);
-    let admin2 = setup.client(&r2.base, &setup.admin).unwrap();
-    assert_eq!(admin2.reference_values().unwrap()["version"], 1);
     r1.stop();
     r2.stop();
     kbs.cleanup();
