@@ -212,6 +212,17 @@ fn placement(nodes: usize, decisions: usize) -> serde_json::Value {
     })
 }
 
+/// What the load tasks returned (a task that panicked counts for nothing).
+async fn finished<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        if let Ok(r) = t.await {
+            out.push(r);
+        }
+    }
+    out
+}
+
 struct Network {
     kbs: cgx_devnet::Setup,
     broker: cgx_devnet::broker::BrokerSetup,
@@ -307,13 +318,7 @@ fn submissions(tenants: usize, secs: f64) -> Result<serde_json::Value, String> {
                 })
             })
             .collect();
-        let mut out = Vec::new();
-        for t in tasks {
-            if let Ok(r) = t.await {
-                out.push(r);
-            }
-        }
-        out
+        finished(tasks).await
     });
     let refused: usize = results.iter().map(|r| r.1).sum();
     let mut lat: Vec<f64> = results.into_iter().flat_map(|r| r.0).collect();
@@ -496,13 +501,7 @@ fn heartbeats(nodes_n: usize, clients: usize, secs: f64) -> Result<serde_json::V
                 })
             })
             .collect();
-        let mut out = Vec::new();
-        for t in tasks {
-            if let Ok(r) = t.await {
-                out.push(r);
-            }
-        }
-        out
+        finished(tasks).await
     });
     let wall = started.elapsed().as_secs_f64();
     let cpu = server_cpu() - cpu0;

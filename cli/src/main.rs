@@ -539,17 +539,7 @@ fn main() -> ExitCode {
     // The guest agent, built in (`cgx guest-agent run …`): what `cgx up`'s simulated hosts
     // launch, as the host agent's sim launcher launches `cgx-guest-agent`.
     if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new("guest-agent")) {
-        return match std::env::args_os()
-            .skip(2)
-            .map(std::ffi::OsString::into_string)
-            .collect::<Result<Vec<_>, _>>()
-        {
-            Ok(args) => cgx_guest_agent::main_with(args.into_iter()),
-            Err(_) => {
-                eprintln!("cgx guest-agent: an argument is not UTF-8");
-                ExitCode::from(2)
-            }
-        };
+        return cgx_guest_agent::main_os(std::env::args_os().skip(2));
     }
     let cli = Cli::parse();
     run(cli)

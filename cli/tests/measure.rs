@@ -48,6 +48,28 @@ fn firmware(
     fw
 }
 
+/// A measured direct boot in `dir`, on a firmware image made to order (pre-validated memory,
+/// secrets, CPUID, an SVSM calling area and the kernel-hashes page, with QEMU's hashes table at
+/// 0xC00 in it): `OVMF.amdsev.fd` (its path returned), `vmlinuz`, `initrd`.
+fn direct_boot_image(dir: &Path) -> PathBuf {
+    let image = cgx_measure::ovmf::testing::image(
+        64,
+        &[
+            (0x80_0000, 0x9000, 1),
+            (0x80_9000, 0x1000, 2),
+            (0x80_a000, 0x1000, 3),
+            (0x80_b000, 0x1000, 4),
+            (0x80_c000, 0x1000, 0x10),
+        ],
+        Some(0x80_cc00),
+    );
+    let fw = dir.join("OVMF.amdsev.fd");
+    std::fs::write(&fw, image).unwrap();
+    std::fs::write(dir.join("vmlinuz"), vec![0x4d; 3 * 4096 + 17]).unwrap();
+    std::fs::write(dir.join("initrd"), vec![0x1f; 5000]).unwrap();
+    fw
+}
+
 /// Both tools on the same launch: the same digest, or both refuse.
 fn same(ovmf: &Path, args: &[&str]) -> String {
     let (ok_cgx, cgx, cgx_err) = run(Command::new(env!("CARGO_BIN_EXE_cgx"))
@@ -153,24 +175,9 @@ fn snp_launch_digests_match_sev_snp_measure() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    // Measured direct boot, on an image made to order: pre-validated memory, secrets, CPUID,
-    // an SVSM calling area and the kernel-hashes page, with QEMU's hashes table at 0xC00 in it.
+    // Measured direct boot, on an image made to order.
     let dir = tmp("direct");
-    let image = cgx_measure::ovmf::testing::image(
-        64,
-        &[
-            (0x80_0000, 0x9000, 1),
-            (0x80_9000, 0x1000, 2),
-            (0x80_a000, 0x1000, 3),
-            (0x80_b000, 0x1000, 4),
-            (0x80_c000, 0x1000, 0x10),
-        ],
-        Some(0x80_cc00),
-    );
-    let fw = dir.join("OVMF.amdsev.fd");
-    std::fs::write(&fw, image).unwrap();
-    std::fs::write(dir.join("vmlinuz"), vec![0x4d; 3 * 4096 + 17]).unwrap();
-    std::fs::write(dir.join("initrd"), vec![0x1f; 5000]).unwrap();
+    let fw = direct_boot_image(&dir);
     let kernel = dir.join("vmlinuz").to_string_lossy().to_string();
     let initrd = dir.join("initrd").to_string_lossy().to_string();
     // sev-snp-measure spells the VMM types QEMU, ec2 and gce (cgx takes any case).
@@ -638,21 +645,7 @@ fn the_launch_the_host_agent_boots_is_the_launch_measured() {
         return;
     }
     let dir = tmp("launch");
-    let image = cgx_measure::ovmf::testing::image(
-        64,
-        &[
-            (0x80_0000, 0x9000, 1),
-            (0x80_9000, 0x1000, 2),
-            (0x80_a000, 0x1000, 3),
-            (0x80_b000, 0x1000, 4),
-            (0x80_c000, 0x1000, 0x10),
-        ],
-        Some(0x80_cc00),
-    );
-    let fw = dir.join("OVMF.amdsev.fd");
-    std::fs::write(&fw, image).unwrap();
-    std::fs::write(dir.join("vmlinuz"), vec![0x4d; 3 * 4096 + 17]).unwrap();
-    std::fs::write(dir.join("initrd"), vec![0x1f; 5000]).unwrap();
+    direct_boot_image(&dir);
     let p = |n: &str| dir.join(n).display().to_string();
     let config = dir.join("host.toml");
     std::fs::write(

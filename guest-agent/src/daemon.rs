@@ -202,9 +202,7 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
     // What a previous run left (it was killed before it could clean up): its workloads'
     // processes and folders, plaintext included.
     if let Some(base) = opts.workload_uid {
-        for uid in base..base.saturating_add(MAX_LEASES) {
-            crate::reap::kill_uid(uid);
-        }
+        crate::reap::kill_uids(base..base.saturating_add(MAX_LEASES));
     }
     // Only lease folders (named as the broker names leases): WORK may hold other things.
     for e in std::fs::read_dir(&opts.work)
@@ -370,12 +368,11 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                 let uid = match opts.workload_uid {
                     None => None,
                     Some(base) => {
-                        let taken: Vec<u32> = works.values().filter_map(|w| w.uid).collect();
+                        let mut taken: Vec<u32> = works.values().filter_map(|w| w.uid).collect();
+                        taken.extend(crate::reap::busy_uids(base..base + MAX_LEASES));
                         let free = (0..MAX_LEASES)
                             .map(|i| base + (next_uid + i) % MAX_LEASES)
-                            .find(|u| {
-                                !taken.contains(u) && crate::reap::pids_of_uid(*u).is_empty()
-                            });
+                            .find(|u| !taken.contains(u));
                         match free {
                             Some(u) => {
                                 next_uid = (u - base + 1) % MAX_LEASES;
@@ -444,7 +441,8 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
     }
 }
 
-fn unix_now() -> i64 {
+/// The wall clock, Unix seconds.
+pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)

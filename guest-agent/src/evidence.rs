@@ -137,7 +137,7 @@ impl ConfigfsTsm {
 }
 
 /// A DER certificate as PEM.
-fn pem_certificate(der: &[u8]) -> String {
+pub(crate) fn pem_certificate(der: &[u8]) -> String {
     let b = STANDARD.encode(der);
     let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
     for line in b.as_bytes().chunks(64) {

@@ -8,8 +8,6 @@
 //! production [`Nvml`] and, in tests only, a double that returns real recorded evidence
 //! (`../shared/vectors/nvidia`). Everything above it ([`Gpus`]) is the path the binary takes.
 
-use base64::Engine;
-
 /// Why the driver gave no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -134,8 +132,8 @@ impl Gpus {
         Gpus { driver }
     }
 
-    /// Each GPU's model and memory, in index order.
-    pub fn inventory(&self) -> Result<Vec<crate::machine::GpuInfo>, GpuError> {
+    /// How many GPUs the driver reports (at most [`MAX_GPUS`]).
+    pub fn count(&self) -> Result<u32, GpuError> {
         let n = self.driver.count()?;
         if n > MAX_GPUS {
             return Err(GpuError::Call {
@@ -144,7 +142,12 @@ impl Gpus {
                 detail: format!("more than {MAX_GPUS} GPUs"),
             });
         }
-        (0..n)
+        Ok(n)
+    }
+
+    /// Each GPU's model and memory, in index order.
+    pub fn inventory(&self) -> Result<Vec<crate::machine::GpuInfo>, GpuError> {
+        (0..self.count()?)
             .map(|i| {
                 let name = self.driver.name(i)?;
                 let model = model_of(&name).ok_or_else(|| GpuError::Call {
@@ -202,13 +205,7 @@ pub fn chain_pem(chain: &[u8]) -> Option<Vec<u8>> {
     while rest.iter().any(|&b| b != 0) {
         let len = der_len(rest)?;
         let (cert, tail) = rest.split_at(len);
-        out.push_str("-----BEGIN CERTIFICATE-----\n");
-        let b = base64::engine::general_purpose::STANDARD.encode(cert);
-        for line in b.as_bytes().chunks(64) {
-            out.push_str(std::str::from_utf8(line).ok()?);
-            out.push('\n');
-        }
-        out.push_str("-----END CERTIFICATE-----\n");
+        out.push_str(&crate::evidence::pem_certificate(cert));
         rest = tail;
     }
     (!out.is_empty()).then(|| out.into_bytes())

@@ -287,14 +287,15 @@ impl<R: std::io::Read> std::io::Read for Sha256Reader<R> {
     }
 }
 
+/// A simulated machine made here (launch measurement all zeros, certificates from now).
+#[cfg(feature = "sim")]
+fn sim_node(gpus: usize) -> Result<cgx_kbs::sim::SimNode, String> {
+    cgx_kbs::sim::SimNode::generate(gpus, [0u8; 48], daemon::unix_now()).map_err(|e| e.to_string())
+}
+
 #[cfg(feature = "sim")]
 fn sim_source(gpus: usize) -> Result<Box<dyn EvidenceSource>, String> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    Ok(Box::new(
-        cgx_kbs::sim::SimNode::generate(gpus, [0u8; 48], now).map_err(|e| e.to_string())?,
-    ))
+    Ok(Box::new(sim_node(gpus)?))
 }
 
 #[cfg(not(feature = "sim"))]
@@ -459,12 +460,7 @@ fn sim_machine(
             let bytes = keyfile::read_private(p, 4 << 20)?;
             cgx_kbs::sim::SimNode::from_json(&bytes).map_err(|e| format!("{}: {e}", p.display()))?
         }
-        None => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as i64);
-            cgx_kbs::sim::SimNode::generate(gpus, [0u8; 48], now).map_err(|e| e.to_string())?
-        }
+        None => sim_node(gpus)?,
     };
     Ok(std::sync::Arc::new(machine::SimMachine { node }))
 }
@@ -485,6 +481,21 @@ pub fn run_daemon(a: &RunArgs) -> Result<(), String> {
         signal_hook::flag::register(signal, stop.clone()).map_err(|e| e.to_string())?;
     }
     daemon::run(&a.options, machine, &stop)
+}
+
+/// The program from the command line as the OS hands it (without the program name):
+/// arguments that are not UTF-8 are a usage error, not a panic.
+pub fn main_os(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
+    match args
+        .map(std::ffi::OsString::into_string)
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(args) => main_with(args.into_iter()),
+        Err(_) => {
+            eprintln!("cgx-guest-agent: an argument is not UTF-8");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// The program: parse `args` (without the program name), run, and say how it ended.

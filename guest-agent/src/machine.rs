@@ -131,7 +131,7 @@ impl EvidenceSource for TsmMachine {
         };
         let e =
             |e: crate::gpu::GpuError| cgx_protocol::kbs::rcar::ClientError::Evidence(e.to_string());
-        let n = gpus.inventory().map_err(e)?.len() as u32;
+        let n = gpus.count().map_err(e)?;
         if n == 0 {
             return Ok(String::new());
         }

@@ -13,39 +13,62 @@ fn kill(pid: i32, sig: i32) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
-/// Processes whose real or effective uid is `uid` (from `/proc/<pid>/status`).
-pub fn pids_of_uid(uid: u32) -> Vec<i32> {
+/// Every process with its real and effective uid (from `/proc/<pid>/status`), read once.
+fn processes() -> Vec<(i32, [u32; 2])> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .ok()
-                .and_then(|s| {
-                    let line = s.lines().find(|l| l.starts_with("Uid:"))?.to_string();
-                    let ids: Vec<u32> = line
-                        .split_whitespace()
-                        .skip(1)
-                        .filter_map(|v| v.parse().ok())
-                        .collect();
-                    Some(ids.iter().take(2).any(|&u| u == uid))
-                })
-                .unwrap_or(false)
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+            let mut ids = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|v| v.parse().ok());
+            Some((pid, [ids.next()?, ids.next()?]))
         })
         .collect()
+}
+
+/// Processes whose real or effective uid is `uid`.
+pub fn pids_of_uid(uid: u32) -> Vec<i32> {
+    processes()
+        .into_iter()
+        .filter(|(_, ids)| ids.contains(&uid))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// The uids in `range` some process runs as (one pass over `/proc`).
+pub fn busy_uids(range: std::ops::Range<u32>) -> Vec<u32> {
+    let mut busy: Vec<u32> = processes()
+        .into_iter()
+        .flat_map(|(_, ids)| ids)
+        .filter(|u| range.contains(u))
+        .collect();
+    busy.sort_unstable();
+    busy.dedup();
+    busy
 }
 
 /// Kill every process of `uid` (SIGKILL), again while new ones appear (a fork racing the
 /// kill); the number killed. Never the agent's own uid.
 pub fn kill_uid(uid: u32) -> usize {
-    if uid == own_uid() {
-        return 0;
-    }
+    kill_uids(uid..uid.saturating_add(1))
+}
+
+/// [`kill_uid`] for every uid in `range`, one pass over `/proc` a round.
+pub fn kill_uids(range: std::ops::Range<u32>) -> usize {
+    let own = own_uid();
     let mut killed = 0;
     for _ in 0..50 {
-        let pids = pids_of_uid(uid);
+        let pids: Vec<i32> = processes()
+            .into_iter()
+            .filter(|(_, ids)| ids.iter().any(|u| *u != own && range.contains(u)))
+            .map(|(pid, _)| pid)
+            .collect();
         if pids.is_empty() {
             break;
         }

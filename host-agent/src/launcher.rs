@@ -46,9 +46,7 @@ pub fn sim_machine(
     if path.exists() {
         return Ok(false);
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let now = crate::supervise::unix_now();
     let node =
         cgx_kbs::sim::SimNode::generate(gpus, measurement, now).map_err(|e| e.to_string())?;
     if let Some(dir) = collateral {
@@ -59,15 +57,10 @@ pub fn sim_machine(
     // Whole or not at all, and never over one another launcher made meanwhile: written beside
     // it under a name of its own (0600), then linked into place (which fails if the file is
     // there).
-    let mut tag = [0u8; 8];
-    for (i, b) in tag.iter_mut().enumerate() {
-        *b = (std::process::id() >> (i % 4 * 8)) as u8 ^ (now as u8).wrapping_add(i as u8);
-    }
-    let tmp = path.with_extension(format!(
-        "partial-{}-{}",
-        std::process::id(),
-        hex::encode(tag)
-    ));
+    // (The process id and a count within it: unique among writers.)
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("partial-{}-{n}", std::process::id()));
     let mut o = std::fs::OpenOptions::new();
     o.write(true).create_new(true);
     #[cfg(unix)]

@@ -150,6 +150,21 @@ fn run(path: &std::path::Path) -> Result<(), String> {
     .map(drop)
 }
 
+/// The program from the command line as the OS hands it (without the program name):
+/// arguments that are not UTF-8 are a usage error, not a panic.
+pub fn main_os(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
+    match args
+        .map(std::ffi::OsString::into_string)
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(args) => main_with(args.into_iter()),
+        Err(_) => {
+            eprintln!("cgx-host-agent: an argument is not UTF-8");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// The program: parse `args` (without the program name), run, and say how it ended.
 pub fn main_with(args: impl Iterator<Item = String>) -> ExitCode {
     let cli = match parse(args) {

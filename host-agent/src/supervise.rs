@@ -73,7 +73,8 @@ pub struct Report {
     pub quiet: bool,
 }
 
-fn unix_now() -> i64 {
+/// The wall clock, Unix seconds.
+pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)

@@ -217,15 +217,7 @@ impl SimAmd {
         let ask = RsaKeyPair::generate(KeySize::Rsa2048).map_err(|_| keygen_err("ASK"))?;
         let leaf = EcdsaKeyPair::generate(&sig::ECDSA_P384_SHA384_FIXED_SIGNING)
             .map_err(|_| keygen_err("VCEK"))?;
-        let d: EcPrivateKeyBin<'static> = leaf
-            .private_key()
-            .as_be_bytes()
-            .map_err(|_| keygen_err("VCEK"))?;
-        let presigned = presign::Presigned::new(
-            d.as_ref()
-                .try_into()
-                .map_err(|_| keygen_err("VCEK scalar"))?,
-        );
+        let presigned = presigned_for(&leaf)?;
         let mut sim = SimAmd {
             presigned,
             product,
@@ -920,6 +912,19 @@ pub fn fill_random(buf: &mut [u8]) -> Result<()> {
     aws_lc_rs::rand::fill(buf).map_err(|_| keygen_err("random"))
 }
 
+/// The presigning store for a VCEK (`SimAmd::presign`): it signs with the key's scalar.
+fn presigned_for(leaf: &EcdsaKeyPair) -> Result<presign::Presigned> {
+    let d: EcPrivateKeyBin<'static> = leaf
+        .private_key()
+        .as_be_bytes()
+        .map_err(|_| keygen_err("VCEK"))?;
+    Ok(presign::Presigned::new(
+        d.as_ref()
+            .try_into()
+            .map_err(|_| keygen_err("VCEK scalar"))?,
+    ))
+}
+
 /// A simulated machine's keys and certificates as bytes: the simulated hardware outlives the
 /// process that made it (a host's launcher makes the machine and publishes its collateral, the
 /// guest agent it boots loads it), as a real chip's keys outlive every VM.
@@ -1007,15 +1012,7 @@ mod saved {
         /// The AMD-SP [`SimAmd::save`] saved.
         pub fn load(s: &SavedAmd) -> Result<SimAmd> {
             let leaf = ec(&sig::ECDSA_P384_SHA384_FIXED_SIGNING, "VCEK", &s.leaf)?;
-            let d: EcPrivateKeyBin<'static> = leaf
-                .private_key()
-                .as_be_bytes()
-                .map_err(|_| keygen_err("VCEK"))?;
-            let presigned = presign::Presigned::new(
-                d.as_ref()
-                    .try_into()
-                    .map_err(|_| keygen_err("VCEK scalar"))?,
-            );
+            let presigned = presigned_for(&leaf)?;
             Ok(SimAmd {
                 product: s.product,
                 signing_key: s.signing_key,

@@ -202,13 +202,19 @@ impl Broker {
         })
     }
 
-    /// A signed heartbeat from node `id` (`token`: EdDSA JWS under its attested key).
-    pub(crate) async fn heartbeat(
+    /// A record of kind `T` node `id` signed (`token`: EdDSA JWS under its attested key),
+    /// living at most `max_lifetime`, and the node's record. A token of another kind or
+    /// audience is refused as `{not_kind} {id}`, a bad signature or time as not the node's;
+    /// each through `refused` (the caller's error).
+    pub(super) fn node_signed<T: cgx_protocol::signed::Record>(
         &self,
         id: &str,
         token: &str,
-    ) -> Result<HeartbeatAnswer, BrokerError> {
-        let now = self.clock.unix();
+        max_lifetime: i64,
+        not_kind: &str,
+        refused: fn(String) -> BrokerError,
+    ) -> Result<(std::sync::Arc<NodeRecord>, T), BrokerError> {
+        use cgx_protocol::signed::{SignedError, When};
         let record = self
             .index()
             .record(id)
@@ -216,24 +222,38 @@ impl Broker {
         let key: [u8; 32] = cgx_protocol::broker::unb64(&record.node_key)
             .and_then(|k| k.try_into().ok())
             .ok_or_else(|| BrokerError::Internal("stored node key".into()))?;
-        use cgx_protocol::signed::{SignedError, When};
-        let heartbeat = cgx_protocol::signed::verify::<cgx_protocol::records::Heartbeat>(
+        let body = cgx_protocol::signed::verify::<T>(
             token,
             &[key],
             When::At {
-                now,
-                max_lifetime: 60,
+                now: self.clock.unix(),
+                max_lifetime,
             },
         )
         .map_err(|e| match e {
             SignedError::WrongKind { .. }
             | SignedError::WrongAudience { .. }
-            | SignedError::Claims { .. } => {
-                BrokerError::Heartbeat(format!("the token is not a heartbeat of node {id}: {e}"))
-            }
-            e => BrokerError::Heartbeat(format!("not signed by node {id}'s attested key: {e}")),
+            | SignedError::Claims { .. } => refused(format!("{not_kind} {id}: {e}")),
+            e => refused(format!("not signed by node {id}'s attested key: {e}")),
         })?
         .body;
+        Ok((record, body))
+    }
+
+    /// A signed heartbeat from node `id` (`token`: EdDSA JWS under its attested key).
+    pub(crate) async fn heartbeat(
+        &self,
+        id: &str,
+        token: &str,
+    ) -> Result<HeartbeatAnswer, BrokerError> {
+        let now = self.clock.unix();
+        let (record, heartbeat) = self.node_signed::<cgx_protocol::records::Heartbeat>(
+            id,
+            token,
+            60,
+            "the token is not a heartbeat of node",
+            BrokerError::Heartbeat,
+        )?;
         if heartbeat.sub != id {
             return Err(BrokerError::Heartbeat(format!(
                 "the token is not a heartbeat of node {id}"

@@ -8,7 +8,6 @@
 
 use cgx_protocol::broker::ReportAnswer;
 use cgx_protocol::records::{WorkloadReport, WorkloadState};
-use cgx_protocol::signed::{self, SignedError, When};
 
 use super::Broker;
 use super::error::BrokerError;
@@ -17,31 +16,13 @@ use super::store::JobState;
 impl Broker {
     /// Apply node `id`'s signed workload report `token`.
     pub(crate) async fn report(&self, id: &str, token: &str) -> Result<ReportAnswer, BrokerError> {
-        let now = self.clock.unix();
-        let record = self
-            .index()
-            .record(id)
-            .ok_or_else(|| BrokerError::NotFound(format!("node {id}")))?;
-        let key: [u8; 32] = cgx_protocol::broker::unb64(&record.node_key)
-            .and_then(|k| k.try_into().ok())
-            .ok_or_else(|| BrokerError::Internal("stored node key".into()))?;
-        let report = signed::verify::<WorkloadReport>(
+        let (_, report) = self.node_signed::<WorkloadReport>(
+            id,
             token,
-            &[key],
-            When::At {
-                now,
-                max_lifetime: 2 * cgx_protocol::records::WORKLOAD_REPORT_TTL_SECS,
-            },
-        )
-        .map_err(|e| match e {
-            SignedError::WrongKind { .. }
-            | SignedError::WrongAudience { .. }
-            | SignedError::Claims { .. } => {
-                BrokerError::Report(format!("not a workload report of node {id}: {e}"))
-            }
-            e => BrokerError::Report(format!("not signed by node {id}'s attested key: {e}")),
-        })?
-        .body;
+            2 * cgx_protocol::records::WORKLOAD_REPORT_TTL_SECS,
+            "not a workload report of node",
+            BrokerError::Report,
+        )?;
         if report.sub != id {
             return Err(BrokerError::Report(format!(
                 "the report is node {}'s, not node {id}'s",
@@ -83,13 +64,18 @@ impl Broker {
             )));
         }
         let reason = format!("node {id}: {}", report.reason);
-        match report.state {
+        // The job's state after: what this report moved it to, or what it was (a replay, or a
+        // job already past what the report says).
+        let state = match report.state {
             WorkloadState::Running => {
-                if self
+                let moved = self
                     .transition(&report.job, &[JobState::Placed], JobState::Running, &reason)
-                    .await?
-                {
+                    .await?;
+                if moved {
                     tracing::info!(job = %report.job, node = %id, "job running");
+                    JobState::Running
+                } else {
+                    job.state
                 }
             }
             WorkloadState::Completed | WorkloadState::Failed => {
@@ -98,26 +84,23 @@ impl Broker {
                 } else {
                     JobState::Failed
                 };
-                if self
+                let ended = self
                     .end_lease(
                         &report.lease,
                         &[JobState::Placed, JobState::Running],
                         to,
                         &reason,
                     )
-                    .await?
-                    .is_some()
-                {
+                    .await?;
+                if ended.is_some() {
                     self.metrics.event("job", to.as_str());
                     tracing::info!(job = %report.job, node = %id, state = %to, exit_code = ?report.exit_code, "workload ended");
+                    to
+                } else {
+                    job.state
                 }
             }
-        }
-        let state = self
-            .store
-            .job(&report.job)
-            .await?
-            .map_or(job.state, |j| j.state);
+        };
         Ok(ReportAnswer {
             job_id: report.job,
             state,
