@@ -68,6 +68,15 @@ impl BrokerClient {
         })
     }
 
+    /// A client for `base` on an existing agent ([`cgx_kbs::client::agent_with`]).
+    pub fn with_agent(base: &str, agent: ureq::Agent, token: Option<String>) -> Self {
+        BrokerClient {
+            base: base.trim_end_matches('/').to_string(),
+            agent,
+            token,
+        }
+    }
+
     /// The same broker with another API token.
     pub fn with_token(&self, token: Option<String>) -> Self {
         BrokerClient {

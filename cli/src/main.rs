@@ -143,6 +143,42 @@ enum Command {
         #[command(subcommand)]
         command: MeasureCommand,
     },
+    /// The guest image a provider boots: a kernel and a reproducible initrd holding the static
+    /// guest agent and its measured settings.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageCommand {
+    /// Build vmlinuz, initrd.img, cmdline and image.json into --out; the same inputs give the
+    /// same bytes. The agent's arguments follow `--` (they are measured: put the broker, the
+    /// KBS, the broker's key and `--channel cgx.0` there). `image/build.sh` fetches Debian's
+    /// kernel and builds the static agent first.
+    Build {
+        /// The kernel (bzImage), e.g. Debian's linux-image-cloud-amd64's /boot/vmlinuz-*.
+        #[arg(long)]
+        kernel: PathBuf,
+        /// The same package's lib/modules/<version> (the virtio-serial driver is a module).
+        #[arg(long)]
+        modules: Option<PathBuf>,
+        /// The guest agent, statically linked.
+        #[arg(long)]
+        agent: PathBuf,
+        /// The CA the broker's and the KBS's certificates chain to: /etc/cgx/ca.pem in the image.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// The kernel command line (default: console=ttyS0 panic=-1 quiet).
+        #[arg(long, default_value = "")]
+        append: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// The agent's arguments (after `--`).
+        #[arg(last = true, required = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -676,6 +712,32 @@ fn run(cli: Cli) -> ExitCode {
             },
         },
         Command::Bench { args } => bench::run(&args),
+        Command::Image {
+            command:
+                ImageCommand::Build {
+                    kernel,
+                    modules,
+                    agent,
+                    ca,
+                    append,
+                    out,
+                    args,
+                },
+        } => cgx_image::build(&cgx_image::Spec {
+            kernel,
+            modules,
+            agent,
+            args,
+            ca,
+            append,
+        })
+        .and_then(|image| image.write(&out))
+        .map_err(|e| e.to_string())
+        .and_then(|manifest| {
+            let text = std::fs::read_to_string(&manifest).map_err(|e| e.to_string())?;
+            println!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }),
         Command::Measure { command } => match command {
             MeasureCommand::Snp(args) => measure::snp(&args),
             MeasureCommand::Tdx(args) => measure::tdx::tdx(&args),

@@ -67,12 +67,16 @@ pub struct Options {
     /// The first workload user id (one per live lease, up to [`MAX_LEASES`]); `None`: the
     /// workloads run as the agent (it is not root).
     pub workload_uid: Option<u32>,
+    /// Host names connected to at these addresses (the channel's forwarders).
+    pub pins: Vec<(String, std::net::SocketAddr)>,
+    /// The host channel (`--channel`): encrypted weights missing from the store come over it.
+    pub channel: Option<crate::tunnel::Tunnel>,
 }
 
 /// The most leases a node runs at once (one per GPU at most).
 pub const MAX_LEASES: u32 = 64;
 
-fn log(msg: impl std::fmt::Display) {
+pub(crate) fn log(msg: impl std::fmt::Display) {
     eprintln!("cgx-guest-agent: {msg}");
 }
 
@@ -122,7 +126,8 @@ struct SetupDone {
 /// What a lease's setup thread needs.
 struct Setup {
     kbs: String,
-    ca: Option<Vec<u8>>,
+    agent: cgx_kbs::client::Agent,
+    channel: Option<crate::tunnel::Tunnel>,
     tee_pkcs8: Vec<u8>,
     machine: Arc<dyn Machine>,
     store: PathBuf,
@@ -213,11 +218,13 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             remove_dir(&e.path());
         }
     }
-    let client =
-        BrokerClient::new(&opts.broker, opts.ca.as_deref(), None).map_err(|e| e.to_string())?;
+    let agent =
+        cgx_kbs::client::agent_with(opts.ca.as_deref(), &opts.pins).map_err(|e| e.to_string())?;
+    let client = BrokerClient::with_agent(&opts.broker, agent.clone(), None);
     let setup = Arc::new(Setup {
         kbs: opts.kbs.clone(),
-        ca: opts.ca.clone(),
+        agent,
+        channel: opts.channel.clone(),
         tee_pkcs8,
         machine: machine.clone(),
         store: opts.store.clone(),
@@ -593,7 +600,7 @@ fn start_workload(
     ];
     if let Some(weights) = &w.weights {
         let key = TeeKey::ec_from_der(Curve::P256, &s.tee_pkcs8).map_err(|e| e.to_string())?;
-        let mut kbs = KbsClient::new(&s.kbs, s.ca.as_deref(), key).map_err(|e| e.to_string())?;
+        let mut kbs = KbsClient::with_agent(&s.kbs, s.agent.clone(), key);
         kbs.attest(s.machine.kbs_evidence())
             .map_err(|e| format!("KBS attestation: {e}"))?;
         let secret = kbs
@@ -603,13 +610,11 @@ fn start_workload(
             return Err("stopped before its weights were decrypted".into());
         }
         let out = dir.join("weights");
-        let (n, secs) = crate::decrypt_weights(
-            secret,
-            &weights.resource,
-            &s.store.join(&weights.file),
-            &out,
-            s.threads,
-        )?;
+        let input = s.store.join(&weights.file);
+        if let (false, Some(t)) = (input.exists(), &s.channel) {
+            fetch_weights(t, &weights.file, &input)?;
+        }
+        let (n, secs) = crate::decrypt_weights(secret, &weights.resource, &input, &out, s.threads)?;
         own(&out)?;
         log(format_args!(
             "lease {}: decrypted {n} bytes of {} in {secs:.2} s",
@@ -644,6 +649,30 @@ fn start_workload(
     c.spawn()
         .map_err(|e| format!("{}: {e}", w.command))
         .map(Some)
+}
+
+/// The encrypted weights `file` from the host channel into the store at `dest`: written under
+/// a name of its own, then linked into place (another lease may be fetching the same file).
+/// Not trusted for being the host's: decryption checks the digest the key binds.
+fn fetch_weights(t: &crate::tunnel::Tunnel, file: &str, dest: &Path) -> Result<(), String> {
+    static FETCHES: AtomicU64 = AtomicU64::new(0);
+    let n = FETCHES.fetch_add(1, Ordering::Relaxed);
+    let tmp = dest.with_file_name(format!(".{file}.fetch-{n}"));
+    let t0 = Instant::now();
+    let bytes = t.fetch_to(&format!("store/{file}"), &tmp, Duration::from_secs(3600))?;
+    let linked = std::fs::hard_link(&tmp, dest);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            log(format_args!(
+                "fetched {file} ({bytes} bytes) over the host channel in {:.2} s",
+                t0.elapsed().as_secs_f64()
+            ));
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!("{}: {e}", dest.display())),
+    }
 }
 
 #[cfg(test)]

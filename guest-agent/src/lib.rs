@@ -4,7 +4,7 @@
 //! ```text
 //! cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F
 //!                     --operator NAME --region R --price-micros N [--store DIR] [--work DIR]
-//!                     [--workload-uid N] [--ca PEM] [--threads N]
+//!                     [--workload-uid N] [--ca PEM] [--threads N] [--channel PORT]
 //!                     [--sim-machine FILE | --sim [--gpus N]]
 //! cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST
 //!                               [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N]
@@ -30,6 +30,7 @@
 //! Exit codes: 0 done, 1 refused or failed, 2 usage.
 
 use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -37,10 +38,12 @@ use std::time::Instant;
 pub mod daemon;
 pub mod evidence;
 pub mod gpu;
+pub mod init;
 pub mod keyfile;
 pub mod machine;
 pub mod node;
 pub mod reap;
+pub mod tunnel;
 
 use cgx_age::Identity;
 use cgx_kbs::client::{KbsClient, Uri};
@@ -49,7 +52,7 @@ use cgx_protocol::kbs::rcar::EvidenceSource;
 use cgx_protocol::weights::WeightsKey;
 use evidence::ConfigfsTsm;
 
-const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--workload-uid N] [--ca PEM] [--threads N] [--sim-machine FILE | --sim [--gpus N]]";
+const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--workload-uid N] [--ca PEM] [--threads N] [--channel PORT] [--sim-machine FILE | --sim [--gpus N]]";
 
 const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
 
@@ -73,12 +76,14 @@ pub struct Args {
 pub const DEFAULT_WORKLOAD_UID: u32 = 524_288;
 
 /// `run`'s arguments.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct RunArgs {
     pub options: daemon::Options,
     pub sim_machine: Option<PathBuf>,
     pub sim: bool,
     pub gpus: usize,
+    /// The virtio-serial port to the host agent (a VM with no network address).
+    pub channel: Option<String>,
 }
 
 /// A command line.
@@ -86,6 +91,9 @@ pub struct RunArgs {
 pub enum Cli {
     Run(RunArgs),
     FetchWeights(Args),
+    /// `sha256 FILE`: a file's SHA-256 (the image's smoke workload: it reads the decrypted
+    /// weights a lease hands it, in the VM, and says what it read).
+    Sha256(PathBuf),
 }
 
 /// Parse the command line (without the program name).
@@ -93,6 +101,10 @@ pub fn parse_cli(mut it: impl Iterator<Item = String>) -> Result<Cli, String> {
     match it.next().as_deref() {
         Some("run") => parse_run(it).map(Cli::Run),
         Some("fetch-weights") => parse(it).map(Cli::FetchWeights),
+        Some("sha256") => match (it.next(), it.next()) {
+            (Some(f), None) => Ok(Cli::Sha256(f.into())),
+            _ => Err("usage: cgx-guest-agent sha256 FILE".into()),
+        },
         Some("--help" | "-h") | None => Err(format!("{RUN_USAGE}\n{USAGE}")),
         Some(other) => Err(format!("unknown command '{other}'\n{RUN_USAGE}\n{USAGE}")),
     }
@@ -154,6 +166,12 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
             "--sim-machine" => a.sim_machine = Some(val()?.into()),
             "--sim" => a.sim = true,
             "--gpus" => a.gpus = val()?.parse().map_err(|_| "--gpus: a number")?,
+            "--channel" => {
+                let port = val()?;
+                cgx_channel::frame::check_target(&port)
+                    .map_err(|_| "--channel: a virtio-serial port's name (cgx.0)")?;
+                a.channel = Some(port);
+            }
             other => return Err(format!("unknown flag '{other}'\n{RUN_USAGE}")),
         }
     }
@@ -473,8 +491,67 @@ fn sim_machine(
     Err("this build has no simulator (built without the sim feature)".into())
 }
 
+/// With `--channel`: the forwarders the broker's and the KBS's names are pinned to, and what
+/// the host provisions — the operator's token and a simulated machine, each fetched once
+/// into its file when the file is absent (0600).
+fn through_channel(a: &mut RunArgs) -> Result<(), String> {
+    let Some(port) = a.channel.clone() else {
+        return Ok(());
+    };
+    let t = tunnel::Tunnel::start(&port)?;
+    let o = &mut a.options;
+    for (target, url) in [("broker", o.broker.clone()), ("kbs", o.kbs.clone())] {
+        let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let host = uri.host().ok_or_else(|| format!("{url}: no host"))?;
+        let addr = t.forward(target)?;
+        o.pins.push((
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            addr,
+        ));
+    }
+    let mut files = vec![("operator-token", o.token_file.clone())];
+    if let Some(m) = &a.sim_machine {
+        files.push(("sim-machine", m.clone()));
+    }
+    if !a.options.store.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&a.options.store)
+            .map_err(|e| format!("{}: {e}", a.options.store.display()))?;
+    }
+    for (target, path) in files {
+        if !path.exists() {
+            t.fetch_to(target, &path, std::time::Duration::from_secs(60))?;
+        }
+    }
+    a.options.channel = Some(t);
+    Ok(())
+}
+
+fn sha256_file(p: &std::path::Path) -> Result<(), String> {
+    let mut f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let mut r = Sha256Reader {
+        inner: &mut f,
+        ctx: aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256),
+    };
+    let n =
+        std::io::copy(&mut r, &mut std::io::sink()).map_err(|e| format!("{}: {e}", p.display()))?;
+    println!(
+        "{}  {} ({n} bytes)",
+        hex::encode(r.ctx.finish()),
+        p.display()
+    );
+    Ok(())
+}
+
 /// `run`: the daemon until SIGTERM or SIGINT.
 pub fn run_daemon(a: &RunArgs) -> Result<(), String> {
+    let mut a = a.clone();
+    through_channel(&mut a)?;
+    let a = &a;
     let machine = machine(a)?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -486,6 +563,10 @@ pub fn run_daemon(a: &RunArgs) -> Result<(), String> {
 /// The program from the command line as the OS hands it (without the program name):
 /// arguments that are not UTF-8 are a usage error, not a panic.
 pub fn main_os(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
+    // The image's /init: the kernel starts it as process 1, with no arguments.
+    if std::process::id() == 1 {
+        return init::main();
+    }
     match args
         .map(std::ffi::OsString::into_string)
         .collect::<Result<Vec<_>, _>>()
@@ -510,6 +591,7 @@ pub fn main_with(args: impl Iterator<Item = String>) -> ExitCode {
     let result = match cli {
         Cli::FetchWeights(a) => run(&a),
         Cli::Run(a) => run_daemon(&a),
+        Cli::Sha256(f) => sha256_file(&f),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

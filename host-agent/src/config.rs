@@ -30,6 +30,12 @@
 //! [qemu.launch]                    # the launch description `cgx measure launch` reads too
 //! tee = "snp"
 //! # …
+//!
+//! [channel]                        # kind = "qemu": what the guest reaches through this agent
+//! # broker = "10.0.0.5:443"        # default: [agent].broker's host and port
+//! # kbs = "10.0.0.6:443"           # default: [agent].kbs's
+//! store = "/var/lib/cgx/weights"   # encrypted weights the guest may fetch (store/<file>)
+//! # sim_machine = "…"              # a simulated machine for a VM without a TEE (tests)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -47,6 +53,64 @@ pub struct HostConfig {
     pub sim: Option<SimConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qemu: Option<QemuConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<ChannelConfig>,
+}
+
+/// What the host serves its VM over the channel (`kind = "qemu"`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kbs: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim_machine: Option<PathBuf>,
+}
+
+/// `host:port` of a service URL (the scheme's port when it names none).
+pub fn url_address(url: &str) -> Result<String, ConfigError> {
+    let bad = || ConfigError::Invalid(format!("{url}: not an http(s) URL with a host"));
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let authority = rest.split('/').next().unwrap_or("");
+    if authority.is_empty() || authority.contains('@') {
+        return Err(bad());
+    }
+    let has_port = match authority.rfind(']') {
+        Some(close) => authority[close..].contains(':'),
+        None => authority.contains(':'),
+    };
+    if has_port {
+        return Ok(authority.to_string());
+    }
+    match scheme.to_ascii_lowercase().as_str() {
+        "https" => Ok(format!("{authority}:443")),
+        "http" => Ok(format!("{authority}:80")),
+        _ => Err(bad()),
+    }
+}
+
+impl HostConfig {
+    /// What the channel serves (`kind = "qemu"`).
+    pub fn channel_table(&self) -> Result<crate::channel::Table, ConfigError> {
+        let c = self.channel.clone().unwrap_or_default();
+        Ok(crate::channel::Table {
+            broker: match c.broker {
+                Some(a) => a,
+                None => url_address(&self.agent.broker)?,
+            },
+            kbs: match c.kbs {
+                Some(a) => a,
+                None => url_address(&self.agent.kbs)?,
+            },
+            token_file: self.agent.token_file.clone(),
+            sim_machine: c.sim_machine,
+            store: c.store,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -188,10 +252,12 @@ impl HostConfig {
             },
             LauncherKind::Qemu => match &self.qemu {
                 None => return bad("launcher.kind = \"qemu\" needs a [qemu] table".into()),
-                Some(q) => q
-                    .launch
-                    .check()
-                    .map_err(|e| ConfigError::Invalid(e.to_string()))?,
+                Some(q) => {
+                    q.launch
+                        .check()
+                        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+                    self.channel_table()?;
+                }
             },
         }
         Ok(())
@@ -245,5 +311,32 @@ mod tests {
             let e = HostConfig::parse(&edit).unwrap_err().to_string();
             assert!(e.contains(why), "{why}: {e}");
         }
+    }
+
+    #[test]
+    fn the_channel_reaches_the_agents_services_unless_told_otherwise() {
+        for (url, want) in [
+            ("https://broker.example", "broker.example:443"),
+            ("https://broker.example:8443/", "broker.example:8443"),
+            ("http://127.0.0.1:9/x", "127.0.0.1:9"),
+            ("https://[::1]/", "[::1]:443"),
+            ("https://[::1]:7", "[::1]:7"),
+        ] {
+            assert_eq!(url_address(url).unwrap(), want, "{url}");
+        }
+        for url in ["broker.example", "ftp://b", "https://", "https://u@b/"] {
+            assert!(url_address(url).is_err(), "{url}");
+        }
+        let mut c = HostConfig::parse(SIM).unwrap();
+        assert_eq!(c.channel_table().unwrap().kbs, "127.0.0.1:2");
+        c.channel = Some(ChannelConfig {
+            kbs: Some("10.0.0.6:443".into()),
+            ..Default::default()
+        });
+        let t = c.channel_table().unwrap();
+        assert_eq!(
+            (t.broker.as_str(), t.kbs.as_str()),
+            ("127.0.0.1:1", "10.0.0.6:443")
+        );
     }
 }

@@ -115,6 +115,8 @@ pub fn qemu_command(q: &QemuConfig) -> Result<Command, String> {
             q.tcg,
         )
         .map_err(|e| e.to_string())?;
+    // QEMU listens at the socket afresh each boot; a previous VM's file would stop it.
+    let _ = std::fs::remove_file(&q.socket);
     let mut c = Command::new(&q.binary);
     c.args(args).stdin(Stdio::null());
     Ok(c)

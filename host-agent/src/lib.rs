@@ -12,6 +12,7 @@
 
 use std::process::ExitCode;
 
+pub mod channel;
 pub mod config;
 pub mod inventory;
 pub mod launch;
@@ -130,6 +131,15 @@ fn run(path: &std::path::Path) -> Result<(), String> {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, stop.clone()).map_err(|e| e.to_string())?;
+    }
+    // The VM's channel, served for the life of the agent (across the VM's restarts).
+    if let (config::LauncherKind::Qemu, Some(q)) = (config.launcher.kind, &config.qemu) {
+        let table = config.channel_table().map_err(|e| e.to_string())?;
+        let (socket, stop) = (q.socket.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("cgx-channel".into())
+            .spawn(move || channel::serve(&socket, table, &stop))
+            .map_err(|e| e.to_string())?;
     }
     let mut backoff = supervise::Backoff::new(
         config.launcher.restart_min_ms,

@@ -8,6 +8,8 @@ pub use cgx_protocol::kbs::rcar::ClientError;
 use cgx_protocol::kbs::rcar::{self, EvidenceSource};
 use cgx_protocol::kbs_types::{Attestation, Response, Tee};
 
+/// The HTTP agent type the clients share ([`agent`], [`agent_with`]).
+pub use ureq::Agent;
 /// The URI type the transport parses URLs with (the `http` crate's, through ureq): a caller that
 /// checks a KBS URL (the guest agent's loopback rule) parses it as the transport will.
 pub use ureq::http::Uri;
@@ -17,6 +19,15 @@ type Result<T> = std::result::Result<T, ClientError>;
 /// An HTTP agent for a cgx service (a KBS, a broker): [`cgx_http::Client::service`], trusting
 /// `ca_pem`'s certificates (or the WebPKI roots).
 pub fn agent(ca_pem: Option<&[u8]>) -> Result<ureq::Agent> {
+    agent_with(ca_pem, &[])
+}
+
+/// [`agent`], connecting to the pinned host names at their addresses (a guest reaching its
+/// services through the host channel's local forwarders; TLS still verifies the names).
+pub fn agent_with(
+    ca_pem: Option<&[u8]>,
+    pins: &[(String, std::net::SocketAddr)],
+) -> Result<ureq::Agent> {
     let roots = match ca_pem {
         Some(pem) => cgx_http::Roots::from_pem(pem).map_err(|e| ClientError::Transport {
             step: "setup",
@@ -24,7 +35,9 @@ pub fn agent(ca_pem: Option<&[u8]>) -> Result<ureq::Agent> {
         })?,
         None => cgx_http::Roots::WebPki,
     };
-    Ok(cgx_http::Client::service(roots).agent())
+    let mut client = cgx_http::Client::service(roots);
+    client.pins = pins.to_vec();
+    Ok(client.agent())
 }
 
 /// An RCAR client for one KBS.
@@ -54,7 +67,7 @@ impl KbsClient {
 
     /// A client on an existing agent (its connection pool and TLS configuration are reused;
     /// many sessions from one process, e.g. a benchmark or a node agent with several VMs).
-    fn with_agent(base: &str, agent: ureq::Agent, key: TeeKey) -> Self {
+    pub fn with_agent(base: &str, agent: ureq::Agent, key: TeeKey) -> Self {
         KbsClient {
             base: base.trim_end_matches('/').to_string(),
             agent,

@@ -58,6 +58,10 @@ pub struct Client {
     pub timeout: Duration,
     /// Redirects followed (0: none; a 3xx is then returned as the response).
     pub max_redirects: u32,
+    /// Host names connected to at a fixed address instead of resolved (a guest without a
+    /// network reaches its services through the host channel's local forwarders). TLS still
+    /// verifies the server's name, so a pin moves where bytes go, never whom they are for.
+    pub pins: Vec<(String, std::net::SocketAddr)>,
 }
 
 impl Client {
@@ -71,6 +75,7 @@ impl Client {
             proxy_from_env: false,
             timeout: Duration::from_secs(30),
             max_redirects: 0,
+            pins: Vec::new(),
         }
     }
 
@@ -83,6 +88,7 @@ impl Client {
             proxy_from_env: true,
             timeout,
             max_redirects: 2,
+            pins: Vec::new(),
         }
     }
 
@@ -107,7 +113,43 @@ impl Client {
         if !self.proxy_from_env {
             config = config.proxy(None);
         }
-        ureq::Agent::new_with_config(config.build())
+        if self.pins.is_empty() {
+            return ureq::Agent::new_with_config(config.build());
+        }
+        ureq::Agent::with_parts(
+            config.build(),
+            ureq::unversioned::transport::DefaultConnector::new(),
+            Pinned {
+                pins: self.pins.clone(),
+                fallback: ureq::unversioned::resolver::DefaultResolver::default(),
+            },
+        )
+    }
+}
+
+/// A resolver that answers pinned names itself and asks the system for the others.
+#[derive(Debug)]
+struct Pinned {
+    pins: Vec<(String, std::net::SocketAddr)>,
+    fallback: ureq::unversioned::resolver::DefaultResolver,
+}
+
+impl ureq::unversioned::resolver::Resolver for Pinned {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        let host = uri.host().unwrap_or("");
+        match self.pins.iter().find(|(h, _)| h.eq_ignore_ascii_case(host)) {
+            Some((_, addr)) => {
+                let mut v = self.empty();
+                v.push(*addr);
+                Ok(v)
+            }
+            None => self.fallback.resolve(uri, config, timeout),
+        }
     }
 }
 
