@@ -38,7 +38,11 @@ kernel="$(ls "$root"/boot/vmlinuz-* | head -1)"
 modules="$(ls -d "$root"/lib/modules/* | head -1)"
 echo "kernel: $kernel" >&2
 target=x86_64-unknown-linux-gnu
+tdir="${CARGO_TARGET_DIR:-target}"
 RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$PWD=/cgx --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo" \
   cargo build -q --release -p cgx-guest-agent "${features[@]}" --target "$target"
+mkdir -p "$out"
+# Line tables stay out of the image (strip is deterministic: the same binary, the same bytes).
+strip -o "$out/cgx-guest-agent" "$tdir/$target/release/cgx-guest-agent"
 cargo run -q -p cgx-cli -- image build --kernel "$kernel" --modules "$modules" \
-  --agent "target/$target/release/cgx-guest-agent" --out "$out" -- "$@"
+  --agent "$out/cgx-guest-agent" --out "$out" -- "$@"

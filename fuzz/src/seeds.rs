@@ -135,7 +135,30 @@ fn aux_table(vcek: &[u8], chain_pem: &[u8]) -> Vec<u8> {
     table
 }
 
+/// The host channel: a guest's request and the host's answer, frame by frame.
+fn channel(out: &Out) -> Res<()> {
+    use cgx_channel::frame::Frame;
+    let frames = [
+        Frame::Open { stream: 1, target: "kbs" },
+        Frame::Data { stream: 1, bytes: b"\x16\x03\x01\x00\x05hello" },
+        Frame::Credit { stream: 1, bytes: 4096 },
+        Frame::Fin { stream: 1 },
+        Frame::Reset { stream: 2, reason: "connect: refused" },
+        Frame::Open { stream: 3, target: "store/llama.age" },
+    ];
+    let mut all = vec![0u8];
+    for (i, f) in frames.iter().enumerate() {
+        let mut one = vec![5u8];
+        f.encode(&mut one).map_err(|e| e.to_string())?;
+        f.encode(&mut all).map_err(|e| e.to_string())?;
+        out.put("channel", &format!("frame-{i}"), &one)?;
+    }
+    out.put("channel", "conversation", &all)?;
+    Ok(())
+}
+
 fn simulated(out: &Out) -> Res<()> {
+    channel(out)?;
     for (i, (product, key)) in [
         (Product::Milan, SigningKey::Vcek),
         (Product::Genoa, SigningKey::Vlek),
