@@ -44,5 +44,6 @@ RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$PWD=/cgx --remap-p
 mkdir -p "$out"
 # Line tables stay out of the image (strip is deterministic: the same binary, the same bytes).
 strip -o "$out/cgx-guest-agent" "$tdir/$target/release/cgx-guest-agent"
-cargo run -q -p cgx-cli -- image build --kernel "$kernel" --modules "$modules" \
+# CGX: a built `cgx` to use instead of building one here.
+${CGX:-cargo run -q -p cgx-cli --} image build --kernel "$kernel" --modules "$modules" \
   --agent "$out/cgx-guest-agent" --out "$out" -- "$@"
