@@ -52,7 +52,8 @@ pub struct Options {
     pub broker: String,
     pub kbs: String,
     pub ca: Option<Vec<u8>>,
-    /// The operator's broker API token (scope `operator:<name>`), re-read at each registration.
+    /// The operator's broker API token (scope `operator:<name>`), re-read at each registration
+    /// (with a channel: asked of the host, and this is unused).
     pub token_file: PathBuf,
     pub operator: String,
     pub region: String,
@@ -67,8 +68,8 @@ pub struct Options {
     /// The first workload user id (one per live lease, up to [`MAX_LEASES`]); `None`: the
     /// workloads run as the agent (it is not root).
     pub workload_uid: Option<u32>,
-    /// Host names connected to at these addresses (the channel's forwarders).
-    pub pins: Vec<(String, std::net::SocketAddr)>,
+    /// Services connected to at these addresses (the channel's forwarders).
+    pub pins: Vec<cgx_kbs::client::Pin>,
     /// The host channel (`--channel`): encrypted weights missing from the store come over it.
     pub channel: Option<crate::tunnel::Tunnel>,
 }
@@ -497,10 +498,14 @@ fn register(
     identity: &[u8],
 ) -> Result<Registered, String> {
     // Private to the agent (0600), as a key file: a workload that could read it could
-    // register nodes as the operator.
-    let token = crate::keyfile::read_private(&opts.token_file, 64 * 1024)?;
-    let token = String::from_utf8(token)
-        .map_err(|_| format!("{}: not a token", opts.token_file.display()))?;
+    // register nodes as the operator. Over the host channel it is asked for at each
+    // registration and kept in memory only (the host rotates it in its own file).
+    let token = match &opts.channel {
+        Some(t) => t.fetch("operator-token", 64 * 1024)?,
+        None => crate::keyfile::read_private(&opts.token_file, 64 * 1024)?,
+    };
+    let token =
+        String::from_utf8(token).map_err(|_| "the operator token is not text".to_string())?;
     let client = client.with_token(Some(token.trim().to_string()));
     let gpus = machine.gpus()?;
     let model = gpus.first().map(|g| g.model.clone()).unwrap_or_default();

@@ -168,8 +168,12 @@ pub fn main() -> ExitCode {
             return power_off();
         }
     };
+    // A clean environment: what the kernel hands init (unknown command-line words such as
+    // `HTTPS_PROXY=…` become variables) is not the agent's.
     let agent = match std::process::Command::new("/proc/self/exe")
         .args(&args)
+        .env_clear()
+        .env("PATH", "/")
         .spawn()
     {
         Ok(c) => c,

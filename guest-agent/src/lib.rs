@@ -52,7 +52,7 @@ use cgx_protocol::kbs::rcar::EvidenceSource;
 use cgx_protocol::weights::WeightsKey;
 use evidence::ConfigfsTsm;
 
-const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--workload-uid N] [--ca PEM] [--threads N] [--channel PORT] [--sim-machine FILE | --sim [--gpus N]]";
+const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--workload-uid N] [--ca PEM] [--threads N] [--channel PORT] [--sim-machine FILE | --sim [--gpus N]]\n  (--channel: the virtio-serial port to the host agent; the operator token comes over it, --token-file is then unused)";
 
 const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
 
@@ -178,7 +178,7 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
     let o = &a.options;
     if o.broker.is_empty()
         || o.kbs.is_empty()
-        || o.token_file.as_os_str().is_empty()
+        || (o.token_file.as_os_str().is_empty() && a.channel.is_none())
         || o.operator.is_empty()
         || o.region.is_empty()
     {
@@ -186,6 +186,19 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
     }
     check_url("--broker", &o.broker)?;
     check_url("--kbs", &o.kbs)?;
+    // Through the host channel a loopback name leads to the host: only TLS protects it there.
+    if a.channel.is_some() {
+        for (flag, url) in [("--broker", &o.broker), ("--kbs", &o.kbs)] {
+            if !url
+                .get(..8)
+                .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+            {
+                return Err(format!(
+                    "{flag} {url}: with --channel the service is reached through the host; https:// only"
+                ));
+            }
+        }
+    }
     let key = broker_key.ok_or_else(|| {
         format!("--broker-key: the broker's lease-signing key is required (leases are verified under it)\n{RUN_USAGE}")
     })?;
@@ -491,9 +504,8 @@ fn sim_machine(
     Err("this build has no simulator (built without the sim feature)".into())
 }
 
-/// With `--channel`: the forwarders the broker's and the KBS's names are pinned to, and what
-/// the host provisions — the operator's token and a simulated machine, each fetched once
-/// into its file when the file is absent (0600).
+/// With `--channel`: the forwarders the broker's and the KBS's names are pinned to, and a
+/// simulated machine the host provisions, fetched once into its file when absent (0600).
 fn through_channel(a: &mut RunArgs) -> Result<(), String> {
     let Some(port) = a.channel.clone() else {
         return Ok(());
@@ -501,17 +513,23 @@ fn through_channel(a: &mut RunArgs) -> Result<(), String> {
     let t = tunnel::Tunnel::start(&port)?;
     let o = &mut a.options;
     for (target, url) in [("broker", o.broker.clone()), ("kbs", o.kbs.clone())] {
-        let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-        let host = uri.host().ok_or_else(|| format!("{url}: no host"))?;
         let addr = t.forward(target)?;
-        o.pins.push((
-            host.trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
-            addr,
-        ));
+        let pin = cgx_kbs::client::Pin::of_url(&url, addr)
+            .ok_or_else(|| format!("{url}: not a URL with a host"))?;
+        // One forwarder per service: a second pin of the same host and port would never be
+        // used, and the KBS's traffic would go to the broker's target.
+        if o.pins
+            .iter()
+            .any(|p| p.host == pin.host && p.port == pin.port)
+        {
+            return Err(format!(
+                "--broker and --kbs name the same service ({url}); they must differ"
+            ));
+        }
+        o.pins.push(pin);
     }
-    let mut files = vec![("operator-token", o.token_file.clone())];
+    // The operator's token is asked for at each registration (daemon::register).
+    let mut files = Vec::new();
     if let Some(m) = &a.sim_machine {
         files.push(("sim-machine", m.clone()));
     }
@@ -563,11 +581,14 @@ pub fn run_daemon(a: &RunArgs) -> Result<(), String> {
 /// The program from the command line as the OS hands it (without the program name):
 /// arguments that are not UTF-8 are a usage error, not a panic.
 pub fn main_os(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
-    // The image's /init: the kernel starts it as process 1, with no arguments.
-    if std::process::id() == 1 {
+    // The image's /init: the kernel starts it as process 1, with no arguments (a container's
+    // process 1 is given its command, and runs it).
+    let args: Vec<std::ffi::OsString> = args.collect();
+    if std::process::id() == 1 && args.is_empty() {
         return init::main();
     }
     match args
+        .into_iter()
         .map(std::ffi::OsString::into_string)
         .collect::<Result<Vec<_>, _>>()
     {

@@ -139,7 +139,25 @@ impl Tunnel {
         std::thread::Builder::new()
             .name(format!("cgx-forward-{target}"))
             .spawn(move || {
+                let own = crate::reap::own_uid();
                 for conn in l.incoming().flatten() {
+                    // Only the agent's own connections: a workload (another uid) reaches
+                    // neither the broker nor the KBS through its host, and cannot fill the
+                    // channel's stream table.
+                    let uid = match (conn.peer_addr(), conn.local_addr()) {
+                        (Ok(SocketAddr::V4(peer)), Ok(SocketAddr::V4(local))) => {
+                            std::fs::read_to_string("/proc/net/tcp")
+                                .ok()
+                                .and_then(|t| uid_of_connection(&t, peer, local))
+                        }
+                        _ => None,
+                    };
+                    if uid != Some(own) {
+                        crate::daemon::log(format_args!(
+                            "channel {target}: a connection from uid {uid:?} refused (only the agent's own)"
+                        ));
+                        continue;
+                    }
                     // Refused (closed) at once while the link is down: the client retries.
                     match t.mux(Duration::from_secs(5)) {
                         Ok(m) => {
@@ -179,17 +197,44 @@ impl Tunnel {
         };
         let opened = self.mux(LINK_WAIT).and_then(|m| {
             m.open(target, None, Box::new(sink))
+                .map(|id| (m, id))
                 .map_err(|e| e.to_string())
         });
-        let result = opened.and_then(|_| match rx.recv_timeout(timeout) {
+        let result = opened.and_then(|(m, id)| match rx.recv_timeout(timeout) {
             Ok(r) => r,
-            Err(_) => Err(format!("no whole file within {} s", timeout.as_secs())),
+            Err(_) => {
+                let why = format!("no whole file within {} s", timeout.as_secs());
+                m.reset(id, &why);
+                Err(why)
+            }
         });
         if result.is_err() {
             let _ = std::fs::remove_file(dest);
         }
         result.map_err(|e| format!("channel {target}: {e}"))
     }
+}
+
+/// The owner of the TCP connection from `client` to `server`, from `/proc/net/tcp`'s text
+/// (`sl local rem st queues timers retransmits uid …`; IPv4 addresses as the kernel's
+/// little-endian hex, ports big-endian hex).
+pub fn uid_of_connection(
+    table: &str,
+    client: std::net::SocketAddrV4,
+    server: std::net::SocketAddrV4,
+) -> Option<u32> {
+    let parse = |a: &str| -> Option<std::net::SocketAddrV4> {
+        let (ip, port) = a.split_once(':')?;
+        let ip = u32::from_str_radix(ip, 16).ok()?;
+        let port = u16::from_str_radix(port, 16).ok()?;
+        Some(std::net::SocketAddrV4::new(ip.to_le_bytes().into(), port))
+    };
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.len() > 7 && parse(f[1])? == client && parse(f[2])? == server)
+            .then(|| f[7].parse().ok())
+            .flatten()
+    })
 }
 
 /// Wait for the port to appear (the module that makes it was just loaded).
@@ -238,6 +283,51 @@ impl cgx_channel::Sink for FileSink {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_connections_owner_is_read_from_the_kernels_table() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:A1B2 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 0100007F:D431 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000 524288        0 2 1 0 20 4 30 10 -1
+   2: 0100007F:D432 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0 20 4 30 10 -1
+";
+        let server = "127.0.0.1:41394".parse().unwrap();
+        assert_eq!(
+            uid_of_connection(table, "127.0.0.1:54321".parse().unwrap(), server),
+            Some(524_288)
+        );
+        assert_eq!(
+            uid_of_connection(table, "127.0.0.1:54322".parse().unwrap(), server),
+            Some(0)
+        );
+        assert_eq!(
+            uid_of_connection(table, "127.0.0.1:54323".parse().unwrap(), server),
+            None
+        );
+        assert_eq!(
+            uid_of_connection("garbage\n1: x y z", "127.0.0.1:1".parse().unwrap(), server),
+            None
+        );
+    }
+
+    /// This process's own loopback connection is found as its own.
+    #[test]
+    fn this_processs_connection_is_its_own() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (conn, _) = l.accept().unwrap();
+        let (SocketAddr::V4(peer), SocketAddr::V4(local)) =
+            (conn.peer_addr().unwrap(), conn.local_addr().unwrap())
+        else {
+            panic!("not IPv4");
+        };
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        assert_eq!(
+            uid_of_connection(&table, peer, local),
+            Some(crate::reap::own_uid())
+        );
+        drop(c);
+    }
 
     #[test]
     fn the_port_is_found_by_its_name() {

@@ -55,8 +55,9 @@ impl Table {
                 None => Err("no simulated machine on this host".into()),
             },
             t => match (t.strip_prefix("store/"), &self.store) {
-                // One name inside the store (the frame rules already refused `..`).
-                (Some(file), Some(dir)) if !file.contains('/') => {
+                // One name inside the store (the frame rules already refused `..`), not a
+                // hidden one (partial downloads, the store's own files).
+                (Some(file), Some(dir)) if !file.contains('/') && !file.starts_with('.') => {
                     mux::file_target(&dir.join(file), u64::MAX)
                 }
                 _ => Err(format!("no target '{t}'")),
@@ -80,6 +81,7 @@ pub fn serve(socket: &Path, table: Table, stop: &AtomicBool) {
         })
     };
     let mut said = false;
+    let mut pause = Duration::from_millis(100);
     while !stop.load(Ordering::SeqCst) {
         let conn = match UnixStream::connect(socket) {
             Ok(c) => c,
@@ -105,9 +107,17 @@ pub fn serve(socket: &Path, table: Table, stop: &AtomicBool) {
             }
         };
         let m = cgx_channel::Mux::new(Box::new(out));
+        let t = std::time::Instant::now();
         let why = m.run(conn, Some(handler.clone()));
         eprintln!("cgx-host-agent: channel: {why}");
-        std::thread::sleep(Duration::from_millis(100));
+        // A guest that breaks its link at once (bad framing, say) waits longer each time:
+        // every link's streams start from nothing, and its old ones take a moment to end.
+        pause = if t.elapsed() < Duration::from_secs(1) {
+            (pause * 2).min(Duration::from_secs(5))
+        } else {
+            Duration::from_millis(100)
+        };
+        std::thread::sleep(pause);
     }
 }
 
@@ -133,8 +143,12 @@ mod tests {
         for ok in ["operator-token", "store/llama.age"] {
             assert!(t.open(ok).is_ok(), "{ok}");
         }
+        std::os::unix::fs::symlink(dir.join("secret"), dir.join("store/link.age")).unwrap();
+        std::fs::write(dir.join("store/.partial"), b"p").unwrap();
         for (target, why) in [
             ("store/missing.age", "not available"),
+            ("store/link.age", "not available"),
+            ("store/.partial", "no target"),
             ("store/sub/llama.age", "no target"),
             ("secret", "no target 'secret'"),
             ("sim-machine", "no simulated machine"),

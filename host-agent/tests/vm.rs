@@ -179,8 +179,6 @@ fn the_image_boots_under_qemu_and_runs_a_job_through_the_host_channel() {
             "/etc/cgx/ca.pem",
             "--channel",
             "cgx.0",
-            "--token-file",
-            "/run/cgx-operator.token",
             "--sim-machine",
             "/run/cgx-sim-machine.json",
             "--operator",
@@ -207,7 +205,8 @@ fn the_image_boots_under_qemu_and_runs_a_job_through_the_host_channel() {
         image.modules
     );
 
-    // The host: its operator token, the simulated machine, the store, the launch.
+    // The host: its operator token (asked for over the channel at each registration), the
+    // simulated machine, the store, the launch.
     std::fs::write(dir.join("op.token"), bsetup.operator.api_token().unwrap()).unwrap();
     private(&dir.join("op.token"));
     std::fs::write(dir.join("machine.json"), sim.to_json().unwrap()).unwrap();

@@ -8,7 +8,8 @@ pub use cgx_protocol::kbs::rcar::ClientError;
 use cgx_protocol::kbs::rcar::{self, EvidenceSource};
 use cgx_protocol::kbs_types::{Attestation, Response, Tee};
 
-/// The HTTP agent type the clients share ([`agent`], [`agent_with`]).
+/// The HTTP agent type the clients share ([`agent`], [`agent_with`]), and a pinned service.
+pub use cgx_http::Pin;
 pub use ureq::Agent;
 /// The URI type the transport parses URLs with (the `http` crate's, through ureq): a caller that
 /// checks a KBS URL (the guest agent's loopback rule) parses it as the transport will.
@@ -24,10 +25,7 @@ pub fn agent(ca_pem: Option<&[u8]>) -> Result<ureq::Agent> {
 
 /// [`agent`], connecting to the pinned host names at their addresses (a guest reaching its
 /// services through the host channel's local forwarders; TLS still verifies the names).
-pub fn agent_with(
-    ca_pem: Option<&[u8]>,
-    pins: &[(String, std::net::SocketAddr)],
-) -> Result<ureq::Agent> {
+pub fn agent_with(ca_pem: Option<&[u8]>, pins: &[cgx_http::Pin]) -> Result<ureq::Agent> {
     let roots = match ca_pem {
         Some(pem) => cgx_http::Roots::from_pem(pem).map_err(|e| ClientError::Transport {
             step: "setup",

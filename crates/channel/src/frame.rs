@@ -8,7 +8,7 @@
 //! 9      n     payload
 //! ```
 //!
-//! - OPEN: the target's name (1 to 64 bytes of `[A-Za-z0-9._/-]`, no `..`, not starting with
+//! - OPEN: the target's name (1 to 320 bytes of `[A-Za-z0-9._/-]`, no `..`, not starting with
 //!   `/`); only the guest opens.
 //! - DATA: 1 to [`MAX_PAYLOAD`] bytes; the sender may have at most [`WINDOW`] bytes of a stream
 //!   unacknowledged (a slow stream stalls no other).
@@ -25,8 +25,8 @@ pub const HEADER: usize = 9;
 pub const MAX_PAYLOAD: usize = 64 * 1024;
 /// The most a stream's sender may have in flight (sent, not yet credited back).
 pub const WINDOW: u32 = 256 * 1024;
-/// The longest target name.
-pub const MAX_TARGET: usize = 64;
+/// The longest target name (`store/` and a 255-byte file name fit).
+pub const MAX_TARGET: usize = 320;
 /// The longest reset reason.
 pub const MAX_REASON: usize = 256;
 
@@ -119,7 +119,7 @@ impl Frame<'_> {
 /// names to what it serves; a name never reaches a file system or resolver unchecked.
 pub fn check_target(t: &str) -> Result<(), FrameError> {
     if t.is_empty() || t.len() > MAX_TARGET {
-        return Err(FrameError::Target("1 to 64 bytes"));
+        return Err(FrameError::Target("1 to 320 bytes"));
     }
     if !t
         .bytes()
@@ -176,7 +176,7 @@ fn parse(kind: u8, stream: u32, payload: &[u8]) -> Result<Frame<'_>, FrameError>
 }
 
 /// Frames out of a byte stream: feed what the port gave, take frames while there are whole
-/// ones. The buffer holds at most one frame and what follows it in one read.
+/// ones. The buffer holds at most one read's bytes and the unfinished frame before them.
 #[derive(Debug, Default)]
 pub struct Decoder {
     buf: Vec<u8>,
@@ -189,24 +189,21 @@ impl Decoder {
         Self::default()
     }
 
-    /// Append bytes read from the link.
+    /// Append bytes read from the link (frames already handed out are dropped first: once per
+    /// read, not once per frame).
     pub fn feed(&mut self, bytes: &[u8]) {
-        self.compact();
-        self.buf.extend_from_slice(bytes);
-    }
-
-    fn compact(&mut self) {
         if self.consumed > 0 {
             self.buf.drain(..self.consumed);
             self.consumed = 0;
         }
+        self.buf.extend_from_slice(bytes);
     }
 
     /// The next whole frame, `None` until one is. An error is final: the header is refused
     /// before its payload is waited for (a length over the limit is not buffered).
     pub fn next_frame(&mut self) -> Result<Option<Frame<'_>>, FrameError> {
-        self.compact();
-        let Some(h) = self.buf.get(..HEADER) else {
+        let rest = &self.buf[self.consumed..];
+        let Some(h) = rest.get(..HEADER) else {
             return Ok(None);
         };
         let stream = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
@@ -219,11 +216,12 @@ impl Decoder {
             return Err(FrameError::TooLong(len));
         }
         let end = HEADER + len as usize;
-        if self.buf.len() < end {
+        if rest.len() < end {
             return Ok(None);
         }
-        self.consumed = end;
-        parse(kind, stream, &self.buf[HEADER..end]).map(Some)
+        let start = self.consumed;
+        self.consumed += end;
+        parse(kind, stream, &self.buf[start + HEADER..start + end]).map(Some)
     }
 
     /// Bytes held (a whole frame at most, plus one read's worth).
@@ -302,8 +300,11 @@ mod tests {
             (raw(1, 4, &[b'a'; MAX_REASON + 1]), FrameError::Reason),
             (raw(1, 5, &[0, 0, 0, 0]), FrameError::Credit),
             (raw(1, 5, &[0, 1]), FrameError::Credit),
-            (raw(1, 1, b""), FrameError::Target("1 to 64 bytes")),
-            (raw(1, 1, &[b'a'; 65]), FrameError::Target("1 to 64 bytes")),
+            (raw(1, 1, b""), FrameError::Target("1 to 320 bytes")),
+            (
+                raw(1, 1, &[b'a'; 321]),
+                FrameError::Target("1 to 320 bytes"),
+            ),
             (
                 raw(1, 1, b"/etc/passwd"),
                 FrameError::Target("a relative name without empty, . or .. parts"),

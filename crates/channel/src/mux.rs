@@ -1,15 +1,21 @@
 //! Streams over one link (a virtio-serial port in the guest, QEMU's socket for it on the host).
 //!
 //! Each stream has two pumps (threads): its *source* (a TCP socket, a file) read into DATA
-//! frames as far as the peer's credit allows, and its *sink* fed from a queue the link's reader
-//! fills, crediting the peer back as it consumes. The link's reader ([`Mux::run`]) never
-//! blocks on a stream, so a slow or stuck stream stalls no other; a peer that sends past its
-//! window, or anything [`crate::frame`] refuses, is answered by ending that stream or the link.
+//! frames as far as the peer's credit allows, and its *sink* fed from one buffer the link's
+//! reader appends to, crediting the peer back as it consumes. The link's reader ([`Mux::run`])
+//! never blocks on a stream's endpoint, so a slow or stuck stream stalls no other; what a peer
+//! may make this side hold is bounded: at most [`WINDOW`] bytes per stream (however it splits
+//! them into frames), [`MAX_STREAMS`] streams, one FIN each. A peer that sends past its window,
+//! a second FIN or data after one, or anything [`crate::frame`] refuses, is answered by ending
+//! that stream or the link.
 //!
-//! A broken link ends every stream (their sinks are told why); whoever owns the link makes a
-//! new [`Mux`] on the next one.
+//! A stream leaves the table only when both its pumps are done, so the table's limit bounds
+//! the threads and descriptors a peer can make this side hold. Ending a stream (a reset, the
+//! link's end) shuts its TCP endpoint down, so no pump stays blocked on it. A broken link ends
+//! every stream (their sinks are told why) and closes this side's copy of the link; whoever
+//! owns the link makes a new [`Mux`] on the next one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,10 +24,14 @@ use std::time::Duration;
 
 use crate::frame::{Decoder, Frame, MAX_PAYLOAD, WINDOW};
 
-/// The most streams open at once on one link.
-pub const MAX_STREAMS: usize = 256;
+/// The most streams open at once on one link (a guest needs a few: pooled connections to the
+/// broker and the KBS, a fetch or two; each stream costs the serving side three threads).
+pub const MAX_STREAMS: usize = 64;
 /// What one DATA frame from a source carries at most.
 const CHUNK: usize = 16 * 1024;
+
+/// Unblocks whatever a stream's pumps wait on (shuts a TCP endpoint down).
+pub type Aborter = Box<dyn Fn() + Send + Sync>;
 
 /// Where a stream's incoming bytes go.
 pub trait Sink: Send {
@@ -29,6 +39,11 @@ pub trait Sink: Send {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<()>;
     /// The stream ended: `Ok` at the peer's FIN, `Err(why)` when it was reset or the link broke.
     fn finish(&mut self, outcome: Result<(), String>);
+    /// How to unblock this endpoint's pumps when the stream ends early (`None`: they never
+    /// block on it for long).
+    fn aborter(&self) -> Option<Aborter> {
+        None
+    }
 }
 
 impl Sink for TcpStream {
@@ -42,6 +57,13 @@ impl Sink for TcpStream {
             Ok(()) => Shutdown::Write,
             Err(_) => Shutdown::Both,
         });
+    }
+
+    fn aborter(&self) -> Option<Aborter> {
+        let c = self.try_clone().ok()?;
+        Some(Box::new(move || {
+            let _ = c.shutdown(Shutdown::Both);
+        }))
     }
 }
 
@@ -78,18 +100,16 @@ pub type Opened = Result<(Option<Box<dyn Read + Send>>, Box<dyn Sink>), String>;
 /// The serving side's table of targets.
 pub type Handler = Arc<dyn Fn(&str) -> Opened + Send + Sync>;
 
-enum Incoming {
-    Data(Vec<u8>),
-    Fin,
-}
-
 #[derive(Default)]
 struct State {
     /// Bytes this side may still send.
     credit: u32,
-    /// Bytes received and not yet consumed by the sink.
+    /// Bytes received and not yet credited back (in `pending` or being written).
     inflight: u32,
-    queue: VecDeque<Incoming>,
+    /// Bytes received, not yet handed to the sink: one buffer, whatever the frames were.
+    pending: Vec<u8>,
+    /// The peer's FIN arrived.
+    fin: bool,
     /// Ended by a reset (either side's) or the link's end, and why.
     reset: Option<String>,
     source_done: bool,
@@ -99,6 +119,7 @@ struct State {
 struct Stream {
     state: Mutex<State>,
     cv: Condvar,
+    abort: Mutex<Option<Aborter>>,
 }
 
 impl Stream {
@@ -109,6 +130,7 @@ impl Stream {
                 ..State::default()
             }),
             cv: Condvar::new(),
+            abort: Mutex::new(None),
         })
     }
 
@@ -124,11 +146,22 @@ impl Stream {
         }
         drop(s);
         self.cv.notify_all();
+        // A pump blocked on its endpoint (a read from a silent socket, a write to one that
+        // does not read) returns.
+        if let Some(abort) = self
+            .abort
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            abort();
+        }
     }
 }
 
 struct Inner {
-    out: Mutex<Box<dyn Write + Send>>,
+    /// The link's write half (`None` once the link ended: its descriptor is closed then).
+    out: Mutex<Option<Box<dyn Write + Send>>>,
     streams: Mutex<HashMap<u32, Arc<Stream>>>,
     next: Mutex<u32>,
     alive: AtomicBool,
@@ -145,7 +178,13 @@ impl Inner {
         f.encode(&mut bytes)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let r = out.write_all(&bytes).and_then(|()| out.flush());
+        let Some(w) = out.as_mut() else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the channel is down",
+            ));
+        };
+        let r = w.write_all(&bytes).and_then(|()| w.flush());
         if r.is_err() {
             self.alive.store(false, Ordering::SeqCst);
         }
@@ -164,14 +203,22 @@ impl Inner {
         }
     }
 
-    /// Forget a stream once both its pumps are done.
-    fn retire(&self, id: u32, s: &Stream) {
+    /// Forget a stream once both its pumps are done (until then it counts against the
+    /// table's limit), and only this stream: its id may have been reused meanwhile.
+    fn retire(&self, id: u32, s: &Arc<Stream>) {
         let done = {
             let st = s.lock();
-            (st.source_done || st.reset.is_some()) && st.sink_done
+            st.source_done && st.sink_done
         };
         if done {
-            self.streams().remove(&id);
+            self.forget(id, s);
+        }
+    }
+
+    fn forget(&self, id: u32, s: &Arc<Stream>) {
+        let mut streams = self.streams();
+        if streams.get(&id).is_some_and(|cur| Arc::ptr_eq(cur, s)) {
+            streams.remove(&id);
         }
     }
 }
@@ -204,7 +251,7 @@ impl Mux {
     pub fn new(out: Box<dyn Write + Send>) -> Mux {
         Mux {
             inner: Arc::new(Inner {
-                out: Mutex::new(out),
+                out: Mutex::new(Some(out)),
                 streams: Mutex::new(HashMap::new()),
                 next: Mutex::new(0),
                 alive: AtomicBool::new(true),
@@ -238,6 +285,14 @@ impl Mux {
         let s = Stream::new();
         let id = {
             let mut streams = self.inner.streams();
+            // Checked under the table's lock, which `close` takes to drain it: a stream is
+            // never added to a table that was drained.
+            if !self.is_alive() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    "the channel is down",
+                ));
+            }
             if streams.len() >= MAX_STREAMS {
                 return Err(std::io::Error::other(format!(
                     "{MAX_STREAMS} streams open on the channel already"
@@ -271,15 +326,25 @@ impl Mux {
             buf: Vec::new(),
             done: tx,
         };
-        self.open(target, None, Box::new(sink))
+        let id = self
+            .open(target, None, Box::new(sink))
             .map_err(|e| format!("channel {target}: {e}"))?;
         match rx.recv_timeout(timeout) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(why)) => Err(format!("channel {target}: {why}")),
-            Err(_) => Err(format!(
-                "channel {target}: no answer within {} s",
-                timeout.as_secs()
-            )),
+            Err(_) => {
+                let why = format!("no answer within {} s", timeout.as_secs());
+                self.reset(id, &why);
+                Err(format!("channel {target}: {why}"))
+            }
+        }
+    }
+
+    /// End stream `id` (a caller that gave up on it), telling the peer why.
+    pub fn reset(&self, id: u32, why: &str) {
+        let s = self.inner.streams().get(&id).cloned();
+        if let Some(s) = s {
+            self.inner.reset(id, &s, why);
         }
     }
 
@@ -290,6 +355,12 @@ impl Mux {
         source: Option<Box<dyn Read + Send>>,
         sink: Box<dyn Sink>,
     ) {
+        *s.abort.lock().unwrap_or_else(|p| p.into_inner()) = sink.aborter();
+        // Ended before it started (the link broke while a handler connected): unblock now.
+        let ended = s.lock().reset.clone();
+        if let Some(why) = ended {
+            s.end(&why);
+        }
         let (inner, st) = (self.inner.clone(), s.clone());
         let sink_pump = std::thread::Builder::new()
             .name(format!("cgx-channel-{id}-in"))
@@ -299,7 +370,14 @@ impl Mux {
             .name(format!("cgx-channel-{id}-out"))
             .spawn(move || pump_source(&inner, id, &st, source));
         if sink_pump.is_err() || source_pump.is_err() {
+            // A pump that never ran is done; the other sees the reset and ends.
+            {
+                let mut st = s.lock();
+                st.sink_done |= sink_pump.is_err();
+                st.source_done |= source_pump.is_err();
+            }
             self.inner.reset(id, &s, "no thread for the stream");
+            self.inner.retire(id, &s);
         }
     }
 
@@ -335,8 +413,16 @@ impl Mux {
 
     /// End the link: every stream is reset with `why`.
     pub fn close(&self, why: &str) {
-        self.inner.alive.store(false, Ordering::SeqCst);
-        let streams: Vec<Arc<Stream>> = self.inner.streams().drain().map(|(_, s)| s).collect();
+        let streams: Vec<Arc<Stream>> = {
+            let mut table = self.inner.streams();
+            self.inner.alive.store(false, Ordering::SeqCst);
+            table.drain().map(|(_, s)| s).collect()
+        };
+        // This side's copy of the link is closed now (unless a pump is in the middle of a
+        // write to it, which then fails and closes it).
+        if let Ok(mut out) = self.inner.out.try_lock() {
+            *out = None;
+        }
         // A served stream whose handler has not answered yet gets its pumps later, which see
         // the reset at once.
         for s in streams {
@@ -383,7 +469,7 @@ impl Mux {
                         Ok((source, sink)) => mux.start(id, s, source, sink),
                         Err(why) => {
                             mux.inner.reset(id, &s, &why);
-                            mux.inner.streams().remove(&id);
+                            mux.inner.forget(id, &s);
                         }
                     });
                 if spawned.is_err()
@@ -399,20 +485,33 @@ impl Mux {
                 if st.reset.is_some() {
                     return Ok(());
                 }
-                let len = bytes.len() as u32;
-                if st.inflight + len > WINDOW {
+                let why = if st.fin {
+                    Some("the peer sent data after its FIN")
+                } else if st.inflight as usize + bytes.len() > WINDOW as usize {
+                    Some("the peer sent past its window")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
                     drop(st);
-                    self.inner.reset(id, &s, "the peer sent past its window");
+                    self.inner.reset(id, &s, why);
                     return Ok(());
                 }
-                st.inflight += len;
-                st.queue.push_back(Incoming::Data(bytes.to_vec()));
+                st.inflight += bytes.len() as u32;
+                st.pending.extend_from_slice(bytes);
                 drop(st);
                 s.cv.notify_all();
             }
             Frame::Fin { .. } => {
                 if let Some(s) = stream {
-                    s.lock().queue.push_back(Incoming::Fin);
+                    let mut st = s.lock();
+                    if st.fin {
+                        drop(st);
+                        self.inner.reset(id, &s, "the peer sent a second FIN");
+                        return Ok(());
+                    }
+                    st.fin = true;
+                    drop(st);
                     s.cv.notify_all();
                 }
             }
@@ -442,7 +541,7 @@ impl Mux {
 }
 
 /// The source's bytes to the peer, within its credit; FIN at the source's end.
-fn pump_source(inner: &Inner, id: u32, s: &Stream, source: Option<Box<dyn Read + Send>>) {
+fn pump_source(inner: &Inner, id: u32, s: &Arc<Stream>, source: Option<Box<dyn Read + Send>>) {
     if let Some(mut source) = source {
         let mut buf = vec![0u8; CHUNK];
         loop {
@@ -493,7 +592,7 @@ fn pump_source(inner: &Inner, id: u32, s: &Stream, source: Option<Box<dyn Read +
 }
 
 /// The peer's bytes into the sink, crediting the peer as they are consumed.
-fn pump_sink(inner: &Inner, id: u32, s: &Stream, mut sink: Box<dyn Sink>) {
+fn pump_sink(inner: &Inner, id: u32, s: &Arc<Stream>, mut sink: Box<dyn Sink>) {
     let outcome = loop {
         let next = {
             let mut st = s.lock();
@@ -501,23 +600,31 @@ fn pump_sink(inner: &Inner, id: u32, s: &Stream, mut sink: Box<dyn Sink>) {
                 if let Some(why) = &st.reset {
                     break Err(why.clone());
                 }
-                if let Some(i) = st.queue.pop_front() {
-                    break Ok(i);
+                if !st.pending.is_empty() {
+                    break Ok(Some(std::mem::take(&mut st.pending)));
+                }
+                if st.fin {
+                    break Ok(None);
                 }
                 st = s.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }
         };
         match next {
             Err(why) => break Err(why),
-            Ok(Incoming::Fin) => break Ok(()),
-            Ok(Incoming::Data(bytes)) => {
+            Ok(None) => break Ok(()),
+            Ok(Some(bytes)) => {
                 if let Err(e) = sink.write(&bytes) {
                     let why = format!("writing the sink: {e}");
                     inner.reset(id, s, &why);
                     break Err(why);
                 }
+                // At most WINDOW bytes were pending (the window's check), so this fits.
                 let len = bytes.len() as u32;
-                s.lock().inflight -= len;
+                {
+                    let mut st = s.lock();
+                    st.inflight = st.inflight.saturating_sub(len);
+                }
+                // Credited in frames the peer accepts (at most WINDOW each, above 0).
                 let _ = inner.send(&Frame::Credit {
                     stream: id,
                     bytes: len,
@@ -551,14 +658,24 @@ impl Sink for Refuse {
 }
 
 /// A served target that sends the file at `path` (at most `limit` bytes) and takes nothing.
+/// Only a regular file, opened without following a symbolic link at its last component and
+/// without blocking (a FIFO put there is refused, not waited on), and only as many bytes as it
+/// had when opened (a device or a growing file does not stream without end).
 pub fn file_target(path: &std::path::Path, limit: u64) -> Opened {
-    let f = std::fs::File::open(path).map_err(|e| format!("not available ({})", e.kind()))?;
-    let len = f
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("not available ({})", e.kind()))?;
+    let meta = f
         .metadata()
-        .map_err(|e| format!("not available ({})", e.kind()))?
-        .len();
-    if len > limit {
+        .map_err(|e| format!("not available ({})", e.kind()))?;
+    if !meta.is_file() {
+        return Err("not available (not a regular file)".into());
+    }
+    if meta.len() > limit {
         return Err(format!("over {limit} bytes"));
     }
-    Ok((Some(Box::new(f.take(limit))), Box::new(Refuse)))
+    Ok((Some(Box::new(f.take(meta.len()))), Box::new(Refuse)))
 }

@@ -142,6 +142,20 @@ fn a_stuck_stream_stalls_no_other() {
 }
 
 #[test]
+fn streams_past_the_limit_are_refused_on_either_side() {
+    let (guest, _host) = pair(table(echo_server(), stuck_server(), tmp_file(b"t")));
+    let held: Vec<TcpStream> = (0..cgx_channel::mux::MAX_STREAMS)
+        .map(|_| connect_through(&guest, "stuck"))
+        .collect();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let _client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (conn, _) = l.accept().unwrap();
+    let e = guest.forward_tcp(conn, "echo").unwrap_err().to_string();
+    assert!(e.contains("64 streams open on the channel already"), "{e}");
+    drop(held);
+}
+
+#[test]
 fn files_are_served_and_refusals_carry_their_reason() {
     let (guest, _host) = pair(table(
         echo_server(),

@@ -58,10 +58,11 @@ pub struct Client {
     pub timeout: Duration,
     /// Redirects followed (0: none; a 3xx is then returned as the response).
     pub max_redirects: u32,
-    /// Host names connected to at a fixed address instead of resolved (a guest without a
-    /// network reaches its services through the host channel's local forwarders). TLS still
-    /// verifies the server's name, so a pin moves where bytes go, never whom they are for.
-    pub pins: Vec<(String, std::net::SocketAddr)>,
+    /// Services (host name or literal without brackets, port) connected to at a fixed address
+    /// instead of resolved (a guest without a network reaches its services through the host
+    /// channel's local forwarders). TLS still verifies the server's name, so a pin moves where
+    /// bytes go, never whom they are for.
+    pub pins: Vec<Pin>,
 }
 
 impl Client {
@@ -127,10 +128,44 @@ impl Client {
     }
 }
 
-/// A resolver that answers pinned names itself and asks the system for the others.
+/// One pinned service: `host:port` is connected to at `addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    pub host: String,
+    pub port: u16,
+    pub addr: std::net::SocketAddr,
+}
+
+impl Pin {
+    /// The pin of `url`'s service (its port, or the scheme's) to `addr`.
+    pub fn of_url(url: &str, addr: std::net::SocketAddr) -> Option<Pin> {
+        let uri: ureq::http::Uri = url.parse().ok()?;
+        Some(Pin {
+            host: bare(uri.host()?).to_string(),
+            port: port_of(&uri)?,
+            addr,
+        })
+    }
+}
+
+fn bare(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+}
+
+fn port_of(uri: &ureq::http::Uri) -> Option<u16> {
+    uri.port_u16().or(match uri.scheme_str() {
+        Some(s) if s.eq_ignore_ascii_case("https") => Some(443),
+        Some(s) if s.eq_ignore_ascii_case("http") => Some(80),
+        _ => None,
+    })
+}
+
+/// A resolver that answers pinned services itself and asks the system for the others.
 #[derive(Debug)]
 struct Pinned {
-    pins: Vec<(String, std::net::SocketAddr)>,
+    pins: Vec<Pin>,
     fallback: ureq::unversioned::resolver::DefaultResolver,
 }
 
@@ -141,11 +176,16 @@ impl ureq::unversioned::resolver::Resolver for Pinned {
         config: &ureq::config::Config,
         timeout: ureq::unversioned::transport::NextTimeout,
     ) -> Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
-        let host = uri.host().unwrap_or("");
-        match self.pins.iter().find(|(h, _)| h.eq_ignore_ascii_case(host)) {
-            Some((_, addr)) => {
+        let host = bare(uri.host().unwrap_or(""));
+        let port = port_of(uri);
+        match self
+            .pins
+            .iter()
+            .find(|p| p.host.eq_ignore_ascii_case(host) && Some(p.port) == port)
+        {
+            Some(p) => {
                 let mut v = self.empty();
-                v.push(*addr);
+                v.push(p.addr);
                 Ok(v)
             }
             None => self.fallback.resolve(uri, config, timeout),
@@ -167,6 +207,42 @@ mod tests {
                 Some(SetupError::NoCaCertificate)
             );
         }
+    }
+
+    /// A pinned service is connected to at its pin, by host and port (another port of the
+    /// same name is not pinned), and TLS still checks the URL's name.
+    #[test]
+    fn pins_move_connections_by_host_and_port() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).unwrap();
+            let req = String::from_utf8_lossy(&buf[..n]).to_string();
+            s.write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            req
+        });
+        let mut c = Client::service(Roots::WebPki);
+        c.pins = vec![
+            Pin::of_url("http://broker.cgx.test:8080", addr).unwrap(),
+            Pin::of_url("http://[::1]", addr).unwrap(),
+        ];
+        assert_eq!(c.pins[1].host, "::1");
+        assert_eq!(c.pins[1].port, 80);
+        let agent = c.agent();
+        let r = agent.get("http://broker.cgx.test:8080/x").call().unwrap();
+        assert_eq!(r.status().as_u16(), 204);
+        let req = server.join().unwrap();
+        assert!(
+            req.contains("host: broker.cgx.test:8080")
+                || req.contains("Host: broker.cgx.test:8080"),
+            "{req}"
+        );
+        // Another port of the pinned name resolves as usual (and .test names do not).
+        assert!(agent.get("http://broker.cgx.test:8081/x").call().is_err());
     }
 
     /// What the agent was told is what it does: a service client follows no redirect and

@@ -87,10 +87,12 @@ fn index(dir: &Path) -> Result<(BTreeMap<String, PathBuf>, BTreeSet<String>), Im
             detail: e.to_string(),
         })?;
         for e in rd.flatten() {
+            // The entry's own type: a symbolic link is neither followed nor taken.
+            let Ok(kind) = e.file_type() else { continue };
             let p = e.path();
-            if p.is_dir() {
+            if kind.is_dir() {
                 stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "ko") {
+            } else if kind.is_file() && p.extension().is_some_and(|x| x == "ko") {
                 files.push(p);
             }
         }

@@ -15,13 +15,20 @@ pub enum ModinfoError {
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        b.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(b: &[u8], at: usize) -> Option<usize> {
-    usize::try_from(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?)).ok()
+    usize::try_from(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
+    .ok()
 }
 
 /// The `.modinfo` strings of an ELF module.
@@ -40,8 +47,8 @@ pub fn modinfo(elf: &[u8]) -> Result<Vec<(String, String)>, ModinfoError> {
     let section = |i: usize| -> Option<(u32, &[u8])> {
         let h = shoff.checked_add(i.checked_mul(shentsize)?)?;
         let name = u32_at(elf, h)?;
-        let off = u64_at(elf, h + 0x18)?;
-        let size = u64_at(elf, h + 0x20)?;
+        let off = u64_at(elf, h.checked_add(0x18)?)?;
+        let size = u64_at(elf, h.checked_add(0x20)?)?;
         Some((name, elf.get(off..off.checked_add(size)?)?))
     };
     let (_, names) = section(shstrndx).ok_or(t.clone())?;
@@ -124,6 +131,11 @@ pub(crate) mod tests {
         let mut wild = m.clone();
         wild[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
         assert_eq!(depends(&wild).unwrap_err(), ModinfoError::Truncated);
+        // A section table at the very end of the address space, section 0 named: no overflow.
+        let mut edge = m.clone();
+        edge[0x28..0x30].copy_from_slice(&(u64::MAX - 2).to_le_bytes());
+        edge[0x3e..0x40].copy_from_slice(&0u16.to_le_bytes());
+        assert_eq!(depends(&edge).unwrap_err(), ModinfoError::Truncated);
         let mut none = elf(b"x");
         let at = none.windows(8).position(|w| w == b".modinfo").unwrap();
         none[at + 1] = b'X';
