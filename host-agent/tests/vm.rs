@@ -163,7 +163,7 @@ fn the_image_boots_under_qemu_and_runs_a_job_through_the_host_channel() {
     assert_eq!(resp.status().as_u16(), 200);
 
     // The image, built from this test's settings: they are measured with it.
-    let image = cgx_image::build(&cgx_image::Spec {
+    let spec = cgx_image::Spec {
         kernel,
         modules: Some(modules),
         agent: agent_bin,
@@ -196,9 +196,47 @@ fn the_image_boots_under_qemu_and_runs_a_job_through_the_host_channel() {
         .to_vec(),
         ca: Some(dir.join("tls.crt")),
         append: "console=ttyS0 panic=-1".into(),
-    })
-    .unwrap();
+    };
+    let image = cgx_image::build(&spec).unwrap();
     image.write(&dir.join("image")).unwrap();
+    // Built again from the same inputs: the same bytes, so the same SNP launch digest (on a
+    // firmware image made to order: Debian 12 ships no AmdSev OVMF); another setting in the
+    // agent's arguments is another digest.
+    let again = cgx_image::build(&spec).unwrap();
+    assert!(again == image, "two builds of the image differ");
+    let digest = |img: &cgx_image::Image| {
+        let fw = cgx_measure::ovmf::testing::image(
+            64,
+            &[
+                (0x80_0000, 0x9000, 1),
+                (0x80_9000, 0x1000, 2),
+                (0x80_a000, 0x1000, 3),
+                (0x80_b000, 0x1000, 4),
+                (0x80_c000, 0x1000, 0x10),
+            ],
+            Some(0x80_cc00),
+        );
+        let ovmf = cgx_measure::ovmf::Ovmf::parse(&fw).unwrap();
+        let params = cgx_measure::snp::LaunchParams {
+            vcpus: 2,
+            vcpu_signature: 0x00a1_0f11,
+            vmm: cgx_measure::snp::Vmm::Qemu,
+            guest_features: 1,
+            kernel_hashes: Some(cgx_measure::snp::SevHashes::new(
+                &img.kernel,
+                Some(&img.initrd),
+                Some(&img.cmdline),
+            )),
+            firmware_digest: None,
+        };
+        hex::encode(cgx_measure::snp::launch_digest(&ovmf, &params).unwrap())
+    };
+    let mut other = spec.clone();
+    other.args[2] = "https://broker.elsewhere.test".into();
+    let launch = digest(&image);
+    assert_eq!(launch, digest(&again));
+    assert_ne!(launch, digest(&cgx_image::build(&other).unwrap()));
+    eprintln!("SNP launch digest (made-to-order firmware): {launch}");
     eprintln!(
         "image: initrd {} KiB, modules {:?}",
         image.initrd.len() / 1024,
