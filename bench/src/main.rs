@@ -5,6 +5,7 @@
 
 mod attestation;
 mod broker;
+mod channel;
 mod coco;
 mod kbs;
 mod measure;
@@ -105,6 +106,18 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// Bytes per second through the host–guest channel (one stream and four) against the same
+    /// bytes over the same kind of link without it.
+    Channel {
+        /// Bytes moved per round (MiB).
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+        /// Rounds (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// SEV-SNP launch digests per second (4 MiB firmware, kernel, initrd) against raw hashing
     /// of the same bytes, and sev-snp-measure on the same files.
     Measure {
@@ -190,6 +203,7 @@ fn main() -> ExitCode {
             vectors,
         } => attestation::verify(json, seconds, vectors),
         BenchWhat::Measure { rounds, json } => measure::bench(rounds, json),
+        BenchWhat::Channel { mib, rounds, json } => channel::bench(mib, rounds, json),
     };
     match result {
         Ok(code) => code,

@@ -629,6 +629,53 @@ mod tests {
     use super::*;
 
     #[test]
+    fn through_the_host_channel_only_tls() {
+        let base = |broker: &str, kbs: &str| {
+            [
+                "--broker",
+                broker,
+                "--kbs",
+                kbs,
+                "--broker-key",
+                "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo",
+                "--operator",
+                "op1",
+                "--region",
+                "eu",
+                "--channel",
+                "cgx.0",
+            ]
+            .map(String::from)
+            .to_vec()
+        };
+        // No --token-file with a channel: the token comes over it.
+        let a = parse_run(base("https://b.example", "https://k.example").into_iter()).unwrap();
+        assert_eq!(a.channel.as_deref(), Some("cgx.0"));
+        for (broker, kbs, flag) in [
+            ("http://127.0.0.1:1", "https://k.example", "--broker"),
+            ("https://b.example", "http://localhost:2", "--kbs"),
+        ] {
+            let e = parse_run(base(broker, kbs).into_iter()).unwrap_err();
+            assert!(e.starts_with(flag) && e.contains("https:// only"), "{e}");
+        }
+        let mut bad = base("https://b.example", "https://k.example");
+        bad[11] = "../cgx.0".into();
+        assert!(
+            parse_run(bad.into_iter())
+                .unwrap_err()
+                .contains("--channel")
+        );
+        // Without a channel the token file is required.
+        let mut no_channel = base("https://b.example", "https://k.example");
+        no_channel.truncate(10);
+        assert!(
+            parse_run(no_channel.into_iter())
+                .unwrap_err()
+                .starts_with("usage")
+        );
+    }
+
+    #[test]
     fn kbs_url_rule() {
         for (url, why) in [
             ("http://localhost:80@evil.example/", "userinfo"),

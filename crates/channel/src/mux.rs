@@ -28,7 +28,7 @@ use crate::frame::{Decoder, Frame, MAX_PAYLOAD, WINDOW};
 /// broker and the KBS, a fetch or two; each stream costs the serving side three threads).
 pub const MAX_STREAMS: usize = 64;
 /// What one DATA frame from a source carries at most.
-const CHUNK: usize = 16 * 1024;
+const CHUNK: usize = 64 * 1024;
 
 /// Unblocks whatever a stream's pumps wait on (shuts a TCP endpoint down).
 pub type Aborter = Box<dyn Fn() + Send + Sync>;
@@ -174,9 +174,24 @@ impl Inner {
 
     /// One frame onto the link, whole (frames from many pumps never interleave).
     fn send(&self, f: &Frame) -> std::io::Result<()> {
-        let mut bytes = Vec::with_capacity(crate::frame::HEADER + CHUNK);
-        f.encode(&mut bytes)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        // DATA's payload is written as it is (after its header, under the same lock): the
+        // bulk of the bytes is never copied into a frame buffer.
+        let (head, payload): (Vec<u8>, &[u8]) = match f {
+            Frame::Data { stream, bytes } if !bytes.is_empty() && bytes.len() <= MAX_PAYLOAD => {
+                let mut h = Vec::with_capacity(crate::frame::HEADER);
+                h.extend_from_slice(&stream.to_be_bytes());
+                h.push(crate::frame::Kind::Data as u8);
+                h.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+                (h, bytes)
+            }
+            f => {
+                let mut v = Vec::with_capacity(64);
+                f.encode(&mut v).map_err(|e| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())
+                })?;
+                (v, &[])
+            }
+        };
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let Some(w) = out.as_mut() else {
             return Err(std::io::Error::new(
@@ -184,7 +199,10 @@ impl Inner {
                 "the channel is down",
             ));
         };
-        let r = w.write_all(&bytes).and_then(|()| w.flush());
+        let r = w
+            .write_all(&head)
+            .and_then(|()| w.write_all(payload))
+            .and_then(|()| w.flush());
         if r.is_err() {
             self.alive.store(false, Ordering::SeqCst);
         }
