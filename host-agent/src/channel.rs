@@ -98,15 +98,14 @@ pub fn serve(socket: &Path, table: Table, stop: &AtomicBool) {
             }
         };
         said = false;
-        let out = match conn.try_clone() {
-            Ok(o) => o,
+        let m = match cgx_channel::Mux::on_socket(&conn) {
+            Ok(m) => m,
             Err(e) => {
                 eprintln!("cgx-host-agent: channel: {e}");
                 std::thread::sleep(Duration::from_millis(500));
                 continue;
             }
         };
-        let m = cgx_channel::Mux::new(Box::new(out));
         let t = std::time::Instant::now();
         let why = m.run(conn, Some(handler.clone()));
         eprintln!("cgx-host-agent: channel: {why}");

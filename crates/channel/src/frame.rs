@@ -101,6 +101,9 @@ impl Frame<'_> {
             }
         };
         let len = u32::try_from(payload.len()).map_err(|_| FrameError::TooLong(u32::MAX))?;
+        if payload.len() > MAX_PAYLOAD {
+            return Err(FrameError::TooLong(len));
+        }
         let start = out.len();
         out.extend_from_slice(&self.stream().to_be_bytes());
         out.push(kind as u8);
@@ -343,6 +346,10 @@ mod tests {
                 target: "../x",
             },
             Frame::Fin { stream: 0 },
+            Frame::Data {
+                stream: 1,
+                bytes: &[0u8; MAX_PAYLOAD + 1],
+            },
         ] {
             assert!(f.encode(&mut out).is_err(), "{f:?}");
             assert_eq!(out, [1u8]);

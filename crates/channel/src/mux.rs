@@ -24,11 +24,16 @@ use std::time::Duration;
 
 use crate::frame::{Decoder, Frame, MAX_PAYLOAD, WINDOW};
 
-/// The most streams open at once on one link (a guest needs a few: pooled connections to the
-/// broker and the KBS, a fetch or two; each stream costs the serving side three threads).
+/// The most streams a side opens at once on one link (a guest needs a few: pooled connections
+/// to the broker and the KBS, a fetch or two; each stream costs the serving side three
+/// threads).
 pub const MAX_STREAMS: usize = 64;
+/// The most streams the serving side holds: twice what the opener may have open, since the
+/// opener forgets a stream (both FINs seen) before the server's pumps have finished with it.
+pub const MAX_SERVED: usize = 2 * MAX_STREAMS;
 /// What one DATA frame from a source carries at most.
 const CHUNK: usize = 64 * 1024;
+const _: () = assert!(CHUNK <= MAX_PAYLOAD);
 
 /// Unblocks whatever a stream's pumps wait on (shuts a TCP endpoint down).
 pub type Aborter = Box<dyn Fn() + Send + Sync>;
@@ -139,9 +144,11 @@ impl Stream {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn end(&self, why: &str) {
+    /// End the stream (`true` if this call ended it, `false` if it had ended already).
+    fn end(&self, why: &str) -> bool {
         let mut s = self.lock();
-        if s.reset.is_none() {
+        let first = s.reset.is_none();
+        if first {
             s.reset = Some(why.to_string());
         }
         drop(s);
@@ -156,12 +163,15 @@ impl Stream {
         {
             abort();
         }
+        first
     }
 }
 
 struct Inner {
     /// The link's write half (`None` once the link ended: its descriptor is closed then).
     out: Mutex<Option<Box<dyn Write + Send>>>,
+    /// Unblocks a write stuck on the link when it ends (a socket's shutdown), where there is one.
+    shutdown: Mutex<Option<Aborter>>,
     streams: Mutex<HashMap<u32, Arc<Stream>>>,
     next: Mutex<u32>,
     alive: AtomicBool,
@@ -192,27 +202,32 @@ impl Inner {
                 (v, &[])
             }
         };
+        let down = || std::io::Error::new(std::io::ErrorKind::NotConnected, "the channel is down");
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        // Nothing is written once the link ended (a pump that waited for the lock meanwhile).
+        if !self.alive.load(Ordering::SeqCst) {
+            *out = None;
+            return Err(down());
+        }
         let Some(w) = out.as_mut() else {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::NotConnected,
-                "the channel is down",
-            ));
+            return Err(down());
         };
         let r = w
             .write_all(&head)
             .and_then(|()| w.write_all(payload))
             .and_then(|()| w.flush());
-        if r.is_err() {
+        // A failed write may have left part of a frame on the link: nothing more goes after
+        // it, and this side's copy of the link is closed.
+        if r.is_err() || !self.alive.load(Ordering::SeqCst) {
             self.alive.store(false, Ordering::SeqCst);
+            *out = None;
         }
         r
     }
 
     fn reset(&self, id: u32, s: &Stream, why: &str) {
-        let first = s.lock().reset.is_none();
-        s.end(why);
-        if first {
+        // Told to the peer once, by whichever caller ended the stream.
+        if s.end(why) {
             let reason = truncate(why, crate::frame::MAX_REASON);
             let _ = self.send(&Frame::Reset {
                 stream: id,
@@ -269,12 +284,25 @@ impl Mux {
     pub fn new(out: Box<dyn Write + Send>) -> Mux {
         Mux {
             inner: Arc::new(Inner {
+                shutdown: Mutex::new(None),
                 out: Mutex::new(Some(out)),
                 streams: Mutex::new(HashMap::new()),
                 next: Mutex::new(0),
                 alive: AtomicBool::new(true),
             }),
         }
+    }
+
+    /// A mux on a socket link: its end shuts the socket down, so a write blocked on a peer
+    /// that stopped reading returns (a file such as a virtio port has no such call: a write
+    /// there waits for the host, which is what the guest would do anyway).
+    pub fn on_socket(link: &std::os::unix::net::UnixStream) -> std::io::Result<Mux> {
+        let m = Mux::new(Box::new(link.try_clone()?));
+        let s = link.try_clone()?;
+        *m.inner.shutdown.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
+            let _ = s.shutdown(Shutdown::Both);
+        }));
+        Ok(m)
     }
 
     pub fn is_alive(&self) -> bool {
@@ -436,8 +464,17 @@ impl Mux {
             self.inner.alive.store(false, Ordering::SeqCst);
             table.drain().map(|(_, s)| s).collect()
         };
-        // This side's copy of the link is closed now (unless a pump is in the middle of a
-        // write to it, which then fails and closes it).
+        // This side's copy of the link is closed now, or by the pump in the middle of a
+        // write to it once that write returns (which a socket's shutdown makes it do).
+        if let Some(shutdown) = self
+            .inner
+            .shutdown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            shutdown();
+        }
         if let Ok(mut out) = self.inner.out.try_lock() {
             *out = None;
         }
@@ -469,7 +506,7 @@ impl Mux {
                 let s = Stream::new();
                 {
                     let mut streams = self.inner.streams();
-                    if streams.len() >= MAX_STREAMS {
+                    if streams.len() >= MAX_SERVED {
                         drop(streams);
                         let _ = self.inner.send(&Frame::Reset {
                             stream: id,
@@ -483,17 +520,24 @@ impl Mux {
                 let (mux, handler, target) = (self.clone(), handler.clone(), target.to_string());
                 let spawned = std::thread::Builder::new()
                     .name(format!("cgx-channel-{id}-open"))
-                    .spawn(move || match handler(&target) {
-                        Ok((source, sink)) => mux.start(id, s, source, sink),
-                        Err(why) => {
-                            mux.inner.reset(id, &s, &why);
-                            mux.inner.forget(id, &s);
+                    .spawn(move || {
+                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            handler(&target)
+                        }))
+                        .unwrap_or_else(|_| Err("the target's handler failed".into()))
+                        {
+                            Ok((source, sink)) => mux.start(id, s, source, sink),
+                            Err(why) => {
+                                mux.inner.reset(id, &s, &why);
+                                mux.inner.forget(id, &s);
+                            }
                         }
                     });
-                if spawned.is_err()
-                    && let Some(s) = self.inner.streams().remove(&id)
-                {
-                    self.inner.reset(id, &s, "no thread for the stream");
+                if spawned.is_err() {
+                    let removed = self.inner.streams().remove(&id);
+                    if let Some(s) = removed {
+                        self.inner.reset(id, &s, "no thread for the stream");
+                    }
                 }
             }
             Frame::Data { bytes, .. } => {

@@ -295,3 +295,51 @@ fn the_links_end_ends_every_stream() {
     );
     assert_eq!(guest.streams(), 0);
 }
+
+/// A host whose guest stops reading: its pumps block writing the link; closing the link
+/// (a socket: shut down) unblocks them, and they end, dropping their endpoints.
+#[test]
+fn closing_a_socket_link_unblocks_its_writers() {
+    struct Endless(std::sync::mpsc::Sender<()>);
+    impl Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            buf.fill(9);
+            Ok(buf.len())
+        }
+    }
+    impl Drop for Endless {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+    let (g, h) = UnixStream::pair().unwrap();
+    let host = Mux::on_socket(&h).unwrap();
+    let (dropped_tx, dropped) = std::sync::mpsc::channel();
+    let handler: Handler = Arc::new(move |_: &str| {
+        Ok((
+            Some(Box::new(Endless(dropped_tx.clone())) as Box<dyn Read + Send>),
+            Box::new(cgx_channel::mux::Refuse) as Box<dyn cgx_channel::Sink>,
+        ))
+    });
+    let hm = host.clone();
+    std::thread::spawn(move || hm.run(h, Some(handler)));
+    // The guest asks for the endless stream, then never reads its end of the link again.
+    let mut g = g;
+    send(
+        &mut g,
+        Frame::Open {
+            stream: 1,
+            target: "endless",
+        },
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        dropped.try_recv().is_err(),
+        "the pump should be blocked writing"
+    );
+    host.close("the test ends the link");
+    dropped
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the blocked pump ended once the link was shut down");
+    drop(g);
+}
