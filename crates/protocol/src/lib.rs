@@ -21,6 +21,7 @@ pub mod binding;
 pub mod broker;
 pub mod jcs;
 pub mod kbs;
+pub mod merkle;
 pub mod money;
 pub mod records;
 pub mod signed;
