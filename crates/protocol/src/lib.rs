@@ -22,6 +22,7 @@ pub mod broker;
 pub mod jcs;
 pub mod kbs;
 pub mod merkle;
+pub mod metering;
 pub mod money;
 pub mod records;
 pub mod signed;

@@ -373,6 +373,25 @@ mod tests {
                 )
                 .unwrap(),
             ),
+            (
+                Kind::Metering,
+                s.sign(
+                    &crate::metering::MeteringRecord {
+                        sub: "n".into(),
+                        lease: "l".into(),
+                        seq: 0,
+                        window_start: 940,
+                        window_secs: 60,
+                        gpus: vec![],
+                        pow: None,
+                        workload: WorkloadState::Running,
+                        prev: crate::metering::genesis("l"),
+                    },
+                    1_000,
+                    1_060,
+                )
+                .unwrap(),
+            ),
         ];
         assert_eq!(tokens.len(), Kind::ALL.len());
         let keys = [s.public_key()];
@@ -394,6 +413,7 @@ mod tests {
                     Kind::KbsAdmin => check::<KbsAdminToken>(token, &keys, when),
                     Kind::BrokerApi => check::<BrokerApiToken>(token, &keys, when),
                     Kind::WorkloadReport => check::<WorkloadReport>(token, &keys, when),
+                    Kind::Metering => check::<crate::metering::MeteringRecord>(token, &keys, when),
                 };
                 if asked == *made {
                     assert_eq!(r, Ok(()), "{made:?}");
@@ -410,7 +430,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(refused, 42);
+        assert_eq!(refused, 56);
     }
 
     /// The kinds' typs and audiences are distinct, so neither a header nor an `aud` is ever
@@ -419,7 +439,7 @@ mod tests {
     fn kinds_have_distinct_types_and_audiences() {
         let typs: std::collections::HashSet<_> = Kind::ALL.iter().map(|k| k.typ()).collect();
         let auds: std::collections::HashSet<_> = Kind::ALL.iter().map(|k| k.audience()).collect();
-        assert_eq!((typs.len(), auds.len()), (7, 7));
+        assert_eq!((typs.len(), auds.len()), (8, 8));
     }
 
     /// A lease without a tenant is no lease.

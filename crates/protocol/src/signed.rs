@@ -47,11 +47,13 @@ pub enum Kind {
     BrokerApi,
     /// A node's report of a lease's workload (started, exited, failed), under its node key.
     WorkloadReport,
+    /// A node's metering record of one lease's window, under its node key, chained.
+    Metering,
 }
 
 impl Kind {
     /// Every kind (tests present each as every other).
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Lease,
         Kind::NodeRecord,
         Kind::Heartbeat,
@@ -59,6 +61,7 @@ impl Kind {
         Kind::KbsAdmin,
         Kind::BrokerApi,
         Kind::WorkloadReport,
+        Kind::Metering,
     ];
 
     /// The JWS `typ` header value.
@@ -71,6 +74,7 @@ impl Kind {
             Kind::KbsAdmin => "cgx-kbs-admin+jwt",
             Kind::BrokerApi => "cgx-broker-api+jwt",
             Kind::WorkloadReport => "cgx-workload-report+jwt",
+            Kind::Metering => "cgx-metering+jwt",
         }
     }
 
@@ -84,6 +88,7 @@ impl Kind {
             Kind::KbsAdmin => "cgx-kbs/admin",
             Kind::BrokerApi => "cgx-broker/api",
             Kind::WorkloadReport => "cgx-broker/report",
+            Kind::Metering => "cgx-broker/metering",
         }
     }
 
