@@ -23,18 +23,47 @@ fn dot(x: &[i8], y: &[i8]) -> i32 {
         .sum()
 }
 
+/// Four rows of A against one column of B (a row of Bᵀ): the column is read once for four
+/// outputs, so Bᵀ streams from memory a quarter as often.
+fn dot4(a: [&[i8]; 4], y: &[i8]) -> [i32; 4] {
+    let mut acc = [0i32; 4];
+    for (l, &b) in y.iter().enumerate() {
+        let b = i32::from(b);
+        for (s, row) in acc.iter_mut().zip(a) {
+            *s += i32::from(row[l]) * b;
+        }
+    }
+    acc
+}
+
 /// C = A·B, n×n, row-major, rows split across `threads`.
 pub fn product(a: &[i8], b: &[i8], n: usize, threads: usize) -> Vec<i32> {
     let bt = transpose(b, n);
     let mut c = vec![0i32; n * n];
-    let per = n.div_ceil(threads.max(1)).max(1);
+    // Whole groups of four rows per thread where it can be.
+    let per = n.div_ceil(threads.max(1)).div_ceil(4).max(1) * 4;
     std::thread::scope(|s| {
         for (chunk, rows) in c.chunks_mut(per * n).zip(a.chunks(per * n)) {
             let bt = &bt;
             s.spawn(move || {
-                for (crow, arow) in chunk.chunks_mut(n).zip(rows.chunks(n)) {
-                    for (j, out) in crow.iter_mut().enumerate() {
-                        *out = dot(arow, &bt[j * n..(j + 1) * n]);
+                for (out, group) in chunk.chunks_mut(4 * n).zip(rows.chunks(4 * n)) {
+                    if group.len() == 4 * n {
+                        let (a0, rest) = group.split_at(n);
+                        let (a1, rest) = rest.split_at(n);
+                        let (a2, a3) = rest.split_at(n);
+                        let (o0, rest) = out.split_at_mut(n);
+                        let (o1, rest) = rest.split_at_mut(n);
+                        let (o2, o3) = rest.split_at_mut(n);
+                        for (j, col) in bt.chunks(n).enumerate() {
+                            let v = dot4([a0, a1, a2, a3], col);
+                            (o0[j], o1[j], o2[j], o3[j]) = (v[0], v[1], v[2], v[3]);
+                        }
+                    } else {
+                        for (crow, arow) in out.chunks_mut(n).zip(group.chunks(n)) {
+                            for (o, col) in crow.iter_mut().zip(bt.chunks(n)) {
+                                *o = dot(arow, col);
+                            }
+                        }
                     }
                 }
             });
@@ -71,7 +100,13 @@ mod tests {
     /// Against the definition, on every thread count, including the extremes of int8.
     #[test]
     fn the_product_is_the_definition_on_any_thread_count() {
-        let n = 32;
+        // 32: groups of four rows; 30: a group of two left over.
+        for n in [32, 30] {
+            check(n);
+        }
+    }
+
+    fn check(n: usize) {
         let mut a: Vec<i8> = (0..n * n).map(|i| (i * 37 % 256) as u8 as i8).collect();
         let b: Vec<i8> = (0..n * n).map(|i| (i * 91 % 256) as u8 as i8).collect();
         a[0..n].fill(-128);
