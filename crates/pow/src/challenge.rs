@@ -45,11 +45,18 @@ pub enum Matrix {
 
 /// A challenge's seed: SHA-256 over a domain label and each field, length-prefixed (u32
 /// big-endian), so that no two different bindings share a seed — the broker's nonce, the
-/// lease, the metering window and the attested node key (its public key bytes).
-pub fn seed(nonce: &[u8], lease: &str, window: u64, node_key: &[u8]) -> [u8; 32] {
+/// lease, the metering window, the attested node key (its public key bytes) and the GPU (its
+/// index in the lease): one GPU's answer is no other's.
+pub fn seed(nonce: &[u8], lease: &str, window: u64, node_key: &[u8], gpu: u32) -> [u8; 32] {
     let mut c = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
     c.update(b"cgx-pow-v1/challenge");
-    for field in [nonce, lease.as_bytes(), &window.to_be_bytes(), node_key] {
+    for field in [
+        nonce,
+        lease.as_bytes(),
+        &window.to_be_bytes(),
+        node_key,
+        &gpu.to_be_bytes(),
+    ] {
         c.update(&(field.len() as u32).to_be_bytes());
         c.update(field);
     }
@@ -110,21 +117,22 @@ mod tests {
         ] {
             assert_eq!(p.check().is_ok(), ok, "{p:?}");
         }
-        let s = seed(b"nonce", "l1", 7, b"key");
-        assert_ne!(s, seed(b"nonce", "l2", 7, b"key"));
-        assert_ne!(s, seed(b"nonce", "l1", 8, b"key"));
+        let s = seed(b"nonce", "l1", 7, b"key", 0);
+        assert_ne!(s, seed(b"nonce", "l2", 7, b"key", 0));
+        assert_ne!(s, seed(b"nonce", "l1", 8, b"key", 0));
         assert_ne!(
             s,
-            seed(b"nonc", "el1", 7, b"key"),
+            seed(b"nonc", "el1", 7, b"key", 0),
             "fields are length-prefixed"
         );
-        assert_ne!(s, seed(b"nonce", "l1", 7, b"kez"));
+        assert_ne!(s, seed(b"nonce", "l1", 7, b"kez", 0));
+        assert_ne!(s, seed(b"nonce", "l1", 7, b"key", 1), "another GPU");
     }
 
     /// Any rows computed alone equal the same rows of the whole matrix, and A ≠ B.
     #[test]
     fn rows_follow_from_their_index() {
-        let s = seed(b"n", "l", 1, b"k");
+        let s = seed(b"n", "l", 1, b"k", 0);
         let a = matrix(&s, Matrix::A, 48);
         let mut part = vec![0i8; 5 * 48];
         fill_rows(&s, Matrix::A, 48, 17..22, &mut part);

@@ -186,7 +186,7 @@ mod tests {
 
     fn honest(n: u32, k: u32) -> (Challenge, Vec<i32>, Proof) {
         let ch = Challenge {
-            seed: seed(b"nonce", "lease-1", 3, b"node key"),
+            seed: seed(b"nonce", "lease-1", 3, b"node key", 0),
             params: Params { n, k },
         };
         let a = matrix(&ch.seed, Matrix::A, n);
@@ -207,9 +207,9 @@ mod tests {
         sorted.dedup();
         assert_eq!(sorted.len(), 16, "distinct rows");
 
-        // Another challenge (another lease, window or key): its y is not this A·B·r.
+        // Another challenge (another lease, window, key or GPU): its y is not this A·B·r.
         let other = Challenge {
-            seed: seed(b"nonce", "lease-2", 3, b"node key"),
+            seed: seed(b"nonce", "lease-1", 3, b"node key", 1),
             ..ch
         };
         assert!(matches!(

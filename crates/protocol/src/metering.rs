@@ -100,6 +100,8 @@ pub struct Chain {
     /// The lease's start (Unix seconds) and its window length.
     pub start: i64,
     pub window_secs: u32,
+    /// When the lease ended (`None`: open): no window may start at or after it.
+    pub ended_at: Option<i64>,
     /// The lease's GPUs (indices on the node).
     pub gpus: Vec<u32>,
     /// The last accepted record: its sequence number and token hash (`None`: none yet).
@@ -134,6 +136,8 @@ pub enum MeteringError {
         seq: u64,
         secs: u32,
     },
+    #[error("window starting {start}: the lease ended at {ended}")]
+    AfterEnd { start: i64, ended: i64 },
     #[error("window ending {end} has not closed yet (now {now})")]
     Future { end: i64, now: i64 },
     #[error("prev {got} is not the hash of the record before ({want})")]
@@ -149,16 +153,38 @@ pub enum MeteringError {
 /// sequence (a duplicate, a gap), the window (where the sequence puts it, and closed), the
 /// link to the previous record, the GPUs (the lease's, each once) and the values' ranges.
 pub fn accept(chain: &Chain, token: &str, now: i64) -> Result<Accepted, MeteringError> {
-    let v = verify::<MeteringRecord>(
+    let r = verify_record(&chain.node_key, token, now)?;
+    check(chain, r, token, now)
+}
+
+/// The signature step of [`accept`] alone: `token` as a metering record under `node_key` at
+/// `now` (a broker reads the lease it names, then [`check`]s it against that lease's chain,
+/// verifying once).
+pub fn verify_record(
+    node_key: &[u8; 32],
+    token: &str,
+    now: i64,
+) -> Result<MeteringRecord, MeteringError> {
+    verify::<MeteringRecord>(
         token,
-        &[chain.node_key],
+        &[*node_key],
         When::At {
             now,
             max_lifetime: METERING_TTL_SECS,
         },
     )
-    .map_err(MeteringError::Signature)?;
-    let r = v.body;
+    .map(|v| v.body)
+    .map_err(MeteringError::Signature)
+}
+
+/// The chain steps of [`accept`], for a record `r` verified from `token` under `chain`'s node
+/// key ([`verify_record`]).
+pub fn check(
+    chain: &Chain,
+    r: MeteringRecord,
+    token: &str,
+    now: i64,
+) -> Result<Accepted, MeteringError> {
     if r.lease != chain.lease {
         return Err(MeteringError::OtherLease {
             got: r.lease,
@@ -198,6 +224,14 @@ pub fn accept(chain: &Chain, token: &str, now: i64) -> Result<Accepted, Metering
             want: want_start.unwrap_or(i64::MAX),
             seq: r.seq,
             secs: chain.window_secs,
+        });
+    }
+    if let Some(ended) = chain.ended_at
+        && r.window_start >= ended
+    {
+        return Err(MeteringError::AfterEnd {
+            start: r.window_start,
+            ended,
         });
     }
     let end = r.window_start.saturating_add(secs);
@@ -276,6 +310,7 @@ mod tests {
             node_key: key,
             start: START,
             window_secs: 60,
+            ended_at: None,
             gpus: vec![2, 3],
             last: None,
         }
@@ -380,6 +415,18 @@ mod tests {
         );
         // The next good record is still accepted: nothing above changed the chain.
         accept(&c, &sign(&s, &record(5, prev.clone())), now).unwrap();
+        // Once the lease ended, its last window may still arrive; one after it may not.
+        let mut ended = c.clone();
+        ended.ended_at = Some(START + 330);
+        accept(&ended, &sign(&s, &record(5, prev.clone())), now).unwrap();
+        ended.ended_at = Some(START + 300);
+        assert_eq!(
+            accept(&ended, &sign(&s, &record(5, prev.clone())), now).unwrap_err(),
+            MeteringError::AfterEnd {
+                start: START + 300,
+                ended: START + 300
+            }
+        );
         // Another lease's genesis is another chain: a first record cannot start this one.
         let mut fresh = chain(s.public_key());
         fresh.lease = "l2".into();
