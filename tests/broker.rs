@@ -798,6 +798,7 @@ fn the_broker_serves_its_contract() {
             routes::NODE,
             routes::HEARTBEAT,
             routes::REPORTS,
+            routes::METERING,
             routes::REATTEST,
             routes::JOBS,
             routes::JOB,

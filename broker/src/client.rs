@@ -3,8 +3,8 @@
 //! broker's stable problem code.
 
 use cgx_protocol::broker::{
-    HeartbeatAnswer, JobSpec, JobView, NodeView, NonceResponse, Registered, Registration,
-    ReportAnswer, ReportPost, routes,
+    HeartbeatAnswer, JobSpec, JobView, MeteringAnswer, MeteringPost, NodeView, NonceResponse,
+    Registered, Registration, ReportAnswer, ReportPost, routes,
 };
 use serde::de::DeserializeOwned;
 
@@ -192,6 +192,20 @@ impl BrokerClient {
         self.call(
             "POST",
             &routes::with_id(routes::REPORTS, node_id),
+            Some(body),
+            None,
+        )
+    }
+
+    /// Send a node's signed metering record (`cgx_protocol::metering::MeteringRecord`).
+    pub fn metering(&self, node_id: &str, record: &str) -> Result<MeteringAnswer> {
+        let body = serde_json::to_vec(&MeteringPost {
+            record: record.to_string(),
+        })
+        .map_err(|e| ClientError::Decode(e.to_string()))?;
+        self.call(
+            "POST",
+            &routes::with_id(routes::METERING, node_id),
             Some(body),
             None,
         )

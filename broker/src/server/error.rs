@@ -31,6 +31,9 @@ pub enum BrokerError {
     /// A workload report not signed by the node's attested key, or not of this node.
     #[error("workload report: {0}")]
     Report(String),
+    /// A metering record not signed by the node's attested key, or not a metering record.
+    #[error("metering record: {0}")]
+    Metering(String),
     #[error("budget: {0}")]
     Budget(String),
     #[error("placement policy: {0}")]
@@ -84,9 +87,10 @@ impl ApiError for BrokerError {
     fn status(&self) -> StatusCode {
         match self {
             BrokerError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            BrokerError::Unauthorized(_) | BrokerError::Heartbeat(_) | BrokerError::Report(_) => {
-                StatusCode::UNAUTHORIZED
-            }
+            BrokerError::Unauthorized(_)
+            | BrokerError::Heartbeat(_)
+            | BrokerError::Report(_)
+            | BrokerError::Metering(_) => StatusCode::UNAUTHORIZED,
             BrokerError::Forbidden(_) => StatusCode::FORBIDDEN,
             BrokerError::NotFound(_) => StatusCode::NOT_FOUND,
             BrokerError::Nonce(_)
@@ -116,6 +120,7 @@ impl ApiError for BrokerError {
             BrokerError::Inventory(_) => "InventoryNotProven",
             BrokerError::Heartbeat(_) => "HeartbeatInvalid",
             BrokerError::Report(_) => "ReportInvalid",
+            BrokerError::Metering(_) => "MeteringRecordInvalid",
             BrokerError::Budget(_) => "BudgetTooSmall",
             BrokerError::PlacementPolicy(_) => "PlacementPolicyInvalid",
             BrokerError::Conflict(_) => "Conflict",

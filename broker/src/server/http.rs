@@ -28,9 +28,9 @@ use axum::{Json, Router};
 use cgx_protocol::audit::AuditEvent;
 use cgx_protocol::broker::{
     AuditTrail, CpuEvidence, GpuEvidence, HeartbeatAnswer, JobEvent, JobList, JobSpec, JobState,
-    JobView, LeaseGrant, NodeList, NodeView, NonceResponse, Offer, ReferenceValuesPut,
-    ReferenceValuesView, Registered, Registration, ReportAnswer, ReportPost, Workload,
-    WorkloadWeights, routes,
+    JobView, LeaseGrant, MeteringAnswer, MeteringPost, NodeList, NodeView, NonceResponse, Offer,
+    ReferenceValuesPut, ReferenceValuesView, Registered, Registration, ReportAnswer, ReportPost,
+    Workload, WorkloadWeights, routes,
 };
 use cgx_protocol::money::Micros;
 use cgx_protocol::records::{TeeKind, Tier};
@@ -125,6 +125,7 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
         .routes(limited(routes!(node), SMALL_BODY))
         .routes(limited(routes!(heartbeat), SMALL_BODY))
         .routes(limited(routes!(report), SMALL_BODY))
+        .routes(limited(routes!(metering), SMALL_BODY))
         .routes(limited(routes!(reattest), SMALL_BODY))
         .routes(limited(routes!(submit), JOB_BODY))
         .routes(limited(routes!(jobs), SMALL_BODY))
@@ -256,6 +257,29 @@ async fn report(
     check_id(&id)?;
     let post: ReportPost = json_body(&body, "workload report")?;
     Ok(Json(b.report(&id, post.report.trim()).await?).into_response())
+}
+
+/// A node's signed metering record of one of its leases' windows: accepted once, as the next
+/// link of the lease's chain, and stored.
+#[utoipa::path(post, path = routes::METERING, tag = "nodes",
+    params(("id" = String, Path, description = "the node's id")),
+    request_body = MeteringPost,
+    responses(
+        (status = 200, description = "the record accepted as its lease's next link", body = MeteringAnswer),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+        (status = 409, response = Problem),
+        (status = 413, response = Problem),
+    ))]
+async fn metering(
+    State(b): Shared,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, BrokerError> {
+    check_id(&id)?;
+    let post: MeteringPost = json_body(&body, "metering record")?;
+    Ok(Json(b.metering(&id, post.record.trim()).await?).into_response())
 }
 
 /// The version a put replaces, as `If-Match: "N"` (or `N`): required, so an admin's edit of

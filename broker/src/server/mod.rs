@@ -24,6 +24,7 @@ pub mod index;
 mod jobs;
 mod keys;
 mod leases;
+mod metering;
 mod monitor;
 mod nodes;
 mod placement;

@@ -79,6 +79,7 @@ pub struct Harness {
     pub clock: ManualClock,
     pub dir: PathBuf,
     role_keys: Vec<Vec<u8>>,
+    config: BrokerConfig,
 }
 
 impl Harness {
@@ -159,7 +160,60 @@ impl Harness {
             clock,
             dir,
             role_keys,
+            config,
         }
+    }
+
+    /// Another broker on the same configuration and database (a replica, on PostgreSQL).
+    pub async fn replica(&self) -> Broker {
+        Broker::new(&self.config, self.clock.shared())
+            .await
+            .unwrap()
+    }
+
+    /// A new, empty database on the PostgreSQL server `CGX_TEST_DATABASE_URL` names (its
+    /// URL), or `None` where it names none.
+    pub async fn postgres() -> Option<String> {
+        let url = std::env::var("CGX_TEST_DATABASE_URL").ok()?;
+        let (base, query) = match url.split_once('?') {
+            Some((b, q)) => (b.to_string(), Some(q.to_string())),
+            None => (url.clone(), None),
+        };
+        let after_scheme = base.find("://").map_or(0, |i| i + 3);
+        let server = match base[after_scheme..].find('/') {
+            Some(i) => base[..after_scheme + i].to_string(),
+            None => base.clone(),
+        };
+        static N: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "cgx_broker_test_{}_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        );
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        Some(match query {
+            Some(q) => format!("{server}/{name}?{q}"),
+            None => format!("{server}/{name}"),
+        })
+    }
+
+    /// The broker stopped (its database closed) and started again on the same configuration
+    /// and database: what a process restart keeps.
+    pub async fn restart(&mut self) {
+        self.broker.store.close().await;
+        self.broker = Broker::new(&self.config, self.clock.shared())
+            .await
+            .unwrap();
     }
 
     /// The broker's clock now.

@@ -39,6 +39,7 @@ pub mod routes {
     pub const HEARTBEAT: &str = "/v1/nodes/{id}/heartbeat";
     pub const REATTEST: &str = "/v1/nodes/{id}/reattest";
     pub const REPORTS: &str = "/v1/nodes/{id}/reports";
+    pub const METERING: &str = "/v1/nodes/{id}/metering";
     pub const JOBS: &str = "/v1/jobs";
     pub const JOB: &str = "/v1/jobs/{id}";
     pub const CANCEL: &str = "/v1/jobs/{id}/cancel";
@@ -444,6 +445,26 @@ pub struct HeartbeatAnswer {
 pub struct ReportPost {
     /// EdDSA JWS, typ `cgx-workload-report+jwt`, under the node's attested key.
     pub report: String,
+}
+
+/// `POST /v1/nodes/{id}/metering` body: the next metering record of one of the node's leases,
+/// under its node key.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MeteringPost {
+    /// EdDSA JWS, typ `cgx-metering+jwt` (`cgx_protocol::metering::MeteringRecord`).
+    pub record: String,
+}
+
+/// `POST /v1/nodes/{id}/metering` answer: the record accepted as the chain's next link.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MeteringAnswer {
+    pub lease: String,
+    pub seq: u64,
+    /// The hash the next record of the lease carries as `prev`.
+    pub hash: String,
 }
 
 /// `POST /v1/nodes/{id}/reports` answer: the job's state once the report is applied.

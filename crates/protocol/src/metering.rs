@@ -63,6 +63,9 @@ impl Record for MeteringRecord {
     const KIND: Kind = Kind::Metering;
 }
 
+/// A metering window (seconds): the broker's, which every lease's records follow.
+pub const WINDOW_SECS: u32 = 60;
+
 /// The most GPUs one record covers.
 pub const MAX_GPUS: usize = 64;
 /// A record is sent when its window closes and retried for at most this long (its token's

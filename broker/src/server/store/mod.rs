@@ -29,11 +29,13 @@ use super::error::BrokerError;
 
 mod jobs;
 mod leases;
+mod metering;
 mod nodes;
 mod settings;
 
 pub(crate) use jobs::JobWrite;
 pub(crate) use leases::{LeaseWrite, lease_tenant};
+pub(crate) use metering::MeteringWrite;
 pub(crate) use nodes::NodeWrite;
 pub(crate) use settings::SettingWrite;
 
@@ -198,6 +200,12 @@ macro_rules! audit_v7 {
     };
 }
 
+/// Migration 8 (issue 31), the same on both backends: accepted metering records, one per
+/// (lease, sequence), with the hash the next must carry.
+const METERING_V8: &str = "CREATE TABLE metering (
+        lease_id TEXT NOT NULL, seq BIGINT NOT NULL, hash TEXT NOT NULL, token TEXT NOT NULL,
+        accepted_at BIGINT NOT NULL, PRIMARY KEY (lease_id, seq))";
+
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -238,6 +246,11 @@ const MIGRATIONS: &[Migration] = &[
             "LOCK TABLE admin_events IN EXCLUSIVE MODE; ",
             "seq BIGSERIAL PRIMARY KEY"
         ),
+    },
+    Migration {
+        version: 8,
+        sqlite: METERING_V8,
+        postgres: METERING_V8,
     },
 ];
 
@@ -372,6 +385,7 @@ pub(crate) enum Write {
     Job(JobWrite),
     Lease(LeaseWrite),
     Setting(SettingWrite),
+    Metering(MeteringWrite),
 }
 
 impl From<NodeWrite> for Write {
@@ -398,6 +412,12 @@ impl From<SettingWrite> for Write {
     }
 }
 
+impl From<MeteringWrite> for Write {
+    fn from(w: MeteringWrite) -> Self {
+        Write::Metering(w)
+    }
+}
+
 /// What a write did.
 #[derive(Debug)]
 pub(crate) enum Outcome {
@@ -419,6 +439,9 @@ pub(crate) enum Refusal {
     NoSuchNode,
     /// A setting changed since the version the write was made against.
     SettingChanged,
+    /// The lease's metering chain moved since the record was checked (another replica
+    /// accepted that window, or a rival of its predecessor).
+    MeteringMoved,
     /// The tenant has as many jobs pending as it may.
     TooManyPending,
     /// A GPU of the registration is offered by another live node.
@@ -462,6 +485,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
         Write::Job(w) => jobs::apply(tx, w, sqlite).await,
         Write::Lease(w) => leases::apply(tx, w, sqlite).await,
         Write::Setting(w) => settings::apply(tx, w).await,
+        Write::Metering(w) => metering::apply(tx, w).await,
     }
 }
 

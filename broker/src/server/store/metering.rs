@@ -1,0 +1,110 @@
+//! Accepted metering records: one row per (lease, sequence), the token exactly as the node
+//! signed it and its hash (what the next record must carry). The next issue pays them; an
+//! auditor replays the chain from these rows alone.
+
+use sqlx::Row;
+
+use super::super::error::BrokerError;
+use super::{LEASE_COLUMNS, LeaseRow, Outcome, Refusal, Store, Tx};
+
+#[derive(Debug)]
+pub(crate) enum MeteringWrite {
+    /// Append record `seq` of `lease` — only if it links to the stored record before it (its
+    /// hash is `prev`), or is the first: checked in the write, so replicas racing to accept two
+    /// records of one window, or a record and its predecessor's rival, accept one chain.
+    Append {
+        lease: String,
+        seq: i64,
+        prev: String,
+        hash: String,
+        token: String,
+        at: i64,
+    },
+}
+
+pub(super) async fn apply(tx: &mut Tx, w: &MeteringWrite) -> Result<Outcome, sqlx::Error> {
+    match w {
+        MeteringWrite::Append {
+            lease,
+            seq,
+            prev,
+            hash,
+            token,
+            at,
+        } => {
+            let r = sqlx::query(
+                "INSERT INTO metering (lease_id, seq, hash, token, accepted_at)
+                 SELECT $1, $2, $3, $4, $5
+                 WHERE ($2 = 0 AND NOT EXISTS (SELECT 1 FROM metering WHERE lease_id = $1))
+                    OR EXISTS (SELECT 1 FROM metering WHERE lease_id = $1 AND seq = $2 - 1 AND hash = $6)
+                 ON CONFLICT (lease_id, seq) DO NOTHING",
+            )
+            .bind(lease)
+            .bind(seq)
+            .bind(hash)
+            .bind(token)
+            .bind(at)
+            .bind(prev)
+            .execute(&mut **tx)
+            .await?;
+            Ok(if r.rows_affected() == 1 {
+                Outcome::Done
+            } else {
+                Outcome::Refused(Refusal::MeteringMoved)
+            })
+        }
+    }
+}
+
+impl Store {
+    /// The last accepted record of `lease`: its sequence number and hash.
+    pub async fn metering_last(&self, lease: &str) -> Result<Option<(u64, String)>, BrokerError> {
+        let row = sqlx::query(
+            "SELECT seq, hash FROM metering WHERE lease_id = $1 ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(lease)
+        .fetch_optional(self.db.pool())
+        .await?;
+        Ok(match row {
+            Some(r) => {
+                let seq: i64 = r.try_get("seq")?;
+                Some((u64::try_from(seq).unwrap_or(0), r.try_get("hash")?))
+            }
+            None => None,
+        })
+    }
+
+    /// Every accepted record of `lease`, in order: (sequence, token).
+    pub async fn metering(&self, lease: &str) -> Result<Vec<(u64, String)>, BrokerError> {
+        let rows = sqlx::query("SELECT seq, token FROM metering WHERE lease_id = $1 ORDER BY seq")
+            .bind(lease)
+            .fetch_all(self.db.pool())
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let seq: i64 = r.try_get("seq")?;
+                Ok((u64::try_from(seq).unwrap_or(0), r.try_get("token")?))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    /// A lease by id, open or ended, and when it ended.
+    pub async fn lease_any(
+        &self,
+        id: &str,
+    ) -> Result<Option<(LeaseRow, Option<i64>)>, BrokerError> {
+        let sql = format!("SELECT {LEASE_COLUMNS}, ended_at FROM leases WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(self.db.pool())
+            .await?;
+        match row {
+            None => Ok(None),
+            Some(r) => {
+                let ended: Option<i64> = r.try_get("ended_at")?;
+                Ok(Some((super::lease_row(&r)?, ended)))
+            }
+        }
+    }
+}
