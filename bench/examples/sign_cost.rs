@@ -24,6 +24,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         node_key: "k".repeat(43),
         iss: "cgx-broker".into(),
         until: 1_800_000_000,
+        start: 1_700_000_000,
         workload: None,
     };
     // The claims ours writes: the envelope's aud/iat/exp around the record's body.

@@ -265,6 +265,7 @@ impl Ed {
             node_key: node_key.to_string(),
             iss: "cgx-broker".into(),
             until: exp,
+            start: iat,
             workload: None,
         };
         self.signer()?

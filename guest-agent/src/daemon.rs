@@ -704,6 +704,7 @@ mod tests {
             node_key: node_key.into(),
             iss: "cgx-broker".into(),
             until: 10_000,
+            start: 1_000,
             workload: Some(Workload {
                 command: "/usr/bin/serve".into(),
                 args: vec![],

@@ -227,6 +227,7 @@ impl Keys {
             node_key: record.tee_thumbprint.clone(),
             iss: "cgx-broker".into(),
             until,
+            start: now,
             workload: workload.cloned(),
         };
         self.sign(&body, now, exp)

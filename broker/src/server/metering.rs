@@ -186,6 +186,8 @@ mod tests {
         let signer = Signer::from_pkcs8(&me.node_key).unwrap();
         let sign = |r: &MeteringRecord, at: i64| signer.sign(r, at, at + 300).unwrap();
         let start = row.started_at;
+        // The signed lease says when it began: the node counts its windows from there.
+        assert_eq!(h.broker.keys.lease_of(&row).unwrap().start, start);
         let mut prev = genesis(&lease);
         let mut tokens = Vec::new();
         for seq in 0..3 {

@@ -101,6 +101,10 @@ pub struct Lease {
     pub iss: String,
     /// When the job's time ends: no renewal reaches past it.
     pub until: i64,
+    /// When the lease began (Unix seconds, the placement): its metering windows count from
+    /// here (`cgx_protocol::metering`). 0 in tokens signed before the field.
+    #[serde(default)]
+    pub start: i64,
     /// What the node runs under it (the job's), signed with the lease so the node runs what
     /// the tenant submitted and an auditor reads what ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -278,6 +282,7 @@ mod tests {
             node_key: "thumb".into(),
             iss: "cgx-broker".into(),
             until: 2_000,
+            start: 1_000,
             workload: None,
         }
     }

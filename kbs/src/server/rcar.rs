@@ -292,6 +292,7 @@ mod tests {
                         node_key,
                         iss: "cgx-broker".into(),
                         until: now + 600,
+                        start: now,
                         workload: None,
                     },
                     now,
