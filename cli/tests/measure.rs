@@ -52,17 +52,7 @@ fn firmware(
 /// secrets, CPUID, an SVSM calling area and the kernel-hashes page, with QEMU's hashes table at
 /// 0xC00 in it): `OVMF.amdsev.fd` (its path returned), `vmlinuz`, `initrd`.
 fn direct_boot_image(dir: &Path) -> PathBuf {
-    let image = cgx_measure::ovmf::testing::image(
-        64,
-        &[
-            (0x80_0000, 0x9000, 1),
-            (0x80_9000, 0x1000, 2),
-            (0x80_a000, 0x1000, 3),
-            (0x80_b000, 0x1000, 4),
-            (0x80_c000, 0x1000, 0x10),
-        ],
-        Some(0x80_cc00),
-    );
+    let image = cgx_measure::ovmf::testing::direct_boot();
     let fw = dir.join("OVMF.amdsev.fd");
     std::fs::write(&fw, image).unwrap();
     std::fs::write(dir.join("vmlinuz"), vec![0x4d; 3 * 4096 + 17]).unwrap();

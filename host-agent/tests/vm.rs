@@ -205,17 +205,7 @@ fn the_image_boots_under_qemu_and_runs_a_job_through_the_host_channel() {
     let again = cgx_image::build(&spec).unwrap();
     assert!(again == image, "two builds of the image differ");
     let digest = |img: &cgx_image::Image| {
-        let fw = cgx_measure::ovmf::testing::image(
-            64,
-            &[
-                (0x80_0000, 0x9000, 1),
-                (0x80_9000, 0x1000, 2),
-                (0x80_a000, 0x1000, 3),
-                (0x80_b000, 0x1000, 4),
-                (0x80_c000, 0x1000, 0x10),
-            ],
-            Some(0x80_cc00),
-        );
+        let fw = cgx_measure::ovmf::testing::direct_boot();
         let ovmf = cgx_measure::ovmf::Ovmf::parse(&fw).unwrap();
         let params = cgx_measure::snp::LaunchParams {
             vcpus: 2,

@@ -26,13 +26,7 @@ impl Broker {
 
     async fn metering_inner(&self, id: &str, token: &str) -> Result<MeteringAnswer, BrokerError> {
         let now = self.clock.unix();
-        let record = self
-            .index()
-            .record(id)
-            .ok_or_else(|| BrokerError::NotFound(format!("node {id}")))?;
-        let key: [u8; 32] = cgx_protocol::broker::unb64(&record.node_key)
-            .and_then(|k| k.try_into().ok())
-            .ok_or_else(|| BrokerError::Internal("stored node key".into()))?;
+        let (_, key) = self.node_key(id)?;
         let r = verify_record(&key, token, now).map_err(|e| {
             BrokerError::Metering(format!("not a metering record of node {id}: {e}"))
         })?;

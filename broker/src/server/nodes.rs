@@ -206,6 +206,21 @@ impl Broker {
     /// living at most `max_lifetime`, and the node's record. A token of another kind or
     /// audience is refused as `{not_kind} {id}`, a bad signature or time as not the node's;
     /// each through `refused` (the caller's error).
+    /// Node `id`'s record and its attested node key (Ed25519), from this broker's index.
+    pub(super) fn node_key(
+        &self,
+        id: &str,
+    ) -> Result<(std::sync::Arc<NodeRecord>, [u8; 32]), BrokerError> {
+        let record = self
+            .index()
+            .record(id)
+            .ok_or_else(|| BrokerError::NotFound(format!("node {id}")))?;
+        let key: [u8; 32] = cgx_protocol::broker::unb64(&record.node_key)
+            .and_then(|k| k.try_into().ok())
+            .ok_or_else(|| BrokerError::Internal("stored node key".into()))?;
+        Ok((record, key))
+    }
+
     pub(super) fn node_signed<T: cgx_protocol::signed::Record>(
         &self,
         id: &str,
@@ -215,13 +230,7 @@ impl Broker {
         refused: fn(String) -> BrokerError,
     ) -> Result<(std::sync::Arc<NodeRecord>, T), BrokerError> {
         use cgx_protocol::signed::{SignedError, When};
-        let record = self
-            .index()
-            .record(id)
-            .ok_or_else(|| BrokerError::NotFound(format!("node {id}")))?;
-        let key: [u8; 32] = cgx_protocol::broker::unb64(&record.node_key)
-            .and_then(|k| k.try_into().ok())
-            .ok_or_else(|| BrokerError::Internal("stored node key".into()))?;
+        let (record, key) = self.node_key(id)?;
         let body = cgx_protocol::signed::verify::<T>(
             token,
             &[key],

@@ -105,9 +105,7 @@ impl Frame<'_> {
             return Err(FrameError::TooLong(len));
         }
         let start = out.len();
-        out.extend_from_slice(&self.stream().to_be_bytes());
-        out.push(kind as u8);
-        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&header(self.stream(), kind, len));
         out.extend_from_slice(payload);
         // Checked as the peer will check it; nothing is left in `out` on refusal.
         if let Err(e) = parse(kind as u8, self.stream(), &out[start + HEADER..]) {
@@ -116,6 +114,16 @@ impl Frame<'_> {
         }
         Ok(())
     }
+}
+
+/// A frame's header (the table above): what the DATA path writes before a payload it does not
+/// copy.
+pub fn header(stream: u32, kind: Kind, len: u32) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..4].copy_from_slice(&stream.to_be_bytes());
+    h[4] = kind as u8;
+    h[5..].copy_from_slice(&len.to_be_bytes());
+    h
 }
 
 /// The rule for a target's name: a short relative path of plain characters. The host maps

@@ -188,11 +188,11 @@ impl Inner {
         // bulk of the bytes is never copied into a frame buffer.
         let (head, payload): (Vec<u8>, &[u8]) = match f {
             Frame::Data { stream, bytes } if !bytes.is_empty() && bytes.len() <= MAX_PAYLOAD => {
-                let mut h = Vec::with_capacity(crate::frame::HEADER);
-                h.extend_from_slice(&stream.to_be_bytes());
-                h.push(crate::frame::Kind::Data as u8);
-                h.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-                (h, bytes)
+                let len = bytes.len() as u32;
+                (
+                    crate::frame::header(*stream, crate::frame::Kind::Data, len).to_vec(),
+                    bytes,
+                )
             }
             f => {
                 let mut v = Vec::with_capacity(64);

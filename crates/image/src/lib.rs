@@ -153,28 +153,22 @@ pub fn resolve(
         order.push((name.to_string(), file.clone(), bytes));
         Ok(())
     }
-    for w in wanted {
+    // The wanted modules, then the optional ones the kernel ships.
+    let names = wanted.iter().map(|w| module_name(w)).chain(
+        optional
+            .iter()
+            .map(|o| module_name(o))
+            .filter(|n| by_name.contains_key(n)),
+    );
+    for n in names {
         visit(
-            &module_name(w),
+            &n,
             &by_name,
             &builtin,
             &mut Vec::new(),
             &mut done,
             &mut order,
         )?;
-    }
-    for o in optional {
-        let n = module_name(o);
-        if by_name.contains_key(&n) {
-            visit(
-                &n,
-                &by_name,
-                &builtin,
-                &mut Vec::new(),
-                &mut done,
-                &mut order,
-            )?;
-        }
     }
     Ok(order)
 }

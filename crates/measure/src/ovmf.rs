@@ -332,6 +332,22 @@ pub mod testing {
         img[end - table.len()..end].copy_from_slice(&table);
         img
     }
+
+    /// A measured direct boot's firmware: 64 pages, pre-validated memory, secrets, CPUID, an
+    /// SVSM calling area and the kernel-hashes page, with QEMU's hashes table at 0xC00 in it.
+    pub fn direct_boot() -> Vec<u8> {
+        image(
+            64,
+            &[
+                (0x80_0000, 0x9000, 1),
+                (0x80_9000, 0x1000, 2),
+                (0x80_a000, 0x1000, 3),
+                (0x80_b000, 0x1000, 4),
+                (0x80_c000, 0x1000, 0x10),
+            ],
+            Some(0x80_cc00),
+        )
+    }
 }
 
 #[cfg(test)]
