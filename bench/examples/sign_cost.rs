@@ -25,6 +25,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         iss: "cgx-broker".into(),
         until: 1_800_000_000,
         start: 1_700_000_000,
+        window_secs: 0,
         workload: None,
     };
     // The claims ours writes: the envelope's aud/iat/exp around the record's body.

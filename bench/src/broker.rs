@@ -83,6 +83,7 @@ fn fleet(nodes: usize, r: &mut Rng) -> Index {
         reattest_secs: 600,
         heartbeat_secs: 5,
         missed_heartbeats: 3,
+        pow_penalty_secs: 86_400,
     });
     for i in 0..nodes {
         let (m, mem) = model(r);

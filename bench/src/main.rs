@@ -9,6 +9,7 @@ mod channel;
 mod coco;
 mod kbs;
 mod measure;
+mod pow;
 
 // The KBS under `cgx bench kbs` runs in this process: the same allocator as `cgx kbs serve`.
 #[global_allocator]
@@ -118,6 +119,19 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// The proof-of-work: the CPU backend's GOPS against the same kernel cache-resident,
+    /// verification per challenge per GPU class and GPUs one core keeps verified, the proof's
+    /// share of GPU time, metering records accepted per second.
+    Pow {
+        /// The CPU product's size.
+        #[arg(long, default_value_t = 1024)]
+        n: usize,
+        /// Rounds (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// SEV-SNP launch digests per second (4 MiB firmware, kernel, initrd) against raw hashing
     /// of the same bytes, and sev-snp-measure on the same files.
     Measure {
@@ -204,6 +218,7 @@ fn main() -> ExitCode {
         } => attestation::verify(json, seconds, vectors),
         BenchWhat::Measure { rounds, json } => measure::bench(rounds, json),
         BenchWhat::Channel { mib, rounds, json } => channel::bench(mib, rounds, json),
+        BenchWhat::Pow { n, rounds, json } => pow::bench(n, rounds, json),
     };
     match result {
         Ok(code) => code,

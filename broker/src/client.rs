@@ -4,7 +4,7 @@
 
 use cgx_protocol::broker::{
     HeartbeatAnswer, JobSpec, JobView, MeteringAnswer, MeteringPost, NodeView, NonceResponse,
-    Registered, Registration, ReportAnswer, ReportPost, routes,
+    PowAccepted, PowPost, Registered, Registration, ReportAnswer, ReportPost, routes,
 };
 use serde::de::DeserializeOwned;
 
@@ -209,6 +209,25 @@ impl BrokerClient {
             Some(body),
             None,
         )
+    }
+
+    /// Answer a proof-of-work challenge: the receipt (`cgx_protocol::broker::PowReceipt`
+    /// under the node key) and the proof's bytes (`cgx_pow::wire`).
+    pub fn pow(
+        &self,
+        node_id: &str,
+        challenge: &str,
+        receipt: &str,
+        proof: &[u8],
+    ) -> Result<PowAccepted> {
+        use base64::Engine as _;
+        let body = serde_json::to_vec(&PowPost {
+            receipt: receipt.to_string(),
+            proof: base64::engine::general_purpose::STANDARD.encode(proof),
+        })
+        .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let path = routes::with_id(routes::POW, node_id).replace("{challenge}", challenge);
+        self.call("POST", &path, Some(body), None)
     }
 
     pub fn nodes(&self) -> Result<Vec<NodeView>> {

@@ -115,6 +115,19 @@ pub fn broker_setup(
         // Every client of a development network is 127.0.0.1 (see `setup`).
         max_connections_per_client: 4096,
         max_in_flight_per_client: 1024,
+        // Short windows, and challenges a simulated node proves on its CPU in milliseconds,
+        // each checked in full: the development network shows the whole loop in seconds.
+        metering_window_secs: 10,
+        pow: cgx_broker::server::config::PowConfig {
+            interval_secs: 30,
+            verify_one_in: 1,
+            fixed: Some(cgx_broker::server::config::PowFixed {
+                n: 256,
+                k: 66,
+                expected_ms: 2_000,
+            }),
+            ..Default::default()
+        },
     };
     Ok(BrokerSetup {
         dir,

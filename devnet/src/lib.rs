@@ -266,6 +266,7 @@ impl Ed {
             iss: "cgx-broker".into(),
             until: exp,
             start: iat,
+            window_secs: 0,
             workload: None,
         };
         self.signer()?

@@ -72,6 +72,9 @@ pub struct Options {
     pub pins: Vec<cgx_kbs::client::Pin>,
     /// The host channel (`--channel`): encrypted weights missing from the store come over it.
     pub channel: Option<crate::tunnel::Tunnel>,
+    /// Simulated nodes only (`--sim-cheat-pow PCT`): prove by skipping this percentage of the
+    /// product's rows — the cheat the broker must catch, for demonstrations and tests.
+    pub pow_cheat: Option<u32>,
 }
 
 /// The most leases a node runs at once (one per GPU at most).
@@ -177,6 +180,8 @@ fn verified(
         }
         // When it lapses is the token's word too, not the answer's.
         g.expires_at = exp.min(lease.until);
+        g.start = lease.start;
+        g.window_secs = lease.window();
         g.workload = lease.workload;
         g.resources = lease.resources;
         g.gpus = lease.gpus;
@@ -231,6 +236,25 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
         store: opts.store.clone(),
         threads: opts.threads,
     });
+    let backend: Arc<dyn cgx_pow::Backend> = match opts.pow_cheat {
+        Some(percent) if machine.simulated() => Arc::new(cgx_pow::backend::SkipRows {
+            threads: opts.threads,
+            percent,
+        }),
+        _ => Arc::new(cgx_pow::backend::Cpu {
+            threads: opts.threads,
+        }),
+    };
+    let mut prover = crate::prover::Prover::start(crate::prover::ProverSetup {
+        backend,
+        client: BrokerClient::with_agent(&opts.broker, setup.agent.clone(), None),
+        node_id: id.clone(),
+        node_pkcs8: node_pkcs8.clone(),
+        node_raw,
+    });
+    let signer =
+        cgx_protocol::signed::Signer::from_pkcs8(&node_pkcs8).map_err(|e| e.to_string())?;
+    let mut meters: HashMap<String, crate::meter::Meter> = HashMap::new();
     let (tx, rx) = mpsc::channel::<SetupDone>();
     let started = Instant::now();
     let now = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -310,6 +334,20 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             log(format_args!("lease {lease}: workload {why}"));
             node.workload_ended(&lease, status.code(), &why);
         }
+        // Metering: each running lease's window that closed.
+        let t = unix_now();
+        for (lease, m) in &mut meters {
+            if m.due(t) {
+                let state = if works.contains_key(lease) {
+                    cgx_protocol::records::WorkloadState::Running
+                } else {
+                    cgx_protocol::records::WorkloadState::Completed
+                };
+                m.tick(t, &id, &signer, &*machine, &client, state, |w| {
+                    prover.answer_for(lease, w)
+                });
+            }
+        }
         match node.next(now()) {
             Step::Exit => {
                 log("stopped");
@@ -358,6 +396,21 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                 match result {
                     Ok(a) => {
                         let a = verified(a, &opts.broker_key, &id, &thumbprint, unix_now());
+                        // Only challenges for this node's verified leases and their GPUs,
+                        // of a size the proof accepts: a host cannot make it prove for
+                        // anything else.
+                        let wanted: Vec<_> = a
+                            .challenges
+                            .iter()
+                            .filter(|c| {
+                                a.leases
+                                    .iter()
+                                    .any(|g| g.lease_id == c.lease && g.gpus.contains(&c.gpu))
+                                    && cgx_pow::Params { n: c.n, k: c.k }.check().is_ok()
+                            })
+                            .cloned()
+                            .collect();
+                        prover.offer(&wanted);
                         node.heartbeat_answered(now(), unix_now(), &a);
                     }
                     Err(e) => {
@@ -370,6 +423,9 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                 if !lease_id_ok(&grant.lease_id) {
                     node.workload_failed(&grant.lease_id, "a lease id that names no folder");
                     continue;
+                }
+                if let Some(m) = crate::meter::Meter::new(&grant) {
+                    meters.insert(grant.lease_id.clone(), m);
                 }
                 // The next workload uid, round the range, that no live lease holds and no
                 // process still runs as (a uid is reused as late as it can be).
@@ -421,6 +477,13 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             }
             Step::Stop(lease) => {
                 log(format_args!("lease {lease}: stopping its workload"));
+                if let Some(m) = meters.remove(&lease) {
+                    log(format_args!(
+                        "lease {lease}: {} metering records accepted",
+                        m.sent()
+                    ));
+                }
+                prover.forget(&lease);
                 match works.get_mut(&lease) {
                     Some(w) if w.setting_up => w.cancel.store(true, Ordering::SeqCst),
                     Some(_) => {
@@ -705,6 +768,7 @@ mod tests {
             iss: "cgx-broker".into(),
             until: 10_000,
             start: 1_000,
+            window_secs: 0,
             workload: Some(Workload {
                 command: "/usr/bin/serve".into(),
                 args: vec![],
@@ -712,6 +776,8 @@ mod tests {
             }),
         };
         LeaseGrant {
+            start: 0,
+            window_secs: 0,
             lease_id: "l1".into(),
             job_id: "j1".into(),
             gpus: vec![3],
@@ -724,6 +790,7 @@ mod tests {
 
     fn answer(g: LeaseGrant) -> HeartbeatAnswer {
         HeartbeatAnswer {
+            challenges: Vec::new(),
             reattest: false,
             unplaceable: None,
             leases: vec![g],

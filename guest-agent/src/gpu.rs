@@ -36,6 +36,10 @@ pub trait GpuDriver: Send + Sync {
     /// The attestation certificate chain, as the driver gives it (PEM, or DER certificates
     /// one after another).
     fn certificate_chain(&self, index: u32) -> Result<Vec<u8>, GpuError>;
+    /// Usage and health now (NVML): utilization, memory, temperature, power, the volatile ECC
+    /// totals (corrected, uncorrected) and the throttle reasons. `index` in the result is the
+    /// device's; the meter renumbers and takes ECC deltas.
+    fn usage(&self, index: u32) -> Result<cgx_protocol::metering::GpuUsage, GpuError>;
 }
 
 /// The production driver: `libnvidia-ml.so`, loaded at run time.
@@ -111,6 +115,27 @@ impl GpuDriver for Nvml {
                 .map(|c| c.attestation_cert_chain)
         })
     }
+
+    fn usage(&self, index: u32) -> Result<cgx_protocol::metering::GpuUsage, GpuError> {
+        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+        self.call(index, "usage", |d| {
+            Ok(cgx_protocol::metering::GpuUsage {
+                index,
+                utilization_pct: u8::try_from(d.utilization_rates()?.gpu.min(100)).unwrap_or(100),
+                memory_used_mib: d.memory_info()?.used >> 20,
+                temperature_c: i16::try_from(d.temperature(TemperatureSensor::Gpu)?)
+                    .unwrap_or(i16::MAX),
+                power_mw: d.power_usage()?,
+                ecc_corrected: d
+                    .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+                    .unwrap_or(0),
+                ecc_uncorrected: d
+                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                    .unwrap_or(0),
+                throttle_reasons: d.current_throttle_reasons()?.bits(),
+            })
+        })
+    }
 }
 
 /// The most GPUs a node reports (the broker takes at most this many reports).
@@ -164,6 +189,11 @@ impl Gpus {
                 })
             })
             .collect()
+    }
+
+    /// GPU `index`'s usage and health now.
+    pub fn usage(&self, index: u32) -> Result<cgx_protocol::metering::GpuUsage, GpuError> {
+        self.driver.usage(index)
     }
 
     /// GPU `index`'s report over `nonce` and its chain as PEM.

@@ -41,7 +41,9 @@ pub mod gpu;
 pub mod init;
 pub mod keyfile;
 pub mod machine;
+pub mod meter;
 pub mod node;
+pub mod prover;
 pub mod reap;
 pub mod tunnel;
 
@@ -52,7 +54,7 @@ use cgx_protocol::kbs::rcar::EvidenceSource;
 use cgx_protocol::weights::WeightsKey;
 use evidence::ConfigfsTsm;
 
-const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--workload-uid N] [--ca PEM] [--threads N] [--channel PORT] [--sim-machine FILE | --sim [--gpus N]]\n  (--channel: the virtio-serial port to the host agent; the operator token comes over it, --token-file is then unused)";
+const RUN_USAGE: &str = "usage: cgx-guest-agent run --broker URL --broker-key ED25519-B64 --kbs URL --token-file F --operator NAME --region R --price-micros N [--store DIR] [--work DIR] [--workload-uid N] [--ca PEM] [--threads N] [--channel PORT] [--sim-machine FILE | --sim [--gpus N]] [--sim-cheat-pow PCT]\n  (--channel: the virtio-serial port to the host agent; the operator token comes over it, --token-file is then unused)";
 
 const USAGE: &str = "usage: cgx-guest-agent fetch-weights --kbs URL --resource REPO/TYPE/TAG --in F.age --out DEST [--lease TOKEN] [--tee-key P256.pk8] [--ca PEM] [--threads N] [--sim [--gpus N]]";
 
@@ -166,6 +168,15 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
             "--sim-machine" => a.sim_machine = Some(val()?.into()),
             "--sim" => a.sim = true,
             "--gpus" => a.gpus = val()?.parse().map_err(|_| "--gpus: a number")?,
+            "--sim-cheat-pow" => {
+                o.pow_cheat = Some(
+                    val()?
+                        .parse()
+                        .ok()
+                        .filter(|p| (1..=100).contains(p))
+                        .ok_or("--sim-cheat-pow: a percentage of rows to skip, 1 to 100")?,
+                );
+            }
             "--channel" => {
                 let port = val()?;
                 cgx_channel::frame::check_target(&port)
@@ -174,6 +185,11 @@ pub fn parse_run(mut it: impl Iterator<Item = String>) -> Result<RunArgs, String
             }
             other => return Err(format!("unknown flag '{other}'\n{RUN_USAGE}")),
         }
+    }
+    if a.options.pow_cheat.is_some() && !a.sim && a.sim_machine.is_none() {
+        return Err(
+            "--sim-cheat-pow: only a simulated node (--sim, --sim-machine) may cheat".into(),
+        );
     }
     let o = &a.options;
     if o.broker.is_empty()

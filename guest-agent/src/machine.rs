@@ -26,6 +26,9 @@ pub trait Machine: Send + Sync {
     fn cpu_evidence(&self, report_data: &[u8; 64]) -> Result<CpuEvidence, String>;
     /// The same hardware as the KBS's attester sees it (CoCo's evidence shapes).
     fn kbs_evidence(&self) -> &dyn EvidenceSource;
+    /// GPU `index`'s usage and health now (NVML inside the VM; simulated values under
+    /// `--sim`).
+    fn gpu_usage(&self, index: u32) -> Result<cgx_protocol::metering::GpuUsage, String>;
     /// Whether the evidence is simulated (the broker's claims say so either way).
     fn simulated(&self) -> bool;
 }
@@ -105,6 +108,13 @@ impl Machine for TsmMachine {
 
     fn kbs_evidence(&self) -> &dyn EvidenceSource {
         self
+    }
+
+    fn gpu_usage(&self, index: u32) -> Result<cgx_protocol::metering::GpuUsage, String> {
+        match &self.gpus {
+            Some(g) => g.usage(index).map_err(|e| e.to_string()),
+            None => Err(format!("no GPU {index}")),
+        }
     }
 
     fn simulated(&self) -> bool {
@@ -219,6 +229,24 @@ impl Machine for SimMachine {
 
     fn kbs_evidence(&self) -> &dyn EvidenceSource {
         &self.node
+    }
+
+    /// Simulated telemetry: a busy H100 whose numbers move with the clock.
+    fn gpu_usage(&self, index: u32) -> Result<cgx_protocol::metering::GpuUsage, String> {
+        if index as usize >= self.node.gpus.len() {
+            return Err(format!("no GPU {index}"));
+        }
+        let t = crate::daemon::unix_now().unsigned_abs();
+        Ok(cgx_protocol::metering::GpuUsage {
+            index,
+            utilization_pct: 90 + (t % 10) as u8,
+            memory_used_mib: 60_000 + (t % 7) * 1024,
+            temperature_c: 55 + (t % 9) as i16,
+            power_mw: 600_000 + (t % 50) as u32 * 1000,
+            ecc_corrected: 0,
+            ecc_uncorrected: 0,
+            throttle_reasons: 0,
+        })
     }
 
     fn simulated(&self) -> bool {

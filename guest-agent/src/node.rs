@@ -445,6 +445,8 @@ mod tests {
 
     fn grant(id: &str) -> LeaseGrant {
         LeaseGrant {
+            start: 0,
+            window_secs: 0,
             lease_id: id.into(),
             job_id: format!("j-{id}"),
             gpus: vec![0],
@@ -457,6 +459,7 @@ mod tests {
 
     fn answer(leases: &[&str]) -> HeartbeatAnswer {
         HeartbeatAnswer {
+            challenges: Vec::new(),
             reattest: false,
             unplaceable: None,
             leases: leases.iter().map(|l| grant(l)).collect(),
@@ -642,6 +645,7 @@ mod tests {
             5_100,
             0,
             &HeartbeatAnswer {
+                challenges: Vec::new(),
                 reattest: true,
                 unplaceable: Some("attestation lapsed".into()),
                 leases: vec![],

@@ -534,6 +534,9 @@ impl cgx_guest_agent::machine::Machine for Tampered {
     fn kbs_evidence(&self) -> &dyn cgx_protocol::kbs::rcar::EvidenceSource {
         self.cpu.kbs_evidence()
     }
+    fn gpu_usage(&self, index: u32) -> Result<cgx_protocol::metering::GpuUsage, String> {
+        self.gpus.gpu_usage(index)
+    }
     fn simulated(&self) -> bool {
         true
     }

@@ -49,6 +49,13 @@ impl GpuDriver for Recorded {
     fn certificate_chain(&self, _: u32) -> Result<Vec<u8>, GpuError> {
         Ok(self.chain.clone())
     }
+    fn usage(&self, index: u32) -> Result<cgx_protocol::metering::GpuUsage, GpuError> {
+        Err(GpuError::Call {
+            index,
+            call: "usage",
+            detail: "no telemetry was recorded".into(),
+        })
+    }
 }
 
 fn pem_to_der(pem: &[u8]) -> Vec<u8> {

@@ -12,6 +12,7 @@
 //! heartbeat_secs = 5
 //! missed_heartbeats = 3
 //! lease_ttl_secs = 120
+//! metering_window_secs = 60
 //! api_keys = [{ public_key = "<base64 Ed25519>", scopes = ["tenant:acme"] },
 //!             { public_key = "<base64 Ed25519>", scopes = ["operator:op1"] },
 //!             { public_key = "<base64 Ed25519>", scopes = ["auditor"] }]
@@ -19,6 +20,12 @@
 //! store = "collateral"
 //! [appraisal]
 //! reference_values = "reference-values.json"
+//! [pow]                                    # proof-of-work schedule (cgx_pow::class)
+//! interval_secs = 600
+//! verify_one_in = 32
+//! allowance_ms = 5000
+//! penalty_secs = 86400
+//! # fixed = { n = 256, k = 66, expected_ms = 2000 }   # simulated nodes (CPU)
 //! ```
 //! Every replica of one broker shares `database`, `signing_key` and `result_key`.
 
@@ -131,6 +138,73 @@ pub struct BrokerConfig {
     /// `Retry-After` (default 32). As `max_connections_per_client` behind a load balancer.
     #[serde(default = "default_max_in_flight_per_client")]
     pub max_in_flight_per_client: usize,
+    /// The metering window of new leases (seconds, default 60), signed into each lease.
+    #[serde(default = "default_window")]
+    pub metering_window_secs: u32,
+    /// The proof-of-work schedule (`[pow]`).
+    #[serde(default)]
+    pub pow: PowConfig,
+}
+
+/// `[pow]`: how often leased GPUs are challenged and how answers are judged.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PowConfig {
+    /// One challenge per leased GPU this often (seconds; default 600; 0: none).
+    #[serde(default = "default_pow_interval")]
+    pub interval_secs: i64,
+    /// The product check (y = A·(B·r), the costly part) on one answer in this many, drawn by
+    /// the broker after the answer has arrived, so a node cannot know which (default 32; 1:
+    /// every answer). The commitment check runs on every answer.
+    #[serde(default = "default_verify_one_in")]
+    pub verify_one_in: u32,
+    /// What the wall-clock deadline allows beyond the GPU's (ms; default 5000).
+    #[serde(default = "default_allowance")]
+    pub allowance_ms: u64,
+    /// How long a failed or missed proof keeps the node unplaceable (seconds; default 1 day).
+    #[serde(default = "default_penalty")]
+    pub penalty_secs: i64,
+    /// One challenge for every GPU model instead of the classes' (`cgx_pow::class`): the
+    /// simulated nodes of development and tests, which prove on a CPU.
+    #[serde(default)]
+    pub fixed: Option<PowFixed>,
+}
+
+/// A fixed challenge size and its expected time.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PowFixed {
+    pub n: u32,
+    pub k: u32,
+    pub expected_ms: u64,
+}
+
+impl Default for PowConfig {
+    fn default() -> Self {
+        PowConfig {
+            interval_secs: default_pow_interval(),
+            verify_one_in: default_verify_one_in(),
+            allowance_ms: default_allowance(),
+            penalty_secs: default_penalty(),
+            fixed: None,
+        }
+    }
+}
+
+fn default_window() -> u32 {
+    cgx_protocol::metering::WINDOW_SECS
+}
+fn default_pow_interval() -> i64 {
+    600
+}
+fn default_verify_one_in() -> u32 {
+    32
+}
+fn default_allowance() -> u64 {
+    cgx_pow::class::ALLOWANCE_MS
+}
+fn default_penalty() -> i64 {
+    86_400
 }
 
 fn default_placement_batch() -> i64 {
@@ -253,6 +327,28 @@ impl BrokerConfig {
         }
         if !(50..=60_000).contains(&self.monitor_interval_ms) {
             return bad("monitor_interval_ms must be 50 to 60000");
+        }
+        if !(1..=3600).contains(&self.metering_window_secs) {
+            return bad("metering_window_secs must be 1 to 3600");
+        }
+        let p = &self.pow;
+        if !(0..=86_400).contains(&p.interval_secs)
+            || !(1..=1_000_000).contains(&p.verify_one_in)
+            || p.allowance_ms > 600_000
+            || !(0..=30 * 86_400).contains(&p.penalty_secs)
+        {
+            return bad(
+                "[pow]: interval_secs 0 to 86400, verify_one_in 1 to 1000000, allowance_ms at most 600000, penalty_secs 0 to 2592000",
+            );
+        }
+        if let Some(f) = p.fixed {
+            let params = cgx_pow::Params { n: f.n, k: f.k };
+            if let Err(e) = params.check() {
+                return Err(BrokerError::Config(format!("[pow.fixed]: {e}")));
+            }
+            if !(1..=600_000).contains(&f.expected_ms) {
+                return bad("[pow.fixed]: expected_ms 1 to 600000");
+            }
         }
         if self.api_keys.iter().any(|k| k.scopes.is_empty()) {
             return bad("an API key names no scopes");

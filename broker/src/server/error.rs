@@ -34,6 +34,10 @@ pub enum BrokerError {
     /// A metering record not signed by the node's attested key, or not a metering record.
     #[error("metering record: {0}")]
     Metering(String),
+    /// A proof-of-work answer refused before it is stored (its receipt, its challenge, its
+    /// time, its bytes).
+    #[error("proof of work: {0}")]
+    Pow(String),
     #[error("budget: {0}")]
     Budget(String),
     #[error("placement policy: {0}")]
@@ -91,6 +95,7 @@ impl ApiError for BrokerError {
             | BrokerError::Heartbeat(_)
             | BrokerError::Report(_)
             | BrokerError::Metering(_) => StatusCode::UNAUTHORIZED,
+            BrokerError::Pow(_) => StatusCode::UNPROCESSABLE_ENTITY,
             BrokerError::Forbidden(_) => StatusCode::FORBIDDEN,
             BrokerError::NotFound(_) => StatusCode::NOT_FOUND,
             BrokerError::Nonce(_)
@@ -121,6 +126,7 @@ impl ApiError for BrokerError {
             BrokerError::Heartbeat(_) => "HeartbeatInvalid",
             BrokerError::Report(_) => "ReportInvalid",
             BrokerError::Metering(_) => "MeteringRecordInvalid",
+            BrokerError::Pow(_) => "ProofRefused",
             BrokerError::Budget(_) => "BudgetTooSmall",
             BrokerError::PlacementPolicy(_) => "PlacementPolicyInvalid",
             BrokerError::Conflict(_) => "Conflict",

@@ -8,6 +8,8 @@
 //! | `POST /v1/nodes` | operator | register or re-attest a node on composite evidence |
 //! | `POST /v1/nodes/{id}/heartbeat` | the node (bearer: heartbeat JWS) | liveness; renewed leases |
 //! | `POST /v1/nodes/{id}/reports` | the node (body: workload report JWS) | the workload started, completed or failed: the job follows |
+//! | `POST /v1/nodes/{id}/metering` | the node (body: metering record JWS) | a lease's next window, accepted once |
+//! | `POST /v1/nodes/{id}/pow/{challenge}` | the node (body: receipt JWS + proof) | a proof-of-work answer, judged off the request path |
 //! | `GET /v1/nodes`, `GET /v1/nodes/{id}` | operator (own), auditor | registry, why (not) placeable |
 //! | `POST /v1/nodes/{id}/reattest` | operator (own), auditor | ask for re-attestation now |
 //! | `POST /v1/jobs` | tenant | submit |
@@ -29,8 +31,8 @@ use cgx_protocol::audit::AuditEvent;
 use cgx_protocol::broker::{
     AuditTrail, CpuEvidence, GpuEvidence, HeartbeatAnswer, JobEvent, JobList, JobSpec, JobState,
     JobView, LeaseGrant, MeteringAnswer, MeteringPost, NodeList, NodeView, NonceResponse, Offer,
-    ReferenceValuesPut, ReferenceValuesView, Registered, Registration, ReportAnswer, ReportPost,
-    Workload, WorkloadWeights, routes,
+    PowAccepted, PowPost, ReferenceValuesPut, ReferenceValuesView, Registered, Registration,
+    ReportAnswer, ReportPost, Workload, WorkloadWeights, routes,
 };
 use cgx_protocol::money::Micros;
 use cgx_protocol::records::{TeeKind, Tier};
@@ -51,6 +53,9 @@ type Shared = State<Arc<Broker>>;
 const REGISTRATION_BODY: usize = 2 << 20;
 const JOB_BODY: usize = 96 << 10;
 const SMALL_BODY: usize = 4 << 10;
+/// A proof of the largest class (n = 16 384, k = 66: 4.3 MiB) in base64 with its receipt; the
+/// handler checks the exact bound of the challenge's size.
+const POW_BODY: usize = 8 << 20;
 /// Reference values name images, measurements and GPU RIM values: 1 MiB is ample.
 const REFERENCE_VALUES_BODY: usize = 1 << 20;
 
@@ -126,6 +131,7 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
         .routes(limited(routes!(heartbeat), SMALL_BODY))
         .routes(limited(routes!(report), SMALL_BODY))
         .routes(limited(routes!(metering), SMALL_BODY))
+        .routes(limited(routes!(pow), POW_BODY))
         .routes(limited(routes!(reattest), SMALL_BODY))
         .routes(limited(routes!(submit), JOB_BODY))
         .routes(limited(routes!(jobs), SMALL_BODY))
@@ -280,6 +286,35 @@ async fn metering(
     check_id(&id)?;
     let post: MeteringPost = json_body(&body, "metering record")?;
     Ok(Json(b.metering(&id, post.record.trim()).await?).into_response())
+}
+
+/// A node's answer to a proof-of-work challenge: its receipt under the node's attested key and
+/// the proof. Stored for a verdict given off the request path (`cgx node show` tells it).
+#[utoipa::path(post, path = routes::POW, tag = "nodes",
+    params(
+        ("id" = String, Path, description = "the node's id"),
+        ("challenge" = String, Path, description = "the challenge's id"),
+    ),
+    request_body = PowPost,
+    responses(
+        (status = 202, description = "the answer stored for its verdict", body = PowAccepted),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+        (status = 409, response = Problem),
+        (status = 413, response = Problem),
+        (status = 422, response = Problem),
+    ))]
+async fn pow(
+    State(b): Shared,
+    Path((id, challenge)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, BrokerError> {
+    check_id(&id)?;
+    check_id(&challenge)?;
+    let post: PowPost = json_body(&body, "proof-of-work answer")?;
+    let a = b.pow_answer(&id, &challenge, &post).await?;
+    Ok((axum::http::StatusCode::ACCEPTED, Json(a)).into_response())
 }
 
 /// The version a put replaces, as `If-Match: "N"` (or `N`): required, so an admin's edit of

@@ -26,6 +26,8 @@ pub struct Freshness {
     pub reattest_secs: i64,
     pub heartbeat_secs: i64,
     pub missed_heartbeats: i64,
+    /// How long a failed or missed proof-of-work keeps a node unplaceable.
+    pub pow_penalty_secs: i64,
 }
 
 /// Why a node is not placeable.
@@ -41,6 +43,9 @@ pub enum Unplaceable {
     /// to one VM at a time, so this one no longer has it (until it registers again).
     #[error("GPU {serial} is now offered by node {node}; register again")]
     GpuMoved { serial: String, node: String },
+    /// Its proof-of-work failed or was not answered in time: it is not shown to be computing.
+    #[error("proof of work failed at {at} ({reason}); unplaceable until {until}")]
+    ProofFailed { at: i64, until: i64, reason: String },
 }
 
 /// Why a job does not fit a node.
@@ -78,6 +83,7 @@ impl Misfit {
             Misfit::Unplaceable(Unplaceable::AttestationLapsed { .. }) => "attestation_lapsed",
             Misfit::Unplaceable(Unplaceable::HeartbeatsMissed { .. }) => "heartbeats_missed",
             Misfit::Unplaceable(Unplaceable::GpuMoved { .. }) => "gpu_moved",
+            Misfit::Unplaceable(Unplaceable::ProofFailed { .. }) => "proof_failed",
             Misfit::GpuModel { .. } => "gpu_model",
             Misfit::GpuMemory { .. } => "gpu_memory",
             Misfit::Tee { .. } => "tee",
@@ -130,6 +136,8 @@ struct Entry {
     reattest_asked: bool,
     /// One of its GPUs (serial) in a later registration of another node (that node).
     displaced: Option<(String, String)>,
+    /// When its last proof-of-work failed or was missed, and why.
+    pow_failed: Option<(i64, String)>,
     /// Bit i set: GPU i is allocated (committed, or reserved by a placement in flight).
     used: u64,
     /// The tenant whose leases hold the VM, until when (`i64::MAX` while one is open; else
@@ -359,6 +367,7 @@ impl Index {
                 last_heartbeat,
                 heartbeat_seq,
                 reattest_asked: false,
+                pow_failed: None,
                 displaced: None,
                 used,
                 tenant: None,
@@ -521,6 +530,13 @@ impl Index {
         }
     }
 
+    /// Node `id`'s last failed proof (`at` 0: none).
+    pub fn set_pow_failure(&mut self, id: &str, at: i64, reason: &str) {
+        if let Some(e) = self.nodes.get_mut(id) {
+            e.pow_failed = (at > 0).then(|| (at, reason.to_string()));
+        }
+    }
+
     /// Has node `id` been asked to re-attest?
     pub fn reattest_asked(&self, id: &str) -> bool {
         self.nodes.get(id).is_some_and(|e| e.reattest_asked)
@@ -585,6 +601,16 @@ impl Index {
                     r.violations.join("; ")
                 },
             });
+        }
+        if let Some((at, reason)) = &e.pow_failed {
+            let until = at.saturating_add(self.freshness.pow_penalty_secs);
+            if now < until {
+                return Err(Unplaceable::ProofFailed {
+                    at: *at,
+                    until,
+                    reason: reason.clone(),
+                });
+            }
         }
         let until = self.fresh_until(r);
         if now >= until {
@@ -1150,6 +1176,7 @@ mod tests {
         reattest_secs: 600,
         heartbeat_secs: 5,
         missed_heartbeats: 3,
+        pow_penalty_secs: 3600,
     };
 
     fn record(id: &str, region: &str, price: f64, gpus: u32) -> NodeRecord {

@@ -215,6 +215,7 @@ impl Keys {
         now: i64,
         until: i64,
         ttl: i64,
+        window_secs: u32,
     ) -> Result<String, BrokerError> {
         let exp = (now + ttl).min(until);
         let body = Lease {
@@ -228,6 +229,7 @@ impl Keys {
             iss: "cgx-broker".into(),
             until,
             start: now,
+            window_secs,
             workload: workload.cloned(),
         };
         self.sign(&body, now, exp)
@@ -249,6 +251,7 @@ impl Keys {
         }
         let exp = (now + ttl).min(lease.until);
         let token = self.sign(&lease, now, exp).ok()?;
+        let window_secs = lease.window();
         Some(LeaseGrant {
             lease_id: row.id.clone(),
             job_id: row.job_id.clone(),
@@ -256,6 +259,8 @@ impl Keys {
             resources: lease.resources,
             token,
             expires_at: exp,
+            start: lease.start,
+            window_secs,
             workload: lease.workload,
         })
     }

@@ -4,7 +4,7 @@
 //! and stores it; a refusal says why, is logged, and changes nothing.
 
 use cgx_protocol::broker::MeteringAnswer;
-use cgx_protocol::metering::{Chain, WINDOW_SECS, check, verify_record};
+use cgx_protocol::metering::{Chain, check, verify_record};
 
 use super::Broker;
 use super::error::BrokerError;
@@ -36,18 +36,18 @@ impl Broker {
             .await?
             .ok_or_else(|| BrokerError::NotFound(format!("lease {}", r.lease)))?;
         // The lease must be this node's, signed by this broker: the row alone proves nothing.
-        if row.node_id != id || self.keys.lease_of(&row).is_none() {
+        let Some(signed) = self.keys.lease_of(&row).filter(|_| row.node_id == id) else {
             return Err(BrokerError::Conflict(format!(
                 "lease {} is not a lease of node {id} from this broker",
                 r.lease
             )));
-        }
+        };
         let chain = Chain {
             lease: row.id.clone(),
             node: id.to_string(),
             node_key: key,
             start: row.started_at,
-            window_secs: WINDOW_SECS,
+            window_secs: signed.window(),
             ended_at,
             gpus: row.gpus.clone(),
             last: self.store.metering_last(&row.id).await?,
@@ -91,7 +91,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::super::testing::{Harness, Role};
     use super::*;
-    use cgx_protocol::metering::{GpuUsage, MeteringRecord, genesis};
+    use cgx_protocol::metering::{GpuUsage, MeteringRecord, WINDOW_SECS, genesis};
     use cgx_protocol::records::WorkloadState;
     use cgx_protocol::signed::Signer;
 

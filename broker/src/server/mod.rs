@@ -28,6 +28,7 @@ mod metering;
 mod monitor;
 mod nodes;
 mod placement;
+mod pow;
 mod register;
 mod reports;
 mod settings;
@@ -223,6 +224,7 @@ impl Broker {
                 reattest_secs: config.reattest_secs,
                 heartbeat_secs: config.heartbeat_secs,
                 missed_heartbeats: config.missed_heartbeats,
+                pow_penalty_secs: config.pow.penalty_secs,
             })),
             keys,
             api_keys: AdminKeys::for_kind(
@@ -316,6 +318,12 @@ pub async fn start_with_clock(
     ))];
     if broker.store.is_sqlite() {
         background.push(Box::pin(monitor::checkpoints(broker.clone())));
+    }
+    if config.pow.interval_secs > 0 {
+        background.push(Box::pin(pow::verifier(
+            broker.clone(),
+            Duration::from_millis(config.monitor_interval_ms),
+        )));
     }
     let server = cgx_service::server::start(
         &config.listener(),

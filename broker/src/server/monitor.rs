@@ -100,6 +100,7 @@ impl Broker {
             }
             idx.observe_heartbeat(&row.id, row.last_heartbeat, row.heartbeat_seq);
             idx.ask_reattest(&row.id, row.reattest_asked > 0);
+            idx.set_pow_failure(&row.id, row.pow_failed_at, &row.pow_reason);
             idx.set_use(&row.id, &used.get(&row.id).cloned().unwrap_or_default());
         }
         drop(idx);

@@ -313,10 +313,12 @@ impl Broker {
         } else {
             Vec::new()
         };
+        let challenges = self.pow_challenges(&record, &leases).await?;
         Ok(HeartbeatAnswer {
             reattest,
             unplaceable,
             leases,
+            challenges,
         })
     }
 

@@ -185,6 +185,7 @@ impl Broker {
                 now,
                 ends_at,
                 self.config.lease_ttl_secs,
+                self.config.metering_window_secs,
             )?;
             let placement = PlacementRow {
                 reason: format!(

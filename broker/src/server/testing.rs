@@ -151,6 +151,16 @@ impl Harness {
             max_in_flight: 64,
             max_connections_per_client: 64,
             max_in_flight_per_client: 64,
+            metering_window_secs: 60,
+            pow: super::config::PowConfig {
+                verify_one_in: 1,
+                fixed: Some(super::config::PowFixed {
+                    n: 64,
+                    k: 16,
+                    expected_ms: 2_000,
+                }),
+                ..Default::default()
+            },
         };
         edit(&mut config);
         let clock = ManualClock::default();

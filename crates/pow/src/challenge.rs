@@ -2,7 +2,6 @@
 //! size, and the matrices that follow from them.
 
 use crate::PowError;
-use crate::philox::philox4x32_10;
 
 /// The largest dimension: |(A·(B·r))ᵢ| ≤ n·2⁷·n·2⁷·2²⁰ stays within i64 up to n = 2¹⁴.
 pub const MAX_N: u32 = 16_384;
@@ -76,19 +75,36 @@ fn words(seed: &[u8; 32]) -> [u32; 4] {
 /// little-endian; the block's counter is (b mod 2³², b / 2³², s₂ ⊕ m, s₃) under the key
 /// (s₀, s₁), s₀…s₃ the seed's first four little-endian words. A GPU thread computes any
 /// block from its index alone.
+// Lanes are indexed across four arrays at once: the shape the compiler vectorizes.
+#[allow(clippy::needless_range_loop)]
 pub fn fill_rows(seed: &[u8; 32], m: Matrix, n: u32, rows: std::ops::Range<u32>, out: &mut [i8]) {
+    use crate::philox::{LANES, philox4x32_10_lanes};
     let s = words(seed);
-    let n = n as u64;
-    let first = u64::from(rows.start) * n;
-    for (blk_in_out, chunk) in out.chunks_mut(16).enumerate() {
-        let b = first / 16 + blk_in_out as u64;
-        let w = philox4x32_10(
-            [b as u32, (b >> 32) as u32, s[2] ^ m as u32, s[3]],
-            [s[0], s[1]],
-        );
-        for (o, byte) in chunk.iter_mut().zip(w.iter().flat_map(|x| x.to_le_bytes())) {
-            *o = byte as i8;
+    let first = u64::from(rows.start) * u64::from(n) / 16;
+    let len = out.len();
+    let blocks = len.div_ceil(16);
+    let mut done = 0usize;
+    while done < blocks {
+        let mut ctr = [[0u32; LANES]; 4];
+        for l in 0..LANES {
+            let b = first + (done + l) as u64;
+            ctr[0][l] = b as u32;
+            ctr[1][l] = (b >> 32) as u32;
+            ctr[2][l] = s[2] ^ m as u32;
+            ctr[3][l] = s[3];
         }
+        let w = philox4x32_10_lanes(ctr, [s[0], s[1]]);
+        for l in 0..LANES.min(blocks - done) {
+            let at = (done + l) * 16;
+            let chunk = &mut out[at..(at + 16).min(len)];
+            let bytes = [w[0][l], w[1][l], w[2][l], w[3][l]]
+                .into_iter()
+                .flat_map(u32::to_le_bytes);
+            for (o, byte) in chunk.iter_mut().zip(bytes) {
+                *o = byte as i8;
+            }
+        }
+        done += LANES;
     }
 }
 

@@ -14,12 +14,17 @@
 //!    fails its Freivalds check except with probability 2⁻²¹; a prover with a fraction f of
 //!    wrong rows passes with probability ≤ (1−f)ᵏ (plus those 2⁻²¹ terms).
 
+pub mod backend;
 pub mod challenge;
+pub mod class;
 pub mod cpu;
 pub mod philox;
 pub mod proof;
+pub mod wire;
 
+pub use backend::Backend;
 pub use challenge::{Challenge, Matrix, Params};
+pub use class::GpuClass;
 pub use proof::{Opening, Proof, Verifier};
 
 /// Why a challenge or a proof is refused.

@@ -27,6 +27,39 @@ pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
+/// Lanes of [`philox4x32_10_lanes`].
+pub const LANES: usize = 8;
+
+/// [`LANES`] blocks at once, word by word across lanes (`ctr[w][lane]`), so the compiler turns
+/// each round into vector multiplies: the generation a verifier does for every challenge runs
+/// several times faster than block by block. Same outputs as [`philox4x32_10`] per lane.
+// Lanes are indexed across eight arrays at once: the shape the compiler vectorizes.
+#[allow(clippy::needless_range_loop)]
+pub fn philox4x32_10_lanes(ctr: [[u32; LANES]; 4], key: [u32; 2]) -> [[u32; LANES]; 4] {
+    let [mut c0, mut c1, mut c2, mut c3] = ctr;
+    let (mut k0, mut k1) = (key[0], key[1]);
+    for round in 0..10 {
+        if round > 0 {
+            k0 = k0.wrapping_add(W0);
+            k1 = k1.wrapping_add(W1);
+        }
+        let mut n0 = [0u32; LANES];
+        let mut n1 = [0u32; LANES];
+        let mut n2 = [0u32; LANES];
+        let mut n3 = [0u32; LANES];
+        for l in 0..LANES {
+            let p0 = u64::from(M0) * u64::from(c0[l]);
+            let p1 = u64::from(M1) * u64::from(c2[l]);
+            n0[l] = (p1 >> 32) as u32 ^ c1[l] ^ k0;
+            n1[l] = p1 as u32;
+            n2[l] = (p0 >> 32) as u32 ^ c3[l] ^ k1;
+            n3[l] = p0 as u32;
+        }
+        (c0, c1, c2, c3) = (n0, n1, n2, n3);
+    }
+    [c0, c1, c2, c3]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,6 +85,31 @@ mod tests {
             ),
         ] {
             assert_eq!(philox4x32_10(ctr, key), want, "{ctr:x?} {key:x?}");
+        }
+    }
+
+    /// The lane-wise generator is the block function, lane by lane.
+    #[test]
+    #[allow(clippy::needless_range_loop)]
+    fn lanes_are_blocks() {
+        let mut ctr = [[0u32; LANES]; 4];
+        for l in 0..LANES {
+            ctr[0][l] = 1000 + l as u32;
+            ctr[1][l] = 7;
+            ctr[2][l] = 0xdead_beef ^ l as u32;
+            ctr[3][l] = u32::MAX - l as u32;
+        }
+        let out = philox4x32_10_lanes(ctr, [0x1234_5678, 0x9abc_def0]);
+        for l in 0..LANES {
+            let one = philox4x32_10(
+                [ctr[0][l], ctr[1][l], ctr[2][l], ctr[3][l]],
+                [0x1234_5678, 0x9abc_def0],
+            );
+            assert_eq!(
+                [out[0][l], out[1][l], out[2][l], out[3][l]],
+                one,
+                "lane {l}"
+            );
         }
     }
 }

@@ -40,6 +40,7 @@ pub mod routes {
     pub const REATTEST: &str = "/v1/nodes/{id}/reattest";
     pub const REPORTS: &str = "/v1/nodes/{id}/reports";
     pub const METERING: &str = "/v1/nodes/{id}/metering";
+    pub const POW: &str = "/v1/nodes/{id}/pow/{challenge}";
     pub const JOBS: &str = "/v1/jobs";
     pub const JOB: &str = "/v1/jobs/{id}";
     pub const CANCEL: &str = "/v1/jobs/{id}/cancel";
@@ -337,6 +338,12 @@ pub struct LeaseGrant {
     /// What the node runs for it: the lease record's own (signed with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<Workload>,
+    /// When the lease began and its metering window (seconds): the node reads both from the
+    /// signed lease, never from here (0: not said).
+    #[serde(default)]
+    pub start: i64,
+    #[serde(default)]
+    pub window_secs: u32,
 }
 
 /// What a job runs on its node: a command in the node's image (an absolute path) and its
@@ -436,6 +443,73 @@ pub struct HeartbeatAnswer {
     pub unplaceable: Option<String>,
     /// The node's open leases with fresh tokens.
     pub leases: Vec<LeaseGrant>,
+    /// Proof-of-work challenges the node has not answered yet (`cgx_pow`): answer each once,
+    /// by its deadline, at `POST /v1/nodes/{id}/pow/{challenge}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub challenges: Vec<PowChallenge>,
+}
+
+/// A proof-of-work challenge for one GPU of one of the node's leases. Unsigned: the broker
+/// verifies the answer against the challenge it stored, so a host that alters one only makes
+/// its own node's proof fail.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PowChallenge {
+    pub id: String,
+    pub lease: String,
+    /// The lease's metering window it falls in (its sequence number).
+    pub window: u64,
+    /// The GPU, as the lease names it.
+    pub gpu: u32,
+    /// The broker's nonce (hex, 32 bytes).
+    pub nonce: String,
+    pub n: u32,
+    pub k: u32,
+    /// The most the work may take on the GPU, as the agent times it (ms).
+    pub gpu_deadline_ms: u64,
+    /// When the answer must have reached the broker (Unix ms).
+    pub deadline_ms: i64,
+}
+
+/// `POST /v1/nodes/{id}/pow/{challenge}` body: the proof and its receipt under the node key.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PowPost {
+    /// EdDSA JWS, typ `cgx-pow-receipt+jwt` ([`PowReceipt`]).
+    pub receipt: String,
+    /// The proof's bytes (`cgx_pow::wire`), base64 (standard, padded).
+    pub proof: String,
+}
+
+/// What the node signs with its answer: which challenge, the root it committed to, the
+/// proof's digest, and how long the work took on the device.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PowReceipt {
+    pub sub: String,
+    pub challenge: String,
+    /// The rows' Merkle root (hex).
+    pub root: String,
+    /// SHA-256 of the proof's bytes (hex).
+    pub proof_sha256: String,
+    /// The device time of the work, as the agent measured it (µs).
+    pub gpu_us: u64,
+    /// What computed it (`cpu (2 threads)`, `cuda: NVIDIA H100 80GB HBM3`).
+    pub backend: String,
+}
+
+impl crate::signed::Record for PowReceipt {
+    const KIND: crate::signed::Kind = crate::signed::Kind::PowReceipt;
+}
+
+/// The broker's answer to a proof: accepted for verification (the verdict comes later, in
+/// `cgx node show`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PowAccepted {
+    pub challenge: String,
+    pub state: String,
 }
 
 /// `POST /v1/nodes/{id}/reports` body: a workload report under the node key.

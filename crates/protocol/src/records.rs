@@ -105,6 +105,10 @@ pub struct Lease {
     /// here (`cgx_protocol::metering`). 0 in tokens signed before the field.
     #[serde(default)]
     pub start: i64,
+    /// The metering window (seconds) the broker counts this lease's records in. 0 in tokens
+    /// signed before the field: [`crate::metering::WINDOW_SECS`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub window_secs: u32,
     /// What the node runs under it (the job's), signed with the lease so the node runs what
     /// the tenant submitted and an auditor reads what ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +117,21 @@ pub struct Lease {
 
 impl Record for Lease {
     const KIND: Kind = Kind::Lease;
+}
+
+impl Lease {
+    /// The lease's metering window (seconds).
+    pub fn window(&self) -> u32 {
+        if self.window_secs == 0 {
+            crate::metering::WINDOW_SECS
+        } else {
+            self.window_secs
+        }
+    }
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// What a node's heartbeat says: it is alive (`sub`: its id), and the how-manyth signal this is
@@ -283,6 +302,7 @@ mod tests {
             iss: "cgx-broker".into(),
             until: 2_000,
             start: 1_000,
+            window_secs: 0,
             workload: None,
         }
     }
@@ -397,6 +417,22 @@ mod tests {
                 )
                 .unwrap(),
             ),
+            (
+                Kind::PowReceipt,
+                s.sign(
+                    &crate::broker::PowReceipt {
+                        sub: "n".into(),
+                        challenge: "p1".into(),
+                        root: "00".into(),
+                        proof_sha256: "00".into(),
+                        gpu_us: 1,
+                        backend: "cpu".into(),
+                    },
+                    1_000,
+                    1_060,
+                )
+                .unwrap(),
+            ),
         ];
         assert_eq!(tokens.len(), Kind::ALL.len());
         let keys = [s.public_key()];
@@ -419,6 +455,7 @@ mod tests {
                     Kind::BrokerApi => check::<BrokerApiToken>(token, &keys, when),
                     Kind::WorkloadReport => check::<WorkloadReport>(token, &keys, when),
                     Kind::Metering => check::<crate::metering::MeteringRecord>(token, &keys, when),
+                    Kind::PowReceipt => check::<crate::broker::PowReceipt>(token, &keys, when),
                 };
                 if asked == *made {
                     assert_eq!(r, Ok(()), "{made:?}");
@@ -435,7 +472,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(refused, 56);
+        assert_eq!(refused, 72);
     }
 
     /// The kinds' typs and audiences are distinct, so neither a header nor an `aud` is ever
@@ -444,7 +481,7 @@ mod tests {
     fn kinds_have_distinct_types_and_audiences() {
         let typs: std::collections::HashSet<_> = Kind::ALL.iter().map(|k| k.typ()).collect();
         let auds: std::collections::HashSet<_> = Kind::ALL.iter().map(|k| k.audience()).collect();
-        assert_eq!((typs.len(), auds.len()), (8, 8));
+        assert_eq!((typs.len(), auds.len()), (9, 9));
     }
 
     /// A lease without a tenant is no lease.

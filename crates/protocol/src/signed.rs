@@ -49,11 +49,13 @@ pub enum Kind {
     WorkloadReport,
     /// A node's metering record of one lease's window, under its node key, chained.
     Metering,
+    /// A node's receipt for its proof-of-work answer, under its node key.
+    PowReceipt,
 }
 
 impl Kind {
     /// Every kind (tests present each as every other).
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Lease,
         Kind::NodeRecord,
         Kind::Heartbeat,
@@ -62,6 +64,7 @@ impl Kind {
         Kind::BrokerApi,
         Kind::WorkloadReport,
         Kind::Metering,
+        Kind::PowReceipt,
     ];
 
     /// The JWS `typ` header value.
@@ -75,6 +78,7 @@ impl Kind {
             Kind::BrokerApi => "cgx-broker-api+jwt",
             Kind::WorkloadReport => "cgx-workload-report+jwt",
             Kind::Metering => "cgx-metering+jwt",
+            Kind::PowReceipt => "cgx-pow-receipt+jwt",
         }
     }
 
@@ -89,6 +93,7 @@ impl Kind {
             Kind::BrokerApi => "cgx-broker/api",
             Kind::WorkloadReport => "cgx-broker/report",
             Kind::Metering => "cgx-broker/metering",
+            Kind::PowReceipt => "cgx-broker/pow",
         }
     }
 

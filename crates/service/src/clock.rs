@@ -9,6 +9,11 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Unix seconds now.
     fn unix(&self) -> i64;
 
+    /// Unix milliseconds now (deadlines of a few seconds); a manual clock's whole seconds.
+    fn unix_ms(&self) -> i64 {
+        self.unix().saturating_mul(1000)
+    }
+
     /// Now as a date-time (verification and result times).
     fn now(&self) -> time::OffsetDateTime {
         time::OffsetDateTime::from_unix_timestamp(self.unix())
@@ -30,6 +35,11 @@ impl Clock for SystemClock {
 
     fn now(&self) -> time::OffsetDateTime {
         time::OffsetDateTime::now_utc()
+    }
+
+    fn unix_ms(&self) -> i64 {
+        i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
+            .unwrap_or(i64::MAX)
     }
 }
 

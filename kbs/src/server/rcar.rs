@@ -293,6 +293,7 @@ mod tests {
                         iss: "cgx-broker".into(),
                         until: now + 600,
                         start: now,
+                        window_secs: 0,
                         workload: None,
                     },
                     now,

@@ -31,12 +31,15 @@ mod jobs;
 mod leases;
 mod metering;
 mod nodes;
+mod pow;
 mod settings;
 
 pub(crate) use jobs::JobWrite;
 pub(crate) use leases::{LeaseWrite, lease_tenant};
 pub(crate) use metering::MeteringWrite;
 pub(crate) use nodes::NodeWrite;
+pub use pow::ChallengeRow;
+pub(crate) use pow::PowWrite;
 pub(crate) use settings::SettingWrite;
 
 /// The broker's migration lock number.
@@ -206,6 +209,28 @@ const METERING_V8: &str = "CREATE TABLE metering (
         lease_id TEXT NOT NULL, seq BIGINT NOT NULL, hash TEXT NOT NULL, token TEXT NOT NULL,
         accepted_at BIGINT NOT NULL, PRIMARY KEY (lease_id, seq))";
 
+/// Migration 9 (issue 31): proof-of-work challenges from issue to verdict (`pow.rs`), and the
+/// node's last failed proof. The backends differ only in the proof's column type.
+macro_rules! pow_v9 {
+    ($blob:literal) => {
+        concat!(
+            "CREATE TABLE pow_challenges (
+        id TEXT PRIMARY KEY, node_id TEXT NOT NULL, lease_id TEXT NOT NULL, gpu BIGINT NOT NULL,
+        win BIGINT NOT NULL, nonce TEXT NOT NULL, n BIGINT NOT NULL, k BIGINT NOT NULL,
+        expected_ms BIGINT NOT NULL, gpu_deadline_ms BIGINT NOT NULL, issued_ms BIGINT NOT NULL,
+        deadline_ms BIGINT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL,
+        answered_ms BIGINT, gpu_us BIGINT, root TEXT, receipt TEXT, proof ",
+            $blob,
+            ");
+     CREATE INDEX pow_state ON pow_challenges (state, deadline_ms);
+     CREATE INDEX pow_lease_gpu ON pow_challenges (lease_id, gpu, issued_ms);
+     CREATE INDEX pow_node ON pow_challenges (node_id, issued_ms);
+     ALTER TABLE nodes ADD COLUMN pow_failed_at BIGINT NOT NULL DEFAULT 0;
+     ALTER TABLE nodes ADD COLUMN pow_reason TEXT NOT NULL DEFAULT ''"
+        )
+    };
+}
+
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -252,6 +277,11 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: METERING_V8,
         postgres: METERING_V8,
     },
+    Migration {
+        version: 9,
+        sqlite: pow_v9!("BLOB"),
+        postgres: pow_v9!("BYTEA"),
+    },
 ];
 
 pub use cgx_protocol::broker::JobState;
@@ -267,6 +297,9 @@ pub struct NodeRow {
     pub updated_ms: i64,
     /// When an operator or auditor asked the node to re-attest (0: not asked).
     pub reattest_asked: i64,
+    /// When its last proof-of-work failed or was missed (0: never), and why.
+    pub pow_failed_at: i64,
+    pub pow_reason: String,
 }
 
 /// A job row.
@@ -386,6 +419,13 @@ pub(crate) enum Write {
     Lease(LeaseWrite),
     Setting(SettingWrite),
     Metering(MeteringWrite),
+    Pow(PowWrite),
+}
+
+impl From<PowWrite> for Write {
+    fn from(w: PowWrite) -> Self {
+        Write::Pow(w)
+    }
 }
 
 impl From<NodeWrite> for Write {
@@ -442,6 +482,8 @@ pub(crate) enum Refusal {
     /// The lease's metering chain moved since the record was checked (another replica
     /// accepted that window, or a rival of its predecessor).
     MeteringMoved,
+    /// The challenge is not this node's, already answered, or past its deadline.
+    PowNotOpen,
     /// The tenant has as many jobs pending as it may.
     TooManyPending,
     /// A GPU of the registration is offered by another live node.
@@ -486,6 +528,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
         Write::Lease(w) => leases::apply(tx, w, sqlite).await,
         Write::Setting(w) => settings::apply(tx, w).await,
         Write::Metering(w) => metering::apply(tx, w).await,
+        Write::Pow(w) => pow::apply(tx, w).await,
     }
 }
 

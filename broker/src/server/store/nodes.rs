@@ -215,7 +215,7 @@ impl Store {
     /// Nodes changed at or after `since_ms` (every node for 0).
     pub async fn nodes_since(&self, since_ms: i64) -> Result<Vec<NodeRow>, BrokerError> {
         let rows = sqlx::query(
-            "SELECT id, record, last_heartbeat, heartbeat_seq, reputation, updated_ms, reattest_asked FROM nodes WHERE updated_ms >= $1",
+            "SELECT id, record, last_heartbeat, heartbeat_seq, reputation, updated_ms, reattest_asked, pow_failed_at, pow_reason FROM nodes WHERE updated_ms >= $1",
         )
         .bind(since_ms)
         .fetch_all(self.db.pool())
@@ -230,6 +230,8 @@ impl Store {
                     reputation: r.try_get("reputation")?,
                     updated_ms: r.try_get("updated_ms")?,
                     reattest_asked: r.try_get("reattest_asked")?,
+                    pow_failed_at: r.try_get("pow_failed_at")?,
+                    pow_reason: r.try_get("pow_reason")?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()

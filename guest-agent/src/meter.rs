@@ -1,0 +1,161 @@
+//! Metering: one record per lease per window (`cgx_protocol::metering`), signed by the node
+//! key, chained by the hash of the one before. A window's record is sent when the window
+//! closes, with each GPU's usage sampled then (NVML; simulated under `--sim`) and the window's
+//! proof-of-work answer if one fell in it; a record the broker did not take is sent again,
+//! the same bytes, until its token lapses.
+
+use cgx_broker::client::{BrokerClient, ClientError};
+use cgx_protocol::broker::LeaseGrant;
+use cgx_protocol::metering::{
+    GpuUsage, METERING_TTL_SECS, MeteringRecord, PowAnswer, genesis, token_hash,
+};
+use cgx_protocol::records::WorkloadState;
+
+use crate::daemon::log;
+use crate::machine::Machine;
+
+/// Seconds between tries of a record the broker did not take.
+const RETRY_SECS: i64 = 5;
+
+/// One lease's chain as this node holds it.
+#[derive(Debug)]
+pub struct Meter {
+    lease: String,
+    start: i64,
+    window_secs: u32,
+    gpus: Vec<u32>,
+    seq: u64,
+    prev: String,
+    /// The signed record of `seq`, kept for retries (the same bytes each time).
+    pending: Option<String>,
+    next_try: i64,
+    /// The volatile ECC totals last read, per GPU: records carry the window's increase.
+    ecc: std::collections::HashMap<u32, (u64, u64)>,
+}
+
+impl Meter {
+    /// From a verified grant (its start and window are the signed lease's); `None` for a
+    /// lease whose token carries no start.
+    pub fn new(g: &LeaseGrant) -> Option<Meter> {
+        (g.start > 0 && g.window_secs > 0).then(|| Meter {
+            lease: g.lease_id.clone(),
+            start: g.start,
+            window_secs: g.window_secs,
+            gpus: g.gpus.clone(),
+            seq: 0,
+            prev: genesis(&g.lease_id),
+            pending: None,
+            next_try: 0,
+            ecc: Default::default(),
+        })
+    }
+
+    fn window_start(&self, seq: u64) -> i64 {
+        self.start
+            .saturating_add(i64::from(self.window_secs).saturating_mul(seq as i64))
+    }
+
+    /// The window `seq` falls in at `now`.
+    pub fn due(&self, now: i64) -> bool {
+        now >= self.window_start(self.seq + 1) && now >= self.next_try
+    }
+
+    fn usage(&mut self, machine: &dyn Machine) -> Vec<GpuUsage> {
+        let mut out = Vec::with_capacity(self.gpus.len());
+        for &g in &self.gpus {
+            let mut u = machine.gpu_usage(g).unwrap_or(GpuUsage {
+                index: g,
+                utilization_pct: 0,
+                memory_used_mib: 0,
+                temperature_c: 0,
+                power_mw: 0,
+                ecc_corrected: 0,
+                ecc_uncorrected: 0,
+                throttle_reasons: 0,
+            });
+            let (c, un) = (u.ecc_corrected, u.ecc_uncorrected);
+            let (lc, lu) = self.ecc.insert(g, (c, un)).unwrap_or((c, un));
+            u.index = g;
+            u.ecc_corrected = c.saturating_sub(lc);
+            u.ecc_uncorrected = un.saturating_sub(lu);
+            out.push(u);
+        }
+        out
+    }
+
+    /// Send the record of the window that closed, if one did: `pow` gives the window's
+    /// answer (asked only when a new record is made).
+    #[allow(clippy::too_many_arguments)]
+    pub fn tick(
+        &mut self,
+        now: i64,
+        node_id: &str,
+        signer: &cgx_protocol::signed::Signer,
+        machine: &dyn Machine,
+        client: &BrokerClient,
+        workload: WorkloadState,
+        pow: impl FnOnce(u64) -> Option<PowAnswer>,
+    ) {
+        if !self.due(now) {
+            return;
+        }
+        let token = match self.pending.take() {
+            Some(t) => t,
+            None => {
+                let start = self.window_start(self.seq);
+                let r = MeteringRecord {
+                    sub: node_id.to_string(),
+                    lease: self.lease.clone(),
+                    seq: self.seq,
+                    window_start: start,
+                    window_secs: self.window_secs,
+                    gpus: self.usage(machine),
+                    pow: pow(self.seq),
+                    workload,
+                    prev: self.prev.clone(),
+                };
+                let end = start + i64::from(self.window_secs);
+                match signer.sign(&r, end.max(now.min(end + 60)), now + METERING_TTL_SECS) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        log(format_args!("lease {}: metering record: {e}", self.lease));
+                        self.next_try = now + RETRY_SECS;
+                        return;
+                    }
+                }
+            }
+        };
+        match client.metering(node_id, &token) {
+            Ok(a) => {
+                self.prev = a.hash;
+                self.seq += 1;
+            }
+            // Accepted before (an answer lost on the way): the chain goes on from it.
+            Err(ClientError::Refused {
+                status: 409,
+                detail,
+                ..
+            }) if detail.contains(&format!("sequence {} already accepted", self.seq)) => {
+                self.prev = token_hash(&token);
+                self.seq += 1;
+            }
+            Err(e) => {
+                log(format_args!(
+                    "lease {}: metering record {}: {e}",
+                    self.lease, self.seq
+                ));
+                if matches!(e, ClientError::Transport { .. })
+                    || matches!(&e, ClientError::Refused { status, .. } if *status >= 500 || *status == 429)
+                {
+                    self.pending = Some(token);
+                }
+                self.next_try = now + RETRY_SECS;
+            }
+        }
+    }
+
+    /// Records accepted so far.
+    pub fn sent(&self) -> u64 {
+        self.seq
+    }
+}
