@@ -253,6 +253,12 @@ fn print_job(j: &JobView) {
     println!("tenant   {}", j.tenant);
     println!("state    {}", j.state.as_str().to_uppercase());
     println!("reason   {}", j.reason);
+    if j.metered_windows > 0 {
+        println!(
+            "metered  {} windows of its lease (signed records accepted)",
+            j.metered_windows
+        );
+    }
     println!(
         "asks     {} × {} (≥ {} GiB), ≤ {}/GPU-h, {} s, TEE {}, regions {}",
         j.spec.gpu_count,
@@ -444,6 +450,40 @@ fn print_node(n: &NodeView) {
     } else {
         println!("placeable    NO: {}", n.reason);
     }
+    for line in proof_lines(n) {
+        println!("{line}");
+    }
+}
+
+/// A node's latest proofs of work, a line each.
+pub fn proof_lines(n: &NodeView) -> Vec<String> {
+    n.proofs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            format!(
+                "{}{} lease {} GPU {} n={} {}{}{}",
+                if i == 0 {
+                    "proofs       "
+                } else {
+                    "             "
+                },
+                p.challenge,
+                p.lease,
+                p.gpu,
+                p.n,
+                p.state.to_uppercase(),
+                p.gpu_us
+                    .map(|us| format!(" ({:.1} ms on the device)", us as f64 / 1e3))
+                    .unwrap_or_default(),
+                if p.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", p.reason)
+                }
+            )
+        })
+        .collect()
 }
 
 /// `--tee`: a TEE kind by its wire name.

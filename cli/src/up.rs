@@ -4,8 +4,10 @@
 //! machine the host made, its collateral published as AMD's and NVIDIA's would be. The agents
 //! register on composite evidence (one booted an image the reference values do not list), a
 //! tenant's job is placed with a lease, the agent fetches the weights key through it, decrypts
-//! the weights inside its VM and runs the job's workload, whose state reaches the broker; then a
-//! host stops and its job moves. Every piece runs the production code path; only the evidence
+//! the weights inside its VM and runs the job's workload, whose state reaches the broker; the
+//! node proves its leased GPUs work and meters the lease window by window; then a host stops and
+//! its job moves — to a node that cheats at its proof of work, is caught and loses the lease,
+//! and the job runs again once the first host restarts its VM. Every piece runs the production code path; only the evidence
 //! is simulated (its claims say so).
 
 use std::path::{Path, PathBuf};
@@ -41,6 +43,8 @@ struct Host {
     thread: Option<std::thread::JoinHandle<()>>,
     log: PathBuf,
     uid_base: u32,
+    /// A simulated node that cheats at the proof of work (skips this percentage of rows).
+    cheat: Option<u32>,
 }
 
 impl Host {
@@ -80,7 +84,9 @@ impl Host {
             workload_uid: (cgx_guest_agent::reap::own_uid() == 0).then_some(self.uid_base),
         };
         let log = self.log.clone();
+        self.stop.store(false, Ordering::SeqCst);
         let stop = self.stop.clone();
+        let cheat = self.cheat;
         let report = Report {
             state_file: Some(dir.join(format!("{}.state.json", self.name))),
             launcher: "sim".into(),
@@ -91,6 +97,9 @@ impl Host {
             let _ = supervise(
                 || {
                     let mut c = cgx_host_agent::launcher::sim_command(&agent, &sim)?;
+                    if let Some(p) = cheat {
+                        c.args(["--sim-cheat-pow", &p.to_string()]);
+                    }
                     let f = std::fs::OpenOptions::new()
                         .create(true)
                         .append(true)
@@ -177,6 +186,8 @@ pub fn up() -> CliResult {
         stop: Arc::new(AtomicBool::new(false)),
         thread: None,
         log: PathBuf::new(),
+        // node-2 skips a tenth of its proof's rows: the broker must catch it.
+        cheat: (name == "node-2").then_some(10),
     })
     .collect::<Vec<_>>();
     // Production trust refuses simulated evidence outright; the network pins the sim roots.
@@ -412,6 +423,34 @@ fn run(
         t.elapsed().as_secs_f64() * 1e3,
         running.reason
     );
+    // The node proves its leased GPUs work (a challenge per GPU, answered from its own loop,
+    // judged by the broker off the request path) and meters the lease window by window.
+    let proved = wait_for(30, "node-1's proofs of work to pass", || {
+        let n = auditor.node(&first).map_err(s)?;
+        if let Some(p) = n.proofs.iter().find(|p| p.state == "failed") {
+            return Err(format!("node-1's proof failed: {}", p.reason));
+        }
+        let passed = n.proofs.iter().filter(|p| p.state == "passed").count();
+        Ok((passed >= running.gpus.len()).then_some(n))
+    })?;
+    for line in crate::broker::proof_lines(&proved).iter().take(2) {
+        println!(
+            "[node-1] {}",
+            line.trim_start_matches("proofs").trim_start()
+        );
+    }
+    println!(
+        "[broker] node-1 proved its {} leased GPUs: a challenge each (Philox int8 matrices, their int32 product, rows committed in a Merkle tree, {} rows opened, y = A·(B·r) checked), bound to the lease, window and node key",
+        running.gpus.len(),
+        b.config.pow.fixed.map_or(0, |f| f.k)
+    );
+    let metered = wait_for(30, "metering records", || {
+        job_in(&tenant, &job.id, |j| j.metered_windows >= 2)
+    })?;
+    println!(
+        "[broker] job {} metered: {} windows of {} s accepted, each a record signed by node-1's attested key and chained to the one before",
+        job.id, metered.metered_windows, b.config.metering_window_secs
+    );
     // A second job whose workload finishes: completed, with the node's word for it.
     let short = tenant
         .submit(&spec(
@@ -459,6 +498,54 @@ fn run(
         stopped.elapsed().as_secs_f64(),
         b.config.missed_heartbeats,
         b.config.heartbeat_secs
+    );
+    // node-2 cheats: its proof skips a tenth of the product's rows. Caught, it loses the lease.
+    let caught = wait_for(30, "node-2's cheat to be caught", || {
+        let n = auditor.node(&to).map_err(s)?;
+        Ok(n.proofs
+            .iter()
+            .find(|p| p.state == "failed")
+            .cloned()
+            .map(|p| (p, n)))
+    })?;
+    println!(
+        "[broker] {} proof of work FAILED (it skips 10% of the rows): {}",
+        name_of(&to, &nodes),
+        caught.0.reason
+    );
+    let gone = wait_for(30, "the cheat's lease to end", || {
+        job_in(&tenant, &job.id, |j| {
+            j.node_id.as_deref() != Some(to.as_str()) || j.state == JobState::Pending
+        })
+    })?;
+    let n = auditor.node(&to).map_err(s)?;
+    println!(
+        "[broker] {} NOT placeable: {}",
+        name_of(&to, &nodes),
+        n.reason
+    );
+    if let Some(e) = gone.events.iter().rev().find(|e| e.to == JobState::Pending) {
+        println!("[broker] job {} → PENDING: {}", job.id, e.reason);
+    }
+    // node-1's host starts its VM again: a fresh registration, and the job runs there.
+    hosts[0].start(
+        dir,
+        (&broker.base, &kbs_setup.broker.public_b64),
+        &kbs.base,
+        &token,
+    )?;
+    let back = wait_for(30, "the job to run again on an honest node", || {
+        job_in(&tenant, &job.id, |j| {
+            j.state == JobState::Running && j.node_id.as_deref() != Some(to.as_str())
+        })
+    })?;
+    println!(
+        "[broker] node-1's host restarted its VM; it registered anew and job {} RUNNING there again ({} placements in all)",
+        job.id,
+        back.events
+            .iter()
+            .filter(|e| e.to == JobState::Placed)
+            .count()
     );
     for h in hosts.iter_mut() {
         h.stop();

@@ -117,7 +117,7 @@ pub fn broker_setup(
         max_in_flight_per_client: 1024,
         // Short windows, and challenges a simulated node proves on its CPU in milliseconds,
         // each checked in full: the development network shows the whole loop in seconds.
-        metering_window_secs: 10,
+        metering_window_secs: 2,
         pow: cgx_broker::server::config::PowConfig {
             interval_secs: 30,
             verify_one_in: 1,

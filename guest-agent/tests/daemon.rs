@@ -507,6 +507,91 @@ fn a_broker_restart_and_a_cancelled_lease_and_a_killed_agent() {
     );
 }
 
+/// The provider's loop with proofs and metering, from the agent's own process: a placed node
+/// answers its GPU's challenge (passed, judged by the broker) and meters its lease window by
+/// window; the broker restarts mid-window and the chain goes on without a gap (the records of
+/// windows closed meanwhile are sent again, the same bytes); the node is killed mid-window and
+/// its job moves to the other node, whose lease is proved and metered from its first window.
+#[test]
+fn proofs_and_metering_through_a_broker_restart_and_a_killed_node() {
+    let mut net = Net::new("agent-pow", &[1, 1], 1, 533_000);
+    let first = net.agent(0, 1_000_000);
+    placeable(&net, 1);
+    let tenant = net.tenant();
+    let j = tenant.submit(&job(sh("exec sleep 120", None))).unwrap();
+    let running = wait(20, "the job to run", || {
+        tenant
+            .job(&j.id)
+            .ok()
+            .filter(|v| v.state == JobState::Running)
+    });
+    let node = running.node_id.clone().unwrap();
+    let auditor = net.auditor();
+    let proved = wait(20, "the node's proof to pass", || {
+        let n = auditor.node(&node).ok()?;
+        assert!(
+            !n.proofs
+                .iter()
+                .any(|p| p.state == "failed" || p.state == "missed"),
+            "{:?}\n{}",
+            n.proofs,
+            first.log()
+        );
+        n.proofs.iter().find(|p| p.state == "passed").cloned()
+    });
+    assert_eq!(proved.lease, running.lease_id.clone().unwrap());
+    assert!(first.log().contains("proved in"), "{}", first.log());
+    wait(20, "two windows metered", || {
+        tenant.job(&j.id).ok().filter(|v| v.metered_windows >= 2)
+    });
+    // The broker restarts on the same address and database, mid-window.
+    let addr = net.broker().addr;
+    net.broker.take().unwrap().stop();
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut config = net.broker_setup.config.clone();
+    config.listen = addr.to_string();
+    net.broker = Some(BrokerServer::start(&config).unwrap());
+    let before = net.tenant().job(&j.id).unwrap().metered_windows;
+    // Windows closed during the outage arrive once it is back: the count catches up with the
+    // lease's age (one record per window, each linked to the one before, or none is taken).
+    let window = i64::from(net.broker_setup.config.metering_window_secs);
+    let caught_up = wait(20, "the chain to catch up after the restart", || {
+        let v = net.tenant().job(&j.id).ok()?;
+        let age = cgx_devnet::now() - v.created_at;
+        (v.metered_windows > before && v.metered_windows as i64 >= age / window - 1).then_some(v)
+    });
+    assert_eq!(caught_up.state, JobState::Running);
+    // The node is killed mid-window: the job moves; the new lease is proved and metered.
+    let second = net.agent(1, 2_000_000);
+    placeable(&net, 2);
+    let mut first = first;
+    first.signal("-KILL");
+    let _ = first.child.wait();
+    let moved = wait(30, "the job to move", || {
+        net.tenant()
+            .job(&j.id)
+            .ok()
+            .filter(|v| v.state == JobState::Running && v.node_id.as_deref() != Some(&node))
+    });
+    let to = moved.node_id.clone().unwrap();
+    wait(20, "the new node's proof to pass", || {
+        auditor
+            .node(&to)
+            .ok()?
+            .proofs
+            .iter()
+            .find(|p| p.state == "passed" && Some(&p.lease) == moved.lease_id.as_ref())
+            .cloned()
+    });
+    wait(20, "the new lease metered", || {
+        net.tenant()
+            .job(&j.id)
+            .ok()
+            .filter(|v| v.metered_windows >= 1 && v.lease_id == moved.lease_id)
+    });
+    assert!(second.log().contains("proved in"), "{}", second.log());
+}
+
 /// A machine that answers with its own CPU report but another machine's GPUs (a host that
 /// swaps in evidence from GPUs it does not pass through), or with none of its GPUs' evidence.
 struct Tampered {

@@ -407,7 +407,7 @@ async fn node(
     Path(id): Path<String>,
 ) -> Result<Response, BrokerError> {
     check_id(&id)?;
-    Ok(Json(b.node_for(&admin, &id)?).into_response())
+    Ok(Json(b.node_show(&admin, &id).await?).into_response())
 }
 
 /// Ask a node to re-attest at its next heartbeat (its operator, auditors).

@@ -326,6 +326,7 @@ impl Broker {
         };
         // Built from what was just committed: no read back.
         Ok(JobView {
+            metered_windows: 0,
             id,
             tenant: row.tenant,
             state: state_now,
@@ -376,7 +377,12 @@ impl Broker {
                 .unwrap_or_default(),
             _ => Vec::new(),
         };
+        let metered_windows = match (&row.lease_id, events) {
+            (Some(l), true) => self.store.metering_count(l).await?,
+            _ => 0,
+        };
         Ok(JobView {
+            metered_windows,
             events: if events {
                 self.store.events(&row.id).await?
             } else {
@@ -489,6 +495,7 @@ impl Broker {
         let spec = JobSpec::from_stored(&row.spec)
             .map_err(|e| BrokerError::Internal(format!("stored job spec: {e}")))?;
         Ok(JobView {
+            metered_windows: 0,
             id: row.id,
             tenant: row.tenant,
             state: JobState::Cancelled,

@@ -379,6 +379,7 @@ impl Broker {
             last_heartbeat: last,
             reattest_asked: idx.reattest_asked(id),
             claims: with_claims.then(|| r.claims.clone()),
+            proofs: Vec::new(),
         })
     }
 
@@ -390,6 +391,28 @@ impl Broker {
             .filter_map(|id| self.node_view(id, false))
             .filter(|n| all || admin.may(Some(&format!("operator:{}", n.operator))).is_ok())
             .collect()
+    }
+
+    /// [`Broker::node_for`] with the node's latest proofs.
+    pub(crate) async fn node_show(&self, admin: &Admin, id: &str) -> Result<NodeView, BrokerError> {
+        let mut v = self.node_for(admin, id)?;
+        v.proofs = self
+            .store
+            .pow_history(id, 8)
+            .await?
+            .into_iter()
+            .map(|c| cgx_protocol::broker::ProofView {
+                challenge: c.id,
+                lease: c.lease_id,
+                gpu: c.gpu,
+                n: c.n,
+                state: c.state,
+                reason: c.reason,
+                issued_ms: c.issued_ms,
+                gpu_us: c.gpu_us,
+            })
+            .collect();
+        Ok(v)
     }
 
     pub(crate) fn node_for(&self, admin: &Admin, id: &str) -> Result<NodeView, BrokerError> {

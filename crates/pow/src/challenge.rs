@@ -95,13 +95,14 @@ pub fn fill_rows(seed: &[u8; 32], m: Matrix, n: u32, rows: std::ops::Range<u32>,
         }
         let w = philox4x32_10_lanes(ctr, [s[0], s[1]]);
         for l in 0..LANES.min(blocks - done) {
+            let mut block = [0u8; 16];
+            for (i, word) in [w[0][l], w[1][l], w[2][l], w[3][l]].into_iter().enumerate() {
+                block[4 * i..4 * i + 4].copy_from_slice(&word.to_le_bytes());
+            }
             let at = (done + l) * 16;
-            let chunk = &mut out[at..(at + 16).min(len)];
-            let bytes = [w[0][l], w[1][l], w[2][l], w[3][l]]
-                .into_iter()
-                .flat_map(u32::to_le_bytes);
-            for (o, byte) in chunk.iter_mut().zip(bytes) {
-                *o = byte as i8;
+            let end = (at + 16).min(len);
+            for (o, &b) in out[at..end].iter_mut().zip(&block) {
+                *o = b as i8;
             }
         }
         done += LANES;

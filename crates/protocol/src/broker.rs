@@ -697,6 +697,32 @@ pub struct JobView {
     pub updated_at: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<JobEvent>,
+    /// Metering records the broker accepted for the job's current lease (its windows
+    /// metered so far; in a single job's view).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub metered_windows: u64,
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
+/// One proof-of-work challenge of a node and its verdict (`cgx node show`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProofView {
+    pub challenge: String,
+    pub lease: String,
+    pub gpu: u32,
+    pub n: u32,
+    /// `issued`, `answered`, `passed`, `failed` or `missed`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    pub issued_ms: i64,
+    /// The device time the node signed (µs), once answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_us: Option<i64>,
 }
 
 /// A node as the broker reports it (`cgx node ls|show`).
@@ -730,6 +756,9 @@ pub struct NodeView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub claims: Option<serde_json::Value>,
+    /// Its latest proof-of-work challenges, newest first (in a single node's view).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proofs: Vec<ProofView>,
 }
 
 /// `GET /v1/nodes` answer: the nodes the caller may see.

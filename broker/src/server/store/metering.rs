@@ -74,6 +74,15 @@ impl Store {
         })
     }
 
+    /// How many records of `lease` were accepted.
+    pub async fn metering_count(&self, lease: &str) -> Result<u64, BrokerError> {
+        let r = sqlx::query("SELECT COUNT(*) AS c FROM metering WHERE lease_id = $1")
+            .bind(lease)
+            .fetch_one(self.db.pool())
+            .await?;
+        Ok(u64::try_from(r.try_get::<i64, _>("c")?).unwrap_or(0))
+    }
+
     /// Every accepted record of `lease`, in order: (sequence, token).
     pub async fn metering(&self, lease: &str) -> Result<Vec<(u64, String)>, BrokerError> {
         let rows = sqlx::query("SELECT seq, token FROM metering WHERE lease_id = $1 ORDER BY seq")
