@@ -215,6 +215,49 @@ pub fn bench(n: usize, rounds: usize, json: bool) -> CliResult {
             }),
         );
     }
+    // The GPU, where there is one: a whole challenge of each class's size, and the int8 rate
+    // it implies against the datasheet peak (the product is 2n³ of the challenge's work).
+    let mut cuda = serde_json::Map::new();
+    match cgx_pow_cuda::driver_present()
+        .then(|| cgx_pow_cuda::Cuda::open(0))
+        .transpose()
+    {
+        Ok(None) => {
+            lines.push("CUDA: no driver on this host; the GPU path is not measured here".into())
+        }
+        Err(e) => lines.push(format!("CUDA: not usable: {e}")),
+        Ok(Some(gpu)) => {
+            use cgx_pow::Backend;
+            for class in cgx_pow::class::CLASSES {
+                let ch = Challenge {
+                    seed: seed(b"bench", "l", 3, b"k", 0),
+                    params: class.params,
+                };
+                let mut times = Vec::new();
+                for _ in 0..rounds.max(3) {
+                    let (_, ms) = gpu.prove(&ch).map_err(|e| e.to_string())?;
+                    times.push(ms);
+                }
+                let ms = median(times);
+                let tops = 2.0 * f64::from(class.params.n).powi(3) / (ms / 1e3) / 1e12;
+                let share = ms / 1e3 / INTERVAL_SECS;
+                lines.push(format!(
+                    "CUDA {} at {}'s size: one challenge {ms:.2} ms (class expects {} ms); {tops:.0} int8 TOPS over the whole challenge, {:.3} of the {} TOPS peak; GPU share at the default schedule {:.5}%",
+                    gpu.name(),
+                    class.model,
+                    class.expected_ms,
+                    tops / f64::from(class.peak_int8_tops),
+                    class.peak_int8_tops,
+                    share * 100.0
+                ));
+                cuda.insert(
+                    class.model.into(),
+                    json!({"device": gpu.name(), "challenge_ms": ms, "int8_tops": tops,
+                           "vs_peak": tops / f64::from(class.peak_int8_tops), "gpu_share": share}),
+                );
+            }
+        }
+    }
     let metering = median(
         (0..rounds)
             .map(|_| metering_per_sec(5_000))
@@ -231,7 +274,7 @@ pub fn bench(n: usize, rounds: usize, json: bool) -> CliResult {
             "cpu_product_gops": prod, "cpu_cached_kernel_gops": bound, "cpu_ratio": prod / bound,
             "classes": classes,
             "metering_accepted_per_s": metering, "metering_vs_goal": metering / 20_000.0,
-            "cuda": "not measured here: no GPU on this host",
+            "cuda": cuda,
         }))?;
     } else {
         println!("pow: median of {rounds} rounds");

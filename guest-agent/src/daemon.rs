@@ -245,7 +245,23 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             threads: opts.threads,
         }),
     };
+    // A confidential machine proves on its GPUs: GPU i of a lease is CUDA device i (NVML's
+    // and CUDA's orders agree in PCI bus order, which the image's driver setup sets).
+    let mut backends: HashMap<u32, Arc<dyn cgx_pow::Backend>> = HashMap::new();
+    if !machine.simulated() {
+        for (i, _) in machine.gpus().unwrap_or_default().iter().enumerate() {
+            match cgx_pow_cuda::Cuda::open(i) {
+                Ok(c) => {
+                    backends.insert(i as u32, Arc::new(c));
+                }
+                Err(e) => log(format_args!(
+                    "GPU {i}: no CUDA backend ({e}); its proofs run on the CPU"
+                )),
+            }
+        }
+    }
     let mut prover = crate::prover::Prover::start(crate::prover::ProverSetup {
+        backends,
         backend,
         client: BrokerClient::with_agent(&opts.broker, setup.agent.clone(), None),
         node_id: id.clone(),

@@ -21,6 +21,8 @@ const SEEN_MAX: usize = 4096;
 
 /// What a worker needs.
 pub struct ProverSetup {
+    /// The backend of each GPU (its index in leases), and the one for any other.
+    pub backends: HashMap<u32, Arc<dyn Backend>>,
     pub backend: Arc<dyn Backend>,
     pub client: BrokerClient,
     pub node_id: String,
@@ -121,7 +123,8 @@ fn prove_and_send(s: &ProverSetup, c: &PowChallenge) -> Result<String, String> {
         seed: seed(&nonce, &c.lease, c.window, &s.node_raw, c.gpu),
         params: Params { n: c.n, k: c.k },
     };
-    let (proof, ms) = s.backend.prove(&ch).map_err(|e| e.to_string())?;
+    let backend = s.backends.get(&c.gpu).unwrap_or(&s.backend);
+    let (proof, ms) = backend.prove(&ch).map_err(|e| e.to_string())?;
     let bytes = cgx_pow::wire::encode(&proof);
     let root = hex::encode(proof.root);
     let receipt = PowReceipt {
@@ -132,7 +135,7 @@ fn prove_and_send(s: &ProverSetup, c: &PowChallenge) -> Result<String, String> {
             aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes).as_ref(),
         ),
         gpu_us: (ms * 1e3) as u64,
-        backend: s.backend.name(),
+        backend: backend.name(),
     };
     let now = crate::daemon::unix_now();
     let token = cgx_protocol::signed::Signer::from_pkcs8(&s.node_pkcs8)

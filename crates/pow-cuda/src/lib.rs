@@ -1,0 +1,253 @@
+//! The proof-of-work's CUDA backend (issue 31, item 3): generation, the product, the row
+//! hashes and y = C·r stay on the device; the leaf hashes (32 bytes a row), y and the opened
+//! rows come back. Built for CUDA 12.8 with `cudarc`'s dynamic loading: libcuda, NVRTC and
+//! cuBLAS are looked up when [`Cuda::open`] runs, so the workspace builds and tests without
+//! CUDA, and a host without a GPU gets an error, not a crash.
+//!
+//! - **Generation**: `philox_fill` (kernels.cu), one thread per 16-byte Philox block, the
+//!   counter layout of `cgx_pow::challenge::fill_rows`.
+//! - **Product**: cuBLAS `cublasGemmEx`, int8 inputs, int32 output, `CUBLAS_COMPUTE_32I`
+//!   (tensor cores on Hopper). Row-major A·B is column-major Bᵀ·Aᵀ, so the call passes B
+//!   then A with every leading dimension n.
+//! - **Hashing**: `row_leaves`, one thread per row, SHA-256 of 0x00 ‖ the row's bytes.
+//! - **y**: `row_dot`, one thread per row, after the host derived r from the root.
+//!
+//! The kernels' C++ is checked on the CPU against the Rust code by `tests/kernels.rs`
+//! wherever a C++ compiler is present; the GPU path itself against the CPU backend by
+//! `tests/gpu.rs` wherever a GPU is (both say when they skip).
+
+// Launching a kernel and calling cuBLAS are `unsafe` in cudarc: the arguments must match the
+// kernel's parameters and the buffers their sizes. Each call below says why it does.
+#![allow(unsafe_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cgx_pow::challenge::{Challenge, Matrix};
+use cgx_pow::proof::{Opening, Proof, freivalds_vector, rows_to_open};
+use cgx_pow::{Backend, PowError};
+use cgx_protocol::merkle::Tree;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
+};
+
+/// The kernels' source.
+pub const KERNELS: &str = include_str!("kernels.cu");
+
+/// Why the CUDA backend is not available, or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver (libcuda) on this host")]
+    NoDriver,
+    #[error("no NVRTC or cuBLAS library on this host")]
+    NoLibraries,
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("NVRTC: {0}")]
+    Compile(String),
+    #[error("cuBLAS: {0}")]
+    Blas(String),
+}
+
+fn d(e: impl std::fmt::Display) -> CudaError {
+    CudaError::Driver(e.to_string())
+}
+
+struct Inner {
+    stream: Arc<CudaStream>,
+    blas: cudarc::cublas::CudaBlas,
+    fill: CudaFunction,
+    leaves: CudaFunction,
+    dot: CudaFunction,
+}
+
+/// One GPU's backend.
+pub struct Cuda {
+    name: String,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cuda({})", self.name)
+    }
+}
+
+/// Whether libcuda can be loaded here (cudarc panics on a missing library, so ask first).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library by its usual names; nothing is called in it.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl Cuda {
+    /// GPU `ordinal`: its context, the kernels compiled for it, a cuBLAS handle.
+    pub fn open(ordinal: usize) -> Result<Cuda, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        // SAFETY: as above, library lookups only.
+        let libs = unsafe {
+            cudarc::nvrtc::sys::is_culib_present() && cudarc::cublas::sys::is_culib_present()
+        };
+        if !libs {
+            return Err(CudaError::NoLibraries);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(d)?;
+        let name = ctx.name().map_err(d)?;
+        let ptx =
+            cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| CudaError::Compile(e.to_string()))?;
+        let module = ctx.load_module(ptx).map_err(d)?;
+        let stream = ctx.default_stream();
+        let blas = cudarc::cublas::CudaBlas::new(stream.clone())
+            .map_err(|e| CudaError::Blas(e.to_string()))?;
+        Ok(Cuda {
+            name,
+            inner: Mutex::new(Inner {
+                fill: module.load_function("philox_fill").map_err(d)?,
+                leaves: module.load_function("row_leaves").map_err(d)?,
+                dot: module.load_function("row_dot").map_err(d)?,
+                stream,
+                blas,
+            }),
+        })
+    }
+}
+
+fn words(seed: &[u8; 32]) -> [u32; 4] {
+    let w = |i: usize| u32::from_le_bytes([seed[i], seed[i + 1], seed[i + 2], seed[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
+}
+
+fn grid(items: u64) -> LaunchConfig {
+    let threads = 256u32;
+    LaunchConfig {
+        grid_dim: (
+            u32::try_from(items.div_ceil(u64::from(threads))).unwrap_or(u32::MAX),
+            1,
+            1,
+        ),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Inner {
+    fn generate(&self, seed: &[u8; 32], m: Matrix, n: u32) -> Result<CudaSlice<i8>, CudaError> {
+        let elems = u64::from(n) * u64::from(n);
+        let mut out = self.stream.alloc_zeros::<i8>(elems as usize).map_err(d)?;
+        let s = words(seed);
+        let blocks = elems / 16;
+        let (k0, k1, c2, c3) = (s[0], s[1], s[2] ^ m as u32, s[3]);
+        let mut b = self.stream.launch_builder(&self.fill);
+        b.arg(&mut out)
+            .arg(&blocks)
+            .arg(&k0)
+            .arg(&k1)
+            .arg(&c2)
+            .arg(&c3);
+        // SAFETY: philox_fill(signed char*, unsigned long long, unsigned int × 4): `out`
+        // holds 16 bytes for each of the `blocks` threads that write.
+        unsafe { b.launch(grid(blocks)) }.map_err(d)?;
+        Ok(out)
+    }
+
+    fn prove(&self, ch: &Challenge) -> Result<Proof, CudaError> {
+        let n = ch.params.n;
+        let nu = n as usize;
+        let a = self.generate(&ch.seed, Matrix::A, n)?;
+        let b = self.generate(&ch.seed, Matrix::B, n)?;
+        let mut c = self.stream.alloc_zeros::<i32>(nu * nu).map_err(d)?;
+        {
+            let ni = i32::try_from(n).map_err(|_| CudaError::Blas("n".into()))?;
+            let (alpha, beta) = (1i32, 0i32);
+            let (pa, _ra) = a.device_ptr(&self.stream);
+            let (pb, _rb) = b.device_ptr(&self.stream);
+            let (pc, _rc) = c.device_ptr_mut(&self.stream);
+            // SAFETY: A and B hold n² int8, C n² int32 on this stream's device; alpha and beta
+            // are int32 host values, as CUBLAS_COMPUTE_32I takes them. Column-major Bᵀ·Aᵀ is
+            // row-major A·B.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_N,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    ni,
+                    ni,
+                    (&alpha as *const i32).cast(),
+                    pb as *const std::ffi::c_void,
+                    cudaDataType::CUDA_R_8I,
+                    ni,
+                    pa as *const std::ffi::c_void,
+                    cudaDataType::CUDA_R_8I,
+                    ni,
+                    (&beta as *const i32).cast(),
+                    pc as *mut std::ffi::c_void,
+                    cudaDataType::CUDA_R_32I,
+                    ni,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32I,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| CudaError::Blas(e.to_string()))?;
+        }
+        let mut leaves = self.stream.alloc_zeros::<u8>(32 * nu).map_err(d)?;
+        let mut l = self.stream.launch_builder(&self.leaves);
+        l.arg(&c).arg(&n).arg(&mut leaves);
+        // SAFETY: row_leaves(const int*, unsigned int, unsigned char*): C holds n rows of n
+        // int32, `leaves` 32 bytes for each of the n threads.
+        unsafe { l.launch(grid(u64::from(n))) }.map_err(d)?;
+        let hashes = self.stream.clone_dtoh(&leaves).map_err(d)?;
+        let leaves: Vec<[u8; 32]> = hashes
+            .chunks_exact(32)
+            .map(|h| {
+                let mut x = [0u8; 32];
+                x.copy_from_slice(h);
+                x
+            })
+            .collect();
+        let tree = Tree::new(leaves);
+        let root = tree.root();
+        let r = freivalds_vector(&ch.seed, &root, n);
+        let r_dev = self.stream.clone_htod(&r).map_err(d)?;
+        let mut y_dev = self.stream.alloc_zeros::<i64>(nu).map_err(d)?;
+        let mut y = self.stream.launch_builder(&self.dot);
+        y.arg(&c).arg(&r_dev).arg(&n).arg(&mut y_dev);
+        // SAFETY: row_dot(const int*, const long long*, unsigned int, long long*): C n×n
+        // int32, r and y n int64 each.
+        unsafe { y.launch(grid(u64::from(n))) }.map_err(d)?;
+        let y = self.stream.clone_dtoh(&y_dev).map_err(d)?;
+        let mut openings = Vec::new();
+        for i in rows_to_open(&ch.seed, &root, n, ch.params.k) {
+            let at = i as usize * nu;
+            let row = self.stream.clone_dtoh(&c.slice(at..at + nu)).map_err(d)?;
+            openings.push(Opening {
+                index: i,
+                row,
+                path: tree.path(i as usize).unwrap_or_default(),
+            });
+        }
+        Ok(Proof { root, y, openings })
+    }
+}
+
+impl Backend for Cuda {
+    fn name(&self) -> String {
+        format!("cuda: {}", self.name)
+    }
+
+    fn prove(&self, ch: &Challenge) -> Result<(Proof, f64), PowError> {
+        ch.params.check()?;
+        let inner = self
+            .inner
+            .lock()
+            .map_err(|_| PowError::Shape("the CUDA backend failed earlier".into()))?;
+        let t = Instant::now();
+        let p = inner
+            .prove(ch)
+            .map_err(|e| PowError::Shape(format!("on the GPU: {e}")))?;
+        Ok((p, t.elapsed().as_secs_f64() * 1e3))
+    }
+}
