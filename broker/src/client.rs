@@ -4,7 +4,8 @@
 
 use cgx_protocol::broker::{
     HeartbeatAnswer, JobSpec, JobView, MeteringAnswer, MeteringPost, NodeView, NonceResponse,
-    PowAccepted, PowPost, Registered, Registration, ReportAnswer, ReportPost, routes,
+    PowAccepted, PowCommit, PowOpening, PowPost, Registered, Registration, ReportAnswer,
+    ReportPost, routes,
 };
 use serde::de::DeserializeOwned;
 
@@ -211,9 +212,19 @@ impl BrokerClient {
         )
     }
 
-    /// Answer a proof-of-work challenge: the receipt (`cgx_protocol::broker::PowReceipt`
-    /// under the node key) and the proof's bytes (`cgx_pow::wire`).
-    pub fn pow(
+    /// Commit to a proof-of-work challenge: the receipt (`cgx_protocol::broker::PowReceipt`
+    /// under the node key) naming the root. The answer carries the opening.
+    pub fn pow_commit(&self, node_id: &str, challenge: &str, receipt: &str) -> Result<PowOpening> {
+        let body = serde_json::to_vec(&PowCommit {
+            receipt: receipt.to_string(),
+        })
+        .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let path = routes::with_id(routes::POW, node_id).replace("{challenge}", challenge);
+        self.call("POST", &path, Some(body), None)
+    }
+
+    /// Send the proof the opening asked for: its receipt and bytes (`cgx_pow::wire`).
+    pub fn pow_proof(
         &self,
         node_id: &str,
         challenge: &str,
@@ -226,7 +237,7 @@ impl BrokerClient {
             proof: base64::engine::general_purpose::STANDARD.encode(proof),
         })
         .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let path = routes::with_id(routes::POW, node_id).replace("{challenge}", challenge);
+        let path = routes::with_id(routes::POW_PROOF, node_id).replace("{challenge}", challenge);
         self.call("POST", &path, Some(body), None)
     }
 

@@ -440,7 +440,7 @@ fn run(
         );
     }
     println!(
-        "[broker] node-1 proved its {} leased GPUs: a challenge each (Philox int8 matrices, their int32 product, rows committed in a Merkle tree, {} rows opened, y = A·(B·r) checked), bound to the lease, window and node key",
+        "[broker] node-1 proved its {} leased GPUs: a challenge each (Philox int8 matrices bound to the lease, window and node key; their int32 product's rows committed in a Merkle tree; then {} rows opened where the broker's opening, drawn after the commitment, says, and 16 cells of each recomputed)",
         running.gpus.len(),
         b.config.pow.fixed.map_or(0, |f| f.k)
     );

@@ -120,7 +120,7 @@ pub fn broker_setup(
         metering_window_secs: 2,
         pow: cgx_broker::server::config::PowConfig {
             interval_secs: 30,
-            verify_one_in: 1,
+            misses_allowed: 2,
             fixed: Some(cgx_broker::server::config::PowFixed {
                 n: 256,
                 k: 66,

@@ -238,11 +238,11 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
     });
     let backend: Arc<dyn cgx_pow::Backend> = match opts.pow_cheat {
         Some(percent) if machine.simulated() => Arc::new(cgx_pow::backend::SkipRows {
-            threads: opts.threads,
+            threads: opts.threads.max(1),
             percent,
         }),
         _ => Arc::new(cgx_pow::backend::Cpu {
-            threads: opts.threads,
+            threads: opts.threads.max(1),
         }),
     };
     // A confidential machine proves on its GPUs: GPU i of a lease is CUDA device i (NVML's
@@ -270,6 +270,17 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
     });
     let signer =
         cgx_protocol::signed::Signer::from_pkcs8(&node_pkcs8).map_err(|e| e.to_string())?;
+    // The largest challenge this node proves: its GPUs' class's, or on a simulated node's CPU
+    // n = 1024 (a second of two cores at most).
+    let max_n = if machine.simulated() {
+        1024
+    } else {
+        machine
+            .gpus()
+            .ok()
+            .and_then(|g| g.first().and_then(|g| cgx_pow::class::class(&g.model)))
+            .map_or(0, |c| c.params.n)
+    };
     let mut meters: HashMap<String, crate::meter::Meter> = HashMap::new();
     let (tx, rx) = mpsc::channel::<SetupDone>();
     let started = Instant::now();
@@ -413,8 +424,8 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                     Ok(a) => {
                         let a = verified(a, &opts.broker_key, &id, &thumbprint, unix_now());
                         // Only challenges for this node's verified leases and their GPUs,
-                        // of a size the proof accepts: a host cannot make it prove for
-                        // anything else.
+                        // of the size its GPUs' class sets (a simulated node's CPU: small
+                        // ones): a host cannot make it prove for anything else.
                         let wanted: Vec<_> = a
                             .challenges
                             .iter()
@@ -422,7 +433,7 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                                 a.leases
                                     .iter()
                                     .any(|g| g.lease_id == c.lease && g.gpus.contains(&c.gpu))
-                                    && cgx_pow::Params { n: c.n, k: c.k }.check().is_ok()
+                                    && size_ok(c, max_n)
                             })
                             .cloned()
                             .collect();
@@ -526,6 +537,14 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             },
         }
     }
+}
+
+/// A challenge of a size this node proves: the proof's rules, n at most `max_n`, k at most
+/// twice the classes' (the broker's soundness needs no more).
+fn size_ok(c: &cgx_protocol::broker::PowChallenge, max_n: u32) -> bool {
+    cgx_pow::Params { n: c.n, k: c.k }.check().is_ok()
+        && c.n <= max_n
+        && c.k <= 2 * cgx_pow::class::K
 }
 
 /// The wall clock, Unix seconds.

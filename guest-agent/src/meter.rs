@@ -1,8 +1,8 @@
 //! Metering: one record per lease per window (`cgx_protocol::metering`), signed by the node
 //! key, chained by the hash of the one before. A window's record is sent when the window
 //! closes, with each GPU's usage sampled then (NVML; simulated under `--sim`) and the window's
-//! proof-of-work answer if one fell in it; a record the broker did not take is sent again,
-//! the same bytes, until its token lapses.
+//! proof-of-work answer if one fell in it. A record is made once: one the broker did not take
+//! is sent again, the same bytes while its token lives, then the same record signed anew.
 
 use cgx_broker::client::{BrokerClient, ClientError};
 use cgx_protocol::broker::LeaseGrant;
@@ -26,8 +26,10 @@ pub struct Meter {
     gpus: Vec<u32>,
     seq: u64,
     prev: String,
-    /// The signed record of `seq`, kept for retries (the same bytes each time).
-    pending: Option<String>,
+    /// The record of `seq`, made once (its usage sampled, its proof answer taken), and its
+    /// token while that lives: retries send the same bytes, then the same record re-signed.
+    pending: Option<MeteringRecord>,
+    token: Option<(String, i64)>,
     next_try: i64,
     /// The volatile ECC totals last read, per GPU: records carry the window's increase.
     ecc: std::collections::HashMap<u32, (u64, u64)>,
@@ -45,6 +47,7 @@ impl Meter {
             seq: 0,
             prev: genesis(&g.lease_id),
             pending: None,
+            token: None,
             next_try: 0,
             ecc: Default::default(),
         })
@@ -99,11 +102,11 @@ impl Meter {
         if !self.due(now) {
             return;
         }
-        let token = match self.pending.take() {
-            Some(t) => t,
+        let record = match self.pending.take() {
+            Some(r) => r,
             None => {
                 let start = self.window_start(self.seq);
-                let r = MeteringRecord {
+                MeteringRecord {
                     sub: node_id.to_string(),
                     lease: self.lease.clone(),
                     seq: self.seq,
@@ -113,30 +116,40 @@ impl Meter {
                     pow: pow(self.seq),
                     workload,
                     prev: self.prev.clone(),
-                };
-                let end = start + i64::from(self.window_secs);
-                match signer.sign(&r, end.max(now.min(end + 60)), now + METERING_TTL_SECS) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        log(format_args!("lease {}: metering record: {e}", self.lease));
-                        self.next_try = now + RETRY_SECS;
-                        return;
-                    }
                 }
             }
+        };
+        let token = match self.token.take() {
+            // Still alive for a minute: the same bytes again.
+            Some((t, exp)) if exp > now + 60 => t,
+            _ => match signer.sign(&record, now, now + METERING_TTL_SECS) {
+                Ok(t) => t,
+                Err(e) => {
+                    log(format_args!("lease {}: metering record: {e}", self.lease));
+                    self.pending = Some(record);
+                    self.next_try = now + RETRY_SECS;
+                    return;
+                }
+            },
         };
         match client.metering(node_id, &token) {
             Ok(a) => {
                 self.prev = a.hash;
                 self.seq += 1;
             }
-            // Accepted before (an answer lost on the way): the chain goes on from it.
+            // Accepted before (an answer lost on the way): the chain goes on from the record
+            // the broker holds — this one's, or an earlier signing of the same record.
             Err(ClientError::Refused {
                 status: 409,
                 detail,
                 ..
             }) if detail.contains(&format!("sequence {} already accepted", self.seq)) => {
-                self.prev = token_hash(&token);
+                let held = detail
+                    .rsplit("accepted as ")
+                    .next()
+                    .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .map(str::to_string);
+                self.prev = held.unwrap_or_else(|| token_hash(&token));
                 self.seq += 1;
             }
             Err(e) => {
@@ -144,11 +157,8 @@ impl Meter {
                     "lease {}: metering record {}: {e}",
                     self.lease, self.seq
                 ));
-                if matches!(e, ClientError::Transport { .. })
-                    || matches!(&e, ClientError::Refused { status, .. } if *status >= 500 || *status == 429)
-                {
-                    self.pending = Some(token);
-                }
+                self.pending = Some(record);
+                self.token = Some((token, now + METERING_TTL_SECS));
                 self.next_try = now + RETRY_SECS;
             }
         }

@@ -1,7 +1,10 @@
 //! The proof-of-work worker: challenges from heartbeat answers are proved one at a time on a
-//! thread of their own (the daemon's loop never waits on a product), each answered once with
-//! a receipt under the node key (`cgx_protocol::broker::PowReceipt`), and the root remembered
-//! for the metering record of the window it fell in.
+//! thread of their own (the daemon's loop never waits on a product). Each is committed to (the
+//! root, under a receipt signed by the node key: `cgx_protocol::broker::PowReceipt`), then
+//! opened where the broker's opening says; a request that does not reach the broker is tried
+//! again until its deadline. The root is remembered for the metering record of the window the
+//! challenge fell in. What the worker accepts is bounded (`offer`): a host that alters or
+//! invents challenges cannot make the VM burn its GPU on them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
@@ -18,6 +21,10 @@ use crate::daemon::log;
 /// Challenges remembered as seen (their ids), so a challenge the broker sends again until it
 /// is answered is proved once.
 const SEEN_MAX: usize = 4096;
+/// Challenges waiting for the worker at most (more are dropped: the broker sends them again).
+const QUEUE: usize = 64;
+/// How far ahead a challenge's deadline may be (ms): a later one is no broker's.
+const MAX_AHEAD_MS: i64 = 600_000;
 
 /// What a worker needs.
 pub struct ProverSetup {
@@ -38,8 +45,10 @@ impl std::fmt::Debug for ProverSetup {
 
 /// The daemon's handle on its worker.
 pub struct Prover {
-    tx: mpsc::Sender<PowChallenge>,
+    tx: mpsc::SyncSender<PowChallenge>,
     seen: HashSet<String>,
+    /// (lease, GPU) with a challenge queued or being proved: one at a time each.
+    busy: Arc<Mutex<HashSet<(String, u32)>>>,
     answers: Arc<Mutex<HashMap<(String, u64), PowAnswer>>>,
 }
 
@@ -51,13 +60,19 @@ impl std::fmt::Debug for Prover {
 
 impl Prover {
     pub fn start(setup: ProverSetup) -> Prover {
-        let (tx, rx) = mpsc::channel::<PowChallenge>();
+        let (tx, rx) = mpsc::sync_channel::<PowChallenge>(QUEUE);
         let answers = Arc::new(Mutex::new(HashMap::new()));
         let mine = answers.clone();
+        let busy = Arc::new(Mutex::new(HashSet::new()));
+        let done = busy.clone();
         log(format_args!("proof of work on {}", setup.backend.name()));
         std::thread::spawn(move || {
             while let Ok(c) = rx.recv() {
-                match prove_and_send(&setup, &c) {
+                let outcome = prove_and_send(&setup, &c);
+                if let Ok(mut b) = done.lock() {
+                    b.remove(&(c.lease.clone(), c.gpu));
+                }
+                match outcome {
                     Ok(root) => {
                         if let Ok(mut a) = mine.lock() {
                             // The window's record carries the first answer of its window.
@@ -77,18 +92,32 @@ impl Prover {
         Prover {
             tx,
             seen: HashSet::new(),
+            busy,
             answers,
         }
     }
 
-    /// Queue the challenges not seen before.
+    /// Queue the challenges not seen before, one per (lease, GPU) at a time, whose deadline
+    /// is in the next ten minutes (the daemon has already kept only its verified leases'
+    /// GPUs and sizes it accepts).
     pub fn offer(&mut self, challenges: &[PowChallenge]) {
+        let now_ms = crate::daemon::unix_now().saturating_mul(1000);
         for c in challenges {
+            if c.deadline_ms < now_ms || c.deadline_ms > now_ms + MAX_AHEAD_MS {
+                continue;
+            }
             if self.seen.len() >= SEEN_MAX {
                 self.seen.clear();
             }
-            if self.seen.insert(c.id.clone()) {
-                let _ = self.tx.send(c.clone());
+            if !self.seen.insert(c.id.clone()) {
+                continue;
+            }
+            let Ok(mut busy) = self.busy.lock() else {
+                return;
+            };
+            if busy.insert((c.lease.clone(), c.gpu)) && self.tx.try_send(c.clone()).is_err() {
+                busy.remove(&(c.lease.clone(), c.gpu));
+                self.seen.remove(&c.id);
             }
         }
     }
@@ -109,7 +138,29 @@ impl Prover {
     }
 }
 
-/// Prove `c` and send the answer: the root (hex) the broker accepted for its verdict.
+/// `call` until it succeeds, fails for a reason other than the network or the broker's load,
+/// or `deadline_ms` (Unix ms) passes.
+fn until<T>(
+    deadline_ms: i64,
+    mut call: impl FnMut() -> Result<T, cgx_broker::client::ClientError>,
+) -> Result<T, String> {
+    use cgx_broker::client::ClientError;
+    loop {
+        match call() {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                let again = matches!(e, ClientError::Transport { .. })
+                    || matches!(&e, ClientError::Refused { status, .. } if *status >= 500 || *status == 429);
+                if !again || crate::daemon::unix_now().saturating_mul(1000) + 250 > deadline_ms {
+                    return Err(e.to_string());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+        }
+    }
+}
+
+/// Prove `c`: commit, receive the opening, open. The root (hex) the broker took.
 fn prove_and_send(s: &ProverSetup, c: &PowChallenge) -> Result<String, String> {
     let now_ms = crate::daemon::unix_now().saturating_mul(1000);
     if now_ms > c.deadline_ms {
@@ -124,29 +175,48 @@ fn prove_and_send(s: &ProverSetup, c: &PowChallenge) -> Result<String, String> {
         params: Params { n: c.n, k: c.k },
     };
     let backend = s.backends.get(&c.gpu).unwrap_or(&s.backend);
-    let (proof, ms) = backend.prove(&ch).map_err(|e| e.to_string())?;
-    let bytes = cgx_pow::wire::encode(&proof);
-    let root = hex::encode(proof.root);
-    let receipt = PowReceipt {
+    let (held, ms) = backend.commit(&ch).map_err(|e| e.to_string())?;
+    let root = hex::encode(held.root());
+    let signer =
+        cgx_protocol::signed::Signer::from_pkcs8(&s.node_pkcs8).map_err(|e| e.to_string())?;
+    let mut receipt = PowReceipt {
         sub: s.node_id.clone(),
         challenge: c.id.clone(),
         root: root.clone(),
-        proof_sha256: hex::encode(
-            aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes).as_ref(),
-        ),
+        proof_sha256: String::new(),
         gpu_us: (ms * 1e3) as u64,
         backend: backend.name(),
     };
     let now = crate::daemon::unix_now();
-    let token = cgx_protocol::signed::Signer::from_pkcs8(&s.node_pkcs8)
-        .and_then(|k| k.sign(&receipt, now, now + 300))
+    let token = signer
+        .sign(&receipt, now, now + 300)
         .map_err(|e| e.to_string())?;
-    s.client
-        .pow(&s.node_id, &c.id, &token, &bytes)
-        .map_err(|e| format!("answer refused: {e}"))?;
+    let opening = until(c.deadline_ms, || {
+        s.client.pow_commit(&s.node_id, &c.id, &token)
+    })
+    .map_err(|e| format!("commitment refused: {e}"))?;
+    let o: [u8; 32] = hex::decode(&opening.opening)
+        .ok()
+        .and_then(|o| o.try_into().ok())
+        .ok_or("the broker's opening is not 32 bytes of hex")?;
+    let bytes = cgx_pow::wire::encode(&held.open(&o).map_err(|e| e.to_string())?);
+    receipt.proof_sha256 =
+        hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes).as_ref());
+    let now = crate::daemon::unix_now();
+    let token = signer
+        .sign(&receipt, now, now + 300)
+        .map_err(|e| e.to_string())?;
+    until(opening.deadline_ms, || {
+        s.client.pow_proof(&s.node_id, &c.id, &token, &bytes)
+    })
+    .map_err(|e| format!("proof refused: {e}"))?;
     log(format_args!(
-        "challenge {} (lease {}, GPU {}, n = {}): proved in {ms:.1} ms, answered",
-        c.id, c.lease, c.gpu, c.n
+        "challenge {} (lease {}, GPU {}, n = {}): committed after {ms:.1} ms on {}, opened, answered",
+        c.id,
+        c.lease,
+        c.gpu,
+        c.n,
+        backend.name()
     ));
     Ok(root)
 }

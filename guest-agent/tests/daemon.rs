@@ -540,7 +540,7 @@ fn proofs_and_metering_through_a_broker_restart_and_a_killed_node() {
         n.proofs.iter().find(|p| p.state == "passed").cloned()
     });
     assert_eq!(proved.lease, running.lease_id.clone().unwrap());
-    assert!(first.log().contains("proved in"), "{}", first.log());
+    assert!(first.log().contains("opened, answered"), "{}", first.log());
     wait(20, "two windows metered", || {
         tenant.job(&j.id).ok().filter(|v| v.metered_windows >= 2)
     });
@@ -589,7 +589,11 @@ fn proofs_and_metering_through_a_broker_restart_and_a_killed_node() {
             .ok()
             .filter(|v| v.metered_windows >= 1 && v.lease_id == moved.lease_id)
     });
-    assert!(second.log().contains("proved in"), "{}", second.log());
+    assert!(
+        second.log().contains("opened, answered"),
+        "{}",
+        second.log()
+    );
 }
 
 /// A machine that answers with its own CPU report but another machine's GPUs (a host that

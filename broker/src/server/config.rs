@@ -22,7 +22,7 @@
 //! reference_values = "reference-values.json"
 //! [pow]                                    # proof-of-work schedule (cgx_pow::class)
 //! interval_secs = 600
-//! verify_one_in = 16
+//! misses_allowed = 2
 //! allowance_ms = 5000
 //! penalty_secs = 86400
 //! # fixed = { n = 256, k = 66, expected_ms = 2000 }   # simulated nodes (CPU)
@@ -153,13 +153,11 @@ pub struct PowConfig {
     /// One challenge per leased GPU this often (seconds; default 600; 0: none).
     #[serde(default = "default_pow_interval")]
     pub interval_secs: i64,
-    /// The product check (y = A·(B·r), the costly part) on one answer in this many, drawn by
-    /// the broker after the answer has arrived, so a node cannot know which (default 16; 1:
-    /// every answer). The commitment check runs on every answer. A node that forges its
-    /// product on every answer survives a day of challenges every 600 s with probability
-    /// (15/16)¹⁴⁴ < 10⁻⁴ at the default.
-    #[serde(default = "default_verify_one_in")]
-    pub verify_one_in: u32,
+    /// Misses (a deadline passed, or a GPU slower than its class) a node may have in a row
+    /// before it is marked unplaceable (default 2: the third in a row marks it). A wrong proof
+    /// marks it at once.
+    #[serde(default = "default_misses_allowed")]
+    pub misses_allowed: u32,
     /// What the wall-clock deadline allows beyond the GPU's (ms; default 5000).
     #[serde(default = "default_allowance")]
     pub allowance_ms: u64,
@@ -185,7 +183,7 @@ impl Default for PowConfig {
     fn default() -> Self {
         PowConfig {
             interval_secs: default_pow_interval(),
-            verify_one_in: default_verify_one_in(),
+            misses_allowed: default_misses_allowed(),
             allowance_ms: default_allowance(),
             penalty_secs: default_penalty(),
             fixed: None,
@@ -199,8 +197,8 @@ fn default_window() -> u32 {
 fn default_pow_interval() -> i64 {
     600
 }
-fn default_verify_one_in() -> u32 {
-    16
+fn default_misses_allowed() -> u32 {
+    2
 }
 fn default_allowance() -> u64 {
     cgx_pow::class::ALLOWANCE_MS
@@ -335,12 +333,12 @@ impl BrokerConfig {
         }
         let p = &self.pow;
         if !(0..=86_400).contains(&p.interval_secs)
-            || !(1..=1_000_000).contains(&p.verify_one_in)
+            || p.misses_allowed > 100
             || p.allowance_ms > 600_000
             || !(0..=30 * 86_400).contains(&p.penalty_secs)
         {
             return bad(
-                "[pow]: interval_secs 0 to 86400, verify_one_in 1 to 1000000, allowance_ms at most 600000, penalty_secs 0 to 2592000",
+                "[pow]: interval_secs 0 to 86400, misses_allowed at most 100, allowance_ms at most 600000, penalty_secs 0 to 2592000",
             );
         }
         if let Some(f) = p.fixed {

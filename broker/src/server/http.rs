@@ -9,7 +9,8 @@
 //! | `POST /v1/nodes/{id}/heartbeat` | the node (bearer: heartbeat JWS) | liveness; renewed leases |
 //! | `POST /v1/nodes/{id}/reports` | the node (body: workload report JWS) | the workload started, completed or failed: the job follows |
 //! | `POST /v1/nodes/{id}/metering` | the node (body: metering record JWS) | a lease's next window, accepted once |
-//! | `POST /v1/nodes/{id}/pow/{challenge}` | the node (body: receipt JWS + proof) | a proof-of-work answer, judged off the request path |
+//! | `POST /v1/nodes/{id}/pow/{challenge}` | the node (body: receipt JWS) | a proof-of-work commitment (the root); answered with the opening |
+//! | `POST /v1/nodes/{id}/pow/{challenge}/proof` | the node (body: receipt JWS + proof) | the opened rows, judged off the request path |
 //! | `GET /v1/nodes`, `GET /v1/nodes/{id}` | operator (own), auditor | registry, why (not) placeable |
 //! | `POST /v1/nodes/{id}/reattest` | operator (own), auditor | ask for re-attestation now |
 //! | `POST /v1/jobs` | tenant | submit |
@@ -31,8 +32,8 @@ use cgx_protocol::audit::AuditEvent;
 use cgx_protocol::broker::{
     AuditTrail, CpuEvidence, GpuEvidence, HeartbeatAnswer, JobEvent, JobList, JobSpec, JobState,
     JobView, LeaseGrant, MeteringAnswer, MeteringPost, NodeList, NodeView, NonceResponse, Offer,
-    PowAccepted, PowPost, ReferenceValuesPut, ReferenceValuesView, Registered, Registration,
-    ReportAnswer, ReportPost, Workload, WorkloadWeights, routes,
+    PowAccepted, PowCommit, PowOpening, PowPost, ReferenceValuesPut, ReferenceValuesView,
+    Registered, Registration, ReportAnswer, ReportPost, Workload, WorkloadWeights, routes,
 };
 use cgx_protocol::money::Micros;
 use cgx_protocol::records::{TeeKind, Tier};
@@ -131,7 +132,8 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
         .routes(limited(routes!(heartbeat), SMALL_BODY))
         .routes(limited(routes!(report), SMALL_BODY))
         .routes(limited(routes!(metering), SMALL_BODY))
-        .routes(limited(routes!(pow), POW_BODY))
+        .routes(limited(routes!(pow_commit), SMALL_BODY))
+        .routes(limited(routes!(pow_proof), POW_BODY))
         .routes(limited(routes!(reattest), SMALL_BODY))
         .routes(limited(routes!(submit), JOB_BODY))
         .routes(limited(routes!(jobs), SMALL_BODY))
@@ -288,16 +290,17 @@ async fn metering(
     Ok(Json(b.metering(&id, post.record.trim()).await?).into_response())
 }
 
-/// A node's answer to a proof-of-work challenge: its receipt under the node's attested key and
-/// the proof. Stored for a verdict given off the request path (`cgx node show` tells it).
+/// A node's commitment to a proof-of-work challenge: its receipt under the node's attested
+/// key, naming the root of its product's rows. Answered with the opening (which cells the
+/// proof must open), drawn only now.
 #[utoipa::path(post, path = routes::POW, tag = "nodes",
     params(
         ("id" = String, Path, description = "the node's id"),
         ("challenge" = String, Path, description = "the challenge's id"),
     ),
-    request_body = PowPost,
+    request_body = PowCommit,
     responses(
-        (status = 202, description = "the answer stored for its verdict", body = PowAccepted),
+        (status = 200, description = "the commitment stored; the opening", body = PowOpening),
         (status = 400, response = Problem),
         (status = 401, response = Problem),
         (status = 404, response = Problem),
@@ -305,14 +308,42 @@ async fn metering(
         (status = 413, response = Problem),
         (status = 422, response = Problem),
     ))]
-async fn pow(
+async fn pow_commit(
     State(b): Shared,
     Path((id, challenge)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, BrokerError> {
     check_id(&id)?;
     check_id(&challenge)?;
-    let post: PowPost = json_body(&body, "proof-of-work answer")?;
+    let post: PowCommit = json_body(&body, "proof-of-work commitment")?;
+    Ok(Json(b.pow_commit(&id, &challenge, &post).await?).into_response())
+}
+
+/// A node's proof for its commitment: the rows the opening selects, and a receipt naming
+/// their digest. Stored for a verdict given off the request path (`cgx node show` tells it).
+#[utoipa::path(post, path = routes::POW_PROOF, tag = "nodes",
+    params(
+        ("id" = String, Path, description = "the node's id"),
+        ("challenge" = String, Path, description = "the challenge's id"),
+    ),
+    request_body = PowPost,
+    responses(
+        (status = 202, description = "the proof stored for its verdict", body = PowAccepted),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 404, response = Problem),
+        (status = 409, response = Problem),
+        (status = 413, response = Problem),
+        (status = 422, response = Problem),
+    ))]
+async fn pow_proof(
+    State(b): Shared,
+    Path((id, challenge)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, BrokerError> {
+    check_id(&id)?;
+    check_id(&challenge)?;
+    let post: PowPost = json_body(&body, "proof-of-work proof")?;
     let a = b.pow_answer(&id, &challenge, &post).await?;
     Ok((axum::http::StatusCode::ACCEPTED, Json(a)).into_response())
 }

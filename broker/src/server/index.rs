@@ -192,6 +192,9 @@ fn shelf_of(p: &Part) -> (Shelf, usize) {
 /// The index. Not thread-safe by itself: the service keeps it behind a lock.
 #[derive(Debug)]
 pub struct Index {
+    /// GPUs (serials) whose proof of work failed: when, and why. A node offering one is not
+    /// placeable until the penalty ends, whatever its id (a new registration is a new id).
+    gpu_penalties: HashMap<String, (i64, String)>,
     freshness: Freshness,
     nodes: HashMap<String, Entry>,
     operators: HashMap<String, i64>,
@@ -260,6 +263,7 @@ impl Index {
             gpu_owner: HashMap::new(),
             newest: HashMap::new(),
             held: HashMap::new(),
+            gpu_penalties: HashMap::new(),
         }
     }
 
@@ -530,6 +534,17 @@ impl Index {
         }
     }
 
+    /// GPU `serial`'s last failed proof (a later one replaces an earlier).
+    pub fn set_gpu_penalty(&mut self, serial: &str, at: i64, reason: &str) {
+        let e = self
+            .gpu_penalties
+            .entry(serial.to_string())
+            .or_insert((at, reason.to_string()));
+        if at >= e.0 {
+            *e = (at, reason.to_string());
+        }
+    }
+
     /// Node `id`'s last failed proof (`at` 0: none).
     pub fn set_pow_failure(&mut self, id: &str, at: i64, reason: &str) {
         if let Some(e) = self.nodes.get_mut(id) {
@@ -610,6 +625,20 @@ impl Index {
                     until,
                     reason: reason.clone(),
                 });
+            }
+        }
+        if !self.gpu_penalties.is_empty() {
+            for serial in serials(r) {
+                if let Some((at, reason)) = self.gpu_penalties.get(&serial) {
+                    let until = at.saturating_add(self.freshness.pow_penalty_secs);
+                    if now < until {
+                        return Err(Unplaceable::ProofFailed {
+                            at: *at,
+                            until,
+                            reason: format!("GPU {serial}: {reason}"),
+                        });
+                    }
+                }
             }
         }
         let until = self.fresh_until(r);

@@ -35,6 +35,8 @@ pub(crate) struct Keys {
     pub public: [u8; 32],
     nonce_mac: aws_lc_rs::hmac::Key,
     job_mac: aws_lc_rs::hmac::Key,
+    /// Proof-of-work challenges: their nonces, seals and openings (`pow.rs`).
+    pow_mac: aws_lc_rs::hmac::Key,
 }
 
 /// A registration nonce: 16 random bytes ‖ expiry (u64 BE) ‖ 16 bytes of
@@ -79,7 +81,28 @@ fn job_message(id: &str, tenant: &str, spec: &str, created_at: i64) -> Vec<u8> {
     m
 }
 
+/// Length-prefixed parts under a label: no two different part lists share a message.
+fn framed(label: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(256);
+    for part in std::iter::once(label).chain(parts.iter().copied()) {
+        m.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        m.extend_from_slice(part);
+    }
+    m
+}
+
 impl Keys {
+    /// A proof-of-work MAC over `parts` under `label`: a challenge's nonce (over its id), its
+    /// seal (over every field it is judged by) and its opening (over its id and the root the
+    /// node committed to) — unpredictable to a node, the same on every replica, and not
+    /// something a database writer can make.
+    pub(crate) fn pow_mac(&self, label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        let tag = aws_lc_rs::hmac::sign(&self.pow_mac, &framed(label, parts));
+        let mut out = [0u8; 32];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
+
     pub(crate) fn load(path: &Path) -> Result<Self, BrokerError> {
         let pkcs8 = std::fs::read(path)
             .map_err(|e| BrokerError::Config(format!("signing_key {}: {e}", path.display())))?;
@@ -100,11 +123,16 @@ impl Keys {
         m.extend_from_slice(&pkcs8);
         let k = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &m);
         let job_mac = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, k.as_ref());
+        let mut m = b"cgx/broker/pow/v1".to_vec();
+        m.extend_from_slice(&pkcs8);
+        let k = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &m);
+        let pow_mac = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, k.as_ref());
         Ok(Keys {
             signer,
             public,
             nonce_mac,
             job_mac,
+            pow_mac,
         })
     }
 

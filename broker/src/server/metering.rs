@@ -4,7 +4,7 @@
 //! and stores it; a refusal says why, is logged, and changes nothing.
 
 use cgx_protocol::broker::MeteringAnswer;
-use cgx_protocol::metering::{Chain, check, verify_record};
+use cgx_protocol::metering::{Chain, MeteringError, check, token_hash, verify_record};
 
 use super::Broker;
 use super::error::BrokerError;
@@ -57,8 +57,23 @@ impl Broker {
             .as_ref()
             .map(|(_, h)| h.clone())
             .unwrap_or_default();
-        let accepted =
-            check(&chain, r, token, now).map_err(|e| BrokerError::Conflict(e.to_string()))?;
+        let accepted = match check(&chain, r, token, now) {
+            Ok(a) => a,
+            // A record of a window already accepted: say which record was, so a node whose
+            // answer was lost goes on from the one the broker holds.
+            Err(e @ MeteringError::Duplicate { got, .. }) => {
+                let held = self
+                    .store
+                    .metering(&row.id)
+                    .await?
+                    .into_iter()
+                    .find(|(s, _)| *s == got)
+                    .map(|(_, t)| token_hash(&t))
+                    .unwrap_or_default();
+                return Err(BrokerError::Conflict(format!("{e}; accepted as {held}")));
+            }
+            Err(e) => return Err(BrokerError::Conflict(e.to_string())),
+        };
         let seq = accepted.record.seq;
         let write = MeteringWrite::Append {
             lease: row.id.clone(),
@@ -256,6 +271,20 @@ mod tests {
             let e = refused(h.broker.metering(&node_id, &token).await.unwrap_err());
             assert!(e.contains(why), "{why}: {e}");
         }
+        // A duplicate says which record the broker holds for that window: a node whose answer
+        // was lost goes on from it (the same record signed twice has two hashes).
+        let resigned = sign(
+            &record(&me.id, &lease, start, 2, &row.gpus, genesis("x")),
+            now,
+        );
+        let e = refused(h.broker.metering(&me.id, &resigned).await.unwrap_err());
+        assert!(
+            e.ends_with(&format!(
+                "accepted as {}",
+                cgx_protocol::metering::token_hash(&tokens[2])
+            )),
+            "{e}"
+        );
         assert_eq!(h.broker.store.metering(&lease).await.unwrap().len(), 3);
         // After a restart on the same database, the chain goes on from what was stored.
         h.restart().await;

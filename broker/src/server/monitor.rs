@@ -52,8 +52,15 @@ impl Broker {
             .store
             .allocations(Some(&ids), now - ttl, ttl, &self.keys.public)
             .await?;
+        let penalties = self
+            .store
+            .pow_penalties(now - self.config.pow.penalty_secs)
+            .await?;
         let mut max_ms = cursor;
         let mut idx = self.index();
+        for (serial, at, reason) in &penalties {
+            idx.set_gpu_penalty(serial, *at, reason);
+        }
         for (name, rep) in operators {
             idx.set_operator_reputation(&name, rep);
         }

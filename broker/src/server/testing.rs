@@ -153,10 +153,10 @@ impl Harness {
             max_in_flight_per_client: 64,
             metering_window_secs: 60,
             pow: super::config::PowConfig {
-                verify_one_in: 1,
+                misses_allowed: 0,
                 fixed: Some(super::config::PowFixed {
                     n: 64,
-                    k: 16,
+                    k: 64,
                     expected_ms: 2_000,
                 }),
                 ..Default::default()
@@ -342,6 +342,19 @@ pub struct SimNode {
 }
 
 impl SimNode {
+    /// The same machine (its AMD-SP, its GPUs) after its agent restarted: new node and TEE
+    /// keys, so a new node id.
+    pub fn restarted(self) -> SimNode {
+        let node_key = ed25519();
+        SimNode {
+            id: cgx_protocol::broker::node_id(&raw_public(&node_key)),
+            node_key,
+            tee: TeeKey::generate_ec(Curve::P256).unwrap(),
+            seq: AtomicU64::new(0),
+            ..self
+        }
+    }
+
     /// A registration for `nonce` whose evidence binds this node's keys.
     pub fn registration(&self, nonce: &str) -> Registration {
         let raw = cgx_protocol::broker::unb64(nonce).unwrap();

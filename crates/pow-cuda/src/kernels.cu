@@ -121,13 +121,3 @@ extern "C" __global__ void row_leaves(const int *c, unsigned int n, unsigned cha
   for (int i = 0; i < 8; i++)
     for (int b = 0; b < 4; b++) leaves[(unsigned long long)row * 32 + i * 4 + b] = (unsigned char)(h[i] >> (24 - 8 * b));
 }
-
-// y = C·r, one thread per row, exact in 64 bits (|Cᵢⱼ| < 2²⁸ for n ≤ 2¹⁴, |rⱼ| ≤ 2²⁰).
-extern "C" __global__ void row_dot(const int *c, const long long *r, unsigned int n, long long *y) {
-  unsigned int row = blockIdx.x * blockDim.x + threadIdx.x;
-  if (row >= n) return;
-  const int *v = c + (unsigned long long)row * n;
-  long long acc = 0;
-  for (unsigned int j = 0; j < n; j++) acc += (long long)v[j] * r[j];
-  y[row] = acc;
-}

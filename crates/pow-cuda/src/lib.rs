@@ -1,6 +1,6 @@
-//! The proof-of-work's CUDA backend (issue 31, item 3): generation, the product, the row
-//! hashes and y = C·r stay on the device; the leaf hashes (32 bytes a row), y and the opened
-//! rows come back. Built for CUDA 12.8 with `cudarc`'s dynamic loading: libcuda, NVRTC and
+//! The proof-of-work's CUDA backend (issue 31, item 3): generation, the product and the row
+//! hashes stay on the device; the leaf hashes (32 bytes a row) and the opened rows come
+//! back, and C stays on the device between the commitment and the opening. Built for CUDA 12.8 with `cudarc`'s dynamic loading: libcuda, NVRTC and
 //! cuBLAS are looked up when [`Cuda::open`] runs, so the workspace builds and tests without
 //! CUDA, and a host without a GPU gets an error, not a crash.
 //!
@@ -9,8 +9,8 @@
 //! - **Product**: cuBLAS `cublasGemmEx`, int8 inputs, int32 output, `CUBLAS_COMPUTE_32I`
 //!   (tensor cores on Hopper). Row-major A·B is column-major Bᵀ·Aᵀ, so the call passes B
 //!   then A with every leading dimension n.
-//! - **Hashing**: `row_leaves`, one thread per row, SHA-256 of 0x00 ‖ the row's bytes.
-//! - **y**: `row_dot`, one thread per row, after the host derived r from the root.
+//! - **Hashing**: `row_leaves`, one thread per row, SHA-256 of 0x00 ‖ the row's bytes; the
+//!   tree over the leaves is built on the host (n hashes).
 //!
 //! The kernels' C++ is checked on the CPU against the Rust code by `tests/kernels.rs`
 //! wherever a C++ compiler is present; the GPU path itself against the CPU backend by
@@ -23,10 +23,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use cgx_pow::backend::Held;
 use cgx_pow::challenge::{Challenge, Matrix};
-use cgx_pow::proof::{Opening, Proof, freivalds_vector, rows_to_open};
+use cgx_pow::proof::{Committed, Proof};
 use cgx_pow::{Backend, PowError};
-use cgx_protocol::merkle::Tree;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
@@ -60,7 +60,6 @@ struct Inner {
     blas: cudarc::cublas::CudaBlas,
     fill: CudaFunction,
     leaves: CudaFunction,
-    dot: CudaFunction,
 }
 
 /// One GPU's backend.
@@ -107,7 +106,6 @@ impl Cuda {
             inner: Mutex::new(Inner {
                 fill: module.load_function("philox_fill").map_err(d)?,
                 leaves: module.load_function("row_leaves").map_err(d)?,
-                dot: module.load_function("row_dot").map_err(d)?,
                 stream,
                 blas,
             }),
@@ -153,7 +151,7 @@ impl Inner {
         Ok(out)
     }
 
-    fn prove(&self, ch: &Challenge) -> Result<Proof, CudaError> {
+    fn commit(&self, ch: &Challenge) -> Result<OnDevice, CudaError> {
         let n = ch.params.n;
         let nu = n as usize;
         let a = self.generate(&ch.seed, Matrix::A, n)?;
@@ -208,28 +206,36 @@ impl Inner {
                 x
             })
             .collect();
-        let tree = Tree::new(leaves);
-        let root = tree.root();
-        let r = freivalds_vector(&ch.seed, &root, n);
-        let r_dev = self.stream.clone_htod(&r).map_err(d)?;
-        let mut y_dev = self.stream.alloc_zeros::<i64>(nu).map_err(d)?;
-        let mut y = self.stream.launch_builder(&self.dot);
-        y.arg(&c).arg(&r_dev).arg(&n).arg(&mut y_dev);
-        // SAFETY: row_dot(const int*, const long long*, unsigned int, long long*): C n×n
-        // int32, r and y n int64 each.
-        unsafe { y.launch(grid(u64::from(n))) }.map_err(d)?;
-        let y = self.stream.clone_dtoh(&y_dev).map_err(d)?;
-        let mut openings = Vec::new();
-        for i in rows_to_open(&ch.seed, &root, n, ch.params.k) {
-            let at = i as usize * nu;
-            let row = self.stream.clone_dtoh(&c.slice(at..at + nu)).map_err(d)?;
-            openings.push(Opening {
-                index: i,
-                row,
-                path: tree.path(i as usize).unwrap_or_default(),
-            });
-        }
-        Ok(Proof { root, y, openings })
+        let committed = Committed::new(ch, leaves).map_err(|e| CudaError::Driver(e.to_string()))?;
+        self.stream.synchronize().map_err(d)?;
+        Ok(OnDevice {
+            stream: self.stream.clone(),
+            c,
+            committed,
+        })
+    }
+}
+
+/// C on the device and the commitment to its rows, until the opening.
+struct OnDevice {
+    stream: Arc<CudaStream>,
+    c: CudaSlice<i32>,
+    committed: Committed,
+}
+
+impl Held for OnDevice {
+    fn root(&self) -> cgx_protocol::merkle::Hash {
+        self.committed.root()
+    }
+
+    fn open(&self, opening: &[u8; 32]) -> Result<Proof, PowError> {
+        let n = self.committed.n as usize;
+        self.committed.open(opening, |i| {
+            let at = i as usize * n;
+            self.stream
+                .clone_dtoh(&self.c.slice(at..at + n))
+                .map_err(|e| PowError::Shape(format!("on the GPU: {e}")))
+        })
     }
 }
 
@@ -238,16 +244,16 @@ impl Backend for Cuda {
         format!("cuda: {}", self.name)
     }
 
-    fn prove(&self, ch: &Challenge) -> Result<(Proof, f64), PowError> {
+    fn commit(&self, ch: &Challenge) -> Result<(Box<dyn Held>, f64), PowError> {
         ch.params.check()?;
         let inner = self
             .inner
             .lock()
             .map_err(|_| PowError::Shape("the CUDA backend failed earlier".into()))?;
         let t = Instant::now();
-        let p = inner
-            .prove(ch)
+        let held = inner
+            .commit(ch)
             .map_err(|e| PowError::Shape(format!("on the GPU: {e}")))?;
-        Ok((p, t.elapsed().as_secs_f64() * 1e3))
+        Ok((Box::new(held), t.elapsed().as_secs_f64() * 1e3))
     }
 }

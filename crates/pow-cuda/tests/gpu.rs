@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use cgx_pow::Backend;
-use cgx_pow::backend::Cpu;
+use cgx_pow::backend::{Cpu, prove};
 use cgx_pow::challenge::{Challenge, Params, seed};
 use cgx_pow::proof::Verifier;
 
@@ -27,10 +27,14 @@ fn the_gpu_proves_what_the_cpu_proves() {
             seed: seed(b"nonce", "lease", 1, b"node key", 0),
             params: Params { n, k: 66 },
         };
-        let (on_gpu, ms) = gpu.prove(&ch).unwrap();
-        let (on_cpu, _) = Cpu { threads: 2 }.prove(&ch).unwrap();
+        let opening = [7u8; 32];
+        let (on_gpu, ms) = prove(&gpu, &ch, &opening).unwrap();
+        let (on_cpu, _) = prove(&Cpu { threads: 2 }, &ch, &opening).unwrap();
         assert_eq!(on_gpu, on_cpu, "n = {n}");
-        Verifier::new(ch).unwrap().verify(&on_gpu).unwrap();
+        Verifier::new(ch)
+            .unwrap()
+            .verify(&on_cpu.root, &opening, &on_gpu)
+            .unwrap();
         eprintln!("{}: n = {n} proved in {ms:.2} ms", gpu.name());
     }
 }

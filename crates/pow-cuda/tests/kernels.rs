@@ -1,7 +1,6 @@
 //! The device code on the CPU: kernels.cu compiled by the host's C++ compiler with a shim that
 //! runs each kernel's threads in a loop, checked byte for byte against the Rust CPU backend —
-//! Philox generation against `cgx_pow::challenge`, the row leaves against `cgx_pow::cpu`, y
-//! against the definition. So what the GPU runs is tested on every machine with a C++
+//! Philox generation against `cgx_pow::challenge`, the row leaves against `cgx_pow::cpu`. So what the GPU runs is tested on every machine with a C++
 //! compiler, GPU or not (skipped, visibly, without one).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -55,13 +54,6 @@ int main(int argc, char **argv) {
     std::vector<unsigned char> out(32 * n);
     launch(n, [&] { row_leaves((const int *)in.data(), n, out.data()); });
     fwrite(out.data(), 1, out.size(), stdout);
-  } else if (!strcmp(argv[1], "dot")) {
-    std::vector<unsigned char> in = read_all();
-    std::vector<long long> y(n);
-    const int *c = (const int *)in.data();
-    const long long *r = (const long long *)(in.data() + 4ull * n * n);
-    launch(n, [&] { row_dot(c, r, n, y.data()); });
-    fwrite(y.data(), 8, n, stdout);
   }
   return 0;
 }
@@ -148,21 +140,6 @@ fn the_kernels_compute_the_cpu_backends_bytes() {
         let got = run(&exe, &["leaves".into(), n.to_string()], &bytes);
         let want: Vec<u8> = cgx_pow::cpu::leaves(&c, n as usize, 1).concat();
         assert_eq!(got, want, "leaves n = {n}");
-        let r = cgx_pow::proof::freivalds_vector(&s, &[7u8; 32], n);
-        let mut input = bytes.clone();
-        input.extend(r.iter().flat_map(|v| v.to_le_bytes()));
-        let got = run(&exe, &["dot".into(), n.to_string()], &input);
-        let want: Vec<u8> = c
-            .chunks(n as usize)
-            .map(|row| {
-                row.iter()
-                    .zip(&r)
-                    .map(|(&x, &y)| i64::from(x) * y)
-                    .sum::<i64>()
-            })
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        assert_eq!(got, want, "y n = {n}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

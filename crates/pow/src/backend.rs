@@ -1,16 +1,59 @@
 //! Who computes a challenge: the CPU here, the GPU in the agent's CUDA backend. A backend
-//! takes a challenge and returns its proof; the proof's bytes do not depend on which one ran.
+//! commits (computes the product and the root of its rows, and keeps the rows), then opens
+//! what the verifier's opening selects; the bytes do not depend on which backend ran.
+
+use cgx_protocol::merkle::Hash;
 
 use crate::PowError;
 use crate::challenge::{Challenge, Matrix, matrix};
-use crate::proof::{Proof, prove};
+use crate::proof::{Committed, Proof};
+
+/// A commitment and the rows behind it, kept until the opening arrives.
+pub trait Held: Send {
+    fn root(&self) -> Hash;
+    /// The proof for the verifier's `opening`.
+    fn open(&self, opening: &[u8; 32]) -> Result<Proof, PowError>;
+}
 
 /// A prover of challenges.
 pub trait Backend: Send + Sync {
     /// What it runs on, for logs and benchmarks (`cpu (2 threads)`, `cuda: NVIDIA H100 …`).
     fn name(&self) -> String;
-    /// The proof of `ch`, and the time the work took on the device (ms): what the agent signs.
-    fn prove(&self, ch: &Challenge) -> Result<(Proof, f64), PowError>;
+    /// Compute `ch`'s product and commit to its rows: what is held for the opening, and the
+    /// time the work took on the device (ms) — what the agent signs.
+    fn commit(&self, ch: &Challenge) -> Result<(Box<dyn Held>, f64), PowError>;
+}
+
+/// Commit and open at once (tests, benchmarks).
+pub fn prove(
+    b: &dyn Backend,
+    ch: &Challenge,
+    opening: &[u8; 32],
+) -> Result<(Proof, f64), PowError> {
+    let (held, ms) = b.commit(ch)?;
+    Ok((held.open(opening)?, ms))
+}
+
+/// The rows of C in memory, and their commitment.
+struct InMemory {
+    c: Vec<i32>,
+    committed: Committed,
+}
+
+impl Held for InMemory {
+    fn root(&self) -> Hash {
+        self.committed.root()
+    }
+
+    fn open(&self, opening: &[u8; 32]) -> Result<Proof, PowError> {
+        let n = self.committed.n as usize;
+        self.committed.open(opening, |i| {
+            self.c
+                .get(i as usize * n..(i as usize + 1) * n)
+                .map(<[i32]>::to_vec)
+                .ok_or_else(|| PowError::Shape(format!("no row {i}")))
+        })
+    }
 }
 
 /// The CPU backend: [`crate::cpu`] on `threads` cores.
@@ -19,21 +62,39 @@ pub struct Cpu {
     pub threads: usize,
 }
 
+fn commit_in_memory(
+    ch: &Challenge,
+    threads: usize,
+    skip_percent: u32,
+) -> Result<(Box<dyn Held>, f64), PowError> {
+    ch.params.check()?;
+    let t = std::time::Instant::now();
+    let n = ch.params.n as usize;
+    let mut a = matrix(&ch.seed, Matrix::A, ch.params.n);
+    let b = matrix(&ch.seed, Matrix::B, ch.params.n);
+    if skip_percent > 0 {
+        // Row i skipped when (i · 7919) mod 100 falls below the percentage: spread over C.
+        for (i, row) in a.chunks_mut(n).enumerate() {
+            if (i as u64 * 7919 % 100) < u64::from(skip_percent) {
+                row.fill(0);
+            }
+        }
+    }
+    let c = crate::cpu::product(&a, &b, n, threads);
+    let committed = Committed::new(ch, crate::cpu::leaves(&c, n, threads))?;
+    Ok((
+        Box::new(InMemory { c, committed }),
+        t.elapsed().as_secs_f64() * 1e3,
+    ))
+}
+
 impl Backend for Cpu {
     fn name(&self) -> String {
         format!("cpu ({} threads)", self.threads)
     }
 
-    fn prove(&self, ch: &Challenge) -> Result<(Proof, f64), PowError> {
-        ch.params.check()?;
-        let t = std::time::Instant::now();
-        let n = ch.params.n;
-        let a = matrix(&ch.seed, Matrix::A, n);
-        let b = matrix(&ch.seed, Matrix::B, n);
-        let c = crate::cpu::product(&a, &b, n as usize, self.threads);
-        let leaves = crate::cpu::leaves(&c, n as usize, self.threads);
-        let p = prove(ch, &c, leaves)?;
-        Ok((p, t.elapsed().as_secs_f64() * 1e3))
+    fn commit(&self, ch: &Challenge) -> Result<(Box<dyn Held>, f64), PowError> {
+        commit_in_memory(ch, self.threads, 0)
     }
 }
 
@@ -52,22 +113,8 @@ impl Backend for SkipRows {
         format!("cheating cpu (skips {}% of rows)", self.percent)
     }
 
-    fn prove(&self, ch: &Challenge) -> Result<(Proof, f64), PowError> {
-        ch.params.check()?;
-        let t = std::time::Instant::now();
-        let n = ch.params.n as usize;
-        let mut a = matrix(&ch.seed, Matrix::A, ch.params.n);
-        let b = matrix(&ch.seed, Matrix::B, ch.params.n);
-        // Row i skipped when i·percent mod 100 falls below percent: spread over the matrix.
-        for (i, row) in a.chunks_mut(n).enumerate() {
-            if (i as u64 * 7919 % 100) < u64::from(self.percent) {
-                row.fill(0);
-            }
-        }
-        let c = crate::cpu::product(&a, &b, n, self.threads);
-        let leaves = crate::cpu::leaves(&c, n, self.threads);
-        let p = prove(ch, &c, leaves)?;
-        Ok((p, t.elapsed().as_secs_f64() * 1e3))
+    fn commit(&self, ch: &Challenge) -> Result<(Box<dyn Held>, f64), PowError> {
+        commit_in_memory(ch, self.threads, self.percent.clamp(1, 100))
     }
 }
 
@@ -85,18 +132,20 @@ mod tests {
             params: Params { n: 256, k: 66 },
         };
         let v = Verifier::new(ch).unwrap();
-        let (p, ms) = Cpu { threads: 2 }.prove(&ch).unwrap();
+        let opening = [3u8; 32];
+        let (held, ms) = Cpu { threads: 2 }.commit(&ch).unwrap();
         assert!(ms >= 0.0);
-        v.verify(&p).unwrap();
-        let (bad, _) = SkipRows {
+        let p = held.open(&opening).unwrap();
+        v.verify(&held.root(), &opening, &p).unwrap();
+        let cheat = SkipRows {
             threads: 2,
             percent: 10,
-        }
-        .prove(&ch)
-        .unwrap();
+        };
+        let (held, _) = cheat.commit(&ch).unwrap();
+        let bad = held.open(&opening).unwrap();
         assert!(matches!(
-            v.verify(&bad),
-            Err(PowError::Row { .. } | PowError::Product { .. })
+            v.verify(&held.root(), &opening, &bad),
+            Err(PowError::Cell { .. })
         ));
     }
 }

@@ -8,11 +8,13 @@
 //!    terms never overflow), each row hashed as an RFC 6962 leaf. The CUDA backend computes the
 //!    same bytes.
 //! 3. [`proof`]: the rows committed in an RFC 6962 tree (`cgx_protocol::merkle`, the log's
-//!    hashing); from the root (Fiat–Shamir) a vector r and the k rows to open; the prover sends
-//!    y = C·r and the opened rows with their paths. The verifier checks y = A·(B·r) — O(n²),
-//!    exact — and, for each opened row, its path and Cᵢ·r = yᵢ. A wrong row that is opened
-//!    fails its Freivalds check except with probability 2⁻²¹; a prover with a fraction f of
-//!    wrong rows passes with probability ≤ (1−f)ᵏ (plus those 2⁻²¹ terms).
+//!    hashing); the prover sends the root. Then, and only then, the verifier draws an opening:
+//!    k rows and in each a group of 16 columns. The prover sends those rows with their paths;
+//!    the verifier checks the paths and recomputes the 16 chosen entries of each row from A's
+//!    row and B's columns — O(k·n), exact. A prover whose rows differ from A·B in a fraction φ
+//!    of the (row, column group) cells passes with probability ≤ (1−φ)ᵏ.
+//! 4. [`backend`]: who computes (the CPU here, the GPU in `cgx-pow-cuda`), in two steps:
+//!    commit, then open; [`wire`]: a proof's bytes.
 
 pub mod backend;
 pub mod challenge;
@@ -37,10 +39,8 @@ pub enum PowError {
     Shape(String),
     #[error("the proof opens rows {got:?}, the root selects {want:?}")]
     WrongRows { got: Vec<u32>, want: Vec<u32> },
-    #[error("y disagrees with A·(B·r) at row {row}: the claimed product is not A·B")]
-    Product { row: u32 },
     #[error("row {row}: its path does not lead to the committed root")]
     Path { row: u32 },
-    #[error("row {row}: the opened row is not the one y was computed from (Cᵢ·r ≠ yᵢ)")]
-    Row { row: u32 },
+    #[error("row {row}, column {col}: the committed value is not (A·B)ᵢⱼ")]
+    Cell { row: u32, col: u32 },
 }

@@ -2,8 +2,7 @@
 //! little-endian fields, length checked against the challenge's size before anything is read.
 //!
 //! ```text
-//! magic "cgx-pow-proof-v1" (16) | n u32 | k u32 | root [32]
-//! y: n × i64
+//! magic "cgx-pow-proof-v2" (16) | n u32 | k u32 | root [32]
 //! k × ( index u32 | path length u8 | path: length × [32] | row: n × i32 )
 //! ```
 
@@ -11,7 +10,7 @@ use crate::PowError;
 use crate::challenge::Params;
 use crate::proof::{Opening, Proof};
 
-const MAGIC: &[u8; 16] = b"cgx-pow-proof-v1";
+const MAGIC: &[u8; 16] = b"cgx-pow-proof-v2";
 
 /// The longest a path can be (a tree of at most 2¹⁴ leaves has paths of at most 14).
 const MAX_PATH: usize = 14;
@@ -19,19 +18,16 @@ const MAX_PATH: usize = 14;
 /// The most bytes a proof of `p` can take: a larger body is refused before it is read.
 pub fn max_len(p: Params) -> usize {
     let (n, k) = (p.n as usize, p.k as usize);
-    16 + 8 + 32 + 8 * n + k * (4 + 1 + 32 * MAX_PATH + 4 * n)
+    16 + 8 + 32 + k * (4 + 1 + 32 * MAX_PATH + 4 * n)
 }
 
 pub fn encode(p: &Proof) -> Vec<u8> {
-    let n = p.y.len();
-    let mut out = Vec::with_capacity(64 + 8 * n + p.openings.len() * (4 * n + 512));
+    let n = p.openings.first().map_or(0, |o| o.row.len());
+    let mut out = Vec::with_capacity(64 + p.openings.len() * (4 * n + 512));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(n as u32).to_le_bytes());
     out.extend_from_slice(&(p.openings.len() as u32).to_le_bytes());
     out.extend_from_slice(&p.root);
-    for v in &p.y {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
     for o in &p.openings {
         out.extend_from_slice(&o.index.to_le_bytes());
         out.push(o.path.len().min(255) as u8);
@@ -88,11 +84,6 @@ pub fn decode(bytes: &[u8], p: Params) -> Result<Proof, PowError> {
     }
     let mut root = [0u8; 32];
     root.copy_from_slice(r.take(32, "the root")?);
-    let y = r
-        .take(8 * n as usize, "y")?
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-        .collect();
     let mut openings = Vec::with_capacity(k as usize);
     for _ in 0..k {
         let index = r.u32("an opening's index")?;
@@ -122,7 +113,7 @@ pub fn decode(bytes: &[u8], p: Params) -> Result<Proof, PowError> {
             r.0.len()
         )));
     }
-    Ok(Proof { root, y, openings })
+    Ok(Proof { root, openings })
 }
 
 #[cfg(test)]
@@ -142,7 +133,12 @@ mod tests {
             matrix(&ch.seed, Matrix::B, 32),
         );
         let c = crate::cpu::product(&a, &b, 32, 1);
-        let p = crate::proof::prove(&ch, &c, crate::cpu::leaves(&c, 32, 1)).unwrap();
+        let p = crate::proof::Committed::new(&ch, crate::cpu::leaves(&c, 32, 1))
+            .unwrap()
+            .open(&[5; 32], |i| {
+                Ok(c[i as usize * 32..(i as usize + 1) * 32].to_vec())
+            })
+            .unwrap();
         let bytes = encode(&p);
         assert!(bytes.len() <= max_len(ch.params));
         assert_eq!(decode(&bytes, ch.params).unwrap(), p);
@@ -165,7 +161,7 @@ mod tests {
             matches!(decode(&huge, ch.params), Err(PowError::Shape(m)) if m.contains("more than"))
         );
         // A path longer than any tree of 2^14 leaves has.
-        let at = 16 + 8 + 32 + 8 * 32 + 4;
+        let at = 16 + 8 + 32 + 4;
         let mut bad = bytes.clone();
         bad[at] = 200;
         assert!(decode(&bad, ch.params).is_err());

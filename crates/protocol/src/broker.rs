@@ -41,6 +41,7 @@ pub mod routes {
     pub const REPORTS: &str = "/v1/nodes/{id}/reports";
     pub const METERING: &str = "/v1/nodes/{id}/metering";
     pub const POW: &str = "/v1/nodes/{id}/pow/{challenge}";
+    pub const POW_PROOF: &str = "/v1/nodes/{id}/pow/{challenge}/proof";
     pub const JOBS: &str = "/v1/jobs";
     pub const JOB: &str = "/v1/jobs/{id}";
     pub const CANCEL: &str = "/v1/jobs/{id}/cancel";
@@ -443,8 +444,9 @@ pub struct HeartbeatAnswer {
     pub unplaceable: Option<String>,
     /// The node's open leases with fresh tokens.
     pub leases: Vec<LeaseGrant>,
-    /// Proof-of-work challenges the node has not answered yet (`cgx_pow`): answer each once,
-    /// by its deadline, at `POST /v1/nodes/{id}/pow/{challenge}`.
+    /// Proof-of-work challenges the node has not answered yet (`cgx_pow`): commit to each by
+    /// its deadline at `POST /v1/nodes/{id}/pow/{challenge}`, then send the proof the opening
+    /// asks for to `…/proof`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub challenges: Vec<PowChallenge>,
 }
@@ -467,23 +469,45 @@ pub struct PowChallenge {
     pub k: u32,
     /// The most the work may take on the GPU, as the agent times it (ms).
     pub gpu_deadline_ms: u64,
-    /// When the answer must have reached the broker (Unix ms).
+    /// When the commitment must have reached the broker (Unix ms).
     pub deadline_ms: i64,
 }
 
-/// `POST /v1/nodes/{id}/pow/{challenge}` body: the proof and its receipt under the node key.
+/// `POST /v1/nodes/{id}/pow/{challenge}` body: the commitment — the receipt alone, naming
+/// the root of the product's rows (its `proof_sha256` empty).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PowCommit {
+    /// EdDSA JWS, typ `cgx-pow-receipt+jwt` ([`PowReceipt`]).
+    pub receipt: String,
+}
+
+/// The broker's answer to a commitment: the opening, drawn now, which selects the cells the
+/// proof must open; the proof is due by `deadline_ms` (Unix ms).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PowOpening {
+    pub challenge: String,
+    /// 32 bytes, hex.
+    pub opening: String,
+    pub deadline_ms: i64,
+}
+
+/// `POST /v1/nodes/{id}/pow/{challenge}/proof` body: the opened rows (`cgx_pow::wire`) and a
+/// receipt naming their digest.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PowPost {
-    /// EdDSA JWS, typ `cgx-pow-receipt+jwt` ([`PowReceipt`]).
+    /// EdDSA JWS, typ `cgx-pow-receipt+jwt` ([`PowReceipt`], its `proof_sha256` set).
     pub receipt: String,
     /// The proof's bytes (`cgx_pow::wire`), base64 (standard, padded).
     pub proof: String,
 }
 
-/// What the node signs with its answer: which challenge, the root it committed to, the
-/// proof's digest, and how long the work took on the device.
+/// What the node signs: which challenge, the root it committed to, how long the work took on
+/// the device, and — with the proof — the proof's digest.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PowReceipt {
@@ -491,9 +515,10 @@ pub struct PowReceipt {
     pub challenge: String,
     /// The rows' Merkle root (hex).
     pub root: String,
-    /// SHA-256 of the proof's bytes (hex).
+    /// SHA-256 of the proof's bytes (hex); empty in the commitment.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub proof_sha256: String,
-    /// The device time of the work, as the agent measured it (µs).
+    /// The device time of the work up to the commitment, as the agent measured it (µs).
     pub gpu_us: u64,
     /// What computed it (`cpu (2 threads)`, `cuda: NVIDIA H100 80GB HBM3`).
     pub backend: String,

@@ -209,8 +209,10 @@ const METERING_V8: &str = "CREATE TABLE metering (
         lease_id TEXT NOT NULL, seq BIGINT NOT NULL, hash TEXT NOT NULL, token TEXT NOT NULL,
         accepted_at BIGINT NOT NULL, PRIMARY KEY (lease_id, seq))";
 
-/// Migration 9 (issue 31): proof-of-work challenges from issue to verdict (`pow.rs`), and the
-/// node's last failed proof. The backends differ only in the proof's column type.
+/// Migration 9 (issue 31): proof-of-work challenges from issue to verdict (`pow.rs`), each
+/// sealed by the broker; the node's last failed proof; and the same against its GPUs' serials,
+/// so a node that registers anew with the same GPUs carries the penalty. The backends differ only in the
+/// proof's column type.
 macro_rules! pow_v9 {
     ($blob:literal) => {
         concat!(
@@ -218,13 +220,17 @@ macro_rules! pow_v9 {
         id TEXT PRIMARY KEY, node_id TEXT NOT NULL, lease_id TEXT NOT NULL, gpu BIGINT NOT NULL,
         win BIGINT NOT NULL, nonce TEXT NOT NULL, n BIGINT NOT NULL, k BIGINT NOT NULL,
         expected_ms BIGINT NOT NULL, gpu_deadline_ms BIGINT NOT NULL, issued_ms BIGINT NOT NULL,
-        deadline_ms BIGINT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL,
-        answered_ms BIGINT, gpu_us BIGINT, root TEXT, receipt TEXT, proof ",
+        deadline_ms BIGINT NOT NULL, seal TEXT NOT NULL, state TEXT NOT NULL,
+        reason TEXT NOT NULL, committed_ms BIGINT, open_deadline_ms BIGINT, gpu_us BIGINT,
+        root TEXT, receipt TEXT, answered_ms BIGINT, proof_receipt TEXT, proof ",
             $blob,
             ");
      CREATE INDEX pow_state ON pow_challenges (state, deadline_ms);
+     CREATE INDEX pow_committed ON pow_challenges (state, open_deadline_ms);
      CREATE INDEX pow_lease_gpu ON pow_challenges (lease_id, gpu, issued_ms);
      CREATE INDEX pow_node ON pow_challenges (node_id, issued_ms);
+     CREATE TABLE pow_penalties (
+        serial TEXT PRIMARY KEY, at BIGINT NOT NULL, reason TEXT NOT NULL);
      ALTER TABLE nodes ADD COLUMN pow_failed_at BIGINT NOT NULL DEFAULT 0;
      ALTER TABLE nodes ADD COLUMN pow_reason TEXT NOT NULL DEFAULT ''"
         )

@@ -1,6 +1,10 @@
-//! Proof-of-work challenges: one row per challenge, from its issue to its verdict. An answer's
-//! proof waits in its row until a verifier (any replica) judges it, then is dropped (the root
-//! and the receipt stay). A failed or missed proof marks its node (`nodes.pow_failed_at`,
+//! Proof-of-work challenges: one row per challenge, from its issue to its verdict —
+//! `issued` → `committed` (the node's root arrived by the deadline; the opening was drawn) →
+//! `answered` (the proof arrived by the opening's deadline) → `passed`, `failed` or `slow`;
+//! or `missed` when a deadline passes first. A row carries the broker's seal over every field it
+//! is judged by (`pow.rs`): the database cannot make or change a challenge. The proof waits in
+//! its row until a verifier (any replica) judges it, then is dropped (the root and the
+//! receipts stay). A failed or missed proof marks its node (`nodes.pow_failed_at`,
 //! `pow_reason`), which every replica reads with the node's row.
 
 use sqlx::Row;
@@ -24,42 +28,55 @@ pub struct ChallengeRow {
     pub gpu_deadline_ms: u64,
     pub issued_ms: i64,
     pub deadline_ms: i64,
-    /// `issued`, `answered`, `passed`, `failed` or `missed`.
+    /// The broker's MAC over the fields above (hex).
+    pub seal: String,
     pub state: String,
     pub reason: String,
-    pub answered_ms: Option<i64>,
+    pub committed_ms: Option<i64>,
+    pub open_deadline_ms: Option<i64>,
     pub gpu_us: Option<i64>,
     pub root: Option<String>,
+    pub answered_ms: Option<i64>,
 }
 
 #[derive(Debug)]
 pub(crate) enum PowWrite {
     Issue(ChallengeRow),
-    /// Store node `node`'s answer to `id`, if the challenge is its, still open and not past
-    /// its deadline at `answered_ms`.
-    Answer {
+    /// Node `node`'s commitment to `id`, if the challenge is its, still issued and not past
+    /// its deadline at `at_ms`.
+    Commit {
         id: String,
         node: String,
-        answered_ms: i64,
+        at_ms: i64,
+        open_deadline_ms: i64,
         gpu_us: i64,
         root: String,
         receipt: String,
+    },
+    /// Node `node`'s proof for `id`, if committed and not past the opening's deadline.
+    Answer {
+        id: String,
+        node: String,
+        at_ms: i64,
+        receipt: String,
         proof: Vec<u8>,
     },
-    /// The verdict on `id` (from state `from`): `passed`, or `failed` / `missed` with the
-    /// reason, which also marks the node.
+    /// The verdict on `id` (from state `from`): `passed`, `failed`, `slow` or `missed`, with
+    /// the reason; `mark`: the node is marked unplaceable for it, and its GPUs (`serials`).
     Verdict {
         id: String,
         node: String,
         from: &'static str,
         state: &'static str,
         reason: String,
+        mark: bool,
+        serials: Vec<String>,
         at: i64,
         now_ms: i64,
     },
 }
 
-const COLUMNS: &str = "id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, state, reason, answered_ms, gpu_us, root";
+const COLUMNS: &str = "id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, seal, state, reason, committed_ms, open_deadline_ms, gpu_us, root, answered_ms";
 
 fn challenge_row(r: &sqlx::any::AnyRow) -> Result<ChallengeRow, sqlx::Error> {
     let u = |c: &str| -> Result<u64, sqlx::Error> {
@@ -82,11 +99,14 @@ fn challenge_row(r: &sqlx::any::AnyRow) -> Result<ChallengeRow, sqlx::Error> {
         gpu_deadline_ms: u("gpu_deadline_ms")?,
         issued_ms: r.try_get("issued_ms")?,
         deadline_ms: r.try_get("deadline_ms")?,
+        seal: r.try_get("seal")?,
         state: r.try_get("state")?,
         reason: r.try_get("reason")?,
-        answered_ms: r.try_get("answered_ms")?,
+        committed_ms: r.try_get("committed_ms")?,
+        open_deadline_ms: r.try_get("open_deadline_ms")?,
         gpu_us: r.try_get("gpu_us")?,
         root: r.try_get("root")?,
+        answered_ms: r.try_get("answered_ms")?,
     })
 }
 
@@ -94,8 +114,8 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
     match w {
         PowWrite::Issue(c) => {
             sqlx::query(
-                "INSERT INTO pow_challenges (id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, state, reason)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'issued', '')",
+                "INSERT INTO pow_challenges (id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, seal, state, reason)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'issued', '')",
             )
             .bind(&c.id)
             .bind(&c.node_id)
@@ -109,28 +129,49 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             .bind(i64::try_from(c.gpu_deadline_ms).unwrap_or(i64::MAX))
             .bind(c.issued_ms)
             .bind(c.deadline_ms)
+            .bind(&c.seal)
             .execute(&mut **tx)
             .await?;
             Ok(Outcome::Done)
         }
-        PowWrite::Answer {
+        PowWrite::Commit {
             id,
             node,
-            answered_ms,
+            at_ms,
+            open_deadline_ms,
             gpu_us,
             root,
             receipt,
-            proof,
         } => {
             let r = sqlx::query(
-                "UPDATE pow_challenges SET state = 'answered', answered_ms = $3, gpu_us = $4, root = $5, receipt = $6, proof = $7
+                "UPDATE pow_challenges SET state = 'committed', committed_ms = $3, open_deadline_ms = $4, gpu_us = $5, root = $6, receipt = $7
                  WHERE id = $1 AND node_id = $2 AND state = 'issued' AND deadline_ms >= $3",
             )
             .bind(id)
             .bind(node)
-            .bind(answered_ms)
+            .bind(at_ms)
+            .bind(open_deadline_ms)
             .bind(gpu_us)
             .bind(root)
+            .bind(receipt)
+            .execute(&mut **tx)
+            .await?;
+            Ok(one_row(r.rows_affected(), Refusal::PowNotOpen))
+        }
+        PowWrite::Answer {
+            id,
+            node,
+            at_ms,
+            receipt,
+            proof,
+        } => {
+            let r = sqlx::query(
+                "UPDATE pow_challenges SET state = 'answered', answered_ms = $3, proof_receipt = $4, proof = $5
+                 WHERE id = $1 AND node_id = $2 AND state = 'committed' AND open_deadline_ms >= $3",
+            )
+            .bind(id)
+            .bind(node)
+            .bind(at_ms)
             .bind(receipt)
             .bind(proof.clone())
             .execute(&mut **tx)
@@ -143,6 +184,8 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             from,
             state,
             reason,
+            mark,
+            serials,
             at,
             now_ms,
         } => {
@@ -158,7 +201,7 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             if r.rows_affected() != 1 {
                 return Ok(Outcome::Refused(Refusal::PowNotOpen));
             }
-            if *state != "passed" {
+            if *mark {
                 sqlx::query(
                     "UPDATE nodes SET pow_failed_at = $2, pow_reason = $3, updated_ms = $4 WHERE id = $1",
                 )
@@ -168,6 +211,17 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
                 .bind(now_ms)
                 .execute(&mut **tx)
                 .await?;
+                for serial in serials {
+                    sqlx::query(
+                        "INSERT INTO pow_penalties (serial, at, reason) VALUES ($1, $2, $3)
+                         ON CONFLICT (serial) DO UPDATE SET at = excluded.at, reason = excluded.reason",
+                    )
+                    .bind(serial)
+                    .bind(at)
+                    .bind(reason)
+                    .execute(&mut **tx)
+                    .await?;
+                }
             }
             Ok(Outcome::Done)
         }
@@ -175,24 +229,54 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
 }
 
 impl Store {
-    /// Node `node`'s challenges still open (issued, not answered, deadline ahead).
+    /// GPUs (serials) marked at or after `since`: (serial, when, why).
+    pub async fn pow_penalties(
+        &self,
+        since: i64,
+    ) -> Result<Vec<(String, i64, String)>, BrokerError> {
+        let rows = sqlx::query("SELECT serial, at, reason FROM pow_penalties WHERE at >= $1")
+            .bind(since)
+            .fetch_all(self.db.pool())
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("serial")?, r.try_get("at")?, r.try_get("reason")?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    async fn pow_rows(
+        &self,
+        filter: &str,
+        bind: &[&str],
+        nums: &[i64],
+    ) -> Result<Vec<ChallengeRow>, BrokerError> {
+        let sql = format!("SELECT {COLUMNS} FROM pow_challenges WHERE {filter}");
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for b in bind {
+            q = q.bind(b.to_string());
+        }
+        for n in nums {
+            q = q.bind(*n);
+        }
+        let rows = q.fetch_all(self.db.pool()).await?;
+        Ok(rows
+            .iter()
+            .map(challenge_row)
+            .collect::<Result<_, sqlx::Error>>()?)
+    }
+
+    /// Node `node`'s challenges still open for a commitment (issued, deadline ahead).
     pub async fn pow_open(
         &self,
         node: &str,
         now_ms: i64,
     ) -> Result<Vec<ChallengeRow>, BrokerError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM pow_challenges WHERE node_id = $1 AND state = 'issued' AND deadline_ms >= $2 ORDER BY issued_ms"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(node)
-            .bind(now_ms)
-            .fetch_all(self.db.pool())
-            .await?;
-        Ok(rows
-            .iter()
-            .map(challenge_row)
-            .collect::<Result<_, sqlx::Error>>()?)
+        self.pow_rows(
+            "node_id = $1 AND state = 'issued' AND deadline_ms >= $2 ORDER BY issued_ms LIMIT 256",
+            &[node],
+            &[now_ms],
+        )
+        .await
     }
 
     /// When a challenge for (`lease`, `gpu`) was last issued (Unix ms).
@@ -209,21 +293,20 @@ impl Store {
 
     /// One challenge.
     pub async fn pow_challenge(&self, id: &str) -> Result<Option<ChallengeRow>, BrokerError> {
-        let sql = format!("SELECT {COLUMNS} FROM pow_challenges WHERE id = $1");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(id)
-            .fetch_optional(self.db.pool())
-            .await?;
-        Ok(row.as_ref().map(challenge_row).transpose()?)
+        Ok(self
+            .pow_rows("id = $1", &[id], &[])
+            .await?
+            .into_iter()
+            .next())
     }
 
-    /// Answers waiting for their verdict, oldest first, with their receipts and proofs.
+    /// Answers waiting for their verdict, oldest first, with both receipts and the proof.
     pub async fn pow_answered(
         &self,
         limit: i64,
-    ) -> Result<Vec<(ChallengeRow, String, Vec<u8>)>, BrokerError> {
+    ) -> Result<Vec<(ChallengeRow, String, String, Vec<u8>)>, BrokerError> {
         let sql = format!(
-            "SELECT {COLUMNS}, receipt, proof FROM pow_challenges WHERE state = 'answered' ORDER BY answered_ms LIMIT $1"
+            "SELECT {COLUMNS}, receipt, proof_receipt, proof FROM pow_challenges WHERE state = 'answered' ORDER BY answered_ms LIMIT $1"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(limit)
@@ -235,6 +318,8 @@ impl Store {
                     challenge_row(r)?,
                     r.try_get::<Option<String>, _>("receipt")?
                         .unwrap_or_default(),
+                    r.try_get::<Option<String>, _>("proof_receipt")?
+                        .unwrap_or_default(),
                     r.try_get::<Option<Vec<u8>>, _>("proof")?
                         .unwrap_or_default(),
                 ))
@@ -243,19 +328,14 @@ impl Store {
             .map_err(Into::into)
     }
 
-    /// Challenges issued and not answered by their deadline.
+    /// Challenges past a deadline: issued and not committed, or committed and not answered.
     pub async fn pow_overdue(&self, now_ms: i64) -> Result<Vec<ChallengeRow>, BrokerError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM pow_challenges WHERE state = 'issued' AND deadline_ms < $1 ORDER BY deadline_ms LIMIT 1000"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(now_ms)
-            .fetch_all(self.db.pool())
-            .await?;
-        Ok(rows
-            .iter()
-            .map(challenge_row)
-            .collect::<Result<_, sqlx::Error>>()?)
+        self.pow_rows(
+            "(state = 'issued' AND deadline_ms < $1) OR (state = 'committed' AND open_deadline_ms < $2) ORDER BY issued_ms LIMIT 1000",
+            &[],
+            &[now_ms, now_ms],
+        )
+        .await
     }
 
     /// Node `node`'s latest challenges, newest first.
@@ -264,17 +344,26 @@ impl Store {
         node: &str,
         limit: i64,
     ) -> Result<Vec<ChallengeRow>, BrokerError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM pow_challenges WHERE node_id = $1 ORDER BY issued_ms DESC LIMIT $2"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(node)
-            .bind(limit)
-            .fetch_all(self.db.pool())
+        self.pow_rows(
+            "node_id = $1 ORDER BY issued_ms DESC LIMIT $2",
+            &[node],
+            &[limit],
+        )
+        .await
+    }
+
+    /// How many of node `node`'s latest verdicts, in a row, were misses (`missed`, `slow`).
+    pub async fn pow_missed_in_a_row(&self, node: &str) -> Result<u32, BrokerError> {
+        let rows = self
+            .pow_rows(
+                "node_id = $1 AND state IN ('passed', 'failed', 'missed', 'slow') ORDER BY issued_ms DESC LIMIT 16",
+                &[node],
+                &[],
+            )
             .await?;
         Ok(rows
             .iter()
-            .map(challenge_row)
-            .collect::<Result<_, sqlx::Error>>()?)
+            .take_while(|r| r.state == "missed" || r.state == "slow")
+            .count() as u32)
     }
 }
