@@ -4,10 +4,12 @@
 // against the Rust code, so a GPU-less machine still tests what the GPU runs.
 
 // Philox4x32-10 (Random123): block b of matrix m is philox(counter (b lo, b hi, c2, c3),
-// key (k0, k1)), its four words little-endian. One thread per 16-byte block.
+// key (k0, k1)), its four words little-endian: elements 16b … 16b + 15 of the n × n matrix,
+// row-major. One thread per 16-byte block. With `transposed`, element (i, j) is written at
+// j·n + i instead (the matrix's transpose, row-major).
 extern "C" __global__ void philox_fill(signed char *out, unsigned long long blocks,
-                                       unsigned int k0, unsigned int k1, unsigned int c2,
-                                       unsigned int c3) {
+                                       unsigned int n, int transposed, unsigned int k0,
+                                       unsigned int k1, unsigned int c2, unsigned int c3) {
   unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= blocks) return;
   unsigned int c0 = (unsigned int)b, c1 = (unsigned int)(b >> 32);
@@ -29,7 +31,14 @@ extern "C" __global__ void philox_fill(signed char *out, unsigned long long bloc
     c3 = n3;
   }
   unsigned int w[4] = {c0, c1, c2, c3};
-  for (int i = 0; i < 16; i++) out[b * 16 + i] = (signed char)((w[i / 4] >> (8 * (i % 4))) & 0xff);
+  unsigned long long row = (b * 16) / n, col = (b * 16) % n;
+  for (int i = 0; i < 16; i++) {
+    signed char v = (signed char)((w[i / 4] >> (8 * (i % 4))) & 0xff);
+    if (transposed)
+      out[(col + i) * n + row] = v;
+    else
+      out[b * 16 + i] = v;
+  }
 }
 
 __device__ __forceinline__ unsigned int rotr(unsigned int x, int n) {

@@ -6,9 +6,11 @@
 //!
 //! - **Generation**: `philox_fill` (kernels.cu), one thread per 16-byte Philox block, the
 //!   counter layout of `cgx_pow::challenge::fill_rows`.
-//! - **Product**: cuBLAS `cublasGemmEx`, int8 inputs, int32 output, `CUBLAS_COMPUTE_32I`
-//!   (tensor cores on Hopper). Row-major A·B is column-major Bᵀ·Aᵀ, so the call passes B
-//!   then A with every leading dimension n.
+//! - **Product**: cuBLAS `cublasGemmEx`, int8 inputs, int32 output, `CUBLAS_COMPUTE_32I`,
+//!   in the "TN" layout cuBLAS's tensor-core (IMMA) kernels take: B is generated transposed,
+//!   and the column-major product Bᵀ·Aᵀ is the row-major A·B.
+//! - **Time**: CUDA events around generation, product and hashing — the device's time, not
+//!   the host's (allocation, the tree and the copies are outside it).
 //! - **Hashing**: `row_leaves`, one thread per row, SHA-256 of 0x00 ‖ the row's bytes; the
 //!   tree over the leaves is built on the host (n hashes).
 //!
@@ -21,7 +23,6 @@
 #![allow(unsafe_code)]
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use cgx_pow::backend::Held;
 use cgx_pow::challenge::{Challenge, Matrix};
@@ -132,44 +133,62 @@ fn grid(items: u64) -> LaunchConfig {
 }
 
 impl Inner {
-    fn generate(&self, seed: &[u8; 32], m: Matrix, n: u32) -> Result<CudaSlice<i8>, CudaError> {
-        let elems = u64::from(n) * u64::from(n);
-        let mut out = self.stream.alloc_zeros::<i8>(elems as usize).map_err(d)?;
+    /// The seed's matrix `m` into `out`, or its transpose.
+    fn generate(
+        &self,
+        seed: &[u8; 32],
+        m: Matrix,
+        n: u32,
+        transposed: bool,
+        out: &mut CudaSlice<i8>,
+    ) -> Result<(), CudaError> {
+        let blocks = u64::from(n) * u64::from(n) / 16;
         let s = words(seed);
-        let blocks = elems / 16;
         let (k0, k1, c2, c3) = (s[0], s[1], s[2] ^ m as u32, s[3]);
+        let t = i32::from(transposed);
         let mut b = self.stream.launch_builder(&self.fill);
-        b.arg(&mut out)
+        b.arg(out)
             .arg(&blocks)
+            .arg(&n)
+            .arg(&t)
             .arg(&k0)
             .arg(&k1)
             .arg(&c2)
             .arg(&c3);
-        // SAFETY: philox_fill(signed char*, unsigned long long, unsigned int × 4): `out`
-        // holds 16 bytes for each of the `blocks` threads that write.
+        // SAFETY: philox_fill(signed char*, unsigned long long, unsigned int, int, unsigned
+        // int × 4): `out` holds n² bytes, 16 for each of the `blocks` threads that write.
         unsafe { b.launch(grid(blocks)) }.map_err(d)?;
-        Ok(out)
+        Ok(())
     }
 
-    fn commit(&self, ch: &Challenge) -> Result<OnDevice, CudaError> {
+    fn commit(&self, ch: &Challenge) -> Result<(OnDevice, f64), CudaError> {
         let n = ch.params.n;
         let nu = n as usize;
-        let a = self.generate(&ch.seed, Matrix::A, n)?;
-        let b = self.generate(&ch.seed, Matrix::B, n)?;
+        let mut a = self.stream.alloc_zeros::<i8>(nu * nu).map_err(d)?;
+        let mut bt = self.stream.alloc_zeros::<i8>(nu * nu).map_err(d)?;
         let mut c = self.stream.alloc_zeros::<i32>(nu * nu).map_err(d)?;
+        let mut leaves = self.stream.alloc_zeros::<u8>(32 * nu).map_err(d)?;
+        // The device's time: from the first kernel to the last hash, by CUDA events.
+        let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(timed).map_err(d)?;
+        self.generate(&ch.seed, Matrix::A, n, false, &mut a)?;
+        // B transposed: the product runs as cuBLAS's "TN" int8 GEMM, the layout its tensor-
+        // core (IMMA) kernels take.
+        self.generate(&ch.seed, Matrix::B, n, true, &mut bt)?;
         {
             let ni = i32::try_from(n).map_err(|_| CudaError::Blas("n".into()))?;
             let (alpha, beta) = (1i32, 0i32);
             let (pa, _ra) = a.device_ptr(&self.stream);
-            let (pb, _rb) = b.device_ptr(&self.stream);
+            let (pb, _rb) = bt.device_ptr(&self.stream);
             let (pc, _rc) = c.device_ptr_mut(&self.stream);
-            // SAFETY: A and B hold n² int8, C n² int32 on this stream's device; alpha and beta
-            // are int32 host values, as CUBLAS_COMPUTE_32I takes them. Column-major Bᵀ·Aᵀ is
-            // row-major A·B.
+            // SAFETY: A and Bᵀ hold n² int8, C n² int32 on this stream's device; alpha and
+            // beta are int32 host values, as CUBLAS_COMPUTE_32I takes them. Row-major Bᵀ read
+            // column-major is B, so op T gives Bᵀ; row-major A read column-major is Aᵀ: the
+            // column-major product Bᵀ·Aᵀ is row-major A·B.
             unsafe {
                 cudarc::cublas::result::gemm_ex(
                     *self.blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_N,
+                    cublasOperation_t::CUBLAS_OP_T,
                     cublasOperation_t::CUBLAS_OP_N,
                     ni,
                     ni,
@@ -191,13 +210,15 @@ impl Inner {
             }
             .map_err(|e| CudaError::Blas(e.to_string()))?;
         }
-        let mut leaves = self.stream.alloc_zeros::<u8>(32 * nu).map_err(d)?;
         let mut l = self.stream.launch_builder(&self.leaves);
         l.arg(&c).arg(&n).arg(&mut leaves);
         // SAFETY: row_leaves(const int*, unsigned int, unsigned char*): C holds n rows of n
         // int32, `leaves` 32 bytes for each of the n threads.
         unsafe { l.launch(grid(u64::from(n))) }.map_err(d)?;
+        let end = self.stream.record_event(timed).map_err(d)?;
         let hashes = self.stream.clone_dtoh(&leaves).map_err(d)?;
+        end.synchronize().map_err(d)?;
+        let gpu_ms = f64::from(start.elapsed_ms(&end).map_err(d)?);
         let leaves: Vec<[u8; 32]> = hashes
             .chunks_exact(32)
             .map(|h| {
@@ -207,12 +228,14 @@ impl Inner {
             })
             .collect();
         let committed = Committed::new(ch, leaves).map_err(|e| CudaError::Driver(e.to_string()))?;
-        self.stream.synchronize().map_err(d)?;
-        Ok(OnDevice {
-            stream: self.stream.clone(),
-            c,
-            committed,
-        })
+        Ok((
+            OnDevice {
+                stream: self.stream.clone(),
+                c,
+                committed,
+            },
+            gpu_ms,
+        ))
     }
 }
 
@@ -250,10 +273,9 @@ impl Backend for Cuda {
             .inner
             .lock()
             .map_err(|_| PowError::Shape("the CUDA backend failed earlier".into()))?;
-        let t = Instant::now();
-        let held = inner
+        let (held, gpu_ms) = inner
             .commit(ch)
             .map_err(|e| PowError::Shape(format!("on the GPU: {e}")))?;
-        Ok((Box::new(held), t.elapsed().as_secs_f64() * 1e3))
+        Ok((Box::new(held), gpu_ms))
     }
 }

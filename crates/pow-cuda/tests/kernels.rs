@@ -45,9 +45,10 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "philox")) {
     unsigned int k0 = strtoul(argv[3], 0, 10), k1 = strtoul(argv[4], 0, 10),
                  c2 = strtoul(argv[5], 0, 10), c3 = strtoul(argv[6], 0, 10);
+    int transposed = atoi(argv[7]);
     unsigned long long blocks = (unsigned long long)n * n / 16;
     std::vector<signed char> out(n * n);
-    launch(blocks, [&] { philox_fill(out.data(), blocks, k0, k1, c2, c3); });
+    launch(blocks, [&] { philox_fill(out.data(), blocks, n, transposed, k0, k1, c2, c3); });
     fwrite(out.data(), 1, out.size(), stdout);
   } else if (!strcmp(argv[1], "leaves")) {
     std::vector<unsigned char> in = read_all();
@@ -117,18 +118,29 @@ fn the_kernels_compute_the_cpu_backends_bytes() {
         let s = seed(b"nonce", "lease", 3, b"node key", n);
         let w = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
         for m in [Matrix::A, Matrix::B] {
-            let args: Vec<String> = [
-                "philox".to_string(),
-                n.to_string(),
-                w(0).to_string(),
-                w(4).to_string(),
-                (w(8) ^ m as u32).to_string(),
-                w(12).to_string(),
-            ]
-            .into();
-            let got = run(&exe, &args, &[]);
-            let want: Vec<u8> = matrix(&s, m, n).iter().map(|&x| x as u8).collect();
-            assert_eq!(got, want, "Philox n = {n}, {m:?}");
+            for transposed in [false, true] {
+                let args: Vec<String> = [
+                    "philox".to_string(),
+                    n.to_string(),
+                    w(0).to_string(),
+                    w(4).to_string(),
+                    (w(8) ^ m as u32).to_string(),
+                    w(12).to_string(),
+                    u8::from(transposed).to_string(),
+                ]
+                .into();
+                let got = run(&exe, &args, &[]);
+                let full = matrix(&s, m, n);
+                let nu = n as usize;
+                let want: Vec<u8> = if transposed {
+                    (0..nu * nu)
+                        .map(|e| full[(e % nu) * nu + e / nu] as u8)
+                        .collect()
+                } else {
+                    full.iter().map(|&x| x as u8).collect()
+                };
+                assert_eq!(got, want, "Philox n = {n}, {m:?}, transposed {transposed}");
+            }
         }
         let (a, b) = (matrix(&s, Matrix::A, n), matrix(&s, Matrix::B, n));
         let mut c = cgx_pow::cpu::product(&a, &b, n as usize, 1);
