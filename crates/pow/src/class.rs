@@ -5,25 +5,26 @@
 //! One challenge at n = 16 384 does, on the GPU:
 //! - generation: 2n² = 512 MiB of Philox output (A and B);
 //! - the product: 2n³ = 8.80 × 10¹² int8 operations (tensor cores, int32 accumulation);
-//! - hashing: C is n² int32 = 1 GiB, read once to hash each row (SHA-256) and once for y = C·r;
+//! - hashing: C is n² int32 = 1 GiB, read once to hash each row (SHA-256);
 //! - memory touched: 1.5 GiB (A, B, C) of the GPU's 80 GB (H100) or 141 GB (H200).
 //!
 //! At the *assumed* 70% of the *datasheet* dense int8 peak (1 979 TOPS for both H100 SXM and
 //! H200 SXM) the product takes 6.35 ms; generation and hashing, bound by memory bandwidth
-//! (3.35 TB/s H100, 4.8 TB/s H200; 3 GiB moved) and SHA-256 throughput, add about 2.5 ms
+//! (3.35 TB/s H100, 4.8 TB/s H200; 2 GiB moved) and SHA-256 throughput, add about 2.5 ms
 //! (H100) and 2 ms (H200). Expected: 9 ms (H100), 8.5 ms (H200), rounded up to 10 ms and 9 ms.
 //!
 //! Two deadlines, for two different provers:
 //! - **The GPU's**: the agent (the measured guest image, trusted by attestation) times the
-//!   challenge on the device and signs that time with the node key. It must be at most
-//!   [`GPU_MARGIN_PCT`]% of the class's expected time: a GPU of half the claimed speed needs
-//!   200%, so it misses by 25% of the expected time (2.5 ms at 10 ms, far above CUDA event
-//!   resolution, 0.5 µs). Assumed: the challenge is not slowed more than 60% by the tenant's
-//!   own kernels time-sliced on the same GPU (the agent runs it between windows; a node whose
-//!   workload saturates the GPU may miss and must be re-proven by the next challenge).
-//! - **The wall clock's**, on the broker: from the challenge's issue to its answer at most the
-//!   GPU deadline plus [`ALLOWANCE_MS`] (the heartbeat that carries the challenge, the proof's
-//!   upload, scheduling). It does not tell half speed from full at 10 ms (the allowance is
+//!   work on the device with CUDA events (generation, product, hashing; not allocation, the
+//!   host's tree or the copies) and signs that time with the node key in its commitment. It
+//!   must be at most [`GPU_MARGIN_PCT`]% of the class's expected time: a GPU of half the
+//!   claimed speed needs 200%, so it misses by 25% of the expected time (2.5 ms at 10 ms, far
+//!   above CUDA event resolution, 0.5 µs). Assumed: the challenge is not slowed more than 60%
+//!   by the tenant's own kernels time-sliced on the same GPU; a challenge that is counts as a
+//!   miss, and only `[pow] misses_allowed` misses in a row cost the node its leases.
+//! - **The wall clock's**, on the broker: from the challenge's issue to its commitment at most
+//!   the GPU deadline plus [`ALLOWANCE_MS`] (the heartbeat that carries the challenge, the
+//!   upload, scheduling), and the proof within [`ALLOWANCE_MS`] of the opening. It does not tell half speed from full at 10 ms (the allowance is
 //!   larger) — it refuses answers that are late or missing whatever the agent says, and bounds
 //!   what a prover outside the attested image could borrow from elsewhere.
 //!
