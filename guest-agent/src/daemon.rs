@@ -245,8 +245,10 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             threads: opts.threads.max(1),
         }),
     };
-    // A confidential machine proves on its GPUs: GPU i of a lease is CUDA device i (NVML's
-    // and CUDA's orders agree in PCI bus order, which the image's driver setup sets).
+    // A confidential machine proves on its GPUs: GPU i of a lease (NVML's index) is taken as
+    // CUDA device i — true when CUDA enumerates in PCI bus order as NVML does
+    // (CUDA_DEVICE_ORDER=PCI_BUS_ID); the image does not carry the NVIDIA driver yet, so this
+    // path is untested on hardware.
     let mut backends: HashMap<u32, Arc<dyn cgx_pow::Backend>> = HashMap::new();
     if !machine.simulated() {
         for (i, _) in machine.gpus().unwrap_or_default().iter().enumerate() {
@@ -255,14 +257,14 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                     backends.insert(i as u32, Arc::new(c));
                 }
                 Err(e) => log(format_args!(
-                    "GPU {i}: no CUDA backend ({e}); its proofs run on the CPU"
+                    "GPU {i}: no CUDA backend ({e}); it cannot answer proof-of-work challenges"
                 )),
             }
         }
     }
     let mut prover = crate::prover::Prover::start(crate::prover::ProverSetup {
         backends,
-        backend,
+        fallback: machine.simulated().then_some(backend),
         client: BrokerClient::with_agent(&opts.broker, setup.agent.clone(), None),
         node_id: id.clone(),
         node_pkcs8: node_pkcs8.clone(),

@@ -30,6 +30,12 @@ pub struct Meter {
     /// token while that lives: retries send the same bytes, then the same record re-signed.
     pending: Option<MeteringRecord>,
     token: Option<(String, i64)>,
+    /// The hashes of every signing of the pending record: the only hashes its successor may
+    /// link to.
+    signed: Vec<String>,
+    /// The broker named a hash this node never signed for the window: the chain cannot go on
+    /// honestly, so it stops (said in the log).
+    broken: bool,
     next_try: i64,
     /// The volatile ECC totals last read, per GPU: records carry the window's increase.
     ecc: std::collections::HashMap<u32, (u64, u64)>,
@@ -48,6 +54,8 @@ impl Meter {
             prev: genesis(&g.lease_id),
             pending: None,
             token: None,
+            signed: Vec::new(),
+            broken: false,
             next_try: 0,
             ecc: Default::default(),
         })
@@ -60,7 +68,7 @@ impl Meter {
 
     /// The window `seq` falls in at `now`.
     pub fn due(&self, now: i64) -> bool {
-        now >= self.window_start(self.seq + 1) && now >= self.next_try
+        !self.broken && now >= self.window_start(self.seq + 1) && now >= self.next_try
     }
 
     fn usage(&mut self, machine: &dyn Machine) -> Vec<GpuUsage> {
@@ -123,7 +131,10 @@ impl Meter {
             // Still alive for a minute: the same bytes again.
             Some((t, exp)) if exp > now + 60 => t,
             _ => match signer.sign(&record, now, now + METERING_TTL_SECS) {
-                Ok(t) => t,
+                Ok(t) => {
+                    self.signed.push(token_hash(&t));
+                    t
+                }
                 Err(e) => {
                     log(format_args!("lease {}: metering record: {e}", self.lease));
                     self.pending = Some(record);
@@ -133,10 +144,13 @@ impl Meter {
             },
         };
         match client.metering(node_id, &token) {
-            Ok(a) => {
-                self.prev = a.hash;
-                self.seq += 1;
+            Ok(a) if a.seq == self.seq && a.hash == token_hash(&token) => {
+                self.advance(token_hash(&token));
             }
+            Ok(a) => self.stop(&format!(
+                "the broker took record {} as sequence {} with hash {}: not what this node sent",
+                self.seq, a.seq, a.hash
+            )),
             // Accepted before (an answer lost on the way): the chain goes on from the record
             // the broker holds — this one's, or an earlier signing of the same record.
             Err(ClientError::Refused {
@@ -144,13 +158,15 @@ impl Meter {
                 detail,
                 ..
             }) if detail.contains(&format!("sequence {} already accepted", self.seq)) => {
-                let held = detail
-                    .rsplit("accepted as ")
-                    .next()
-                    .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .map(str::to_string);
-                self.prev = held.unwrap_or_else(|| token_hash(&token));
-                self.seq += 1;
+                let held = detail.rsplit("accepted as ").next().unwrap_or("");
+                if self.signed.iter().any(|h| h == held) {
+                    self.advance(held.to_string());
+                } else {
+                    self.stop(&format!(
+                        "the broker holds a record of window {} this node did not sign",
+                        self.seq
+                    ));
+                }
             }
             Err(e) => {
                 log(format_args!(
@@ -162,6 +178,20 @@ impl Meter {
                 self.next_try = now + RETRY_SECS;
             }
         }
+    }
+
+    fn advance(&mut self, hash: String) {
+        self.prev = hash;
+        self.seq += 1;
+        self.signed.clear();
+    }
+
+    fn stop(&mut self, why: &str) {
+        log(format_args!(
+            "lease {}: metering stopped: {why}",
+            self.lease
+        ));
+        self.broken = true;
     }
 
     /// Records accepted so far.

@@ -26,11 +26,15 @@ const QUEUE: usize = 64;
 /// How far ahead a challenge's deadline may be (ms): a later one is no broker's.
 const MAX_AHEAD_MS: i64 = 600_000;
 
-/// What a worker needs.
+/// What the workers need.
 pub struct ProverSetup {
-    /// The backend of each GPU (its index in leases), and the one for any other.
+    /// The backend of each GPU (its index in leases): its CUDA device on a confidential
+    /// machine.
     pub backends: HashMap<u32, Arc<dyn Backend>>,
-    pub backend: Arc<dyn Backend>,
+    /// The backend for a GPU without one of its own: the CPU on a simulated machine; `None`
+    /// on a confidential one (an attested GPU without a CUDA device cannot prove, and the
+    /// broker counts the misses on that GPU).
+    pub fallback: Option<Arc<dyn Backend>>,
     pub client: BrokerClient,
     pub node_id: String,
     pub node_pkcs8: Vec<u8>,
@@ -39,17 +43,21 @@ pub struct ProverSetup {
 
 impl std::fmt::Debug for ProverSetup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ProverSetup({}, {})", self.node_id, self.backend.name())
+        write!(f, "ProverSetup({})", self.node_id)
     }
 }
 
-/// The daemon's handle on its worker.
+type Answers = Arc<Mutex<HashMap<(String, u64), PowAnswer>>>;
+
+/// The daemon's handle on its workers: one thread per GPU, so eight GPUs' challenges are
+/// proved side by side, each within its own deadline.
 pub struct Prover {
-    tx: mpsc::SyncSender<PowChallenge>,
+    setup: Arc<ProverSetup>,
+    workers: HashMap<u32, mpsc::SyncSender<PowChallenge>>,
     seen: HashSet<String>,
     /// (lease, GPU) with a challenge queued or being proved: one at a time each.
     busy: Arc<Mutex<HashSet<(String, u32)>>>,
-    answers: Arc<Mutex<HashMap<(String, u64), PowAnswer>>>,
+    answers: Answers,
 }
 
 impl std::fmt::Debug for Prover {
@@ -60,46 +68,61 @@ impl std::fmt::Debug for Prover {
 
 impl Prover {
     pub fn start(setup: ProverSetup) -> Prover {
-        let (tx, rx) = mpsc::sync_channel::<PowChallenge>(QUEUE);
-        let answers = Arc::new(Mutex::new(HashMap::new()));
-        let mine = answers.clone();
-        let busy = Arc::new(Mutex::new(HashSet::new()));
-        let done = busy.clone();
-        log(format_args!("proof of work on {}", setup.backend.name()));
-        std::thread::spawn(move || {
-            while let Ok(c) = rx.recv() {
-                let outcome = prove_and_send(&setup, &c);
-                if let Ok(mut b) = done.lock() {
-                    b.remove(&(c.lease.clone(), c.gpu));
-                }
-                match outcome {
-                    Ok(root) => {
-                        if let Ok(mut a) = mine.lock() {
-                            // The window's record carries the first answer of its window.
-                            a.entry((c.lease.clone(), c.window)).or_insert(PowAnswer {
-                                challenge: c.id.clone(),
-                                root,
-                            });
-                        }
-                    }
-                    Err(e) => log(format_args!(
-                        "challenge {} (lease {}, GPU {}): {e}",
-                        c.id, c.lease, c.gpu
-                    )),
-                }
-            }
-        });
-        Prover {
-            tx,
-            seen: HashSet::new(),
-            busy,
-            answers,
+        let mut on: Vec<String> = setup
+            .backends
+            .iter()
+            .map(|(g, b)| format!("GPU {g}: {}", b.name()))
+            .collect();
+        on.sort();
+        if let Some(f) = &setup.fallback {
+            on.push(format!("otherwise {}", f.name()));
         }
+        log(format_args!("proof of work on {}", on.join("; ")));
+        Prover {
+            setup: Arc::new(setup),
+            workers: HashMap::new(),
+            seen: HashSet::new(),
+            busy: Arc::new(Mutex::new(HashSet::new())),
+            answers: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// GPU `gpu`'s worker, started on its first challenge.
+    fn worker(&mut self, gpu: u32) -> &mpsc::SyncSender<PowChallenge> {
+        let (setup, busy, answers) = (self.setup.clone(), self.busy.clone(), self.answers.clone());
+        self.workers.entry(gpu).or_insert_with(|| {
+            let (tx, rx) = mpsc::sync_channel::<PowChallenge>(QUEUE);
+            std::thread::spawn(move || {
+                while let Ok(c) = rx.recv() {
+                    let outcome = prove_and_send(&setup, &c);
+                    if let Ok(mut b) = busy.lock() {
+                        b.remove(&(c.lease.clone(), c.gpu));
+                    }
+                    match outcome {
+                        Ok(root) => {
+                            if let Ok(mut a) = answers.lock() {
+                                // The window's record carries the first answer of its window.
+                                a.entry((c.lease.clone(), c.window)).or_insert(PowAnswer {
+                                    challenge: c.id.clone(),
+                                    root,
+                                });
+                            }
+                        }
+                        Err(e) => log(format_args!(
+                            "challenge {} (lease {}, GPU {}): {e}",
+                            c.id, c.lease, c.gpu
+                        )),
+                    }
+                }
+            });
+            tx
+        })
     }
 
     /// Queue the challenges not seen before, one per (lease, GPU) at a time, whose deadline
     /// is in the next ten minutes (the daemon has already kept only its verified leases'
-    /// GPUs and sizes it accepts).
+    /// GPUs and sizes it accepts). One not queued now (its GPU busy, its queue full) is
+    /// taken when the broker sends it again.
     pub fn offer(&mut self, challenges: &[PowChallenge]) {
         let now_ms = crate::daemon::unix_now().saturating_mul(1000);
         for c in challenges {
@@ -109,15 +132,18 @@ impl Prover {
             if self.seen.len() >= SEEN_MAX {
                 self.seen.clear();
             }
-            if !self.seen.insert(c.id.clone()) {
+            if self.seen.contains(&c.id) {
                 continue;
             }
-            let Ok(mut busy) = self.busy.lock() else {
-                return;
-            };
-            if busy.insert((c.lease.clone(), c.gpu)) && self.tx.try_send(c.clone()).is_err() {
-                busy.remove(&(c.lease.clone(), c.gpu));
-                self.seen.remove(&c.id);
+            let key = (c.lease.clone(), c.gpu);
+            let free = self.busy.lock().is_ok_and(|mut b| b.insert(key.clone()));
+            if !free {
+                continue;
+            }
+            if self.worker(c.gpu).try_send(c.clone()).is_ok() {
+                self.seen.insert(c.id.clone());
+            } else if let Ok(mut b) = self.busy.lock() {
+                b.remove(&key);
             }
         }
     }
@@ -174,7 +200,11 @@ fn prove_and_send(s: &ProverSetup, c: &PowChallenge) -> Result<String, String> {
         seed: seed(&nonce, &c.lease, c.window, &s.node_raw, c.gpu),
         params: Params { n: c.n, k: c.k },
     };
-    let backend = s.backends.get(&c.gpu).unwrap_or(&s.backend);
+    let backend = s
+        .backends
+        .get(&c.gpu)
+        .or(s.fallback.as_ref())
+        .ok_or("no CUDA device for this GPU: it cannot prove")?;
     let (held, ms) = backend.commit(&ch).map_err(|e| e.to_string())?;
     let root = hex::encode(held.root());
     let signer =

@@ -54,9 +54,9 @@ type Shared = State<Arc<Broker>>;
 const REGISTRATION_BODY: usize = 2 << 20;
 const JOB_BODY: usize = 96 << 10;
 const SMALL_BODY: usize = 4 << 10;
-/// A proof of the largest class (n = 16 384, k = 66: 4.3 MiB) in base64 with its receipt; the
-/// handler checks the exact bound of the challenge's size.
-const POW_BODY: usize = 8 << 20;
+/// A proof of the largest size a node accepts (n = 16 384, k up to 132: 8.7 MiB) in base64
+/// with its receipt; the handler checks the exact bound of the challenge's size.
+const POW_BODY: usize = 12 << 20;
 /// Reference values name images, measurements and GPU RIM values: 1 MiB is ample.
 const REFERENCE_VALUES_BODY: usize = 1 << 20;
 

@@ -18,8 +18,12 @@
 //!   marks the node at once: unplaceable for `penalty_secs`, its leases ended and their jobs
 //!   re-placed by the monitor's failover, the reason in `cgx node show`. A missed deadline or
 //!   a GPU slower than its class counts as a miss: the node is marked when more than
-//!   `misses_allowed` come in a row (a lost packet or a tenant's kernels hogging the GPU for
-//!   one challenge do not cost an honest node its leases).
+//!   `misses_allowed` come in a row on one GPU (a lost packet or a tenant's kernels hogging
+//!   the GPU for one challenge do not cost an honest node its leases). A proof withheld once
+//!   the opening is known is a failure. Commitments and proofs sent again (their answers
+//!   lost) get the same answer: retries are idempotent. The node's key and GPU serials are
+//!   sealed into the challenge when it is issued, so a verdict needs neither the index nor
+//!   the node still registered.
 
 use std::sync::Arc;
 
@@ -74,11 +78,14 @@ impl Broker {
         .iter()
         .map(|v| v.to_be_bytes())
         .collect();
+        let serials = c.serials.join(",");
         let mut parts: Vec<&[u8]> = vec![
             c.id.as_bytes(),
             c.node_id.as_bytes(),
             c.lease_id.as_bytes(),
             c.nonce.as_bytes(),
+            c.node_key.as_bytes(),
+            serials.as_bytes(),
         ];
         parts.extend(nums.iter().map(|n| n.as_slice()));
         hex::encode(self.keys.pow_mac(b"seal", &parts))
@@ -120,6 +127,11 @@ impl Broker {
             return Ok(Vec::new());
         };
         let now_ms = self.clock.unix_ms();
+        let node_key = cgx_protocol::broker::unb64(&record.node_key)
+            .filter(|k| k.len() == 32)
+            .map(hex::encode)
+            .ok_or_else(|| BrokerError::Internal("stored node key".into()))?;
+        let serials = super::index::serials(record);
         let mut open = self.store.pow_open(&record.id, now_ms).await?;
         for g in leases {
             let window_secs = i64::from(g.window_secs.max(1));
@@ -147,6 +159,8 @@ impl Broker {
                         i64::try_from(gpu_deadline.saturating_add(self.config.pow.allowance_ms))
                             .unwrap_or(i64::MAX),
                     ),
+                    node_key: node_key.clone(),
+                    serials: serials.clone(),
                     seal: String::new(),
                     state: "issued".into(),
                     reason: String::new(),
@@ -155,9 +169,12 @@ impl Broker {
                     gpu_us: None,
                     root: None,
                     answered_ms: None,
+                    proof_sha256: None,
                 };
                 row.seal = self.pow_seal(&row);
-                self.store.write(PowWrite::Issue(row.clone())).await?;
+                self.store
+                    .write(PowWrite::Issue(Box::new(row.clone())))
+                    .await?;
                 self.metrics.event("pow", "issued");
                 tracing::info!(node = %record.id, lease = %g.lease_id, gpu, challenge = %row.id, n = params.n, "proof-of-work challenge issued");
                 open.push(row);
@@ -247,6 +264,15 @@ impl Broker {
             return Err(BrokerError::Pow("the root is not 32 bytes of hex".into()));
         }
         let c = self.pow_row(id, challenge).await?;
+        // The same commitment again (its answer was lost): the same opening, so a retry
+        // changes nothing.
+        if c.state != "issued" && c.root.as_deref() == Some(receipt.root.as_str()) {
+            return Ok(PowOpening {
+                challenge: challenge.to_string(),
+                opening: hex::encode(self.pow_opening(challenge, &receipt.root)),
+                deadline_ms: c.open_deadline_ms.unwrap_or(0),
+            });
+        }
         if c.state != "issued" {
             return Err(BrokerError::Conflict(format!(
                 "challenge {challenge} is already {}",
@@ -310,6 +336,13 @@ impl Broker {
         let now_ms = self.clock.unix_ms();
         let receipt = self.pow_receipt(id, challenge, post.receipt.trim())?;
         let c = self.pow_row(id, challenge).await?;
+        // The same proof again (its answer was lost): taken already.
+        if c.proof_sha256.as_deref() == Some(receipt.proof_sha256.as_str()) {
+            return Ok(PowAccepted {
+                challenge: challenge.to_string(),
+                state: c.state,
+            });
+        }
         if c.state != "committed" {
             return Err(BrokerError::Conflict(format!(
                 "challenge {challenge} is {}, not waiting for its proof",
@@ -348,6 +381,7 @@ impl Broker {
             id: challenge.to_string(),
             node: id.to_string(),
             at_ms: now_ms,
+            proof_sha256: receipt.proof_sha256.clone(),
             receipt: post.receipt.trim().to_string(),
             proof,
         };
@@ -377,28 +411,39 @@ impl Broker {
                 tracing::error!(challenge = %c.id, "a challenge row without the broker's seal; ignored");
                 continue;
             }
-            let (from, what) = if c.state == "issued" {
-                ("issued", "no commitment by its deadline")
+            // No commitment in time: a miss. A commitment whose proof never came once the
+            // opening was known: withheld — a prover that sends only the proofs its opened
+            // cells would pass is a cheat, not a late one (retries are idempotent, so an
+            // honest node's lost answer is sent again in time).
+            let (from, state, what) = if c.state == "issued" {
+                ("issued", "missed", "no commitment by its deadline")
             } else {
-                ("committed", "no proof by the opening's deadline")
+                (
+                    "committed",
+                    "failed",
+                    "no proof by the opening's deadline: withheld once the opening was known",
+                )
             };
             let reason = format!(
                 "challenge {} (lease {}, GPU {}): {what}",
                 c.id, c.lease_id, c.gpu
             );
-            if self.verdict(&c, from, "missed", reason).await? {
+            if self.verdict(&c, from, state, reason).await? {
                 verdicts += 1;
             }
         }
         for (c, receipt, proof_receipt, proof) in self.store.pow_answered(VERDICTS_PER_PASS).await?
         {
-            let verdict = match (self.pow_sealed(&c), self.node_key(&c.node_id)) {
+            let key: Option<[u8; 32]> = hex::decode(&c.node_key)
+                .ok()
+                .and_then(|k| k.try_into().ok());
+            let verdict = match (self.pow_sealed(&c), key) {
                 (Err(e), _) => {
                     tracing::error!(challenge = %c.id, error = %e, "ignored");
                     continue;
                 }
-                (Ok(()), Err(_)) => Verdict::Failed("the node is no longer registered".into()),
-                (Ok(()), Ok((_, key))) => {
+                (Ok(()), None) => Verdict::Failed("the sealed node key is not 32 bytes".into()),
+                (Ok(()), Some(key)) => {
                     let opening = self.pow_opening(&c.id, c.root.as_deref().unwrap_or(""));
                     let row = c.clone();
                     tokio::task::spawn_blocking(move || {
@@ -431,8 +476,8 @@ impl Broker {
     }
 
     /// Record a verdict (once: another replica may have given it first — the same one, since
-    /// verdicts are deterministic). A failure marks the node at once; a miss (`missed`,
-    /// `slow`) only past `misses_allowed` in a row.
+    /// verdicts are deterministic). A failure marks the node and its GPUs at once; a miss
+    /// (`missed`, `slow`) only past `misses_allowed` in a row on the same GPU.
     async fn verdict(
         &self,
         c: &ChallengeRow,
@@ -445,17 +490,11 @@ impl Broker {
             "passed" => false,
             "failed" => true,
             _ => {
-                self.store.pow_missed_in_a_row(&c.node_id).await? >= self.config.pow.misses_allowed
+                self.store.pow_missed_in_a_row(&c.node_id, c.gpu).await?
+                    >= self.config.pow.misses_allowed
             }
         };
-        let serials = if mark {
-            self.index()
-                .record(&c.node_id)
-                .map(|r| super::index::serials(&r))
-                .unwrap_or_default()
-        } else {
-            Vec::new()
-        };
+        let serials = if mark { c.serials.clone() } else { Vec::new() };
         let w = PowWrite::Verdict {
             id: c.id.clone(),
             node: c.node_id.clone(),
@@ -716,9 +755,15 @@ mod tests {
             b.store.pow_challenge(&c.id).await.unwrap().unwrap().state,
             "issued"
         );
-        // The commitment: stored, answered with the opening; not twice.
+        // The commitment: stored, answered with the opening. Sent again (its answer lost), the
+        // same opening; another root once committed: refused.
         let opening = b.pow_commit(&honest.id, &c.id, &good).await.unwrap();
-        let e = err(b.pow_commit(&honest.id, &c.id, &good)).await;
+        assert_eq!(
+            b.pow_commit(&honest.id, &c.id, &good).await.unwrap(),
+            opening
+        );
+        let (_, rival) = commit(honest, &c, &cpu, now, |r| r.root = "ab".repeat(32));
+        let e = err(b.pow_commit(&honest.id, &c.id, &rival)).await;
         assert!(e.contains("already committed"), "{e}");
         // Proofs refused, each with its reason.
         for (post, why) in [
@@ -749,7 +794,13 @@ mod tests {
         let post = proof(honest, &c, &*held, &opening.opening, now, |_, _| {});
         let ok = b.pow_answer(&honest.id, &c.id, &post).await.unwrap();
         assert_eq!(ok.state, "answered");
-        let e = err(b.pow_answer(&honest.id, &c.id, &post)).await;
+        // Sent again (its answer lost): taken already; another proof: refused.
+        assert_eq!(b.pow_answer(&honest.id, &c.id, &post).await.unwrap(), ok);
+        let other_proof = proof(honest, &c, &*held, &opening.opening, now, |r, b| {
+            b[100] ^= 1;
+            r.proof_sha256 = "recompute".into();
+        });
+        let e = err(b.pow_answer(&honest.id, &c.id, &other_proof)).await;
         assert!(e.contains("not waiting for its proof"), "{e}");
         assert_eq!(b.pow_pass().await.unwrap(), 1);
         let row = b.store.pow_challenge(&c.id).await.unwrap().unwrap();
@@ -823,7 +874,7 @@ mod tests {
         forged.k = 1;
         forged.deadline_ms = i64::MAX;
         b.store
-            .write(PowWrite::Issue(forged.clone()))
+            .write(PowWrite::Issue(Box::new(forged.clone())))
             .await
             .unwrap();
         let for_forged = commit(honest, &c, &cpu, h.now(), |r| {
@@ -891,6 +942,74 @@ mod tests {
         h.broker.sync().await.unwrap();
         assert!(matches!(
             h.broker.index().placeable(&again.id, h.now()),
+            Some(Err(index::Unplaceable::ProofFailed { .. }))
+        ));
+    }
+
+    /// A proof withheld once the opening is known fails (a prover that answers only when its
+    /// opened cells happen to be right is a cheat); misses are counted per GPU, so one GPU
+    /// that never answers is not hidden by the others passing.
+    #[tokio::test]
+    async fn a_withheld_proof_fails_and_misses_count_per_gpu() {
+        let h = Harness::with("pow-withheld", |c| {
+            c.pow.interval_secs = 1;
+            c.pow.misses_allowed = 1;
+        })
+        .await;
+        let node = h.node(2);
+        h.register(&node).await.unwrap();
+        let tenant = h.admin(Role::Tenant);
+        h.broker
+            .submit(&tenant, Harness::job(2, 3600))
+            .await
+            .unwrap();
+        let cpu = Cpu { threads: 1 };
+        let b = &h.broker;
+        // Two rounds: GPU 1 proves each time, GPU 0 never answers.
+        for round in 0..2 {
+            let cs = h.heartbeat(&node).await.unwrap().challenges;
+            assert_eq!(cs.len(), 2, "round {round}: {cs:?}");
+            for c in cs.iter().filter(|c| c.gpu == 1) {
+                let (held, post) = commit(&node, c, &cpu, h.now(), |_| {});
+                let o = b.pow_commit(&node.id, &c.id, &post).await.unwrap();
+                let post = proof(&node, c, &*held, &o.opening, h.now(), |_, _| {});
+                b.pow_answer(&node.id, &c.id, &post).await.unwrap();
+            }
+            b.pow_pass().await.unwrap();
+            h.clock.set(h.now() + 10);
+            b.pow_pass().await.unwrap();
+            let placeable = b.index().placeable(&node.id, h.now());
+            if round == 0 {
+                assert_eq!(placeable, Some(Ok(())), "one miss is allowed");
+            } else {
+                match placeable {
+                    Some(Err(index::Unplaceable::ProofFailed { reason, .. })) => {
+                        assert!(
+                            reason.contains("GPU 0") && reason.contains("no commitment"),
+                            "{reason}"
+                        )
+                    }
+                    other => panic!("GPU 0's second miss in a row: {other:?}"),
+                }
+            }
+        }
+        // Withheld: a fresh node commits, learns the opening, sends nothing.
+        let other = h.node(1);
+        h.register(&other).await.unwrap();
+        h.broker
+            .submit(&tenant, Harness::job(1, 3600))
+            .await
+            .unwrap();
+        let c = h.heartbeat(&other).await.unwrap().challenges[0].clone();
+        let (_, post) = commit(&other, &c, &cpu, h.now(), |_| {});
+        b.pow_commit(&other.id, &c.id, &post).await.unwrap();
+        h.clock.set(h.now() + 10);
+        b.pow_pass().await.unwrap();
+        let row = b.store.pow_challenge(&c.id).await.unwrap().unwrap();
+        assert_eq!(row.state, "failed");
+        assert!(row.reason.contains("withheld"), "{}", row.reason);
+        assert!(matches!(
+            b.index().placeable(&other.id, h.now()),
             Some(Err(index::Unplaceable::ProofFailed { .. }))
         ));
     }

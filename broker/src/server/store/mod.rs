@@ -220,15 +220,16 @@ macro_rules! pow_v9 {
         id TEXT PRIMARY KEY, node_id TEXT NOT NULL, lease_id TEXT NOT NULL, gpu BIGINT NOT NULL,
         win BIGINT NOT NULL, nonce TEXT NOT NULL, n BIGINT NOT NULL, k BIGINT NOT NULL,
         expected_ms BIGINT NOT NULL, gpu_deadline_ms BIGINT NOT NULL, issued_ms BIGINT NOT NULL,
-        deadline_ms BIGINT NOT NULL, seal TEXT NOT NULL, state TEXT NOT NULL,
-        reason TEXT NOT NULL, committed_ms BIGINT, open_deadline_ms BIGINT, gpu_us BIGINT,
-        root TEXT, receipt TEXT, answered_ms BIGINT, proof_receipt TEXT, proof ",
+        deadline_ms BIGINT NOT NULL, node_key TEXT NOT NULL, serials TEXT NOT NULL,
+        seal TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, committed_ms BIGINT,
+        open_deadline_ms BIGINT, gpu_us BIGINT, root TEXT, receipt TEXT, answered_ms BIGINT,
+        proof_sha256 TEXT, proof_receipt TEXT, proof ",
             $blob,
             ");
      CREATE INDEX pow_state ON pow_challenges (state, deadline_ms);
      CREATE INDEX pow_committed ON pow_challenges (state, open_deadline_ms);
      CREATE INDEX pow_lease_gpu ON pow_challenges (lease_id, gpu, issued_ms);
-     CREATE INDEX pow_node ON pow_challenges (node_id, issued_ms);
+     CREATE INDEX pow_node ON pow_challenges (node_id, gpu, issued_ms);
      CREATE TABLE pow_penalties (
         serial TEXT PRIMARY KEY, at BIGINT NOT NULL, reason TEXT NOT NULL);
      ALTER TABLE nodes ADD COLUMN pow_failed_at BIGINT NOT NULL DEFAULT 0;

@@ -28,6 +28,10 @@ pub struct ChallengeRow {
     pub gpu_deadline_ms: u64,
     pub issued_ms: i64,
     pub deadline_ms: i64,
+    /// The node's attested key (hex) and its GPUs' serials when the challenge was issued:
+    /// the verdict needs neither the index nor the node still registered.
+    pub node_key: String,
+    pub serials: Vec<String>,
     /// The broker's MAC over the fields above (hex).
     pub seal: String,
     pub state: String,
@@ -37,11 +41,12 @@ pub struct ChallengeRow {
     pub gpu_us: Option<i64>,
     pub root: Option<String>,
     pub answered_ms: Option<i64>,
+    pub proof_sha256: Option<String>,
 }
 
 #[derive(Debug)]
 pub(crate) enum PowWrite {
-    Issue(ChallengeRow),
+    Issue(Box<ChallengeRow>),
     /// Node `node`'s commitment to `id`, if the challenge is its, still issued and not past
     /// its deadline at `at_ms`.
     Commit {
@@ -58,6 +63,7 @@ pub(crate) enum PowWrite {
         id: String,
         node: String,
         at_ms: i64,
+        proof_sha256: String,
         receipt: String,
         proof: Vec<u8>,
     },
@@ -76,7 +82,7 @@ pub(crate) enum PowWrite {
     },
 }
 
-const COLUMNS: &str = "id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, seal, state, reason, committed_ms, open_deadline_ms, gpu_us, root, answered_ms";
+const COLUMNS: &str = "id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, node_key, serials, seal, state, reason, committed_ms, open_deadline_ms, gpu_us, root, answered_ms, proof_sha256";
 
 fn challenge_row(r: &sqlx::any::AnyRow) -> Result<ChallengeRow, sqlx::Error> {
     let u = |c: &str| -> Result<u64, sqlx::Error> {
@@ -99,6 +105,13 @@ fn challenge_row(r: &sqlx::any::AnyRow) -> Result<ChallengeRow, sqlx::Error> {
         gpu_deadline_ms: u("gpu_deadline_ms")?,
         issued_ms: r.try_get("issued_ms")?,
         deadline_ms: r.try_get("deadline_ms")?,
+        node_key: r.try_get("node_key")?,
+        serials: r
+            .try_get::<String, _>("serials")?
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect(),
         seal: r.try_get("seal")?,
         state: r.try_get("state")?,
         reason: r.try_get("reason")?,
@@ -107,6 +120,7 @@ fn challenge_row(r: &sqlx::any::AnyRow) -> Result<ChallengeRow, sqlx::Error> {
         gpu_us: r.try_get("gpu_us")?,
         root: r.try_get("root")?,
         answered_ms: r.try_get("answered_ms")?,
+        proof_sha256: r.try_get("proof_sha256")?,
     })
 }
 
@@ -114,8 +128,8 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
     match w {
         PowWrite::Issue(c) => {
             sqlx::query(
-                "INSERT INTO pow_challenges (id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, seal, state, reason)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'issued', '')",
+                "INSERT INTO pow_challenges (id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, node_key, serials, seal, state, reason)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, 'issued', '')",
             )
             .bind(&c.id)
             .bind(&c.node_id)
@@ -129,6 +143,8 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             .bind(i64::try_from(c.gpu_deadline_ms).unwrap_or(i64::MAX))
             .bind(c.issued_ms)
             .bind(c.deadline_ms)
+            .bind(&c.node_key)
+            .bind(c.serials.join(","))
             .bind(&c.seal)
             .execute(&mut **tx)
             .await?;
@@ -162,16 +178,18 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             id,
             node,
             at_ms,
+            proof_sha256,
             receipt,
             proof,
         } => {
             let r = sqlx::query(
-                "UPDATE pow_challenges SET state = 'answered', answered_ms = $3, proof_receipt = $4, proof = $5
+                "UPDATE pow_challenges SET state = 'answered', answered_ms = $3, proof_sha256 = $4, proof_receipt = $5, proof = $6
                  WHERE id = $1 AND node_id = $2 AND state = 'committed' AND open_deadline_ms >= $3",
             )
             .bind(id)
             .bind(node)
             .bind(at_ms)
+            .bind(proof_sha256)
             .bind(receipt)
             .bind(proof.clone())
             .execute(&mut **tx)
@@ -352,13 +370,14 @@ impl Store {
         .await
     }
 
-    /// How many of node `node`'s latest verdicts, in a row, were misses (`missed`, `slow`).
-    pub async fn pow_missed_in_a_row(&self, node: &str) -> Result<u32, BrokerError> {
+    /// How many of the latest verdicts on node `node`'s GPU `gpu`, in a row, were misses
+    /// (`missed`, `slow`): per GPU, so one GPU missing or slow is not hidden by the others.
+    pub async fn pow_missed_in_a_row(&self, node: &str, gpu: u32) -> Result<u32, BrokerError> {
         let rows = self
             .pow_rows(
-                "node_id = $1 AND state IN ('passed', 'failed', 'missed', 'slow') ORDER BY issued_ms DESC LIMIT 16",
+                "node_id = $1 AND gpu = $2 AND state IN ('passed', 'failed', 'missed', 'slow') ORDER BY issued_ms DESC LIMIT 16",
                 &[node],
-                &[],
+                &[i64::from(gpu)],
             )
             .await?;
         Ok(rows
