@@ -799,6 +799,8 @@ fn the_broker_serves_its_contract() {
             routes::HEARTBEAT,
             routes::REPORTS,
             routes::METERING,
+            routes::POW,
+            routes::POW_PROOF,
             routes::REATTEST,
             routes::JOBS,
             routes::JOB,
