@@ -114,11 +114,6 @@ impl Cuda {
     }
 }
 
-fn words(seed: &[u8; 32]) -> [u32; 4] {
-    let w = |i: usize| u32::from_le_bytes([seed[i], seed[i + 1], seed[i + 2], seed[i + 3]]);
-    [w(0), w(4), w(8), w(12)]
-}
-
 fn grid(items: u64) -> LaunchConfig {
     let threads = 256u32;
     LaunchConfig {
@@ -143,7 +138,7 @@ impl Inner {
         out: &mut CudaSlice<i8>,
     ) -> Result<(), CudaError> {
         let blocks = u64::from(n) * u64::from(n) / 16;
-        let s = words(seed);
+        let s = cgx_pow::challenge::seed_words(seed);
         let (k0, k1, c2, c3) = (s[0], s[1], s[2] ^ m as u32, s[3]);
         let t = i32::from(transposed);
         let mut b = self.stream.launch_builder(&self.fill);

@@ -64,7 +64,9 @@ pub fn seed(nonce: &[u8], lease: &str, window: u64, node_key: &[u8], gpu: u32) -
     out
 }
 
-fn words(seed: &[u8; 32]) -> [u32; 4] {
+/// The seed's first four little-endian words: the Philox key (s₀, s₁) and the counter's upper
+/// words (s₂, s₃) every backend generates the matrices from.
+pub fn seed_words(seed: &[u8; 32]) -> [u32; 4] {
     let w = |i: usize| u32::from_le_bytes([seed[i], seed[i + 1], seed[i + 2], seed[i + 3]]);
     [w(0), w(4), w(8), w(12)]
 }
@@ -79,7 +81,7 @@ fn words(seed: &[u8; 32]) -> [u32; 4] {
 #[allow(clippy::needless_range_loop)]
 pub fn fill_rows(seed: &[u8; 32], m: Matrix, n: u32, rows: std::ops::Range<u32>, out: &mut [i8]) {
     use crate::philox::{LANES, philox4x32_10_lanes};
-    let s = words(seed);
+    let s = seed_words(seed);
     let first = u64::from(rows.start) * u64::from(n) / 16;
     let len = out.len();
     let blocks = len.div_ceil(16);
@@ -156,7 +158,7 @@ mod tests {
         assert_eq!(&a[17 * 48..22 * 48], &part[..]);
         assert_ne!(a, matrix(&s, Matrix::B, 48));
         // The first block is Philox of counter (0, 0, s₂, s₃): bytes little-endian.
-        let w = words(&s);
+        let w = seed_words(&s);
         let b0 = crate::philox::philox4x32_10([0, 0, w[2], w[3]], [w[0], w[1]]);
         assert_eq!(
             a[..4].iter().map(|&x| x as u8).collect::<Vec<_>>(),

@@ -17,7 +17,7 @@
 use cgx_protocol::merkle::{Hash, Tree, leaf_hash, verify_inclusion};
 
 use crate::PowError;
-use crate::challenge::{Challenge, Matrix, fill_rows};
+use crate::challenge::{Challenge, Matrix, fill_rows, seed_words};
 use crate::cpu::row_bytes;
 use crate::philox::{LANES, philox4x32_10, philox4x32_10_lanes};
 
@@ -121,11 +121,6 @@ pub fn column_group(seed: &[u8; 32], m: Matrix, n: u32, col: u32) -> Vec<[i8; 16
         row += LANES as u32;
     }
     out
-}
-
-fn seed_words(seed: &[u8; 32]) -> [u32; 4] {
-    let w = |i: usize| u32::from_le_bytes([seed[i], seed[i + 1], seed[i + 2], seed[i + 3]]);
-    [w(0), w(4), w(8), w(12)]
 }
 
 /// The prover's side: commit to `c`'s rows (their leaf hashes), as [`Committed`].
