@@ -78,6 +78,7 @@ fn job(gpus: u32) -> JobSpec {
         resources: Vec::new(),
         placement_policy: None,
         workload: None,
+        offer: None,
     }
 }
 

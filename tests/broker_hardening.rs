@@ -53,6 +53,7 @@ fn job(gpus: u32) -> JobSpec {
         resources: Vec::new(),
         placement_policy: None,
         workload: None,
+        offer: None,
     }
 }
 

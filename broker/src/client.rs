@@ -317,4 +317,51 @@ impl BrokerClient {
     pub fn cancel(&self, id: &str) -> Result<JobView> {
         self.call("POST", &routes::with_id(routes::CANCEL, id), None, None)
     }
+
+    /// Deposit to `tenant/<name>` or `stake/<operator>` (a `ledger` or `*` key).
+    pub fn deposit(
+        &self,
+        req: &cgx_protocol::ledger::DepositRequest,
+    ) -> Result<cgx_protocol::ledger::DepositAnswer> {
+        self.post(routes::DEPOSITS, req)
+    }
+
+    /// Every account's sums (auditors).
+    pub fn accounts(&self) -> Result<Vec<cgx_protocol::ledger::AccountBalance>> {
+        self.call("GET", routes::ACCOUNTS, None, None)
+    }
+
+    /// A tenant's (`tenant`) or an operator's (`operator`) statement over `[from, to)`.
+    pub fn statement(
+        &self,
+        tenant: Option<&str>,
+        operator: Option<&str>,
+        from: Option<i64>,
+        to: Option<i64>,
+    ) -> Result<cgx_protocol::ledger::Statement> {
+        let mut q = Vec::new();
+        if let Some(t) = tenant {
+            q.push(format!("tenant={t}"));
+        }
+        if let Some(o) = operator {
+            q.push(format!("operator={o}"));
+        }
+        if let Some(f) = from {
+            q.push(format!("from={f}"));
+        }
+        if let Some(t) = to {
+            q.push(format!("to={t}"));
+        }
+        self.call(
+            "GET",
+            &format!("{}?{}", routes::STATEMENTS, q.join("&")),
+            None,
+            None,
+        )
+    }
+
+    /// The offers `spec` would get now; nothing is placed.
+    pub fn quote(&self, spec: &JobSpec) -> Result<cgx_protocol::ledger::QuoteAnswer> {
+        self.post(routes::QUOTES, spec)
+    }
 }

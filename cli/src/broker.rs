@@ -66,7 +66,7 @@ pub fn serve(config: &Path, insecure_dev: bool) -> CliResult {
 /// Ask the broker (`call`), then print the answer: JSON with `--json`, else `text`. A refusal
 /// prints its code and detail (JSON with `--json`) and exits 1; transport problems are usage
 /// errors (exit 2).
-fn show<T: serde::Serialize>(
+pub(crate) fn show<T: serde::Serialize>(
     conn: &Conn,
     call: impl FnOnce(&BrokerClient) -> Result<T, ClientError>,
     text: impl FnOnce(&T),
@@ -166,16 +166,24 @@ pub struct SubmitArgs {
     /// --resource; the age file's name in the node's weights store).
     #[arg(long, requires = "command")]
     pub weights: Option<String>,
+    /// Hold the job to an offer from `cgx job quote`: NODE=PRICE (per GPU-hour, currency
+    /// units). Placed on that node at that price, or refused with why the offer no longer holds.
+    #[arg(long)]
+    pub offer: Option<String>,
 }
 
 impl SubmitArgs {
-    fn spec(&self) -> Result<JobSpec, String> {
+    pub(crate) fn spec(&self) -> Result<JobSpec, String> {
         if let Some(p) = &self.spec {
-            return serde_json::from_str(&read_text(p)?).map_err(|e| {
+            let mut spec: JobSpec = serde_json::from_str(&read_text(p)?).map_err(|e| {
                 let e = e.to_string();
                 let e = cgx_protocol::money::retired_field_refusal(&e).unwrap_or(e);
                 format!("{}: {e}", p.display())
-            });
+            })?;
+            if self.offer.is_some() {
+                spec.offer = self.offer()?;
+            }
+            return Ok(spec);
         }
         let max_price = self
             .max_price
@@ -209,7 +217,22 @@ impl SubmitArgs {
                 .map(read_text)
                 .transpose()?,
             workload: self.workload()?,
+            offer: self.offer()?,
         })
+    }
+
+    fn offer(&self) -> Result<Option<cgx_protocol::ledger::ChosenOffer>, String> {
+        let Some(o) = &self.offer else {
+            return Ok(None);
+        };
+        let (node, price) = o
+            .split_once('=')
+            .ok_or("--offer: NODE=PRICE, as `cgx job quote` prints it")?;
+        let price = Micros::parse_decimal(price).map_err(|e| format!("--offer: {e}"))?;
+        Ok(Some(cgx_protocol::ledger::ChosenOffer {
+            node: node.to_string(),
+            price_per_gpu_hour_micros: price,
+        }))
     }
 
     fn workload(&self) -> Result<Option<cgx_protocol::broker::Workload>, String> {
@@ -238,7 +261,7 @@ impl SubmitArgs {
     }
 }
 
-fn time_of(t: i64) -> String {
+pub(crate) fn time_of(t: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(t)
         .ok()
         .and_then(|d| {

@@ -8,6 +8,7 @@ mod bench;
 mod broker;
 mod collateral;
 mod kbs;
+mod ledger;
 mod measure;
 mod output;
 mod policy;
@@ -116,6 +117,32 @@ enum Command {
     Job {
         #[command(subcommand)]
         command: JobCommand,
+        #[command(flatten)]
+        conn: broker::Conn,
+    },
+    /// A tenant's or an operator's statement: every transfer with its cause, every lease with
+    /// its windows paid and refunded, reconciled against the ledger.
+    Statement {
+        #[arg(long, conflicts_with = "operator")]
+        tenant: Option<String>,
+        #[arg(long)]
+        operator: Option<String>,
+        /// From (Unix seconds, inclusive).
+        #[arg(long)]
+        from: Option<i64>,
+        /// To (Unix seconds, exclusive).
+        #[arg(long)]
+        to: Option<i64>,
+        /// Print every transfer line too.
+        #[arg(long)]
+        lines: bool,
+        #[command(flatten)]
+        conn: broker::Conn,
+    },
+    /// The broker's ledger: deposits (a `ledger` key), every account (auditors).
+    Ledger {
+        #[command(subcommand)]
+        command: LedgerCommand,
         #[command(flatten)]
         conn: broker::Conn,
     },
@@ -364,6 +391,9 @@ enum RefsCommand {
 enum JobCommand {
     /// Submit a job; it is placed at once if an attested, fresh node fits.
     Submit(Box<broker::SubmitArgs>),
+    /// The offers a job would get now, best first, and why other nodes would not; nothing
+    /// is placed or held.
+    Quote(Box<broker::SubmitArgs>),
     /// A job's state, node, lease and events.
     Status { id: String },
     /// Cancel a job: its lease ends and is never renewed; its GPUs are free at once.
@@ -373,6 +403,23 @@ enum JobCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum LedgerCommand {
+    /// Money in: to tenant/<name> or stake/<operator>; idempotent by --reference.
+    Deposit {
+        #[arg(long)]
+        account: String,
+        /// Currency units (exact decimal, up to 6 decimals).
+        #[arg(long)]
+        amount: cgx_protocol::money::Micros,
+        /// The payment's own reference (a retry with it moves nothing again).
+        #[arg(long)]
+        reference: String,
+    },
+    /// Every account's sums (auditors).
+    Accounts,
 }
 
 #[derive(Subcommand, Debug)]
@@ -669,9 +716,33 @@ fn run(cli: Cli) -> ExitCode {
         },
         Command::Job { command, conn } => match command {
             JobCommand::Submit(args) => broker::job_submit(&conn, &args),
+            JobCommand::Quote(args) => ledger::quote(&conn, &args),
             JobCommand::Status { id } => broker::job_status(&conn, &id),
             JobCommand::Cancel { id } => broker::job_cancel(&conn, &id),
             JobCommand::Ls { tenant } => broker::job_ls(&conn, tenant.as_deref()),
+        },
+        Command::Statement {
+            tenant,
+            operator,
+            from,
+            to,
+            lines,
+            conn,
+        } => ledger::statement(
+            &conn,
+            tenant.as_deref(),
+            operator.as_deref(),
+            from,
+            to,
+            lines,
+        ),
+        Command::Ledger { command, conn } => match command {
+            LedgerCommand::Deposit {
+                account,
+                amount,
+                reference,
+            } => ledger::deposit(&conn, &account, amount, &reference),
+            LedgerCommand::Accounts => ledger::accounts(&conn),
         },
         Command::Node { command, conn } => match command {
             NodeCommand::Ls => broker::node_ls(&conn),

@@ -394,6 +394,7 @@ fn run(
                 file: "llama.age".into(),
             }),
         }),
+        offer: None,
     };
     let t = Instant::now();
     let job = tenant.submit(&spec(serve, 4)).map_err(s)?;

@@ -22,6 +22,10 @@ use crate::{DevnetError, Ed, Result, Setup, now, temp_dir, write_private};
 pub const TENANT_A: &str = "acme";
 pub const TENANT_B: &str = "globex";
 pub const OPERATOR: &str = "op1";
+/// What the development network deposits for each tenant (one million units, in micros).
+pub const DEVNET_FUNDS: u64 = 1_000_000 * 1_000_000;
+/// What it stakes for each operator (a thousand units).
+pub const DEVNET_STAKE: u64 = 1_000 * 1_000_000;
 
 /// A broker configuration beside a KBS setup.
 #[derive(Debug)]
@@ -88,7 +92,7 @@ pub fn broker_setup(
                 &[&format!("operator:{OPERATOR}"), "operator:op2"],
             ),
             key(&auditor, &["auditor"]),
-            key(&admin, &["reference-values"]),
+            key(&admin, &["reference-values", "ledger"]),
         ],
         sim_roots,
         // The store the KBS setup wrote the simulated nodes' CRLs to (the broker requires a
@@ -128,6 +132,7 @@ pub fn broker_setup(
             }),
             ..Default::default()
         },
+        ledger: Default::default(),
     };
     Ok(BrokerSetup {
         dir,
@@ -195,6 +200,22 @@ impl BrokerServer {
         let running = rt
             .block_on(cgx_broker::server::start_with_clock(config, clock))
             .map_err(|e| DevnetError::Kbs(format!("broker: {e}")))?;
+        // The development network's money: its tenants funded, its operators staked (once:
+        // a restart on the same database finds the references deposited).
+        for (account, amount) in [
+            (format!("tenant/{TENANT_A}"), DEVNET_FUNDS),
+            (format!("tenant/{TENANT_B}"), DEVNET_FUNDS),
+            (format!("stake/{OPERATOR}"), DEVNET_STAKE),
+            ("stake/op2".to_string(), DEVNET_STAKE),
+        ] {
+            rt.block_on(running.deposit(
+                &account,
+                amount,
+                &format!("devnet-{}", account.replace('/', "-")),
+                "devnet",
+            ))
+            .map_err(|e| DevnetError::Kbs(format!("broker: deposit: {e}")))?;
+        }
         Ok(BrokerServer {
             base: format!("http://{}", running.addr),
             addr: running.addr,

@@ -68,6 +68,7 @@ fn job(workload: Workload) -> JobSpec {
         resources: vec![format!("{TENANT_A}/weights/llama")],
         placement_policy: None,
         workload: Some(workload),
+        offer: None,
     }
 }
 

@@ -26,6 +26,11 @@
 //! allowance_ms = 5000
 //! penalty_secs = 86400
 //! # fixed = { n = 256, k = 66, expected_ms = 2000 }   # simulated nodes (CPU)
+//! [ledger]                                 # settlement (cgx_ledger)
+//! fee_bps = 1000                           # the platform's fee: 10% of each paid window
+//! slash_per_gpu_micros = 100000000         # what a proven cheat forfeits per GPU of its lease
+//! settle_grace_secs = 660                  # how long an ended lease's last records may come
+//! escrow_expiry_secs = 86400               # a reservation expires this long after its job's end
 //! ```
 //! Every replica of one broker shares `database`, `signing_key` and `result_key`.
 
@@ -144,6 +149,63 @@ pub struct BrokerConfig {
     /// The proof-of-work schedule (`[pow]`).
     #[serde(default)]
     pub pow: PowConfig,
+    /// Settlement (`[ledger]`).
+    #[serde(default)]
+    pub ledger: LedgerConfig,
+}
+
+/// `[ledger]`: the fee, the slash, and how long settlement waits.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// The platform's fee on each paid window, in basis points (default 1000: 10%; the
+    /// networks we compete with charge 10–15%). At most 5000.
+    #[serde(default = "default_fee_bps")]
+    pub fee_bps: u32,
+    /// What a proven cheat forfeits, per GPU of the lease it cheated on, from the operator's
+    /// stake to the tenant (micros; default 100 currency units).
+    #[serde(default = "default_slash_per_gpu")]
+    pub slash_per_gpu_micros: u64,
+    /// How long after a lease's end its last windows' records may still come and be settled,
+    /// before what its escrow holds goes back to the tenant (seconds; default: a record's
+    /// lifetime and a window, 660).
+    #[serde(default = "default_settle_grace")]
+    pub settle_grace_secs: i64,
+    /// A reservation expires this long after its job's end whatever happens (a broker that
+    /// lost track of a lease cannot hold a tenant's money for ever; seconds, default 1 day).
+    #[serde(default = "default_escrow_expiry")]
+    pub escrow_expiry_secs: i64,
+    /// The settlement pass's period (ms, default 1000).
+    #[serde(default = "default_settle_interval")]
+    pub settle_interval_ms: u64,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        LedgerConfig {
+            fee_bps: default_fee_bps(),
+            slash_per_gpu_micros: default_slash_per_gpu(),
+            settle_grace_secs: default_settle_grace(),
+            escrow_expiry_secs: default_escrow_expiry(),
+            settle_interval_ms: default_settle_interval(),
+        }
+    }
+}
+
+fn default_fee_bps() -> u32 {
+    1000
+}
+fn default_slash_per_gpu() -> u64 {
+    100 * cgx_protocol::money::Micros::PER_UNIT
+}
+fn default_settle_grace() -> i64 {
+    cgx_protocol::metering::METERING_TTL_SECS + i64::from(cgx_protocol::metering::WINDOW_SECS)
+}
+fn default_escrow_expiry() -> i64 {
+    86_400
+}
+fn default_settle_interval() -> u64 {
+    1000
 }
 
 /// `[pow]`: how often leased GPUs are challenged and how answers are judged.
@@ -350,6 +412,17 @@ impl BrokerConfig {
                 return bad("[pow.fixed]: expected_ms 1 to 600000");
             }
         }
+        let l = &self.ledger;
+        if l.fee_bps > 5000
+            || l.slash_per_gpu_micros > cgx_protocol::money::Micros::MAX.get()
+            || !(0..=30 * 86_400).contains(&l.settle_grace_secs)
+            || !(60..=365 * 86_400).contains(&l.escrow_expiry_secs)
+            || !(50..=60_000).contains(&l.settle_interval_ms)
+        {
+            return bad(
+                "[ledger]: fee_bps at most 5000, slash_per_gpu_micros at most 10^15, settle_grace_secs 0 to 2592000, escrow_expiry_secs 60 to 31536000, settle_interval_ms 50 to 60000",
+            );
+        }
         if self.api_keys.iter().any(|k| k.scopes.is_empty()) {
             return bad("an API key names no scopes");
         }
@@ -372,6 +445,9 @@ impl BrokerConfig {
     }
 }
 
+/// The scope of a payment adapter or an admin that moves money in (deposits, stakes).
+pub const LEDGER_SCOPE: &str = "ledger";
+
 /// One API key scope: `*`, `auditor`, `reference-values`, or `tenant:` / `operator:` and a
 /// name. An unknown scope (a typo) or an empty name (`tenant:` alone would act for the tenant
 /// `""`) is refused at start, not read as granting nothing or something odd.
@@ -382,9 +458,18 @@ fn check_scope(scope: &str) -> Result<(), BrokerError> {
     match named {
         Some((p, name)) => super::register::check_name(name, p.trim_end_matches(':'))
             .map_err(|e| BrokerError::Config(format!("API key scope {scope:?}: {e}"))),
-        None if ["*", "auditor", super::settings::REFERENCE_VALUES].contains(&scope) => Ok(()),
+        None if [
+            "*",
+            "auditor",
+            super::settings::REFERENCE_VALUES,
+            LEDGER_SCOPE,
+        ]
+        .contains(&scope) =>
+        {
+            Ok(())
+        }
         None => Err(BrokerError::Config(format!(
-            "unknown API key scope {:?} (*, auditor, reference-values, tenant:<name>, operator:<name>)",
+            "unknown API key scope {:?} (*, auditor, reference-values, ledger, tenant:<name>, operator:<name>)",
             scope.chars().take(80).collect::<String>()
         ))),
     }

@@ -40,6 +40,12 @@ pub enum BrokerError {
     Pow(String),
     #[error("budget: {0}")]
     Budget(String),
+    /// The tenant's balance does not cover what it asks to hold (a job's budget).
+    #[error("funds: {0}")]
+    Funds(String),
+    /// A quoted offer no longer holds.
+    #[error("offer: {0}")]
+    OfferGone(String),
     #[error("placement policy: {0}")]
     PlacementPolicy(String),
     #[error("{0}")]
@@ -103,7 +109,8 @@ impl ApiError for BrokerError {
             | BrokerError::Inventory(_)
             | BrokerError::Budget(_)
             | BrokerError::PlacementPolicy(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            BrokerError::Conflict(_) => StatusCode::CONFLICT,
+            BrokerError::Conflict(_) | BrokerError::OfferGone(_) => StatusCode::CONFLICT,
+            BrokerError::Funds(_) => StatusCode::PAYMENT_REQUIRED,
             BrokerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             BrokerError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             BrokerError::Config(_)
@@ -128,6 +135,8 @@ impl ApiError for BrokerError {
             BrokerError::Metering(_) => "MeteringRecordInvalid",
             BrokerError::Pow(_) => "ProofRefused",
             BrokerError::Budget(_) => "BudgetTooSmall",
+            BrokerError::Funds(_) => "InsufficientFunds",
+            BrokerError::OfferGone(_) => "OfferNoLongerHolds",
             BrokerError::PlacementPolicy(_) => "PlacementPolicyInvalid",
             BrokerError::Conflict(_) => "Conflict",
             BrokerError::JobSeal(_) => "JobRecordInvalid",

@@ -19,6 +19,10 @@
 //! | `POST /v1/reference-values` | admin (`reference-values`, `*`) | the reference values appraisal uses (the file `cgx measure … --reference-values` writes), `If-Match` the version replaced |
 //! | `GET /v1/reference-values` | admin, auditor | those in force, with their version |
 //! | `GET /v1/admin-events` | auditor | who changed what setting, when |
+//! | `POST /v1/ledger/deposits` | admin, payment adapter (`ledger`, `*`) | money in to a tenant's balance or an operator's stake; idempotent by reference; audited |
+//! | `GET /v1/ledger/accounts` | auditor | every account's sums |
+//! | `GET /v1/statements?tenant=T\|operator=O[&from&to]` | tenant (own), operator (own), auditor | lines, leases and windows, reconciled |
+//! | `POST /v1/quotes` | tenant | the ranked offers a job would get now, and why other nodes would not; nothing placed |
 //! | `GET /openapi.json`, `/metrics`, `/healthz` | anyone | |
 
 use std::sync::Arc;
@@ -35,6 +39,7 @@ use cgx_protocol::broker::{
     PowAccepted, PowCommit, PowOpening, PowPost, ReferenceValuesPut, ReferenceValuesView,
     Registered, Registration, ReportAnswer, ReportPost, Workload, WorkloadWeights, routes,
 };
+use cgx_protocol::ledger::{AccountBalance, DepositAnswer, DepositRequest, QuoteAnswer, Statement};
 use cgx_protocol::money::Micros;
 use cgx_protocol::records::{TeeKind, Tier};
 use cgx_service::auth::Admin;
@@ -83,6 +88,7 @@ const REFERENCE_VALUES_BODY: usize = 1 << 20;
         (name = "nodes", description = "Registration, heartbeats, the registry"),
         (name = "jobs", description = "Submission, state, cancellation"),
         (name = "settings", description = "Reference values and the audit trail"),
+        (name = "ledger", description = "Deposits, accounts, statements, quotes"),
         (name = "operations", description = "Health, metrics, this document"),
     )
 )]
@@ -101,7 +107,7 @@ impl utoipa::Modify for Security {
                     .scheme(HttpAuthScheme::Bearer)
                     .bearer_format(
                         "EdDSA JWS, typ cgx-broker-api+jwt, under a configured API key \
-                         (scopes tenant:<name>, operator:<name>, auditor, reference-values, *)",
+                         (scopes tenant:<name>, operator:<name>, auditor, reference-values, ledger, *)",
                     )
                     .build(),
             ),
@@ -145,6 +151,10 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
         ))
         .routes(limited(routes!(reference_values), SMALL_BODY))
         .routes(limited(routes!(admin_events), SMALL_BODY))
+        .routes(limited(routes!(deposit), SMALL_BODY))
+        .routes(limited(routes!(accounts), SMALL_BODY))
+        .routes(limited(routes!(statement), SMALL_BODY))
+        .routes(limited(routes!(quote), JOB_BODY))
         .routes(routes!(healthz))
         .split_for_parts();
     Ok(
@@ -476,6 +486,87 @@ async fn submit(State(b): Shared, admin: Admin, body: Bytes) -> Result<Response,
     let spec = json_body(&body, "job")?;
     let view = b.submit(&admin, spec).await?;
     Ok((axum::http::StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// Money in: a deposit to a tenant's balance or an operator's stake (scope `ledger` or `*`).
+#[utoipa::path(post, path = routes::DEPOSITS, tag = "ledger", security(("api" = [])),
+    request_body = DepositRequest,
+    responses(
+        (status = 200, description = "deposited, or deposited before under this reference (new: false)", body = DepositAnswer),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+        (status = 409, response = Problem),
+    ))]
+async fn deposit(State(b): Shared, admin: Admin, body: Bytes) -> Result<Response, BrokerError> {
+    let req: DepositRequest = json_body(&body, "deposit")?;
+    Ok(Json(b.deposit(&admin, req).await?).into_response())
+}
+
+/// Every account of the ledger, with its sums (auditors).
+#[utoipa::path(get, path = routes::ACCOUNTS, tag = "ledger", security(("api" = [])),
+    responses(
+        (status = 200, description = "in id order", body = Vec<AccountBalance>),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+    ))]
+async fn accounts(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
+    Ok(Json(b.accounts(&admin).await?).into_response())
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatementQuery {
+    tenant: Option<String>,
+    operator: Option<String>,
+    from: Option<i64>,
+    to: Option<i64>,
+}
+
+/// A tenant's or an operator's statement over `[from, to)`.
+#[utoipa::path(get, path = routes::STATEMENTS, tag = "ledger", security(("api" = [])),
+    params(
+        ("tenant" = Option<String>, Query, description = "a tenant's statement"),
+        ("operator" = Option<String>, Query, description = "an operator's statement"),
+        ("from" = Option<i64>, Query, description = "Unix seconds, inclusive (default: the start)"),
+        ("to" = Option<i64>, Query, description = "Unix seconds, exclusive (default: now)"),
+    ),
+    responses(
+        (status = 200, description = "lines, leases and windows, reconciled", body = Statement),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+    ))]
+async fn statement(
+    State(b): Shared,
+    admin: Admin,
+    Query(q): Query<StatementQuery>,
+) -> Result<Response, BrokerError> {
+    let owner = match (q.tenant, q.operator) {
+        (Some(t), None) => super::statements::Owner::Tenant(t),
+        (None, Some(o)) => super::statements::Owner::Operator(o),
+        _ => {
+            return Err(BrokerError::BadRequest(
+                "say whose statement: tenant or operator (one)".into(),
+            ));
+        }
+    };
+    Ok(Json(b.statement(&admin, owner, q.from, q.to).await?).into_response())
+}
+
+/// The offers a job would get now, ranked, and why other nodes would not: nothing placed.
+#[utoipa::path(post, path = routes::QUOTES, tag = "ledger", security(("api" = [])),
+    request_body = JobSpec,
+    responses(
+        (status = 200, description = "offers, best first, and exclusions", body = QuoteAnswer),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+        (status = 422, response = Problem),
+    ))]
+async fn quote(State(b): Shared, admin: Admin, body: Bytes) -> Result<Response, BrokerError> {
+    let spec: JobSpec = json_body(&body, "job")?;
+    Ok(Json(b.quote(&admin, spec).await?).into_response())
 }
 
 #[derive(Debug, serde::Deserialize)]

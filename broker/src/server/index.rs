@@ -801,6 +801,12 @@ impl Index {
         } else {
             1
         };
+        self.best(req, now, want)
+    }
+
+    /// The `want` best-ranked nodes passing every filter but the job's policy, best first
+    /// (with the policy's input when the job has one): placement's candidates, a quote's offers.
+    pub fn best(&self, req: &Requirements, now: i64, want: usize) -> Vec<Candidate> {
         let mut out = Vec::new();
         let tees: &[TeeKind] = if req.tee.is_empty() {
             &[TeeKind::Snp, TeeKind::Tdx]
@@ -878,6 +884,58 @@ impl Index {
             *h = head(w);
         }
         out
+    }
+
+    /// Node `id` as the one candidate for `req` (a job held to a quoted offer), or why it does
+    /// not fit now.
+    pub fn candidate_on(
+        &self,
+        id: &str,
+        req: &Requirements,
+        now: i64,
+    ) -> Result<Candidate, Misfit> {
+        self.cheap_fits(id, req, now)?;
+        let e = self
+            .nodes
+            .get(id)
+            .ok_or(Misfit::Unplaceable(Unplaceable::NotAffirming {
+                status: Tier::None,
+                detail: "no longer registered".into(),
+            }))?;
+        Ok(Candidate {
+            record: e.record.clone(),
+            choice: Choice {
+                node_id: e.record.id.clone(),
+                gpus: free_indices(e.used, e.record.gpu_count, req.gpu_count),
+            },
+            input: req
+                .policy
+                .as_ref()
+                .map(|_| self.policy_input(&e.record, self.reputation_of(e), &req.spec)),
+        })
+    }
+
+    /// Why nodes do not fit `req` (all but the job's policy), from at most
+    /// [`WHY_NONE_SAMPLE`] nodes: the first `list` by node, and how many more.
+    pub fn misfits(
+        &self,
+        req: &Requirements,
+        now: i64,
+        list: usize,
+    ) -> (Vec<(String, Misfit)>, u64) {
+        let mut out = Vec::new();
+        let mut more = 0u64;
+        for e in self.nodes.values().take(WHY_NONE_SAMPLE) {
+            if let Err(m) = self.cheap_fit(e, req, now) {
+                if out.len() < list {
+                    out.push((e.record.id.clone(), m));
+                } else {
+                    more += 1;
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        (out, more)
     }
 
     /// The same decision by scanning every node: the oracle `choose` is tested against, and

@@ -42,7 +42,7 @@ fn retired_policy_input(text: &str) -> Result<(), BrokerError> {
 }
 
 /// The tenant a caller acts for: `wanted` if its token has that scope, else its only tenant.
-fn tenant_of(admin: &Admin, wanted: Option<&str>) -> Result<String, BrokerError> {
+pub(super) fn tenant_of(admin: &Admin, wanted: Option<&str>) -> Result<String, BrokerError> {
     if let Some(t) = wanted {
         register::check_name(t, "tenant")?;
         admin.may(Some(&format!("tenant:{t}")))?;
@@ -266,6 +266,17 @@ impl Broker {
                 spec.gpu_count,
                 spec.duration_secs,
                 max = req.max_price,
+            )));
+        }
+        // The budget is held in escrow while the job runs: the tenant's balance must cover it
+        // now (placement reserves it; a tenant's concurrent jobs are checked there again).
+        let account = cgx_ledger::AccountId::new(cgx_ledger::Role::Tenant, &tenant)
+            .map_err(|e| BrokerError::BadRequest(e.to_string()))?;
+        let available = self.store.account(&account).await?.available();
+        if available < i128::from(budget.get()) {
+            return Err(BrokerError::Funds(format!(
+                "tenant {tenant} has {} available; the job's budget is {budget}: deposit the difference first",
+                Micros(u64::try_from(available.max(0)).unwrap_or(u64::MAX)),
             )));
         }
         let now = self.clock.unix();

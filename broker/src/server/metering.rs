@@ -4,13 +4,46 @@
 //! and stores it; a refusal says why, is logged, and changes nothing.
 
 use cgx_protocol::broker::MeteringAnswer;
-use cgx_protocol::metering::{Chain, MeteringError, check, token_hash, verify_record};
+use cgx_protocol::metering::{
+    Chain, MeteringError, MeteringRecord, check, token_hash, verify_record,
+};
+use cgx_protocol::signed::{When, verify};
 
 use super::Broker;
 use super::error::BrokerError;
-use super::store::{MeteringWrite, Outcome, Refusal};
+use super::store::{LedgerWrite, MeteringWrite, Outcome, Refusal};
 
 impl Broker {
+    /// Slash the operator of `lease` for two records of window `seq`: what it says.
+    async fn slash_equivocation(&self, lease: &str, seq: u64) -> Result<String, BrokerError> {
+        let Some(e) = self.store.escrow(lease).await? else {
+            return Ok("no escrow to slash for".into());
+        };
+        let w = LedgerWrite::Slash {
+            operator: e.escrow.operator.clone(),
+            tenant: e.escrow.tenant.clone(),
+            lease: lease.to_string(),
+            cheat: format!("equivocation/{lease}/{seq}"),
+            per_gpu: self.config.ledger.slash_per_gpu_micros,
+            gpus: e.escrow.price.gpus,
+            at: self.clock.unix(),
+        };
+        self.metrics.event("metering", "equivocation");
+        tracing::warn!(%lease, seq, operator = %e.escrow.operator, "two records of one window under one key: slashed");
+        Ok(match self.store.write(w).await? {
+            Outcome::Items(i) if matches!(i.first(), Some(Ok(true))) => {
+                format!(
+                    "operator {}'s stake is slashed to tenant {}",
+                    e.escrow.operator, e.escrow.tenant
+                )
+            }
+            _ => format!(
+                "operator {} was slashed for this window before, or holds no stake",
+                e.escrow.operator
+            ),
+        })
+    }
+
     /// Accept node `id`'s metering record `token`.
     pub(crate) async fn metering(
         &self,
@@ -57,19 +90,34 @@ impl Broker {
             .as_ref()
             .map(|(_, h)| h.clone())
             .unwrap_or_default();
-        let accepted = match check(&chain, r, token, now) {
+        let accepted = match check(&chain, r.clone(), token, now) {
             Ok(a) => a,
             // A record of a window already accepted: say which record was, so a node whose
             // answer was lost goes on from the one the broker holds.
             Err(e @ MeteringError::Duplicate { got, .. }) => {
-                let held = self
+                let held_token = self
                     .store
                     .metering(&row.id)
                     .await?
                     .into_iter()
                     .find(|(s, _)| *s == got)
-                    .map(|(_, t)| token_hash(&t))
-                    .unwrap_or_default();
+                    .map(|(_, t)| t);
+                let held = held_token.as_deref().map(token_hash).unwrap_or_default();
+                // Two different records of one window, both under the node's attested key,
+                // are a proven cheat (an honest agent makes each window's record once and
+                // only re-signs it on a retry): the operator's stake is slashed, once per
+                // window. A record that differs only in its signature's times is a retry.
+                let equivocated = held_token.as_deref().and_then(|t| {
+                    verify::<MeteringRecord>(t, &[key], When::Any)
+                        .ok()
+                        .map(|h| h.body != r)
+                });
+                if equivocated == Some(true) {
+                    let slashed = self.slash_equivocation(&row.id, got).await?;
+                    return Err(BrokerError::Conflict(format!(
+                        "{e}; accepted as {held}; this record differs from it under the same key: {slashed}"
+                    )));
+                }
                 return Err(BrokerError::Conflict(format!("{e}; accepted as {held}")));
             }
             Err(e) => return Err(BrokerError::Conflict(e.to_string())),
@@ -274,9 +322,17 @@ mod tests {
         // A duplicate says which record the broker holds for that window: a node whose answer
         // was lost goes on from it (the same record signed twice has two hashes).
         let resigned = sign(
-            &record(&me.id, &lease, start, 2, &row.gpus, genesis("x")),
-            now,
+            &record(
+                &me.id,
+                &lease,
+                start,
+                2,
+                &row.gpus,
+                cgx_protocol::metering::token_hash(&tokens[1]),
+            ),
+            now + 1,
         );
+        assert_ne!(resigned, tokens[2]);
         let e = refused(h.broker.metering(&me.id, &resigned).await.unwrap_err());
         assert!(
             e.ends_with(&format!(
@@ -285,6 +341,32 @@ mod tests {
             )),
             "{e}"
         );
+        // A different record of that window under the same key is a proven cheat: the
+        // operator's stake is slashed to the tenant, once per window.
+        h.deposit("stake/op1", 250_000_000, "bond-1").await.unwrap();
+        let tenant = cgx_ledger::AccountId::new(cgx_ledger::Role::Tenant, "acme").unwrap();
+        let before = h.broker.store.account(&tenant).await.unwrap();
+        let other = sign(
+            &record(&me.id, &lease, start, 2, &row.gpus, genesis("x")),
+            now,
+        );
+        let e = refused(h.broker.metering(&me.id, &other).await.unwrap_err());
+        assert!(
+            e.contains(
+                "differs from it under the same key: operator op1's stake is slashed to tenant acme"
+            ),
+            "{e}"
+        );
+        let after = h.broker.store.account(&tenant).await.unwrap();
+        let gpus = row.gpus.len() as i128;
+        assert_eq!(
+            after.net_posted() - before.net_posted(),
+            gpus * 100_000_000,
+            "100 units per GPU of the lease"
+        );
+        let e = refused(h.broker.metering(&me.id, &other).await.unwrap_err());
+        assert!(e.contains("was slashed for this window before"), "{e}");
+        assert_eq!(h.broker.store.account(&tenant).await.unwrap(), after);
         assert_eq!(h.broker.store.metering(&lease).await.unwrap().len(), 3);
         // After a restart on the same database, the chain goes on from what was stored.
         h.restart().await;

@@ -10,7 +10,10 @@
 //! - `placement.rs`: choosing a node and committing a lease, the pass over pending jobs;
 //! - `leases.rs`: how a lease ends, renewal in heartbeat answers;
 //! - `monitor.rs`: replica sync, failover, completion, expiry;
-//! - `settings.rs`: reference values admins put, the admin audit trail.
+//! - `settings.rs`: reference values admins put, the admin audit trail;
+//! - `settle.rs`: settlement — each window paid or refunded from its record and proofs, escrow
+//!   released as leases end;
+//! - `statements.rs`: deposits, accounts and statements (the ledger's API).
 //!
 //! And beside them: `index.rs`, the in-memory registry placement decides on (pure,
 //! time-explicit); `register.rs`, the checks on a registration's evidence and inventory;
@@ -29,9 +32,12 @@ mod monitor;
 mod nodes;
 mod placement;
 mod pow;
+mod quotes;
 mod register;
 mod reports;
 mod settings;
+mod settle;
+mod statements;
 pub mod store;
 #[cfg(test)]
 mod testing;
@@ -78,6 +84,8 @@ pub(crate) struct Broker {
     /// digest and the node's reputation): a pass does not evaluate a tenant's code again on a
     /// node that has not changed.
     denials: Mutex<HashMap<String, HashMap<String, Denial>>>,
+    /// Where the settlement pass goes on from: (started_at, lease) of the last escrow seen.
+    settle_cursor: Mutex<(i64, String)>,
     /// One placement pass at a time on this replica (placements inside it are serialized by
     /// the index lock and the database).
     placing: tokio::sync::Mutex<()>,
@@ -237,6 +245,7 @@ impl Broker {
             config: config.clone(),
             policies: Mutex::new(HashMap::new()),
             denials: Mutex::new(HashMap::new()),
+            settle_cursor: Mutex::new((0, String::new())),
             placing: tokio::sync::Mutex::new(()),
             sync_cursor: Mutex::new(0),
             pending: std::sync::atomic::AtomicI64::new(1),
@@ -291,6 +300,23 @@ impl Running {
         self.broker.tick().await
     }
 
+    /// Deposit `amount` micros to `account` (`tenant/<name>` or `stake/<operator>`) under
+    /// `reference`, as the in-process owner of this broker (the development network funds
+    /// its tenants and operators so; a deployment deposits through the API with a `ledger`
+    /// key). Audited as `actor`.
+    pub async fn deposit(
+        &self,
+        account: &str,
+        amount: u64,
+        reference: &str,
+        actor: &str,
+    ) -> Result<(), BrokerError> {
+        self.broker
+            .deposit_as(account, amount, reference, actor)
+            .await
+            .map(|_| ())
+    }
+
     /// Set reputations (tests; the ledger feeds them later).
     pub async fn set_reputation(
         &self,
@@ -325,6 +351,10 @@ pub async fn start_with_clock(
             Duration::from_millis(config.monitor_interval_ms),
         )));
     }
+    background.push(Box::pin(settle::settler(
+        broker.clone(),
+        Duration::from_millis(config.ledger.settle_interval_ms),
+    )));
     let server = cgx_service::server::start(
         &config.listener(),
         http::router(broker.clone())?,

@@ -10,8 +10,10 @@ use cgx_protocol::broker::JobSpec;
 use super::error::BrokerError;
 use super::index::{Misfit, Requirements};
 use super::jobs::owned_resources;
-use super::store::{self, JobRow, JobState, JobWrite, Outcome, PlacementRow, Refusal};
+use super::store::{self, EscrowOpen, JobRow, JobState, JobWrite, Outcome, PlacementRow, Refusal};
 use super::{Broker, random_id};
+use cgx_ledger::settle::{Escrow, Price, affordable_windows};
+use cgx_protocol::money::Micros;
 
 /// A policy's refusal of one node, and what it judged: the same record (EAR digest) and
 /// reputation give the same input, so the same answer.
@@ -61,9 +63,26 @@ impl Broker {
             None => self.requirements(&job.id, &job.tenant, &spec).await?,
         };
         let mut verdicts = HashMap::new();
+        // What the job's earlier leases spent and still hold: this lease reserves the rest.
+        let mut committed = self.store.job_committed(&job.id).await?;
         for _attempt in 0..8 {
             let now = self.clock.unix();
-            let candidates = self.index().candidates(&req, now);
+            let candidates = match &spec.offer {
+                None => self.index().candidates(&req, now),
+                // Held to a quoted offer: that node at that price, or refused with why not.
+                Some(o) => {
+                    let c = self.index().candidate_on(&o.node, &req, now).map_err(|m| {
+                        BrokerError::OfferGone(format!("node {} no longer fits: {m}", o.node))
+                    })?;
+                    if c.record.price != o.price_per_gpu_hour_micros {
+                        return Err(BrokerError::OfferGone(format!(
+                            "node {}'s price is now {} per GPU-hour, not the offer's {}",
+                            o.node, c.record.price, o.price_per_gpu_hour_micros
+                        )));
+                    }
+                    vec![c]
+                }
+            };
             let chosen = match &req.policy {
                 None => candidates.into_iter().next().map(|c| (c.choice, c.record)),
                 Some(policy) => {
@@ -154,6 +173,12 @@ impl Broker {
                 }
             };
             let Some((choice, judged)) = chosen else {
+                if let Some(o) = &spec.offer {
+                    let why = verdicts
+                        .get(&o.node)
+                        .map_or_else(|| "it no longer fits".to_string(), ToString::to_string);
+                    return Err(BrokerError::OfferGone(format!("node {}: {why}", o.node)));
+                }
                 break;
             };
             // The index may have changed while the policy ran: check again under the lock,
@@ -173,7 +198,42 @@ impl Broker {
                 }
             };
             let lease_id = random_id("l")?;
-            let ends_at = now.saturating_add(i64::try_from(spec.duration_secs).unwrap_or(i64::MAX));
+            let job_end = now.saturating_add(i64::try_from(spec.duration_secs).unwrap_or(i64::MAX));
+            // The escrow: the job's budget left, reserved from the tenant; the lease ends
+            // before the first window it could not pay (`cgx_ledger::settle`).
+            let price = Price {
+                per_gpu_hour: record.price.get(),
+                gpus: u32::try_from(choice.gpus.len()).unwrap_or(u32::MAX),
+                window_secs: self.config.metering_window_secs,
+            };
+            let reserve = spec.budget_micros.get().saturating_sub(committed);
+            let covers = affordable_windows(&price, reserve);
+            if covers == 0 {
+                self.index().release(&choice.node_id, &choice.gpus);
+                return Err(BrokerError::Budget(format!(
+                    "job {}'s budget is spent: {} of {} paid or held by its earlier leases",
+                    job.id,
+                    Micros(committed),
+                    spec.budget_micros
+                )));
+            }
+            let window = i64::from(self.config.metering_window_secs);
+            let ends_at = job_end.min(
+                now.saturating_add(
+                    i64::try_from(covers)
+                        .unwrap_or(i64::MAX)
+                        .saturating_mul(window),
+                ),
+            );
+            let escrow = Escrow::new(
+                &lease_id,
+                &job.tenant,
+                &record.operator,
+                price,
+                self.config.ledger.fee_bps,
+                ends_at.saturating_add(self.config.ledger.escrow_expiry_secs),
+            )
+            .map_err(|e| BrokerError::Internal(format!("escrow: {e}")))?;
             let token = self.keys.lease_token(
                 &lease_id,
                 &job.id,
@@ -204,6 +264,15 @@ impl Broker {
                 started_at: now,
                 ends_at,
                 now_ms: self.now_ms(),
+                escrow: Some(Box::new(EscrowOpen {
+                    escrow,
+                    job_id: job.id.clone(),
+                    node_id: choice.node_id.clone(),
+                    started_at: now,
+                    covers,
+                    reserve,
+                    job_committed: committed,
+                })),
             };
             let write = if new {
                 JobWrite::Submit {
@@ -233,6 +302,20 @@ impl Broker {
                         &choice.node_id,
                         &used.get(&choice.node_id).cloned().unwrap_or_default(),
                     );
+                }
+                Ok(Outcome::Refused(Refusal::EscrowMoved)) => {
+                    // The job's earlier leases settled meanwhile: reserve again from what
+                    // they hold now.
+                    self.index().release(&choice.node_id, &choice.gpus);
+                    committed = self.store.job_committed(&job.id).await?;
+                }
+                Ok(Outcome::Refused(Refusal::Funds(why))) => {
+                    // The tenant cannot fund the escrow now: the job waits (a new one is
+                    // stored pending below) for a deposit.
+                    self.index().release(&choice.node_id, &choice.gpus);
+                    self.metrics.event("placement", "unfunded");
+                    tracing::info!(job = %job.id, tenant = %job.tenant, %why, "escrow not funded; the job waits");
+                    break;
                 }
                 Ok(Outcome::Refused(_)) => {
                     self.index().release(&choice.node_id, &choice.gpus);
@@ -310,6 +393,8 @@ impl Broker {
                     if matches!(
                         e,
                         BrokerError::PlacementPolicy(_)
+                            | BrokerError::Budget(_)
+                            | BrokerError::OfferGone(_)
                             | BrokerError::BadRequest(_)
                             | BrokerError::JobSeal(_)
                             | BrokerError::Forbidden(_)

@@ -35,7 +35,7 @@ use cgx_protocol::broker::{
 };
 use cgx_protocol::records::NodeRecord;
 
-use super::store::{ChallengeRow, Outcome, PowWrite, Refusal};
+use super::store::{ChallengeRow, Outcome, PowWrite, Refusal, Slash};
 use super::{Broker, BrokerError, random_id};
 
 /// Answers judged per pass.
@@ -495,6 +495,18 @@ impl Broker {
             }
         };
         let serials = if mark { c.serials.clone() } else { Vec::new() };
+        // A wrong proof under the node's signature is a proven cheat: the lease's escrow
+        // names the operator and tenant the slash moves between.
+        let slash = if state == "failed" {
+            self.store.escrow(&c.lease_id).await?.map(|e| Slash {
+                operator: e.escrow.operator,
+                tenant: e.escrow.tenant,
+                per_gpu: self.config.ledger.slash_per_gpu_micros,
+                gpus: e.escrow.price.gpus,
+            })
+        } else {
+            None
+        };
         let w = PowWrite::Verdict {
             id: c.id.clone(),
             node: c.node_id.clone(),
@@ -505,6 +517,7 @@ impl Broker {
             serials: serials.clone(),
             at,
             now_ms: self.now_ms(),
+            slash,
         };
         match self.store.write(w).await? {
             Outcome::Done => {

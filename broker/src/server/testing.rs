@@ -34,15 +34,21 @@ pub enum Role {
     Operator,
     Auditor,
     ReferenceValues,
+    /// A payment adapter: deposits and stakes.
+    Ledger,
 }
 
-const ROLES: [Role; 5] = [
+const ROLES: [Role; 6] = [
     Role::Tenant,
     Role::OtherTenant,
     Role::Operator,
     Role::Auditor,
     Role::ReferenceValues,
+    Role::Ledger,
 ];
+
+/// What the harness deposits for each of its tenants (one million units), so jobs place.
+pub const FUNDS: u64 = 1_000_000 * 1_000_000;
 
 impl Role {
     fn scopes(self) -> Vec<String> {
@@ -52,6 +58,7 @@ impl Role {
             Role::Operator => vec![format!("operator:{OPERATOR}")],
             Role::Auditor => vec!["auditor".into()],
             Role::ReferenceValues => vec!["reference-values".into()],
+            Role::Ledger => vec!["ledger".into()],
         }
     }
 }
@@ -161,17 +168,43 @@ impl Harness {
                 }),
                 ..Default::default()
             },
+            ledger: Default::default(),
         };
         edit(&mut config);
         let clock = ManualClock::default();
         let broker = Broker::new(&config, clock.shared()).await.unwrap();
-        Harness {
+        let h = Harness {
             broker,
             clock,
             dir,
             role_keys,
             config,
+        };
+        for tenant in [TENANT, OTHER_TENANT] {
+            h.deposit(
+                &format!("tenant/{tenant}"),
+                FUNDS,
+                &format!("harness-{tenant}"),
+            )
+            .await
+            .unwrap();
         }
+        h
+    }
+
+    /// Deposit `amount` micros to `account` under `reference`.
+    pub async fn deposit(
+        &self,
+        account: &str,
+        amount: u64,
+        reference: &str,
+    ) -> Result<cgx_protocol::ledger::DepositAnswer, BrokerError> {
+        let req = cgx_protocol::ledger::DepositRequest {
+            account: account.into(),
+            amount_micros: cgx_protocol::money::Micros(amount),
+            reference: reference.into(),
+        };
+        self.broker.deposit(&self.admin(Role::Ledger), req).await
     }
 
     /// Another broker on the same configuration and database (a replica, on PostgreSQL).
@@ -411,6 +444,107 @@ impl SimNode {
             at,
         )
         .unwrap()
+    }
+
+    /// This node's metering record of window `seq` of `lease` (started at `start`, on
+    /// `gpus`), chained to `prev`, signed at `at`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn meter(
+        &self,
+        lease: &str,
+        start: i64,
+        window_secs: u32,
+        seq: u64,
+        gpus: &[u32],
+        prev: String,
+        at: i64,
+    ) -> String {
+        use cgx_protocol::metering::{GpuUsage, MeteringRecord};
+        let r = MeteringRecord {
+            sub: self.id.clone(),
+            lease: lease.to_string(),
+            seq,
+            window_start: start + i64::from(window_secs) * i64::try_from(seq).unwrap(),
+            window_secs,
+            gpus: gpus
+                .iter()
+                .map(|&index| GpuUsage {
+                    index,
+                    utilization_pct: 90,
+                    memory_used_mib: 1024,
+                    temperature_c: 60,
+                    power_mw: 300_000,
+                    ecc_corrected: 0,
+                    ecc_uncorrected: 0,
+                    throttle_reasons: 0,
+                })
+                .collect(),
+            pow: None,
+            workload: cgx_protocol::records::WorkloadState::Running,
+            prev,
+        };
+        cgx_protocol::signed::Signer::from_pkcs8(&self.node_key)
+            .unwrap()
+            .sign(&r, at, at + 300)
+            .unwrap()
+    }
+
+    /// Answer challenge `c` through `broker` at `now`: honestly on the CPU, or (`honest`
+    /// false) skipping a fifth of the rows, which the verifier catches.
+    pub async fn prove(
+        &self,
+        broker: &Broker,
+        c: &cgx_protocol::broker::PowChallenge,
+        honest: bool,
+        now: i64,
+    ) {
+        use base64::Engine as _;
+        use cgx_pow::Backend;
+        let signer = cgx_protocol::signed::Signer::from_pkcs8(&self.node_key).unwrap();
+        let ch = cgx_pow::challenge::Challenge {
+            seed: cgx_pow::challenge::seed(
+                &hex::decode(&c.nonce).unwrap(),
+                &c.lease,
+                c.window,
+                &signer.public_key(),
+                c.gpu,
+            ),
+            params: cgx_pow::Params { n: c.n, k: c.k },
+        };
+        let (held, _) = if honest {
+            cgx_pow::backend::Cpu { threads: 1 }.commit(&ch).unwrap()
+        } else {
+            cgx_pow::backend::SkipRows {
+                threads: 1,
+                percent: 20,
+            }
+            .commit(&ch)
+            .unwrap()
+        };
+        let receipt = cgx_protocol::broker::PowReceipt {
+            sub: self.id.clone(),
+            challenge: c.id.clone(),
+            root: hex::encode(held.root()),
+            proof_sha256: String::new(),
+            gpu_us: 1000,
+            backend: "test".into(),
+        };
+        let post = cgx_protocol::broker::PowCommit {
+            receipt: signer.sign(&receipt, now, now + 300).unwrap(),
+        };
+        let opening = broker.pow_commit(&self.id, &c.id, &post).await.unwrap();
+        let opening: [u8; 32] = hex::decode(&opening.opening).unwrap().try_into().unwrap();
+        let bytes = cgx_pow::wire::encode(&held.open(&opening).unwrap());
+        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes);
+        let receipt = cgx_protocol::broker::PowReceipt {
+            proof_sha256: hex::encode(digest.as_ref()),
+            ..receipt
+        };
+        let post = cgx_protocol::broker::PowPost {
+            receipt: signer.sign(&receipt, now, now + 300).unwrap(),
+            proof: base64::engine::general_purpose::STANDARD.encode(&bytes),
+        };
+        broker.pow_answer(&self.id, &c.id, &post).await.unwrap();
     }
 
     /// A heartbeat token with the next sequence number, signed at `at`.

@@ -293,6 +293,38 @@ impl Escrow {
         Ok((next, chain))
     }
 
+    /// The chain that trims what the lease holds to `keep` (a lease that ended owes at most
+    /// the windows it ran: the rest goes back to the tenant at once, so the job's next lease
+    /// can reserve it). Once per lease: its ids name the lease.
+    pub fn trim(&self, keep: u64, at: i64) -> Result<(Escrow, Vec<Transfer>), LedgerError> {
+        let mut next = self.clone();
+        let Some(held) = self.held(at)? else {
+            return Ok((next, Vec::new()));
+        };
+        if keep >= self.reserve {
+            return Ok((next, Vec::new()));
+        }
+        let lease = self.lease.as_str();
+        let mut void = Transfer::void(
+            format!("trim/{lease}"),
+            &held,
+            CauseKind::Release,
+            lease,
+            at,
+        )
+        .lease(lease, None);
+        next.reserve = keep;
+        next.pending = None;
+        if keep == 0 {
+            return Ok((next, vec![void]));
+        }
+        void.linked = true;
+        let id = format!("escrow/{lease}/{}/end", self.next_window);
+        let again = next.reservation(id.clone(), keep, at)?;
+        next.pending = Some(id);
+        Ok((next, vec![void, again]))
+    }
+
     /// The chain that releases what the lease still holds at its end.
     pub fn release(&self, at: i64) -> Result<(Escrow, Vec<Transfer>), LedgerError> {
         let mut next = self.clone();

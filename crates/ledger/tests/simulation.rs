@@ -72,6 +72,7 @@ struct Sim {
     next_id: u64,
     deposits: Vec<Transfer>,
     ended: u64,
+    trimmed: HashSet<String>,
     counts: HashMap<&'static str, u64>,
 }
 
@@ -96,7 +97,8 @@ impl Sim {
             18..=69 => self.window(),
             70..=77 => self.replay(),
             78..=81 => self.forge(),
-            82..=87 => self.end(),
+            82..=84 => self.end(),
+            85..=87 => self.trim(),
             88..=91 => self.slash(),
             92..=93 => self.expire(),
             _ => self.replay_deposit(),
@@ -349,6 +351,44 @@ impl Sim {
         vec![acct(Role::Tenant, &e.tenant), acct(Role::Escrow, &l)]
     }
 
+    /// A lease ends (a failover): what it holds is trimmed to what its last windows may
+    /// still cost; it settles them, then releases the rest.
+    fn trim(&mut self) -> Vec<AccountId> {
+        let Some(l) = self.pick() else {
+            return Vec::new();
+        };
+        let e = self.model.leases[&l].0.clone();
+        if self.trimmed.contains(&l) {
+            // Trimmed before: once per lease (a second trim is a different chain under the
+            // same ids, refused).
+            let (_, chain) = e.trim(0, self.now).unwrap();
+            if !chain.is_empty() {
+                assert!(self.book.apply(&chain).iter().all(Result::is_err));
+            }
+            return self.end();
+        }
+        self.trimmed.insert(l.clone());
+        let keep = self.rng.below(e.reserve + 1);
+        let (next, chain) = e.trim(keep, self.now).unwrap();
+        let r = self.book.apply(&chain);
+        if e.pending.is_some() && e.expires_at <= self.now && !chain.is_empty() {
+            assert!(matches!(r[0], Err(Refusal::PendingExpired(_))), "{r:?}");
+            return self.expire();
+        }
+        assert!(all_new(&r), "{r:?}");
+        let freed = e.reserve - next.reserve;
+        *self.model.tenant.get_mut(&e.tenant).unwrap() += i128::from(freed);
+        self.model.reserved -= u128::from(freed);
+        if next.pending.is_none() {
+            self.model.leases.remove(&l);
+            self.ended += 1;
+        } else {
+            self.model.leases.get_mut(&l).unwrap().0 = next;
+        }
+        self.count("lease trimmed");
+        vec![acct(Role::Tenant, &e.tenant), acct(Role::Escrow, &l)]
+    }
+
     fn slash(&mut self) -> Vec<AccountId> {
         let o = operator(self.rng.below(OPERATORS));
         let t = tenant(self.rng.below(TENANTS));
@@ -481,6 +521,7 @@ fn a_million_random_operations_keep_every_invariant() {
         next_id: 0,
         deposits: Vec::new(),
         ended: 0,
+        trimmed: HashSet::new(),
         counts: HashMap::new(),
     };
     let started = std::time::Instant::now();

@@ -47,6 +47,10 @@ pub mod routes {
     pub const CANCEL: &str = "/v1/jobs/{id}/cancel";
     pub const REFERENCE_VALUES: &str = "/v1/reference-values";
     pub const ADMIN_EVENTS: &str = "/v1/admin-events";
+    pub const DEPOSITS: &str = "/v1/ledger/deposits";
+    pub const ACCOUNTS: &str = "/v1/ledger/accounts";
+    pub const STATEMENTS: &str = "/v1/statements";
+    pub const QUOTES: &str = "/v1/quotes";
     pub const OPENAPI: &str = "/openapi.json";
     // `/metrics` is every service's (`cgx_service::ops::METRICS_PATH`).
     pub const HEALTHZ: &str = "/healthz";
@@ -606,6 +610,10 @@ pub struct JobSpec {
     /// What the node runs; none: the node holds the lease for the tenant's own use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<Workload>,
+    /// An offer from `POST /v1/quotes` to hold the job to: placed on that node at that
+    /// price, or refused with the reason the offer no longer holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offer: Option<crate::ledger::ChosenOffer>,
 }
 
 impl JobSpec {

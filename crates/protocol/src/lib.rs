@@ -21,6 +21,7 @@ pub mod binding;
 pub mod broker;
 pub mod jcs;
 pub mod kbs;
+pub mod ledger;
 pub mod merkle;
 pub mod metering;
 pub mod money;

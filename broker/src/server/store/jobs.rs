@@ -57,7 +57,14 @@ pub(super) async fn apply(tx: &mut Tx, w: &JobWrite, sqlite: bool) -> Result<Out
                     return Ok(Outcome::Refused(Refusal::TooManyPending));
                 }
             }
-            // GPUs first: a refusal then leaves nothing behind.
+            // The escrow checked (nothing written), then GPUs: a refusal leaves nothing behind.
+            let escrow = match placement.as_ref().and_then(|p| p.escrow.as_ref()) {
+                Some(o) => match super::ledger::prepare_escrow(tx, o).await? {
+                    Ok(c) => Some((o, c)),
+                    Err(r) => return Ok(Outcome::Refused(r)),
+                },
+                None => None,
+            };
             if let Some(p) = placement
                 && let Some(refused) = take_gpus_for_tenant(tx, p).await?
             {
@@ -101,12 +108,22 @@ pub(super) async fn apply(tx: &mut Tx, w: &JobWrite, sqlite: bool) -> Result<Out
                     .execute(&mut **tx)
                     .await?;
                     open_lease(tx, p, sqlite).await?;
+                    if let Some((o, c)) = &escrow {
+                        super::ledger::finish_escrow(tx, o, c).await?;
+                    }
                 }
                 None => event(tx, &job.id, job.created_at, None, job.state, &job.reason).await?,
             }
             Ok(Outcome::Done)
         }
         JobWrite::Place(p) => {
+            let escrow = match &p.escrow {
+                Some(o) => match super::ledger::prepare_escrow(tx, o).await? {
+                    Ok(c) => Some((o, c)),
+                    Err(r) => return Ok(Outcome::Refused(r)),
+                },
+                None => None,
+            };
             if let Some(refused) = take_gpus_for_tenant(tx, p).await? {
                 return Ok(Outcome::Refused(refused));
             }
@@ -136,6 +153,9 @@ pub(super) async fn apply(tx: &mut Tx, w: &JobWrite, sqlite: bool) -> Result<Out
             )
             .await?;
             open_lease(tx, p, sqlite).await?;
+            if let Some((o, c)) = &escrow {
+                super::ledger::finish_escrow(tx, o, c).await?;
+            }
             Ok(Outcome::Done)
         }
         JobWrite::Transition {

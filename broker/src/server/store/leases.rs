@@ -61,6 +61,8 @@ pub(super) async fn apply(
             // The tenant's hold on the VM now lasts until this lease's last token expired:
             // the trigger `leases_node_hold` (migration 5) records it in `node_holds`.
             free_gpus(tx, lease).await?;
+            // Its escrow keeps what the windows it ran may still cost; the rest goes back.
+            super::ledger::trim_in(tx, lease, *now).await?;
             // The lease ends whatever its job's state; the job moves only from `job_from`.
             if let Some(current) = JobState::parse(&job_state).filter(|s| job_from.contains(s)) {
                 move_job(
@@ -457,6 +459,7 @@ mod tests {
             ends_at: 5_000,
             reason: String::new(),
             now_ms: 1_000_000,
+            escrow: None,
         };
         let insert = |id: &'static str, tenant: &'static str, token: String| async move {
             (

@@ -74,6 +74,30 @@ impl Store {
         })
     }
 
+    /// Accepted records of `lease` from sequence `from` on, in order: (sequence, hash).
+    pub async fn metering_from(
+        &self,
+        lease: &str,
+        from: u64,
+        limit: i64,
+    ) -> Result<Vec<(u64, String)>, BrokerError> {
+        let rows = sqlx::query(
+            "SELECT seq, hash FROM metering WHERE lease_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(lease)
+        .bind(i64::try_from(from).unwrap_or(i64::MAX))
+        .bind(limit)
+        .fetch_all(self.db.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let seq: i64 = r.try_get("seq")?;
+                Ok((u64::try_from(seq).unwrap_or(0), r.try_get("hash")?))
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
     /// How many records of `lease` were accepted.
     pub async fn metering_count(&self, lease: &str) -> Result<u64, BrokerError> {
         let r = sqlx::query("SELECT COUNT(*) AS c FROM metering WHERE lease_id = $1")

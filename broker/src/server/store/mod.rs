@@ -29,6 +29,7 @@ use super::error::BrokerError;
 
 mod jobs;
 mod leases;
+mod ledger;
 mod metering;
 mod nodes;
 mod pow;
@@ -36,10 +37,12 @@ mod settings;
 
 pub(crate) use jobs::JobWrite;
 pub(crate) use leases::{LeaseWrite, lease_tenant};
+pub(crate) use ledger::LedgerWrite;
+pub use ledger::{EscrowOpen, EscrowRow, SettledWindow, WindowSettle};
 pub(crate) use metering::MeteringWrite;
 pub(crate) use nodes::NodeWrite;
 pub use pow::ChallengeRow;
-pub(crate) use pow::PowWrite;
+pub(crate) use pow::{PowWrite, Slash};
 pub(crate) use settings::SettingWrite;
 
 /// The broker's migration lock number.
@@ -289,6 +292,12 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: pow_v9!("BLOB"),
         postgres: pow_v9!("BYTEA"),
     },
+    // Migration 10 (issue 32): the ledger (`ledger.rs`).
+    Migration {
+        version: 10,
+        sqlite: ledger::ledger_v10!("seq INTEGER PRIMARY KEY"),
+        postgres: ledger::ledger_v10!("seq BIGSERIAL PRIMARY KEY"),
+    },
 ];
 
 pub use cgx_protocol::broker::JobState;
@@ -427,6 +436,13 @@ pub(crate) enum Write {
     Setting(SettingWrite),
     Metering(MeteringWrite),
     Pow(PowWrite),
+    Ledger(LedgerWrite),
+}
+
+impl From<LedgerWrite> for Write {
+    fn from(w: LedgerWrite) -> Self {
+        Write::Ledger(w)
+    }
 }
 
 impl From<PowWrite> for Write {
@@ -473,6 +489,9 @@ pub(crate) enum Outcome {
     Refused(Refusal),
     /// The lease a [`LeaseWrite::EndLease`] ended.
     Ended(LeaseRow),
+    /// Per item of a write of several (the ledger's): whether it moved money (`false`: done
+    /// before), or why it was refused.
+    Items(Vec<Result<bool, String>>),
 }
 
 /// Why a write was not applied.
@@ -500,6 +519,12 @@ pub(crate) enum Refusal {
     },
     /// The node's GPUs serve another tenant's leases (a VM serves one tenant at a time).
     OtherTenant(String),
+    /// The job's other leases spent or released escrow since this placement's reservation
+    /// was computed.
+    EscrowMoved,
+    /// The ledger refused the write's transfers (the tenant cannot fund the escrow, a
+    /// deposit reused an id): why.
+    Funds(String),
     /// A statement failed (logged); the write was undone.
     Failed,
 }
@@ -522,6 +547,8 @@ pub struct PlacementRow {
     pub ends_at: i64,
     pub reason: String,
     pub now_ms: i64,
+    /// The lease's escrow, opened in the same write.
+    pub escrow: Option<Box<EscrowOpen>>,
 }
 
 /// One write inside the batch's transaction. A write refused for a reason (a used nonce, a
@@ -536,6 +563,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
         Write::Setting(w) => settings::apply(tx, w).await,
         Write::Metering(w) => metering::apply(tx, w).await,
         Write::Pow(w) => pow::apply(tx, w).await,
+        Write::Ledger(w) => ledger::apply(tx, w).await,
     }
 }
 

@@ -79,7 +79,19 @@ pub(crate) enum PowWrite {
         serials: Vec<String>,
         at: i64,
         now_ms: i64,
+        /// A failed proof is a proven cheat: the operator's stake is slashed to the tenant in
+        /// the verdict's own transaction (`cgx_ledger::settle`).
+        slash: Option<Slash>,
     },
+}
+
+/// What a failed proof forfeits, and to whom.
+#[derive(Debug, Clone)]
+pub(crate) struct Slash {
+    pub operator: String,
+    pub tenant: String,
+    pub per_gpu: u64,
+    pub gpus: u32,
 }
 
 const COLUMNS: &str = "id, node_id, lease_id, gpu, win, nonce, n, k, expected_ms, gpu_deadline_ms, issued_ms, deadline_ms, node_key, serials, seal, state, reason, committed_ms, open_deadline_ms, gpu_us, root, answered_ms, proof_sha256";
@@ -206,6 +218,7 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             serials,
             at,
             now_ms,
+            slash,
         } => {
             let r = sqlx::query(
                 "UPDATE pow_challenges SET state = $3, reason = $4, proof = NULL WHERE id = $1 AND state = $2",
@@ -218,6 +231,26 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             .await?;
             if r.rows_affected() != 1 {
                 return Ok(Outcome::Refused(Refusal::PowNotOpen));
+            }
+            if let Some(sl) = slash {
+                // The challenge's id names the cheat: it is slashed at most once.
+                let lease: String =
+                    sqlx::query("SELECT lease_id FROM pow_challenges WHERE id = $1")
+                        .bind(id)
+                        .fetch_one(&mut **tx)
+                        .await?
+                        .try_get("lease_id")?;
+                super::ledger::slash_in(
+                    tx,
+                    &sl.operator,
+                    &sl.tenant,
+                    &lease,
+                    &format!("pow/{id}"),
+                    sl.per_gpu,
+                    sl.gpus,
+                    *at,
+                )
+                .await?;
             }
             if *mark {
                 sqlx::query(
@@ -281,6 +314,16 @@ impl Store {
             .iter()
             .map(challenge_row)
             .collect::<Result<_, sqlx::Error>>()?)
+    }
+
+    /// Every challenge of `lease`, by GPU then window (settlement reads their verdicts).
+    pub async fn pow_of_lease(&self, lease: &str) -> Result<Vec<ChallengeRow>, BrokerError> {
+        self.pow_rows(
+            "lease_id = $1 ORDER BY gpu, win, issued_ms LIMIT 100000",
+            &[lease],
+            &[],
+        )
+        .await
     }
 
     /// Node `node`'s challenges still open for a commitment (issued, deadline ahead).
