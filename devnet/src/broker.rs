@@ -133,6 +133,7 @@ pub fn broker_setup(
             ..Default::default()
         },
         ledger: Default::default(),
+        reputation: Default::default(),
     };
     Ok(BrokerSetup {
         dir,
@@ -230,21 +231,6 @@ impl BrokerServer {
             Some(r) => self
                 .rt
                 .block_on(r.tick())
-                .map_err(|e| DevnetError::Kbs(format!("broker: {e}"))),
-            None => Ok(()),
-        }
-    }
-
-    /// Set a node's and/or an operator's reputation.
-    pub fn set_reputation(
-        &self,
-        node: Option<(&str, i64)>,
-        operator: Option<(&str, i64)>,
-    ) -> Result<()> {
-        match &self.running {
-            Some(r) => self
-                .rt
-                .block_on(r.set_reputation(node, operator))
                 .map_err(|e| DevnetError::Kbs(format!("broker: {e}"))),
             None => Ok(()),
         }

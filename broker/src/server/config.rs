@@ -31,6 +31,9 @@
 //! slash_per_gpu_micros = 100000000         # what a proven cheat forfeits per GPU of its lease
 //! settle_grace_secs = 660                  # how long an ended lease's last records may come
 //! escrow_expiry_secs = 86400               # a reservation expires this long after its job's end
+//! [reputation]                             # from uptime, proofs, failovers, cheats
+//! half_life_secs = 604800                  # every count halves in a week
+//! interval_secs = 600                      # uptime credited every ten minutes
 //! ```
 //! Every replica of one broker shares `database`, `signing_key` and `result_key`.
 
@@ -152,6 +155,37 @@ pub struct BrokerConfig {
     /// Settlement (`[ledger]`).
     #[serde(default)]
     pub ledger: LedgerConfig,
+    /// Reputation (`[reputation]`).
+    #[serde(default)]
+    pub reputation: ReputationConfig,
+}
+
+/// `[reputation]`: how fast old events fade, how often uptime is credited.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ReputationConfig {
+    /// Every count halves in this long (seconds; default 7 days).
+    #[serde(default = "default_half_life")]
+    pub half_life_secs: i64,
+    /// Uptime is credited this often (seconds; default 600).
+    #[serde(default = "default_uptime_interval")]
+    pub interval_secs: u64,
+}
+
+impl Default for ReputationConfig {
+    fn default() -> Self {
+        ReputationConfig {
+            half_life_secs: default_half_life(),
+            interval_secs: default_uptime_interval(),
+        }
+    }
+}
+
+fn default_half_life() -> i64 {
+    7 * 86_400
+}
+fn default_uptime_interval() -> u64 {
+    600
 }
 
 /// `[ledger]`: the fee, the slash, and how long settlement waits.
@@ -422,6 +456,12 @@ impl BrokerConfig {
             return bad(
                 "[ledger]: fee_bps at most 5000, slash_per_gpu_micros at most 10^15, settle_grace_secs 0 to 2592000, escrow_expiry_secs 60 to 31536000, settle_interval_ms 50 to 60000",
             );
+        }
+        let r = &self.reputation;
+        if !(3600..=365 * 86_400).contains(&r.half_life_secs)
+            || !(1..=86_400).contains(&r.interval_secs)
+        {
+            return bad("[reputation]: half_life_secs 3600 to 31536000, interval_secs 1 to 86400");
         }
         if self.api_keys.iter().any(|k| k.scopes.is_empty()) {
             return bad("an API key names no scopes");

@@ -1123,6 +1123,25 @@ impl Index {
     }
 
     /// Every node id, sorted.
+    /// Every node with its operator and whether it is up now: heartbeating and attested
+    /// (reputation's uptime; a proof penalty is not downtime, it counts as what it was).
+    pub fn liveness(&self, now: i64) -> Vec<(String, String, bool)> {
+        let mut v: Vec<(String, String, bool)> = self
+            .nodes
+            .values()
+            .map(|e| {
+                let up = !matches!(
+                    self.entry_placeable(e, now),
+                    Err(Unplaceable::HeartbeatsMissed { .. }
+                        | Unplaceable::AttestationLapsed { .. })
+                );
+                (e.record.id.clone(), e.record.operator.clone(), up)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     pub fn ids(&self) -> Vec<String> {
         let mut v: Vec<String> = self.nodes.keys().cloned().collect();
         v.sort();

@@ -26,6 +26,7 @@ impl Broker {
                 reason: reason.to_string(),
                 now: self.clock.unix(),
                 now_ms: self.now_ms(),
+                half_life: self.config.reputation.half_life_secs,
             })
             .await?;
         Ok(match out {

@@ -27,6 +27,8 @@ impl Broker {
             per_gpu: self.config.ledger.slash_per_gpu_micros,
             gpus: e.escrow.price.gpus,
             at: self.clock.unix(),
+            half_life: self.config.reputation.half_life_secs,
+            now_ms: self.now_ms(),
         };
         self.metrics.event("metering", "equivocation");
         tracing::warn!(%lease, seq, operator = %e.escrow.operator, "two records of one window under one key: slashed");

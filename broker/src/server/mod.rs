@@ -13,7 +13,9 @@
 //! - `settings.rs`: reference values admins put, the admin audit trail;
 //! - `settle.rs`: settlement — each window paid or refunded from its record and proofs, escrow
 //!   released as leases end;
-//! - `statements.rs`: deposits, accounts and statements (the ledger's API).
+//! - `statements.rs`: deposits, accounts and statements (the ledger's API);
+//! - `quotes.rs`: the offers a job would get, placing nothing;
+//! - `reputation.rs`: reputation from uptime, proofs, failovers and cheats, decayed.
 //!
 //! And beside them: `index.rs`, the in-memory registry placement decides on (pure,
 //! time-explicit); `register.rs`, the checks on a registration's evidence and inventory;
@@ -35,6 +37,7 @@ mod pow;
 mod quotes;
 mod register;
 mod reports;
+mod reputation;
 mod settings;
 mod settle;
 mod statements;
@@ -316,15 +319,6 @@ impl Running {
             .await
             .map(|_| ())
     }
-
-    /// Set reputations (tests; the ledger feeds them later).
-    pub async fn set_reputation(
-        &self,
-        node: Option<(&str, i64)>,
-        operator: Option<(&str, i64)>,
-    ) -> Result<(), BrokerError> {
-        self.broker.set_reputation(node, operator).await
-    }
 }
 
 /// Bind and serve on the system clock.
@@ -351,6 +345,10 @@ pub async fn start_with_clock(
             Duration::from_millis(config.monitor_interval_ms),
         )));
     }
+    background.push(Box::pin(reputation::keeper(
+        broker.clone(),
+        Duration::from_secs(config.reputation.interval_secs),
+    )));
     background.push(Box::pin(settle::settler(
         broker.clone(),
         Duration::from_millis(config.ledger.settle_interval_ms),

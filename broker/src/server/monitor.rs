@@ -199,22 +199,6 @@ impl Broker {
         self.metrics.event("job", "expired");
         Ok(())
     }
-
-    /// Reputation (tests; later work feeds it from metering and proofs).
-    pub async fn set_reputation(
-        &self,
-        node: Option<(&str, i64)>,
-        operator: Option<(&str, i64)>,
-    ) -> Result<(), BrokerError> {
-        self.store
-            .write(NodeWrite::Reputation {
-                node: node.map(|(n, r)| (n.to_string(), r)),
-                operator: operator.map(|(n, r)| (n.to_string(), r)),
-                now_ms: self.now_ms(),
-            })
-            .await?;
-        self.sync().await
-    }
 }
 
 #[cfg(test)]

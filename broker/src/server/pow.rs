@@ -518,6 +518,7 @@ impl Broker {
             at,
             now_ms: self.now_ms(),
             slash,
+            half_life: self.config.reputation.half_life_secs,
         };
         match self.store.write(w).await? {
             Outcome::Done => {

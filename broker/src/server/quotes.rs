@@ -112,3 +112,78 @@ impl Broker {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::super::testing::{FUNDS, Harness, Role};
+    use super::*;
+    use cgx_protocol::ledger::ChosenOffer;
+
+    /// A quote ranks the nodes placement would, says why the others are out, and places
+    /// nothing; a job held to an offer goes to that node at that price, or is refused with
+    /// why the offer no longer holds.
+    #[tokio::test]
+    async fn quotes_rank_offers_explain_exclusions_and_hold_a_chosen_offer() {
+        let h = Harness::new("quotes").await;
+        let cheap = h.node(2);
+        let mut dear = h.node(2);
+        dear.offer.price_per_gpu_hour_micros = Micros(2_500_000);
+        let small = h.node(1);
+        for n in [&cheap, &dear, &small] {
+            h.register(n).await.unwrap();
+        }
+        let tenant = h.admin(Role::Tenant);
+        let spec = Harness::job(2, 3600);
+        let q = h.broker.quote(&tenant, spec.clone()).await.unwrap();
+        let offered: Vec<&str> = q.offers.iter().map(|o| o.node.as_str()).collect();
+        assert_eq!(offered, [cheap.id.as_str(), dear.id.as_str()]);
+        assert_eq!(q.offers[0].rank, 1);
+        assert_eq!(q.offers[0].price_per_gpu_hour, Micros(2_000_000));
+        assert_eq!(q.offers[0].cost, Micros(4_000_000));
+        assert_eq!(q.offers[1].cost, Micros(5_000_000));
+        assert_eq!(q.offers[0].escrow, spec.budget_micros);
+        let out = q.excluded.iter().find(|x| x.node == small.id).unwrap();
+        assert_eq!(out.code, "full", "{out:?}");
+        assert!(out.reason.contains("the job needs 2"), "{out:?}");
+        // Nothing placed, nothing held.
+        assert!(h.broker.jobs(&tenant, None).await.unwrap().is_empty());
+        let acme = cgx_ledger::AccountId::new(cgx_ledger::Role::Tenant, "acme").unwrap();
+        assert_eq!(h.broker.store.account(&acme).await.unwrap().debits_pending, 0);
+        // Another tenant's quote is its own; a token with no tenant gets none.
+        assert!(h.broker.quote(&h.admin(Role::Operator), spec.clone()).await.is_err());
+
+        // Held to the second offer: placed there, not on the cheaper node.
+        let mut held = spec.clone();
+        held.offer = Some(ChosenOffer {
+            node: dear.id.clone(),
+            price_per_gpu_hour_micros: Micros(2_500_000),
+        });
+        let job = h.broker.submit(&tenant, held.clone()).await.unwrap();
+        assert_eq!(job.node_id.as_deref(), Some(dear.id.as_str()), "{job:?}");
+        // The same offer again: the node is full now. A price that is not the node's: refused.
+        let e = h.broker.submit(&tenant, held.clone()).await.unwrap_err();
+        assert!(matches!(e, BrokerError::OfferGone(_)), "{e}");
+        assert!(e.to_string().contains("no longer fits"), "{e}");
+        let mut wrong = spec.clone();
+        wrong.offer = Some(ChosenOffer {
+            node: cheap.id.clone(),
+            price_per_gpu_hour_micros: Micros(1_000_000),
+        });
+        let e = h.broker.submit(&tenant, wrong).await.unwrap_err();
+        assert!(e.to_string().contains("price is now 2.000000 per GPU-hour"), "{e}");
+        let mut gone = spec;
+        gone.offer = Some(ChosenOffer {
+            node: "nnosuchnode".into(),
+            price_per_gpu_hour_micros: Micros(1),
+        });
+        let e = h.broker.submit(&tenant, gone).await.unwrap_err();
+        assert!(e.to_string().contains("no longer registered"), "{e}");
+        // Refused offers stored nothing: one job, its budget held once.
+        assert_eq!(h.broker.jobs(&tenant, None).await.unwrap().len(), 1);
+        assert_eq!(
+            h.broker.store.account(&acme).await.unwrap().available(),
+            i128::from(FUNDS - 6_000_000)
+        );
+    }
+}

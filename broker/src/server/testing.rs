@@ -169,6 +169,7 @@ impl Harness {
                 ..Default::default()
             },
             ledger: Default::default(),
+            reputation: Default::default(),
         };
         edit(&mut config);
         let clock = ManualClock::default();

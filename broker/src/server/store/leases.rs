@@ -22,6 +22,9 @@ pub(crate) enum LeaseWrite {
         reason: String,
         now: i64,
         now_ms: i64,
+        /// Reputation's half-life: a lease ended to re-place its job (a failover) counts
+        /// against the node and its operator.
+        half_life: i64,
     },
 }
 
@@ -39,6 +42,7 @@ pub(super) async fn apply(
             reason,
             now,
             now_ms,
+            half_life,
         } => {
             let sql = format!(
                 "SELECT {LEASE_COLUMNS_L}, j.state AS job_state FROM leases l JOIN jobs j ON j.id = l.job_id WHERE l.id = $1 AND l.ended_at IS NULL"
@@ -75,6 +79,13 @@ pub(super) async fn apply(
                     *job_to == JobState::Pending,
                 )
                 .await?;
+            }
+            if *job_to == JobState::Pending {
+                let d = crate::server::reputation::Delta {
+                    failovers: 1.0,
+                    ..Default::default()
+                };
+                super::reputation::bump_in(tx, &l.node_id, d, *now, *half_life, *now_ms).await?;
             }
             touch(tx, &l.node_id, *now_ms, sqlite).await?;
             Ok(Outcome::Ended(l))
@@ -621,6 +632,7 @@ mod tests {
                     reason: "test".into(),
                     now: at,
                     now_ms: at * 1000,
+                    half_life: 86_400,
                 };
                 assert!(matches!(store.write(w).await.unwrap(), Outcome::Ended(_)));
             }

@@ -136,6 +136,9 @@ pub(crate) enum LedgerWrite {
         per_gpu: u64,
         gpus: u32,
         at: i64,
+        /// Reputation's half-life: the cheat counts against the lease's node and operator.
+        half_life: i64,
+        now_ms: i64,
     },
 }
 
@@ -659,12 +662,27 @@ pub(super) async fn apply(tx: &mut Tx, w: &LedgerWrite) -> Result<Outcome, sqlx:
             per_gpu,
             gpus,
             at,
+            half_life,
+            now_ms,
         } => {
+            // Slashed before for this cheat: not counted again.
+            let seen = sqlx::query("SELECT 1 AS one FROM ledger_transfers WHERE id = $1")
+                .bind(format!("slash/{cheat}/stake"))
+                .fetch_optional(&mut **tx)
+                .await?
+                .is_some();
             let Some(stake) =
                 slash_in(tx, operator, tenant, lease, cheat, *per_gpu, *gpus, *at).await?
             else {
                 return Ok(Outcome::Items(vec![Ok(false)]));
             };
+            if !seen && let Some(row) = escrow_in(tx, lease).await? {
+                let d = crate::server::reputation::Delta {
+                    cheats: 1.0,
+                    ..Default::default()
+                };
+                super::reputation::bump_in(tx, &row.node_id, d, *at, *half_life, *now_ms).await?;
+            }
             Ok(Outcome::Items(vec![Ok(stake > 0)]))
         }
     }

@@ -33,6 +33,7 @@ mod ledger;
 mod metering;
 mod nodes;
 mod pow;
+mod reputation;
 mod settings;
 
 pub(crate) use jobs::JobWrite;
@@ -43,6 +44,7 @@ pub(crate) use metering::MeteringWrite;
 pub(crate) use nodes::NodeWrite;
 pub use pow::ChallengeRow;
 pub(crate) use pow::{PowWrite, Slash};
+pub(crate) use reputation::{ReputationWrite, UPTIME_CHUNK};
 pub(crate) use settings::SettingWrite;
 
 /// The broker's migration lock number.
@@ -298,6 +300,12 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: ledger::ledger_v10!("seq INTEGER PRIMARY KEY"),
         postgres: ledger::ledger_v10!("seq BIGSERIAL PRIMARY KEY"),
     },
+    // Migration 11 (issue 32): reputation's decayed counts (`reputation.rs`).
+    Migration {
+        version: 11,
+        sqlite: reputation::REPUTATION_V11,
+        postgres: reputation::REPUTATION_V11,
+    },
 ];
 
 pub use cgx_protocol::broker::JobState;
@@ -437,6 +445,13 @@ pub(crate) enum Write {
     Metering(MeteringWrite),
     Pow(PowWrite),
     Ledger(LedgerWrite),
+    Reputation(ReputationWrite),
+}
+
+impl From<ReputationWrite> for Write {
+    fn from(w: ReputationWrite) -> Self {
+        Write::Reputation(w)
+    }
 }
 
 impl From<LedgerWrite> for Write {
@@ -564,6 +579,7 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
         Write::Metering(w) => metering::apply(tx, w).await,
         Write::Pow(w) => pow::apply(tx, w).await,
         Write::Ledger(w) => ledger::apply(tx, w).await,
+        Write::Reputation(w) => reputation::apply(tx, w).await,
     }
 }
 

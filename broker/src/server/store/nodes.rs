@@ -41,11 +41,6 @@ pub(crate) enum NodeWrite {
         at: i64,
         now_ms: i64,
     },
-    Reputation {
-        node: Option<(String, i64)>,
-        operator: Option<(String, i64)>,
-        now_ms: i64,
-    },
     SweepNonces {
         now: i64,
     },
@@ -170,35 +165,6 @@ pub(super) async fn apply(tx: &mut Tx, w: &NodeWrite) -> Result<Outcome, sqlx::E
                     .execute(&mut **tx)
                     .await?;
             Ok(one_row(r.rows_affected(), Refusal::NoSuchNode))
-        }
-        NodeWrite::Reputation {
-            node,
-            operator,
-            now_ms,
-        } => {
-            if let Some((id, r)) = node {
-                sqlx::query("UPDATE nodes SET reputation = $1, updated_ms = $2 WHERE id = $3")
-                    .bind(r)
-                    .bind(now_ms)
-                    .bind(id)
-                    .execute(&mut **tx)
-                    .await?;
-            }
-            if let Some((name, r)) = operator {
-                sqlx::query(
-                    "INSERT INTO operators (name, reputation) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET reputation = excluded.reputation",
-                )
-                .bind(name)
-                .bind(r)
-                .execute(&mut **tx)
-                .await?;
-                sqlx::query("UPDATE nodes SET updated_ms = $1 WHERE operator = $2")
-                    .bind(now_ms)
-                    .bind(name)
-                    .execute(&mut **tx)
-                    .await?;
-            }
-            Ok(Outcome::Done)
         }
         NodeWrite::SweepNonces { now } => {
             // A minute past expiry: a replica whose clock runs behind still refuses the nonce.

@@ -9,6 +9,8 @@
 
 use sqlx::Row;
 
+use super::super::reputation::Delta;
+
 use super::super::error::BrokerError;
 use super::{Outcome, Refusal, Store, Tx, one_row};
 
@@ -82,6 +84,8 @@ pub(crate) enum PowWrite {
         /// A failed proof is a proven cheat: the operator's stake is slashed to the tenant in
         /// the verdict's own transaction (`cgx_ledger::settle`).
         slash: Option<Slash>,
+        /// Reputation's half-life: the verdict counts for the node and its operator.
+        half_life: i64,
     },
 }
 
@@ -219,6 +223,7 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             at,
             now_ms,
             slash,
+            half_life,
         } => {
             let r = sqlx::query(
                 "UPDATE pow_challenges SET state = $3, reason = $4, proof = NULL WHERE id = $1 AND state = $2",
@@ -232,6 +237,21 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             if r.rows_affected() != 1 {
                 return Ok(Outcome::Refused(Refusal::PowNotOpen));
             }
+            let d = match *state {
+                "passed" => Delta {
+                    passed: 1.0,
+                    ..Delta::default()
+                },
+                "failed" => Delta {
+                    cheats: 1.0,
+                    ..Delta::default()
+                },
+                _ => Delta {
+                    missed: 1.0,
+                    ..Delta::default()
+                },
+            };
+            super::reputation::bump_in(tx, node, d, *at, *half_life, *now_ms).await?;
             if let Some(sl) = slash {
                 // The challenge's id names the cheat: it is slashed at most once.
                 let lease: String =
