@@ -22,7 +22,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use cgx_kbs::server::config::{AdminKey, AppraisalConfig, KbsConfig, KekSource};
 use cgx_kbs::server::{Running, start_with_clock};
-use cgx_kbs::sim::SimNode;
+pub use cgx_kbs::sim::SimNode;
 use serde_json::json;
 
 /// Reference values for the simulated GPUs: their driver and VBIOS versions, stated, and their

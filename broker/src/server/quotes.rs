@@ -149,9 +149,17 @@ mod tests {
         // Nothing placed, nothing held.
         assert!(h.broker.jobs(&tenant, None).await.unwrap().is_empty());
         let acme = cgx_ledger::AccountId::new(cgx_ledger::Role::Tenant, "acme").unwrap();
-        assert_eq!(h.broker.store.account(&acme).await.unwrap().debits_pending, 0);
+        assert_eq!(
+            h.broker.store.account(&acme).await.unwrap().debits_pending,
+            0
+        );
         // Another tenant's quote is its own; a token with no tenant gets none.
-        assert!(h.broker.quote(&h.admin(Role::Operator), spec.clone()).await.is_err());
+        assert!(
+            h.broker
+                .quote(&h.admin(Role::Operator), spec.clone())
+                .await
+                .is_err()
+        );
 
         // Held to the second offer: placed there, not on the cheaper node.
         let mut held = spec.clone();
@@ -171,7 +179,10 @@ mod tests {
             price_per_gpu_hour_micros: Micros(1_000_000),
         });
         let e = h.broker.submit(&tenant, wrong).await.unwrap_err();
-        assert!(e.to_string().contains("price is now 2.000000 per GPU-hour"), "{e}");
+        assert!(
+            e.to_string().contains("price is now 2.000000 per GPU-hour"),
+            "{e}"
+        );
         let mut gone = spec;
         gone.offer = Some(ChosenOffer {
             node: "nnosuchnode".into(),

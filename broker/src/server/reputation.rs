@@ -177,7 +177,11 @@ mod tests {
         let rank = |h: &Harness, id: &str| h.broker.index().reputation(id).unwrap();
         // (Both are the operator's: its part, pulled down by `a`'s downtime, is the same.)
         assert_eq!(h.broker.index().node_reputation(&b.id), Some(0), "steady");
-        assert!(rank(&h, &a.id) < rank(&h, &b.id), "flapping: {}", rank(&h, &a.id));
+        assert!(
+            rank(&h, &a.id) < rank(&h, &b.id),
+            "flapping: {}",
+            rank(&h, &a.id)
+        );
         let job = h
             .broker
             .submit(&h.admin(Role::Tenant), Harness::job(1, 600))
@@ -186,7 +190,11 @@ mod tests {
         assert_eq!(job.node_id.as_deref(), Some(b.id.as_str()), "{job:?}");
         let c = h.node(1);
         h.register(&c).await.unwrap();
-        assert_eq!(rank(&h, &c.id), rank(&h, &b.id), "a new node is neither favoured nor starved");
+        assert_eq!(
+            rank(&h, &c.id),
+            rank(&h, &b.id),
+            "a new node is neither favoured nor starved"
+        );
         // Stored: a restarted broker ranks the same.
         let before = (rank(&h, &a.id), rank(&h, &b.id));
         h.restart().await;
@@ -197,7 +205,11 @@ mod tests {
         b.prove(&h.broker, &challenges[0], false, h.now()).await;
         h.broker.pow_pass().await.unwrap();
         h.broker.sync().await.unwrap();
-        assert!(rank(&h, &b.id) <= -400, "node and operator: {}", rank(&h, &b.id));
+        assert!(
+            rank(&h, &b.id) <= -400,
+            "node and operator: {}",
+            rank(&h, &b.id)
+        );
         assert!(h.broker.index().node_reputation(&b.id).unwrap() <= -200);
         assert!(rank(&h, &c.id) < 0, "the operator's part");
     }
