@@ -548,6 +548,116 @@ fn run(
             .filter(|e| e.to == JobState::Placed)
             .count()
     );
+    wait_for(30, "node-1's new lease to be metered", || {
+        job_in(&tenant, &job.id, |j| j.metered_windows >= 2)
+    })?;
+    // The tenant ends the job: its lease ends, and settlement closes every escrow — each
+    // window paid from its record and proof, or refunded; what was left goes back.
+    tenant.cancel(&job.id).map_err(s)?;
+    let statement = wait_for(30, "every lease to be settled", || {
+        let st = tenant
+            .statement(Some(cgx_devnet::broker::TENANT_A), None, None, None)
+            .map_err(s)?;
+        Ok(st.leases.iter().all(|l| l.state == "closed").then_some(st))
+    })?;
+    // node-1 registered anew when its host restarted: name nodes from the registry now.
+    let nodes = auditor.nodes().map_err(s)?;
+    for l in &statement.leases {
+        let refunded: Vec<&cgx_protocol::ledger::WindowLine> = l
+            .windows
+            .iter()
+            .filter(|w| w.outcome == "refunded")
+            .collect();
+        println!(
+            "[ledger] lease {} on {} (job {}): {} windows paid {} ({} to the provider, {} fee), {} refunded {}; escrow closed",
+            l.lease,
+            name_of(&l.node, &nodes),
+            l.job,
+            l.windows.iter().filter(|w| w.outcome == "paid").count(),
+            l.paid,
+            l.provider,
+            l.fee,
+            refunded.len(),
+            l.refunded,
+        );
+        if let Some(w) = refunded.first() {
+            println!(
+                "[ledger]   window {} refunded (record {}…): {}",
+                w.window,
+                w.record.get(..12).unwrap_or(&w.record),
+                w.reason
+            );
+        }
+    }
+    let slash_in = statement
+        .lines
+        .iter()
+        .filter(|l| l.cause == "slash")
+        .map(|l| l.credit.get())
+        .sum::<u64>();
+    let spent: u64 = statement.leases.iter().map(|l| l.paid.get()).sum();
+    let acct = &statement.accounts[0];
+    println!(
+        "[ledger] tenant statement ({}): opening {}, paid {} for proven windows only, slash received {}, closing {}, held {} — {}",
+        statement.owner,
+        acct.opening_posted,
+        Micros(spent),
+        Micros(slash_in),
+        acct.closing_posted,
+        acct.closing_held,
+        if statement.reconciled {
+            "reconciled"
+        } else {
+            "NOT RECONCILED"
+        }
+    );
+    let provider = b
+        .client(&broker.base, &b.operator)
+        .map_err(s)?
+        .statement(None, Some(OPERATOR), None, None)
+        .map_err(s)?;
+    let earned: u64 = provider
+        .lines
+        .iter()
+        .filter(|l| l.account.starts_with("provider/") && l.cause == "window")
+        .map(|l| l.credit.get())
+        .sum();
+    let slashed: Vec<&cgx_protocol::ledger::StatementLine> = provider
+        .lines
+        .iter()
+        .filter(|l| l.account.starts_with("stake/") && l.cause == "slash")
+        .collect();
+    println!(
+        "[ledger] provider statement ({}): earned {} over {} paid windows; stake slashed {} for {} — {}",
+        provider.owner,
+        Micros(earned),
+        provider
+            .lines
+            .iter()
+            .filter(|l| l.account.starts_with("provider/") && l.cause == "window")
+            .count(),
+        Micros(slashed.iter().map(|l| l.debit.get()).sum()),
+        slashed
+            .iter()
+            .map(|l| l.reference.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if provider.reconciled {
+            "reconciled"
+        } else {
+            "NOT RECONCILED"
+        }
+    );
+    if !statement.reconciled || !provider.reconciled || slashed.is_empty() {
+        return Err("the statements do not show the cheat slashed, or do not reconcile".into());
+    }
+    if !statement
+        .leases
+        .iter()
+        .any(|l| l.windows.iter().any(|w| w.outcome == "refunded"))
+    {
+        return Err("no window of the cheat's lease was refunded".into());
+    }
     for h in hosts.iter_mut() {
         h.stop();
     }

@@ -132,7 +132,12 @@ pub fn broker_setup(
             }),
             ..Default::default()
         },
-        ledger: Default::default(),
+        // Settlement closes an ended lease's escrow a few seconds after its last window.
+        ledger: cgx_broker::server::config::LedgerConfig {
+            settle_grace_secs: 3,
+            settle_interval_ms: 250,
+            ..Default::default()
+        },
         reputation: Default::default(),
     };
     Ok(BrokerSetup {

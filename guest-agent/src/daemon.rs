@@ -377,6 +377,16 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
                 });
             }
         }
+        meters.retain(|lease, m| {
+            let done = m.done(t);
+            if done {
+                log(format_args!(
+                    "lease {lease}: {} metering records accepted",
+                    m.sent()
+                ));
+            }
+            !done
+        });
         match node.next(now()) {
             Step::Exit => {
                 log("stopped");
@@ -506,11 +516,10 @@ pub fn run(opts: &Options, machine: Arc<dyn Machine>, stop: &AtomicBool) -> Resu
             }
             Step::Stop(lease) => {
                 log(format_args!("lease {lease}: stopping its workload"));
-                if let Some(m) = meters.remove(&lease) {
-                    log(format_args!(
-                        "lease {lease}: {} metering records accepted",
-                        m.sent()
-                    ));
+                // Its last windows are still metered (the provider is paid for what it ran
+                // and proved); the meter goes once their records are taken.
+                if let Some(m) = meters.get_mut(&lease) {
+                    m.end(unix_now());
                 }
                 prover.forget(&lease);
                 match works.get_mut(&lease) {

@@ -39,6 +39,10 @@ pub struct Meter {
     next_try: i64,
     /// The volatile ECC totals last read, per GPU: records carry the window's increase.
     ecc: std::collections::HashMap<u32, (u64, u64)>,
+    /// When the lease stopped on this node: the windows that began before are still metered
+    /// (the last one when it would have closed), none after — the provider is paid for the
+    /// windows it ran and proved, the last one included.
+    ended: Option<i64>,
 }
 
 impl Meter {
@@ -58,6 +62,7 @@ impl Meter {
             broken: false,
             next_try: 0,
             ecc: Default::default(),
+            ended: None,
         })
     }
 
@@ -68,7 +73,28 @@ impl Meter {
 
     /// The window `seq` falls in at `now`.
     pub fn due(&self, now: i64) -> bool {
-        !self.broken && now >= self.window_start(self.seq + 1) && now >= self.next_try
+        !self.broken
+            && self.ended.is_none_or(|e| self.window_start(self.seq) < e)
+            && now >= self.window_start(self.seq + 1)
+            && now >= self.next_try
+    }
+
+    /// The lease stopped at `at`: meter the windows begun before, then nothing.
+    pub fn end(&mut self, at: i64) {
+        self.ended.get_or_insert(at);
+    }
+
+    /// Nothing left to send: the lease stopped and its last window's record was taken, or
+    /// cannot be any more (its chain broke, or the broker would no longer take it).
+    pub fn done(&self, now: i64) -> bool {
+        match self.ended {
+            None => false,
+            Some(e) => {
+                self.broken
+                    || self.window_start(self.seq) >= e
+                    || now > e.saturating_add(METERING_TTL_SECS)
+            }
+        }
     }
 
     fn usage(&mut self, machine: &dyn Machine) -> Vec<GpuUsage> {

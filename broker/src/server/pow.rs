@@ -495,14 +495,14 @@ impl Broker {
             }
         };
         let serials = if mark { c.serials.clone() } else { Vec::new() };
-        // A wrong proof under the node's signature is a proven cheat: the lease's escrow
-        // names the operator and tenant the slash moves between.
+        // A wrong proof under the node's signature is a proven cheat on the one GPU it
+        // covers: the lease's escrow names the operator and tenant the slash moves between.
         let slash = if state == "failed" {
             self.store.escrow(&c.lease_id).await?.map(|e| Slash {
                 operator: e.escrow.operator,
                 tenant: e.escrow.tenant,
                 per_gpu: self.config.ledger.slash_per_gpu_micros,
-                gpus: e.escrow.price.gpus,
+                gpus: 1,
             })
         } else {
             None

@@ -14,7 +14,7 @@
 //!
 //! What this leaves to a cheater: a node that passes one challenge and then stops working is
 //! paid until its next challenge (10 minutes by default), which it then fails — and a failed
-//! proof slashes the operator's stake (`[ledger] slash_per_gpu_micros` per GPU of the lease) to
+//! proof slashes the operator's stake (`[ledger] slash_per_gpu_micros` for the GPU it covers) to
 //! the tenant, in the verdict's own write (`pow.rs`).
 //!
 //! **When escrow goes back.** Once a lease ended, its windows are resolved as their records
@@ -380,8 +380,8 @@ mod tests {
         let failed_window = bad.window;
         assert_eq!(
             h.broker.store.account(&stake).await.unwrap().net_posted(),
-            500_000_000 - 200_000_000,
-            "a failed proof slashes 100 units per GPU of the lease"
+            500_000_000 - 100_000_000,
+            "a failed proof slashes 100 units for the GPU it covers"
         );
         let upto = failed_window + 2;
         run(
@@ -507,7 +507,7 @@ mod tests {
         let b = h.broker.store.account(&t).await.unwrap();
         assert_eq!(
             b.net_posted(),
-            i128::from(FUNDS) - i128::from(paid) + 200_000_000,
+            i128::from(FUNDS) - i128::from(paid) + 100_000_000,
             "the tenant paid the proven windows only, and got the slash"
         );
 
@@ -538,7 +538,7 @@ mod tests {
         assert!(
             st.lines
                 .iter()
-                .any(|l| l.cause == "slash" && l.credit == Micros(200_000_000))
+                .any(|l| l.cause == "slash" && l.credit == Micros(100_000_000))
         );
         assert_eq!(st.leases.len(), 2);
         assert_eq!(st.leases[0].paid, Micros(paid));

@@ -20,11 +20,12 @@
 //! pending credits are exactly what its lease still holds, and its posted credits and debits
 //! are what it passed through.
 //!
-//! **The slash.** A proven cheat (a proof that fails under the node's valid signature; two
-//! different records for one window, both under its signature) forfeits the lesser of the
-//! operator's available stake and `slash_per_gpu × GPUs of the lease`, moved
-//! `stake/<operator> → slashed → tenant/<tenant>` as one chain. Each cheat is slashed once
-//! (the chain's ids name it).
+//! **The slash.** A proven cheat forfeits the lesser of the operator's available stake and
+//! `slash_per_gpu × GPUs it cheated on`, moved `stake/<operator> → slashed → tenant/<tenant>`
+//! as one chain: a proof that fails under the node's valid signature is a cheat on the one
+//! GPU it covers; two different records of one window, both under the node's signature, a
+//! cheat on every GPU of the lease. Each cheat is slashed once (the chain's ids name it: the
+//! challenge, or the lease and window).
 
 use serde::{Deserialize, Serialize};
 
