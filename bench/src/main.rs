@@ -8,6 +8,7 @@ mod broker;
 mod channel;
 mod coco;
 mod kbs;
+mod ledger;
 mod measure;
 mod pow;
 
@@ -132,6 +133,18 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// Settlement: transfers per second in memory and records settled per second on SQLite
+    /// at synchronous=FULL, each beside its bound.
+    Ledger {
+        #[arg(long, default_value_t = 256)]
+        leases: usize,
+        #[arg(long, default_value_t = 1000)]
+        windows: u64,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// SEV-SNP launch digests per second (4 MiB firmware, kernel, initrd) against raw hashing
     /// of the same bytes, and sev-snp-measure on the same files.
     Measure {
@@ -168,6 +181,12 @@ enum BenchWhat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.what {
+        BenchWhat::Ledger {
+            leases,
+            windows,
+            rounds,
+            json,
+        } => ledger::bench(leases, windows, rounds, json),
         BenchWhat::Kbs {
             clients,
             seconds,

@@ -82,6 +82,17 @@ fn start(config: &std::path::Path) -> (Child, String) {
     panic!("the broker did not listen in 60 s");
 }
 
+/// The broker process, killed when the test ends however it ends (a failed assertion must
+/// not leave a broker running).
+struct Broker(Child);
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A lease the test meters as its node would: the records it made (each window's made once,
 /// resent until acknowledged), the last hash the broker acknowledged.
 struct Meter {
@@ -269,7 +280,8 @@ fn settlement_survives_the_broker_killed_at_random_points() {
     let kbs = cgx_devnet::setup(&sims, None).unwrap();
     let b = broker_setup(&kbs, kbs.pins.iter().map(hex::encode).collect(), None).unwrap();
     let config = config_file(&b);
-    let (mut child, base) = start(&config);
+    let (child, base) = start(&config);
+    let mut child = Broker(child);
     let op = b.client(&base, &b.operator).unwrap();
     let admin = b.client(&base, &b.admin).unwrap();
     let deposit = |c: &BrokerClient, reference: &str| {
@@ -341,10 +353,10 @@ fn settlement_survives_the_broker_killed_at_random_points() {
             }
             std::thread::sleep(Duration::from_millis(next() % 20));
         }
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.0.kill().unwrap();
+        child.0.wait().unwrap();
         let (c, nb) = start(&config);
-        child = c;
+        child = Broker(c);
         base = nb;
         let auditor = b.client(&base, &b.auditor).unwrap();
         check(&auditor, &meters, deposits, tried);
@@ -370,7 +382,6 @@ fn settlement_survives_the_broker_killed_at_random_points() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
     b.cleanup();
 }

@@ -22,6 +22,7 @@
 //! `store/`, the database (the truth), atomic capacity; `keys.rs`, what the broker signs and
 //! MACs; `http.rs`, routes and handlers that validate and delegate here.
 
+pub mod bench;
 pub mod config;
 mod error;
 mod http;

@@ -418,7 +418,7 @@ const LEASE_COLUMNS_L: &str = "l.id AS id, l.job_id AS job_id, l.node_id AS node
 
 /// The broker's store.
 pub struct Store {
-    db: Database,
+    pub(crate) db: Database,
     /// Every write goes through one writer that commits batches: many requests' writes share
     /// one transaction (and on SQLite one fsync at `synchronous=FULL`), each in its own
     /// savepoint, so one write's refusal (a GPU taken, a job no longer pending) undoes only it.

@@ -357,8 +357,7 @@ fn sqlite_pool_options(durable: bool) -> AnyPoolOptions {
 
 /// What a pooled SQLite connection sets after [`sqlite_settings`]: it waits for the write lock,
 /// checkpoints only when the log is large (the checkpoint task does the rest), reads by mmap.
-const POOL_SETTINGS: &str =
-    "PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456;";
+const POOL_SETTINGS: &str = "PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint=20000; PRAGMA mmap_size=268435456; PRAGMA cache_size=-65536;";
 
 /// The settings every SQLite connection of a service gets: WAL, `synchronous` FULL if
 /// `durable` else NORMAL, then `rest` (the connection's own waiting and checkpointing).

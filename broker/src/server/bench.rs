@@ -1,0 +1,235 @@
+//! Settlement's durable throughput, for `cgx-bench ledger` (issue 32, item 8): a broker on a
+//! SQLite file at `synchronous=FULL`, seeded with leases, their escrows (opened through the
+//! placement's own ledger write) and their accepted metering records; then the settlement
+//! pass itself — the code the broker runs — timed until every record is settled. Beside it,
+//! in the same run and the same file, the database's own durable commit rate for the same
+//! batches: the rows the settlement wrote, inserted in one transaction each, multi-row, and
+//! committed.
+
+use std::path::Path;
+use std::time::Instant;
+
+use cgx_ledger::settle::{Escrow, Price};
+use cgx_service::db::placeholders;
+
+use super::store::{EscrowOpen, LedgerWrite, Outcome};
+use super::{Broker, BrokerConfig, BrokerError};
+
+/// What one run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SettleRun {
+    pub leases: usize,
+    pub windows_per_lease: u64,
+    pub records: u64,
+    /// Settlement passes it took (each one write, one durable commit).
+    pub passes: usize,
+    pub settle_secs: f64,
+    pub records_per_sec: f64,
+    /// Rows the settlement wrote: transfers, settled windows, accounts, escrows.
+    pub rows_written: u64,
+    /// The same number of rows in the same number of transactions, bare.
+    pub raw_secs: f64,
+    pub raw_records_per_sec: f64,
+    /// records_per_sec ÷ raw_records_per_sec.
+    pub ratio: f64,
+}
+
+fn e(x: impl std::fmt::Display) -> BrokerError {
+    BrokerError::Internal(x.to_string())
+}
+
+/// A broker with proofs off (a window is paid on its record alone: the pass's cost is the
+/// ledger's) on a fresh SQLite file in `dir`.
+async fn broker(dir: &Path) -> Result<Broker, BrokerError> {
+    let key =
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map_err(|_| e("key"))?;
+    std::fs::create_dir_all(dir).map_err(e)?;
+    std::fs::write(dir.join("signing.pk8"), key.as_ref()).map_err(e)?;
+    let config: BrokerConfig = serde_json::from_value(serde_json::json!({
+        "listen": "127.0.0.1:0",
+        "insecure_dev": true,
+        "database": format!("sqlite://{}", dir.join("broker.db").display()),
+        "signing_key": dir.join("signing.pk8"),
+        "pow": {"interval_secs": 0},
+    }))
+    .map_err(e)?;
+    Broker::new(&config, cgx_service::clock::system()).await
+}
+
+/// Settle `leases × windows` records on a fresh broker in `dir`.
+pub async fn settle_durable(
+    dir: &Path,
+    leases: usize,
+    windows: u64,
+) -> Result<SettleRun, BrokerError> {
+    let b = broker(dir).await?;
+    let now = b.clock.unix();
+    let start = now - i64::try_from(windows).map_err(e)? - 10;
+    b.deposit_as("tenant/bench", 1_000_000_000_000, "bench-funds", "bench")
+        .await?;
+    let price = Price {
+        per_gpu_hour: 3_600_000,
+        gpus: 1,
+        window_secs: 1,
+    };
+    for l in 0..leases {
+        let lease = format!("l{l:06}");
+        let escrow = Escrow::new(&lease, "bench", "op", price, 1000, now + 86_400).map_err(e)?;
+        let o = EscrowOpen {
+            escrow,
+            job_id: format!("j{l:06}"),
+            node_id: "n".into(),
+            started_at: start,
+            covers: windows,
+            reserve: price.cost(windows).map_err(e)?,
+            job_committed: 0,
+        };
+        b.store
+            .seed_lease(
+                &lease,
+                &o.job_id,
+                start,
+                start + windows as i64 * 2,
+                windows,
+            )
+            .await?;
+        match b.store.write(LedgerWrite::Open(Box::new(o))).await? {
+            Outcome::Done => {}
+            other => return Err(e(format!("escrow: {other:?}"))),
+        }
+    }
+    let records = leases as u64 * windows;
+    let rows_before = b.store.row_count().await?;
+    let t = Instant::now();
+    let mut passes = 0;
+    let mut settled = 0;
+    while settled < records {
+        let n = b.settle_pass().await?;
+        passes += 1;
+        if n == 0 {
+            return Err(e(format!("settlement stopped at {settled} of {records}")));
+        }
+        settled += n as u64;
+    }
+    let settle_secs = t.elapsed().as_secs_f64();
+    let rows_written = b.store.row_count().await? - rows_before;
+    // The bound: as many rows, in as many durable transactions, bare.
+    let per_pass = rows_written.div_ceil(passes as u64);
+    let t = Instant::now();
+    for p in 0..passes {
+        b.store.raw_batch(p, per_pass).await?;
+    }
+    let raw_secs = t.elapsed().as_secs_f64();
+    b.store.close().await;
+    let records_per_sec = records as f64 / settle_secs;
+    let raw_records_per_sec = records as f64 / raw_secs;
+    Ok(SettleRun {
+        leases,
+        windows_per_lease: windows,
+        records,
+        passes,
+        settle_secs,
+        records_per_sec,
+        rows_written,
+        raw_secs,
+        raw_records_per_sec,
+        ratio: records_per_sec / raw_records_per_sec,
+    })
+}
+
+impl super::store::Store {
+    /// A lease row and `windows` accepted metering records of it (the bench's seed: what
+    /// placement and the metering endpoint would have written).
+    pub(crate) async fn seed_lease(
+        &self,
+        lease: &str,
+        job: &str,
+        start: i64,
+        ends: i64,
+        windows: u64,
+    ) -> Result<(), BrokerError> {
+        let mut tx = self.db.write_pool().begin().await?;
+        sqlx::query(
+            "INSERT INTO leases (id, job_id, node_id, gpus, token, started_at, ends_at, tenant) VALUES ($1, $2, 'n', '0', '', $3, $4, 'bench')",
+        )
+        .bind(lease)
+        .bind(job)
+        .bind(start)
+        .bind(ends)
+        .execute(&mut *tx)
+        .await?;
+        let seqs: Vec<u64> = (0..windows).collect();
+        for chunk in seqs.chunks(80) {
+            let sql = format!(
+                "INSERT INTO metering (lease_id, seq, hash, token, accepted_at) VALUES {}",
+                placeholders(chunk.len(), 5)
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for s in chunk {
+                q = q
+                    .bind(lease.to_string())
+                    .bind(i64::try_from(*s).unwrap_or(i64::MAX))
+                    .bind(format!("{lease}{s:08}{}", "0".repeat(49)))
+                    .bind(String::new())
+                    .bind(start);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Rows in the tables settlement writes.
+    pub(crate) async fn row_count(&self) -> Result<u64, BrokerError> {
+        let mut n = 0u64;
+        for t in [
+            "ledger_transfers",
+            "settled_windows",
+            "ledger_accounts",
+            "escrows",
+        ] {
+            let r: i64 = sqlx::Row::try_get(
+                &sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) AS c FROM {t}"
+                )))
+                .fetch_one(self.db.pool())
+                .await?,
+                "c",
+            )?;
+            n += u64::try_from(r).unwrap_or(0);
+        }
+        Ok(n)
+    }
+
+    /// `rows` rows of a transfer's width in one durable transaction, multi-row as the
+    /// ledger writes them (the bound `cgx-bench ledger` sets settlement against).
+    pub(crate) async fn raw_batch(&self, pass: usize, rows: u64) -> Result<(), BrokerError> {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS bench_raw (id TEXT PRIMARY KEY, debit TEXT, credit TEXT, amount BIGINT, reference TEXT, at BIGINT)",
+        )
+        .execute(self.db.write_pool())
+        .await?;
+        let mut tx = self.db.write_pool().begin().await?;
+        let ids: Vec<u64> = (0..rows).collect();
+        for chunk in ids.chunks(66) {
+            let sql = format!(
+                "INSERT INTO bench_raw (id, debit, credit, amount, reference, at) VALUES {}",
+                placeholders(chunk.len(), 6)
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for i in chunk {
+                q = q
+                    .bind(format!("pay/l{pass:06}/{i}/provider"))
+                    .bind("escrow/l000000".to_string())
+                    .bind("provider/op".to_string())
+                    .bind(900i64)
+                    .bind(format!("{i:064}"))
+                    .bind(0i64);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
