@@ -228,6 +228,13 @@ fn a_flooding_tenant_does_not_starve_another_and_pending_jobs_expire() {
     // will ever fit: ten pending jobs, more than a pass reads (8), all older than the honest
     // one.
     for t in 0..5 {
+        broker
+            .deposit(
+                &format!("tenant/flood{t}"),
+                1_000_000_000,
+                &format!("flood{t}"),
+            )
+            .unwrap();
         for _ in 0..2 {
             let mut flood = job(1);
             flood.tenant = Some(format!("flood{t}"));

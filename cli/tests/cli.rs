@@ -591,11 +591,11 @@ fn broker_serve_and_the_job_and_node_commands() {
         std::fs::write(dir.join(name), doc.as_ref()).unwrap();
         base64::engine::general_purpose::STANDARD.encode(kp.public_key().as_ref())
     };
-    let (tenant, auditor) = (key("tenant.pk8"), key("auditor.pk8"));
+    let (tenant, auditor, ledger) = (key("tenant.pk8"), key("auditor.pk8"), key("ledger.pk8"));
     key("signing.pk8");
     let toml = format!(
         "listen = \"127.0.0.1:0\"\ninsecure_dev = true\ndatabase = \"sqlite://{}\"\nsigning_key = \"{}\"\n\
-         api_keys = [{{ public_key = \"{tenant}\", scopes = [\"tenant:acme\"] }}, {{ public_key = \"{auditor}\", scopes = [\"auditor\"] }}]\n",
+         api_keys = [{{ public_key = \"{tenant}\", scopes = [\"tenant:acme\"] }}, {{ public_key = \"{auditor}\", scopes = [\"auditor\"] }}, {{ public_key = \"{ledger}\", scopes = [\"ledger\"] }}]\n",
         dir.join("broker.db").display(),
         dir.join("signing.pk8").display()
     );
@@ -608,7 +608,9 @@ fn broker_serve_and_the_job_and_node_commands() {
         a.extend(["--broker", &base, "--key", tk.to_str().unwrap()]);
         cgx(&a)
     };
-    let (code, out, err) = as_tenant(&[
+    // Unfunded: refused with what the tenant has. A payment adapter's key deposits (once per
+    // reference: the retry moves nothing), and the job is taken.
+    let submit = [
         "job",
         "submit",
         "--gpus",
@@ -617,7 +619,40 @@ fn broker_serve_and_the_job_and_node_commands() {
         "2.5",
         "--duration",
         "30m",
-    ]);
+    ];
+    let (code, _, err) = as_tenant(&submit);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("InsufficientFunds") && err.contains("deposit the difference first"),
+        "{err}"
+    );
+    let lk = dir.join("ledger.pk8");
+    for again in [false, true] {
+        let (code, out, err) = cgx(&[
+            "ledger",
+            "deposit",
+            "--account",
+            "tenant/acme",
+            "--amount",
+            "10",
+            "--reference",
+            "wire-1",
+            "--broker",
+            &base,
+            "--key",
+            lk.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(
+            out.contains(if again {
+                "nothing moved"
+            } else {
+                "deposited 10.000000 to tenant/acme"
+            }),
+            "{out}"
+        );
+    }
+    let (code, out, err) = as_tenant(&submit);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("PENDING") && out.contains("no node is registered"),

@@ -230,6 +230,18 @@ impl BrokerServer {
         })
     }
 
+    /// Deposit `amount` micros to `account` (`tenant/<name>`, `stake/<operator>`) under
+    /// `reference`, as the broker's in-process owner.
+    pub fn deposit(&self, account: &str, amount: u64, reference: &str) -> Result<()> {
+        match &self.running {
+            Some(r) => self
+                .rt
+                .block_on(r.deposit(account, amount, reference, "devnet"))
+                .map_err(|e| DevnetError::Kbs(format!("broker: deposit: {e}"))),
+            None => Ok(()),
+        }
+    }
+
     /// One monitor pass now (with a manual clock: after moving it).
     pub fn tick(&self) -> Result<()> {
         match &self.running {

@@ -83,7 +83,13 @@ impl Broker {
             node_key: key,
             start: row.started_at,
             window_secs: signed.window(),
-            ended_at,
+            // The lease runs to its token's end at most, whenever the monitor ends it: a
+            // window that starts after is refused (and so never billed).
+            ended_at: match ended_at {
+                Some(e) => Some(e.min(row.ends_at)),
+                None if now >= row.ends_at => Some(row.ends_at),
+                None => None,
+            },
             gpus: row.gpus.clone(),
             last: self.store.metering_last(&row.id).await?,
         };

@@ -65,9 +65,15 @@ impl Broker {
         let mut verdicts = HashMap::new();
         // What the job's earlier leases spent and still hold: this lease reserves the rest.
         let mut committed = self.store.job_committed(&job.id).await?;
+        // A quoted offer holds the job's first placement only: after a failover the job goes
+        // wherever fits (the offer's node is, as often as not, the one that failed).
+        let offer = match &spec.offer {
+            Some(o) if new || !self.store.job_was_leased(&job.id).await? => Some(o.clone()),
+            _ => None,
+        };
         for _attempt in 0..8 {
             let now = self.clock.unix();
-            let candidates = match &spec.offer {
+            let candidates = match &offer {
                 None => self.index().candidates(&req, now),
                 // Held to a quoted offer: that node at that price, or refused with why not.
                 Some(o) => {
@@ -173,7 +179,7 @@ impl Broker {
                 }
             };
             let Some((choice, judged)) = chosen else {
-                if let Some(o) = &spec.offer {
+                if let Some(o) = &offer {
                     let why = verdicts
                         .get(&o.node)
                         .map_or_else(|| "it no longer fits".to_string(), ToString::to_string);

@@ -428,7 +428,9 @@ impl Broker {
                 "challenge {} (lease {}, GPU {}): {what}",
                 c.id, c.lease_id, c.gpu
             );
-            if self.verdict(&c, from, state, reason).await? {
+            // A withheld proof fails the challenge, but proves no wrong answer: no slash (a
+            // lost answer or a broker restart must not cost an honest operator its stake).
+            if self.verdict(&c, from, state, reason, false).await? {
                 verdicts += 1;
             }
         }
@@ -437,12 +439,18 @@ impl Broker {
             let key: Option<[u8; 32]> = hex::decode(&c.node_key)
                 .ok()
                 .and_then(|k| k.try_into().ok());
-            let verdict = match (self.pow_sealed(&c), key) {
+            // `proven`: the proof itself was checked and is wrong — a cheat, slashed. A
+            // failure of the broker's own (its stored key, its verifier) fails the challenge
+            // without costing the operator its stake.
+            let (verdict, proven) = match (self.pow_sealed(&c), key) {
                 (Err(e), _) => {
                     tracing::error!(challenge = %c.id, error = %e, "ignored");
                     continue;
                 }
-                (Ok(()), None) => Verdict::Failed("the sealed node key is not 32 bytes".into()),
+                (Ok(()), None) => (
+                    Verdict::Failed("the sealed node key is not 32 bytes".into()),
+                    false,
+                ),
                 (Ok(()), Some(key)) => {
                     let opening = self.pow_opening(&c.id, c.root.as_deref().unwrap_or(""));
                     let row = c.clone();
@@ -450,8 +458,12 @@ impl Broker {
                         judge(&row, &receipt, &proof_receipt, &proof, &key, &opening)
                     })
                     .await
+                    .map(|v| (v, true))
                     .unwrap_or_else(|_| {
-                        Verdict::Failed("the verifier stopped on this proof".into())
+                        (
+                            Verdict::Failed("the verifier stopped on this proof".into()),
+                            false,
+                        )
                     })
                 }
             };
@@ -468,7 +480,10 @@ impl Broker {
                     c.id, c.lease_id, c.gpu
                 )
             };
-            if self.verdict(&c, "answered", state, reason).await? {
+            if self
+                .verdict(&c, "answered", state, reason, proven && state == "failed")
+                .await?
+            {
                 verdicts += 1;
             }
         }
@@ -484,6 +499,7 @@ impl Broker {
         from: &'static str,
         state: &'static str,
         reason: String,
+        cheat: bool,
     ) -> Result<bool, BrokerError> {
         let at = self.clock.unix();
         let mark = match state {
@@ -497,7 +513,7 @@ impl Broker {
         let serials = if mark { c.serials.clone() } else { Vec::new() };
         // A wrong proof under the node's signature is a proven cheat on the one GPU it
         // covers: the lease's escrow names the operator and tenant the slash moves between.
-        let slash = if state == "failed" {
+        let slash = if cheat {
             self.store.escrow(&c.lease_id).await?.map(|e| Slash {
                 operator: e.escrow.operator,
                 tenant: e.escrow.tenant,
@@ -518,6 +534,7 @@ impl Broker {
             at,
             now_ms: self.now_ms(),
             slash,
+            cheat,
             half_life: self.config.reputation.half_life_secs,
         };
         match self.store.write(w).await? {

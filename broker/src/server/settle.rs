@@ -200,6 +200,8 @@ impl Broker {
             }
         }
         if let Some(end) = ended_at {
+            // Its windows run to its token's end at most, however late it was ended.
+            let end = end.min(row.ends_at);
             let w = i64::from(e.escrow.price.window_secs.max(1));
             let ran = (end - row.started_at).max(0);
             let ran = u64::try_from((ran + w - 1) / w).unwrap_or(0);
@@ -550,6 +552,24 @@ mod tests {
                     .sum()
             )
         );
+        // A later period: its opening is what came before, summed by the database; it
+        // reconciles and closes where the whole history does.
+        let mid = st.lines[st.lines.len() / 2].at;
+        let part = h
+            .broker
+            .statement(
+                &tenant,
+                super::super::statements::Owner::Tenant("acme".into()),
+                Some(mid),
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(part.reconciled, "{part:#?}");
+        assert!(part.lines.len() < st.lines.len());
+        assert_eq!(part.accounts[0].closing_posted, st.accounts[0].closing_posted);
+        assert_eq!(part.accounts[0].closing_held, st.accounts[0].closing_held);
+        assert!(part.accounts[0].opening_posted > Micros(0));
         let op = h.admin(Role::Operator);
         let so = h
             .broker

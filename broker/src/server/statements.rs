@@ -231,21 +231,31 @@ impl Broker {
         }
         let accounts = owner.accounts()?;
         let names: Vec<String> = accounts.iter().map(ToString::to_string).collect();
-        // Everything before `to`: what came before `from` makes the opening.
+        // The period's lines; what came before `from` is the opening, summed by the database
+        // (a long-lived tenant's statement reads its period, not its history).
         let transfers = self
             .store
-            .transfers_of(&names, i64::MIN, to, MAX_LINES + 1)
+            .transfers_of(&names, from, to, MAX_LINES + 1)
             .await?;
         if transfers.len() as i64 > MAX_LINES {
             return Err(BrokerError::BadRequest(format!(
                 "more than {MAX_LINES} transfers: ask for a shorter period (from, to)"
             )));
         }
-        let pending: HashMap<&str, u64> = transfers
+        let mut pending: HashMap<String, u64> = transfers
             .iter()
             .filter(|(_, t)| t.phase == Phase::Pending)
-            .map(|(_, t)| (t.id.as_str(), t.amount))
+            .map(|(_, t)| (t.id.clone(), t.amount))
             .collect();
+        // Reservations made before the period and resolved in it.
+        let before: Vec<String> = transfers
+            .iter()
+            .filter_map(|(_, t)| t.pending.clone())
+            .filter(|p| !pending.contains_key(p))
+            .collect();
+        for (id, amount) in self.store.transfer_amounts(&before).await? {
+            pending.insert(id, amount);
+        }
         struct Sums {
             posted: i128,
             held: i128,
@@ -254,22 +264,21 @@ impl Broker {
             credits: u128,
             debits: u128,
         }
-        let mut sums: HashMap<String, Sums> = names
-            .iter()
-            .map(|n| {
-                (
-                    n.clone(),
-                    Sums {
-                        posted: 0,
-                        held: 0,
-                        opening_posted: 0,
-                        opening_held: 0,
-                        credits: 0,
-                        debits: 0,
-                    },
-                )
-            })
-            .collect();
+        let mut sums: HashMap<String, Sums> = HashMap::new();
+        for n in &names {
+            let (posted, held) = self.store.sums_before(n, from).await?;
+            sums.insert(
+                n.clone(),
+                Sums {
+                    posted,
+                    held,
+                    opening_posted: posted,
+                    opening_held: held,
+                    credits: 0,
+                    debits: 0,
+                },
+            );
+        }
         let mut lines = Vec::new();
         for (seq, t) in &transfers {
             for (side, account) in [(true, &t.credit), (false, &t.debit)] {
@@ -295,11 +304,6 @@ impl Broker {
                 };
                 s.posted += i128::from(credit) - i128::from(debit);
                 s.held += i128::from(added) - i128::from(freed);
-                if t.at < from {
-                    s.opening_posted = s.posted;
-                    s.opening_held = s.held;
-                    continue;
-                }
                 s.credits += u128::from(credit);
                 s.debits += u128::from(debit);
                 lines.push(StatementLine {

@@ -887,6 +887,14 @@ pub(super) async fn trim_in(tx: &mut Tx, lease: &str, ended_at: i64) -> Result<(
     if row.state != "open" || row.escrow.pending.is_none() {
         return Ok(());
     }
+    // A lease runs until its token's end at most, whenever the monitor got to ending it.
+    let until: Option<i64> = sqlx::query("SELECT ends_at FROM leases WHERE id = $1")
+        .bind(lease)
+        .fetch_optional(&mut **tx)
+        .await?
+        .map(|r| r.try_get("ends_at"))
+        .transpose()?;
+    let ended_at = until.map_or(ended_at, |u| ended_at.min(u));
     let w = i64::from(row.escrow.price.window_secs.max(1));
     let ran = (ended_at - row.started_at).max(0);
     let ran = u64::try_from((ran + w - 1) / w).unwrap_or(0);
@@ -1027,6 +1035,59 @@ impl Store {
         Ok(out)
     }
 
+    /// An account's posted balance and what it held (pending debits) from its transfers at
+    /// `at < before`, summed by the database (a statement's opening).
+    pub async fn sums_before(
+        &self,
+        account: &str,
+        before: i64,
+    ) -> Result<(i128, i128), BrokerError> {
+        let r = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(CASE WHEN credit = $1 AND phase IN ('single', 'post') THEN amount ELSE 0 END), 0) AS BIGINT) AS cin,
+                    CAST(COALESCE(SUM(CASE WHEN debit = $1 AND phase IN ('single', 'post') THEN amount ELSE 0 END), 0) AS BIGINT) AS dout,
+                    CAST(COALESCE(SUM(CASE WHEN debit = $1 AND phase = 'pending' THEN amount ELSE 0 END), 0) AS BIGINT) AS held
+             FROM ledger_transfers WHERE party = $1 AND at < $2",
+        )
+        .bind(account)
+        .bind(before)
+        .fetch_one(self.db.pool())
+        .await?;
+        let released = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(p.amount), 0) AS BIGINT) AS rel
+             FROM ledger_transfers r JOIN ledger_transfers p ON p.id = r.pending_id
+             WHERE r.party = $1 AND r.debit = $1 AND r.at < $2 AND r.phase IN ('post', 'void')",
+        )
+        .bind(account)
+        .bind(before)
+        .fetch_one(self.db.pool())
+        .await?;
+        let get = |r: &sqlx::any::AnyRow, c: &str| -> Result<i128, sqlx::Error> {
+            Ok(i128::from(r.try_get::<i64, _>(c)?))
+        };
+        Ok((
+            get(&r, "cin")? - get(&r, "dout")?,
+            get(&r, "held")? - get(&released, "rel")?,
+        ))
+    }
+
+    /// The amounts of the transfers `ids` (the reservations a statement's posts resolve).
+    pub async fn transfer_amounts(
+        &self,
+        ids: &[String],
+    ) -> Result<Vec<(String, u64)>, BrokerError> {
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(r) = sqlx::query("SELECT id, amount FROM ledger_transfers WHERE id = $1")
+                .bind(id)
+                .fetch_optional(self.db.pool())
+                .await?
+            {
+                out.push((r.try_get("id")?, unsigned(&r, "amount")?));
+            }
+        }
+        Ok(out)
+    }
+
     /// Every transfer, in order (the auditor's replay, tests).
     pub async fn transfers(
         &self,
@@ -1095,6 +1156,17 @@ impl Store {
             .fetch_all(self.db.pool())
             .await?;
         Ok(rows.iter().map(escrow_row).collect::<Result<_, _>>()?)
+    }
+
+    /// Whether any lease of `job` was ever opened (its escrow is kept for good).
+    pub async fn job_was_leased(&self, job: &str) -> Result<bool, BrokerError> {
+        Ok(
+            sqlx::query("SELECT 1 AS one FROM escrows WHERE job_id = $1 LIMIT 1")
+                .bind(job)
+                .fetch_optional(self.db.pool())
+                .await?
+                .is_some(),
+        )
     }
 
     /// What a job's leases spent and still hold, together.

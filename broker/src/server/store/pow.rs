@@ -84,6 +84,9 @@ pub(crate) enum PowWrite {
         /// A failed proof is a proven cheat: the operator's stake is slashed to the tenant in
         /// the verdict's own transaction (`cgx_ledger::settle`).
         slash: Option<Slash>,
+        /// The proof was checked and is wrong (a cheat, for reputation); a failure that
+        /// proves no wrong answer (withheld, the broker's own) counts as a miss.
+        cheat: bool,
         /// Reputation's half-life: the verdict counts for the node and its operator.
         half_life: i64,
     },
@@ -223,6 +226,7 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
             at,
             now_ms,
             slash,
+            cheat,
             half_life,
         } => {
             let r = sqlx::query(
@@ -242,7 +246,7 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
                     passed: 1.0,
                     ..Delta::default()
                 },
-                "failed" => Delta {
+                "failed" if *cheat => Delta {
                     cheats: 1.0,
                     ..Delta::default()
                 },
