@@ -567,7 +567,10 @@ mod tests {
             .unwrap();
         assert!(part.reconciled, "{part:#?}");
         assert!(part.lines.len() < st.lines.len());
-        assert_eq!(part.accounts[0].closing_posted, st.accounts[0].closing_posted);
+        assert_eq!(
+            part.accounts[0].closing_posted,
+            st.accounts[0].closing_posted
+        );
         assert_eq!(part.accounts[0].closing_held, st.accounts[0].closing_held);
         assert!(part.accounts[0].opening_posted > Micros(0));
         let op = h.admin(Role::Operator);
