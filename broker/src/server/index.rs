@@ -869,17 +869,7 @@ impl Index {
             else {
                 break;
             };
-            out.push(Candidate {
-                record: e.record.clone(),
-                choice: Choice {
-                    node_id: e.record.id.clone(),
-                    gpus: free_indices(e.used, e.record.gpu_count, req.gpu_count),
-                },
-                input: req
-                    .policy
-                    .as_ref()
-                    .map(|_| self.policy_input(&e.record, self.reputation_of(e), &req.spec)),
-            });
+            out.push(self.candidate(e, req));
             let (h, w) = &mut heads[i];
             *h = head(w);
         }
@@ -902,7 +892,13 @@ impl Index {
                 status: Tier::None,
                 detail: "no longer registered".into(),
             }))?;
-        Ok(Candidate {
+        Ok(self.candidate(e, req))
+    }
+
+    /// Entry `e` as a candidate for `req`: its free GPUs, and the policy's input when the job
+    /// has a policy.
+    fn candidate(&self, e: &Entry, req: &Requirements) -> Candidate {
+        Candidate {
             record: e.record.clone(),
             choice: Choice {
                 node_id: e.record.id.clone(),
@@ -912,7 +908,7 @@ impl Index {
                 .policy
                 .as_ref()
                 .map(|_| self.policy_input(&e.record, self.reputation_of(e), &req.spec)),
-        })
+        }
     }
 
     /// Why nodes do not fit `req` (all but the job's policy), from at most

@@ -66,7 +66,7 @@ pub(super) async fn apply(
             // the trigger `leases_node_hold` (migration 5) records it in `node_holds`.
             free_gpus(tx, lease).await?;
             // Its escrow keeps what the windows it ran may still cost; the rest goes back.
-            super::ledger::trim_in(tx, lease, *now).await?;
+            super::ledger::trim_in(tx, lease, *now, l.ends_at).await?;
             // The lease ends whatever its job's state; the job moves only from `job_from`.
             if let Some(current) = JobState::parse(&job_state).filter(|s| job_from.contains(s)) {
                 move_job(

@@ -854,18 +854,13 @@ pub(super) async fn apply(tx: &mut Tx, w: &LedgerWrite) -> Result<Outcome, sqlx:
             half_life,
             now_ms,
         } => {
-            // Slashed before for this cheat: not counted again.
-            let seen = sqlx::query("SELECT 1 AS one FROM ledger_transfers WHERE id = $1")
-                .bind(format!("slash/{cheat}/stake"))
-                .fetch_optional(&mut **tx)
-                .await?
-                .is_some();
-            let Some(stake) =
+            // Slashed before for this cheat, or refused: not counted again.
+            let Slashed::Now(stake) =
                 slash_in(tx, operator, tenant, lease, cheat, *per_gpu, *gpus, *at).await?
             else {
                 return Ok(Outcome::Items(vec![Ok(false)]));
             };
-            if !seen && let Some(row) = escrow_in(tx, lease).await? {
+            if let Some(row) = escrow_in(tx, lease).await? {
                 let d = crate::server::reputation::Delta {
                     cheats: 1.0,
                     ..Default::default()
@@ -880,21 +875,20 @@ pub(super) async fn apply(tx: &mut Tx, w: &LedgerWrite) -> Result<Outcome, sqlx:
 /// At a lease's end (inside the write that ends it): what its escrow holds beyond what the
 /// windows it ran may still cost goes back to the tenant now, so its job's next lease can
 /// reserve it (a failover does not wait for the old lease's settlement).
-pub(super) async fn trim_in(tx: &mut Tx, lease: &str, ended_at: i64) -> Result<(), sqlx::Error> {
+/// `until`: the lease's token's end (it runs to that at most, however late it was ended).
+pub(super) async fn trim_in(
+    tx: &mut Tx,
+    lease: &str,
+    ended_at: i64,
+    until: i64,
+) -> Result<(), sqlx::Error> {
     let Some(mut row) = escrow_in(tx, lease).await? else {
         return Ok(());
     };
     if row.state != "open" || row.escrow.pending.is_none() {
         return Ok(());
     }
-    // A lease runs until its token's end at most, whenever the monitor got to ending it.
-    let until: Option<i64> = sqlx::query("SELECT ends_at FROM leases WHERE id = $1")
-        .bind(lease)
-        .fetch_optional(&mut **tx)
-        .await?
-        .map(|r| r.try_get("ends_at"))
-        .transpose()?;
-    let ended_at = until.map_or(ended_at, |u| ended_at.min(u));
+    let ended_at = ended_at.min(until);
     let w = i64::from(row.escrow.price.window_secs.max(1));
     let ran = (ended_at - row.started_at).max(0);
     let ran = u64::try_from((ran + w - 1) / w).unwrap_or(0);
@@ -927,8 +921,17 @@ pub(super) async fn trim_in(tx: &mut Tx, lease: &str, ended_at: i64) -> Result<(
     }
 }
 
-/// Slash inside any write's transaction (the verdict that proves the cheat): what was
-/// forfeited, or `None` when the chain was refused (logged).
+/// What [`slash_in`] did.
+pub(super) enum Slashed {
+    /// Slashed now: what was forfeited (0 when the operator held no stake).
+    Now(u64),
+    /// This cheat was slashed before: nothing again.
+    Before,
+    /// The chain was refused (logged).
+    Refused,
+}
+
+/// Slash inside any write's transaction (the verdict that proves the cheat).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn slash_in(
     tx: &mut Tx,
@@ -939,9 +942,9 @@ pub(super) async fn slash_in(
     per_gpu: u64,
     gpus: u32,
     at: i64,
-) -> Result<Option<u64>, sqlx::Error> {
+) -> Result<Slashed, sqlx::Error> {
     let Ok(stake) = AccountId::new(cgx_ledger::Role::Stake, operator) else {
-        return Ok(None);
+        return Ok(Slashed::Refused);
     };
     // Slashed once per cheat: its amount depends on the stake left, so a second attempt
     // would be a different chain under the same ids.
@@ -951,7 +954,7 @@ pub(super) async fn slash_in(
         .await?
         .is_some()
     {
-        return Ok(Some(0));
+        return Ok(Slashed::Before);
     }
     let b = sqlx::query(
         "SELECT debits_pending, debits_posted, credits_pending, credits_posted FROM ledger_accounts WHERE id = $1",
@@ -964,13 +967,13 @@ pub(super) async fn slash_in(
     .unwrap_or_default();
     let amount = cgx_ledger::settle::slash_amount(b.available(), per_gpu, gpus);
     let Ok(chain) = cgx_ledger::settle::slash(operator, tenant, lease, cheat, amount, at) else {
-        return Ok(None);
+        return Ok(Slashed::Refused);
     };
     match post(tx, &chain, at).await? {
-        Ok(moved) => Ok(Some(if moved { amount } else { 0 })),
+        Ok(moved) => Ok(Slashed::Now(if moved { amount } else { 0 })),
         Err(why) => {
             tracing::error!(%operator, %cheat, %why, "slash refused");
-            Ok(None)
+            Ok(Slashed::Refused)
         }
     }
 }
