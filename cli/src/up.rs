@@ -651,15 +651,14 @@ fn run(
     if !statement.reconciled || !provider.reconciled || slashed.is_empty() {
         return Err("the statements do not show the cheat slashed, or do not reconcile".into());
     }
+    // The cheat's lease ran at least its first window (however soon it was caught), which its
+    // failed proof covers: refunded, never paid.
     if !statement
         .leases
         .iter()
-        .any(|l| l.windows.iter().any(|w| w.outcome == "refunded"))
+        .any(|l| l.node == to && l.windows.iter().any(|w| w.outcome == "refunded"))
     {
-        // Caught within the second it was placed in: its lease ran no window to refund.
-        println!(
-            "[ledger] (node-2 was caught before its lease ran a window: nothing of it to refund)"
-        );
+        return Err("the statement does not show node-2's failed window refunded".into());
     }
     for h in hosts.iter_mut() {
         h.stop();

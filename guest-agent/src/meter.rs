@@ -81,7 +81,8 @@ impl Meter {
 
     /// The lease stopped at `at`: meter the windows begun before, then nothing.
     pub fn end(&mut self, at: i64) {
-        self.ended.get_or_insert(at);
+        self.ended
+            .get_or_insert(cgx_protocol::metering::metered_end(self.start, at));
     }
 
     /// Nothing left to send: the lease stopped and its last window's record was taken, or

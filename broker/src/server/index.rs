@@ -207,6 +207,11 @@ pub struct Index {
     /// older, validly signed record put back in the database is refused (it would undo a
     /// re-attestation that found the node worse).
     newest: HashMap<String, i64>,
+    /// Counts this replica's own writes of node records ([`Index::wrote`]); a sync that read
+    /// its rows before such a write skips the node ([`Index::wrote_since`]).
+    generation: u64,
+    /// Node id → the generation of this replica's last write of its record.
+    written: HashMap<String, u64>,
     /// Tenant → how many partition entries its holds put in its own partitions (a job looks
     /// there only when its tenant has some).
     held: HashMap<String, usize>,
@@ -262,6 +267,8 @@ impl Index {
             regions: BTreeSet::new(),
             gpu_owner: HashMap::new(),
             newest: HashMap::new(),
+            generation: 0,
+            written: HashMap::new(),
             held: HashMap::new(),
             gpu_penalties: HashMap::new(),
         }
@@ -288,6 +295,26 @@ impl Index {
     /// seen: never one older than the newest accepted.
     pub fn accepts_record(&self, id: &str, attested_at: i64) -> bool {
         self.newest.get(id).is_none_or(|n| attested_at >= *n)
+    }
+
+    /// The count of this replica's own record writes so far: a sync takes it before it reads
+    /// rows.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// This replica wrote `id`'s record itself (a registration or re-attestation it served).
+    pub fn wrote(&mut self, id: &str) {
+        self.generation += 1;
+        self.written.insert(id.to_string(), self.generation);
+    }
+
+    /// Whether this replica wrote `id`'s record after generation `since`. A row read before
+    /// then may be the record that write replaced: with an `attested_at` in the same second,
+    /// [`Index::accepts_record`] cannot tell it is older, so the sync leaves the node to its
+    /// next pass, which reads the row again.
+    pub fn wrote_since(&self, id: &str, since: u64) -> bool {
+        self.written.get(id).is_some_and(|g| *g > since)
     }
 
     /// Another node, placeable at `now`, whose evidence carries one of `record`'s GPUs: a GPU
@@ -1329,6 +1356,19 @@ mod tests {
 
     fn misfit(i: &Index, id: &str, r: &Requirements, now: i64) -> &'static str {
         i.fit(id, r, now).unwrap().unwrap_err().code()
+    }
+
+    #[test]
+    fn a_sync_that_read_before_a_local_write_skips_the_node() {
+        let mut i = index(vec![record("a", "eu", 1.0, 8), record("b", "eu", 1.0, 8)]);
+        let since = i.generation();
+        assert!(!i.wrote_since("a", since));
+        // A registration served here while a sync's rows were in flight.
+        i.wrote("a");
+        assert!(i.wrote_since("a", since));
+        assert!(!i.wrote_since("b", since));
+        // The next sync, which reads the row again after the write, applies it.
+        assert!(!i.wrote_since("a", i.generation()));
     }
 
     #[test]

@@ -41,6 +41,9 @@ impl Broker {
     /// each record's signature is checked before it counts.
     pub(crate) async fn sync(&self) -> Result<(), BrokerError> {
         let cursor = self.sync_cursor.lock().map(|c| *c).unwrap_or(0);
+        // Taken before the rows are read: a registration this replica serves meanwhile writes
+        // a record newer than the row read here, which must not put the row's back.
+        let since = self.index().generation();
         // Overlap by two seconds: a row committed late with an earlier `updated_ms` is still
         // seen.
         let rows = self.store.nodes_since((cursor - 2000).max(0)).await?;
@@ -65,6 +68,10 @@ impl Broker {
             idx.set_operator_reputation(&name, rep);
         }
         for row in rows {
+            if idx.wrote_since(&row.id, since) {
+                // Not counted in the cursor either: the next pass reads the row as it is then.
+                continue;
+            }
             max_ms = max_ms.max(row.updated_ms);
             let same = idx.record_token(&row.id) == Some(row.record.as_str());
             if !same {

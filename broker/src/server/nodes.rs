@@ -179,6 +179,7 @@ impl Broker {
                     idx.set_use(&id, &used);
                 }
             }
+            idx.wrote(&id);
             fresh_until = idx.fresh_until(&record);
         }
         self.metrics.event(

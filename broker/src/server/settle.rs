@@ -202,9 +202,11 @@ impl Broker {
         if let Some(end) = ended_at {
             // Its windows run to its token's end at most, however late it was ended.
             let end = end.min(row.ends_at);
-            let w = i64::from(e.escrow.price.window_secs.max(1));
-            let ran = (end - row.started_at).max(0);
-            let ran = u64::try_from((ran + w - 1) / w).unwrap_or(0);
+            let ran = cgx_protocol::metering::windows_ran(
+                row.started_at,
+                end,
+                e.escrow.price.window_secs,
+            );
             if next >= ran || now >= end.saturating_add(self.config.ledger.settle_grace_secs) {
                 // Windows queued above are written first (the release's write comes after).
                 return Ok(Some(false));
@@ -631,6 +633,44 @@ mod tests {
         );
     }
 
+    /// A statement read while money moves still reconciles: its lines, opening and the
+    /// stored sums come from one read transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn statements_read_while_deposits_land_reconcile() {
+        let h = Harness::new("statement-snapshot").await;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let writer = async {
+            for i in 0..150u64 {
+                h.broker
+                    .deposit_as("tenant/acme", 1 + i, &format!("wire-{i}"), "test")
+                    .await
+                    .unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        };
+        let tenant = h.admin(Role::Tenant);
+        let reader = async {
+            let mut reads = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let st = h
+                    .broker
+                    .statement(
+                        &tenant,
+                        super::super::statements::Owner::Tenant("acme".into()),
+                        None,
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                assert!(st.reconciled, "read {reads} does not reconcile");
+                reads += 1;
+            }
+            reads
+        };
+        let ((), reads) = tokio::join!(writer, reader);
+        assert!(reads > 1, "the statements did not overlap the deposits");
+    }
+
     /// Deposits: only a payment adapter's or admin's key; idempotent by reference (a retry
     /// moves nothing, another amount under it is refused); only to tenants and stakes; a job
     /// whose budget the tenant cannot hold is refused with what it has.
@@ -813,6 +853,18 @@ mod tests {
             i128::from(paid_total)
         );
         balanced(&h).await;
+        // The operator's statement, read on PostgreSQL in one repeatable-read transaction.
+        let st = other
+            .statement(
+                &h.admin(Role::Operator),
+                super::super::statements::Owner::Operator("op1".into()),
+                None,
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(st.reconciled);
+        assert_eq!(st.leases.len(), 4);
         let _ = std::fs::remove_file(&ear);
     }
 }

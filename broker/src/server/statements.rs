@@ -233,10 +233,10 @@ impl Broker {
         let names: Vec<String> = accounts.iter().map(ToString::to_string).collect();
         // The period's lines; what came before `from` is the opening, summed by the database
         // (a long-lived tenant's statement reads its period, not its history).
-        let transfers = self
-            .store
-            .transfers_of(&names, from, to, MAX_LINES + 1)
-            .await?;
+        // One read transaction: the lines, the opening and the stored sums below agree however
+        // much settles meanwhile.
+        let mut read = self.store.ledger_read(true).await?;
+        let transfers = read.transfers_of(&names, from, to, MAX_LINES + 1).await?;
         if transfers.len() as i64 > MAX_LINES {
             return Err(BrokerError::BadRequest(format!(
                 "more than {MAX_LINES} transfers: ask for a shorter period (from, to)"
@@ -253,7 +253,7 @@ impl Broker {
             .filter_map(|(_, t)| t.pending.clone())
             .filter(|p| !pending.contains_key(p))
             .collect();
-        for (id, amount) in self.store.transfer_amounts(&before).await? {
+        for (id, amount) in read.transfer_amounts(&before).await? {
             pending.insert(id, amount);
         }
         struct Sums {
@@ -266,7 +266,7 @@ impl Broker {
         }
         let mut sums: HashMap<String, Sums> = HashMap::new();
         for n in &names {
-            let (posted, held) = self.store.sums_before(n, from).await?;
+            let (posted, held) = read.sums_before(n, from).await?;
             sums.insert(
                 n.clone(),
                 Sums {
@@ -333,9 +333,11 @@ impl Broker {
             if closing != s.posted {
                 reconciled = false;
             }
-            if to >= now {
-                // The period runs to now: the lines must add up to the ledger's stored sums.
-                let b = self.store.account(id).await?;
+            if to > now {
+                // The period runs past now: the lines must add up to the ledger's stored sums
+                // (read in the same transaction). A period that ends at `now` leaves out this
+                // second's transfers, which the sums hold.
+                let b = read.account(id).await?;
                 if b.net_posted() != s.posted || i128::from(b.debits_pending) != s.held {
                     tracing::error!(account = %name, stored = ?b, lines = s.posted, held = s.held, "a statement does not reconcile");
                     reconciled = false;
@@ -356,8 +358,8 @@ impl Broker {
             Owner::Operator(o) => (None, Some(o.as_str())),
         };
         let mut leases = Vec::new();
-        for e in self.store.escrows_of(tenant, operator, from, to).await? {
-            let windows = self.store.settled_windows(&e.escrow.lease).await?;
+        for e in read.escrows_of(tenant, operator, from, to).await? {
+            let windows = read.settled_windows(&e.escrow.lease).await?;
             let (mut paid, mut provider, mut fee, mut refunded) = (0u64, 0u64, 0u64, 0u64);
             for w in &windows {
                 match w.outcome.as_str() {
@@ -401,6 +403,7 @@ impl Broker {
                     .collect(),
             });
         }
+        read.done().await?;
         Ok(Statement {
             owner: scope,
             from,

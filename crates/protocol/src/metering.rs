@@ -93,6 +93,22 @@ pub fn token_hash(token: &str) -> String {
     sha256_hex(&[token.as_bytes()])
 }
 
+/// The end a stopped lease is metered and settled to: `ended`, but at least one second past
+/// `start`. Lease times are whole seconds, so a lease placed and stopped within one second
+/// (a node caught cheating at its first proof, say) would otherwise have run no window at all;
+/// it ran part of its first, which is metered and settled like any other — paid if proven,
+/// refunded to the tenant if not.
+pub fn metered_end(start: i64, ended: i64) -> i64 {
+    ended.max(start.saturating_add(1))
+}
+
+/// How many windows of `window_secs` a lease that started at `start` and stopped at `ended`
+/// ran: those begun before its [`metered_end`] (the last one whole).
+pub fn windows_ran(start: i64, ended: i64, window_secs: u32) -> u64 {
+    let ran = u64::try_from(metered_end(start, ended).saturating_sub(start)).unwrap_or(0);
+    ran.div_ceil(u64::from(window_secs.max(1)))
+}
+
 /// What the broker holds of one lease's chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chain {
@@ -229,7 +245,7 @@ pub fn check(
             secs: chain.window_secs,
         });
     }
-    if let Some(ended) = chain.ended_at
+    if let Some(ended) = chain.ended_at.map(|e| metered_end(chain.start, e))
         && r.window_start >= ended
     {
         return Err(MeteringError::AfterEnd {
@@ -437,5 +453,29 @@ mod tests {
         r.lease = "l2".into();
         let e = accept(&fresh, &sign(&s, &r), START + 61).unwrap_err();
         assert!(matches!(e, MeteringError::BrokenChain { .. }), "{e}");
+    }
+
+    /// A lease stopped within the second it started (times are whole seconds) still ran its
+    /// first window: that window's record is taken, the next one's is not.
+    #[test]
+    fn a_lease_stopped_in_its_first_second_is_metered_its_first_window() {
+        let s = signer();
+        let mut c = chain(s.public_key());
+        c.ended_at = Some(START);
+        let first = accept(&c, &sign(&s, &record(0, genesis("l1"))), START + 61).unwrap();
+        c.last = Some((0, first.hash.clone()));
+        assert_eq!(
+            accept(&c, &sign(&s, &record(1, first.hash)), START + 121).unwrap_err(),
+            MeteringError::AfterEnd {
+                start: START + 60,
+                ended: START + 1
+            }
+        );
+        assert_eq!(metered_end(START, START - 5), START + 1);
+        assert_eq!(windows_ran(START, START, 60), 1);
+        assert_eq!(windows_ran(START, START + 60, 60), 1);
+        assert_eq!(windows_ran(START, START + 61, 60), 2);
+        assert_eq!(windows_ran(START, START + 61, 0), 61);
+        assert_eq!(metered_end(START, START + 90), START + 90);
     }
 }

@@ -23,7 +23,7 @@ use cgx_service::db::placeholders;
 use sqlx::Row;
 
 use super::super::error::BrokerError;
-use super::{Outcome, Refusal, Store, Tx};
+use super::{Backend, Outcome, Refusal, Store, Tx};
 
 /// Migration 10 (issue 32), the same on both backends but for the transfers' sequence.
 macro_rules! ledger_v10 {
@@ -889,9 +889,8 @@ pub(super) async fn trim_in(
         return Ok(());
     }
     let ended_at = ended_at.min(until);
-    let w = i64::from(row.escrow.price.window_secs.max(1));
-    let ran = (ended_at - row.started_at).max(0);
-    let ran = u64::try_from((ran + w - 1) / w).unwrap_or(0);
+    let ran =
+        cgx_protocol::metering::windows_ran(row.started_at, ended_at, row.escrow.price.window_secs);
     let price = row.escrow.price;
     let owed = if ran > row.escrow.next_window {
         price
@@ -979,17 +978,6 @@ pub(super) async fn slash_in(
 }
 
 impl Store {
-    /// An account's sums (zero for one never used).
-    pub async fn account(&self, id: &AccountId) -> Result<Balance, BrokerError> {
-        let r = sqlx::query(
-            "SELECT debits_pending, debits_posted, credits_pending, credits_posted FROM ledger_accounts WHERE id = $1",
-        )
-        .bind(id.to_string())
-        .fetch_optional(self.db.pool())
-        .await?;
-        Ok(r.map(|r| balance_row(&r)).transpose()?.unwrap_or_default())
-    }
-
     /// Every account, in id order.
     pub async fn accounts(&self) -> Result<Vec<(AccountId, Balance)>, BrokerError> {
         let rows = sqlx::query(
@@ -1006,89 +994,6 @@ impl Store {
                 Ok((id, balance_row(r)?))
             })
             .collect()
-    }
-
-    /// The transfers that debit or credit any of `accounts` (tenants', providers' or
-    /// stakes': their statement lines), at `from..to`, in order.
-    pub async fn transfers_of(
-        &self,
-        accounts: &[String],
-        from: i64,
-        to: i64,
-        limit: i64,
-    ) -> Result<Vec<(i64, Transfer)>, BrokerError> {
-        let mut out = Vec::new();
-        for a in accounts {
-            let sql = format!(
-                "SELECT {TRANSFER_COLUMNS} FROM ledger_transfers WHERE party = $1 AND at >= $2 AND at < $3 ORDER BY seq LIMIT $4"
-            );
-            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .bind(a.clone())
-                .bind(from)
-                .bind(to)
-                .bind(limit)
-                .fetch_all(self.db.pool())
-                .await?;
-            for r in &rows {
-                out.push(transfer_row(r)?);
-            }
-        }
-        out.sort_by_key(|(seq, _)| *seq);
-        out.dedup_by_key(|(seq, _)| *seq);
-        Ok(out)
-    }
-
-    /// An account's posted balance and what it held (pending debits) from its transfers at
-    /// `at < before`, summed by the database (a statement's opening).
-    pub async fn sums_before(
-        &self,
-        account: &str,
-        before: i64,
-    ) -> Result<(i128, i128), BrokerError> {
-        let r = sqlx::query(
-            "SELECT CAST(COALESCE(SUM(CASE WHEN credit = $1 AND phase IN ('single', 'post') THEN amount ELSE 0 END), 0) AS BIGINT) AS cin,
-                    CAST(COALESCE(SUM(CASE WHEN debit = $1 AND phase IN ('single', 'post') THEN amount ELSE 0 END), 0) AS BIGINT) AS dout,
-                    CAST(COALESCE(SUM(CASE WHEN debit = $1 AND phase = 'pending' THEN amount ELSE 0 END), 0) AS BIGINT) AS held
-             FROM ledger_transfers WHERE party = $1 AND at < $2",
-        )
-        .bind(account)
-        .bind(before)
-        .fetch_one(self.db.pool())
-        .await?;
-        let released = sqlx::query(
-            "SELECT CAST(COALESCE(SUM(p.amount), 0) AS BIGINT) AS rel
-             FROM ledger_transfers r JOIN ledger_transfers p ON p.id = r.pending_id
-             WHERE r.party = $1 AND r.debit = $1 AND r.at < $2 AND r.phase IN ('post', 'void')",
-        )
-        .bind(account)
-        .bind(before)
-        .fetch_one(self.db.pool())
-        .await?;
-        let get = |r: &sqlx::any::AnyRow, c: &str| -> Result<i128, sqlx::Error> {
-            Ok(i128::from(r.try_get::<i64, _>(c)?))
-        };
-        Ok((
-            get(&r, "cin")? - get(&r, "dout")?,
-            get(&r, "held")? - get(&released, "rel")?,
-        ))
-    }
-
-    /// The amounts of the transfers `ids` (the reservations a statement's posts resolve).
-    pub async fn transfer_amounts(
-        &self,
-        ids: &[String],
-    ) -> Result<Vec<(String, u64)>, BrokerError> {
-        let mut out = Vec::new();
-        for id in ids {
-            if let Some(r) = sqlx::query("SELECT id, amount FROM ledger_transfers WHERE id = $1")
-                .bind(id)
-                .fetch_optional(self.db.pool())
-                .await?
-            {
-                out.push((r.try_get("id")?, unsigned(&r, "amount")?));
-            }
-        }
-        Ok(out)
     }
 
     /// Every transfer, in order (the auditor's replay, tests).
@@ -1136,31 +1041,6 @@ impl Store {
         Ok(rows.iter().map(escrow_row).collect::<Result<_, _>>()?)
     }
 
-    /// The escrows of a tenant's or an operator's leases started at `from..to`.
-    pub async fn escrows_of(
-        &self,
-        tenant: Option<&str>,
-        operator: Option<&str>,
-        from: i64,
-        to: i64,
-    ) -> Result<Vec<EscrowRow>, BrokerError> {
-        let (column, who) = match (tenant, operator) {
-            (Some(t), _) => ("tenant", t),
-            (None, Some(o)) => ("operator", o),
-            (None, None) => return Ok(Vec::new()),
-        };
-        let sql = format!(
-            "SELECT {ESCROW_COLUMNS} FROM escrows WHERE {column} = $1 AND started_at >= $2 AND started_at < $3 ORDER BY started_at"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(who)
-            .bind(from)
-            .bind(to)
-            .fetch_all(self.db.pool())
-            .await?;
-        Ok(rows.iter().map(escrow_row).collect::<Result<_, _>>()?)
-    }
-
     /// Whether any lease of `job` was ever opened (its escrow is kept for good).
     pub async fn job_was_leased(&self, job: &str) -> Result<bool, BrokerError> {
         Ok(
@@ -1179,14 +1059,201 @@ impl Store {
         tx.rollback().await?;
         Ok(v)
     }
+}
+
+/// One connection's reads of the ledger ([`Store::ledger_read`]), in one read transaction
+/// where asked: a snapshot on SQLite's WAL, repeatable read on PostgreSQL. A statement reads its
+/// lines, its opening and the stored sums through one, so they add up however much settles
+/// meanwhile.
+pub struct LedgerRead {
+    c: Conn,
+}
+
+impl std::fmt::Debug for LedgerRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerRead")
+            .field("snapshot", &matches!(self.c, Conn::Snapshot(_)))
+            .finish()
+    }
+}
+
+enum Conn {
+    /// Rolled back when dropped, on an error's path too.
+    Snapshot(Tx),
+    Plain(sqlx::pool::PoolConnection<sqlx::Any>),
+}
+
+impl Store {
+    /// Reads of the ledger; `snapshot`: all of them from one read transaction.
+    pub async fn ledger_read(&self, snapshot: bool) -> Result<LedgerRead, BrokerError> {
+        let pool = self.db.pool();
+        let c = match (snapshot, self.db.backend()) {
+            (false, _) => Conn::Plain(pool.acquire().await?),
+            (true, Backend::Sqlite) => Conn::Snapshot(pool.begin().await?),
+            (true, Backend::Postgres) => Conn::Snapshot(
+                pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await?,
+            ),
+        };
+        Ok(LedgerRead { c })
+    }
+
+    /// An account's sums (zero for one never used).
+    pub async fn account(&self, id: &AccountId) -> Result<Balance, BrokerError> {
+        self.ledger_read(false).await?.account(id).await
+    }
+
+    /// The settled windows of `lease`.
+    pub async fn settled_windows(&self, lease: &str) -> Result<Vec<SettledWindow>, BrokerError> {
+        self.ledger_read(false).await?.settled_windows(lease).await
+    }
+}
+
+impl LedgerRead {
+    fn c(&mut self) -> &mut sqlx::AnyConnection {
+        match &mut self.c {
+            Conn::Snapshot(tx) => tx,
+            Conn::Plain(c) => c,
+        }
+    }
+
+    /// End the read transaction, if one.
+    pub async fn done(self) -> Result<(), BrokerError> {
+        if let Conn::Snapshot(tx) = self.c {
+            tx.rollback().await?;
+        }
+        Ok(())
+    }
+
+    /// An account's sums (zero for one never used).
+    pub async fn account(&mut self, id: &AccountId) -> Result<Balance, BrokerError> {
+        let r = sqlx::query(
+            "SELECT debits_pending, debits_posted, credits_pending, credits_posted FROM ledger_accounts WHERE id = $1",
+        )
+        .bind(id.to_string())
+        .fetch_optional(self.c())
+        .await?;
+        Ok(r.map(|r| balance_row(&r)).transpose()?.unwrap_or_default())
+    }
+
+    /// The transfers that debit or credit any of `accounts` (tenants', providers' or
+    /// stakes': their statement lines), at `from..to`, in order.
+    pub async fn transfers_of(
+        &mut self,
+        accounts: &[String],
+        from: i64,
+        to: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, Transfer)>, BrokerError> {
+        let mut out = Vec::new();
+        for a in accounts {
+            let sql = format!(
+                "SELECT {TRANSFER_COLUMNS} FROM ledger_transfers WHERE party = $1 AND at >= $2 AND at < $3 ORDER BY seq LIMIT $4"
+            );
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(a.clone())
+                .bind(from)
+                .bind(to)
+                .bind(limit)
+                .fetch_all(self.c())
+                .await?;
+            for r in &rows {
+                out.push(transfer_row(r)?);
+            }
+        }
+        out.sort_by_key(|(seq, _)| *seq);
+        out.dedup_by_key(|(seq, _)| *seq);
+        Ok(out)
+    }
+
+    /// An account's posted balance and what it held (pending debits) from its transfers at
+    /// `at < before`, summed by the database (a statement's opening).
+    pub async fn sums_before(
+        &mut self,
+        account: &str,
+        before: i64,
+    ) -> Result<(i128, i128), BrokerError> {
+        let r = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(CASE WHEN credit = $1 AND phase IN ('single', 'post') THEN amount ELSE 0 END), 0) AS BIGINT) AS cin,
+                    CAST(COALESCE(SUM(CASE WHEN debit = $1 AND phase IN ('single', 'post') THEN amount ELSE 0 END), 0) AS BIGINT) AS dout,
+                    CAST(COALESCE(SUM(CASE WHEN debit = $1 AND phase = 'pending' THEN amount ELSE 0 END), 0) AS BIGINT) AS held
+             FROM ledger_transfers WHERE party = $1 AND at < $2",
+        )
+        .bind(account)
+        .bind(before)
+        .fetch_one(self.c())
+        .await?;
+        let released = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(p.amount), 0) AS BIGINT) AS rel
+             FROM ledger_transfers r JOIN ledger_transfers p ON p.id = r.pending_id
+             WHERE r.party = $1 AND r.debit = $1 AND r.at < $2 AND r.phase IN ('post', 'void')",
+        )
+        .bind(account)
+        .bind(before)
+        .fetch_one(self.c())
+        .await?;
+        let get = |r: &sqlx::any::AnyRow, c: &str| -> Result<i128, sqlx::Error> {
+            Ok(i128::from(r.try_get::<i64, _>(c)?))
+        };
+        Ok((
+            get(&r, "cin")? - get(&r, "dout")?,
+            get(&r, "held")? - get(&released, "rel")?,
+        ))
+    }
+
+    /// The amounts of the transfers `ids` (the reservations a statement's posts resolve).
+    pub async fn transfer_amounts(
+        &mut self,
+        ids: &[String],
+    ) -> Result<Vec<(String, u64)>, BrokerError> {
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(r) = sqlx::query("SELECT id, amount FROM ledger_transfers WHERE id = $1")
+                .bind(id)
+                .fetch_optional(self.c())
+                .await?
+            {
+                out.push((r.try_get("id")?, unsigned(&r, "amount")?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The escrows of a tenant's or an operator's leases started at `from..to`.
+    pub async fn escrows_of(
+        &mut self,
+        tenant: Option<&str>,
+        operator: Option<&str>,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<EscrowRow>, BrokerError> {
+        let (column, who) = match (tenant, operator) {
+            (Some(t), _) => ("tenant", t),
+            (None, Some(o)) => ("operator", o),
+            (None, None) => return Ok(Vec::new()),
+        };
+        let sql = format!(
+            "SELECT {ESCROW_COLUMNS} FROM escrows WHERE {column} = $1 AND started_at >= $2 AND started_at < $3 ORDER BY started_at"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(who)
+            .bind(from)
+            .bind(to)
+            .fetch_all(self.c())
+            .await?;
+        Ok(rows.iter().map(escrow_row).collect::<Result<_, _>>()?)
+    }
 
     /// The settled windows of `lease`: (window, outcome, record, amount, reason, at).
-    pub async fn settled_windows(&self, lease: &str) -> Result<Vec<SettledWindow>, BrokerError> {
+    pub async fn settled_windows(
+        &mut self,
+        lease: &str,
+    ) -> Result<Vec<SettledWindow>, BrokerError> {
         let rows = sqlx::query(
             "SELECT win, outcome, record, amount, reason, at FROM settled_windows WHERE lease_id = $1 ORDER BY win",
         )
         .bind(lease)
-        .fetch_all(self.db.pool())
+        .fetch_all(self.c())
         .await?;
         rows.iter()
             .map(|r| {
