@@ -3,7 +3,8 @@
 //! placement's own ledger write) and their accepted metering records; then the settlement
 //! pass itself — the code the broker runs — timed until every record is settled. Beside it,
 //! in the same run and the same file, the database's own durable commit rate for the same
-//! batches: the rows the settlement wrote, inserted in one transaction each, multi-row, and
+//! batches: as many rows as the settlement wrote, in as many transactions, sent the way the
+//! ledger sends them (JSON batches) into a table with one key and no other index, and
 //! committed.
 
 use std::path::Path;
@@ -202,8 +203,9 @@ impl super::store::Store {
         Ok(n)
     }
 
-    /// `rows` rows of a transfer's width in one durable transaction, multi-row as the
-    /// ledger writes them (the bound `cgx-bench ledger` sets settlement against).
+    /// `rows` rows of a transfer's width in one durable transaction, sent as the ledger sends
+    /// them (JSON batches the database unpacks), into a table with one key and no other
+    /// index: the bound `cgx-bench ledger` sets settlement against.
     pub(crate) async fn raw_batch(&self, pass: usize, rows: u64) -> Result<(), BrokerError> {
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS bench_raw (id TEXT PRIMARY KEY, debit TEXT, credit TEXT, amount BIGINT, reference TEXT, at BIGINT)",
@@ -211,24 +213,32 @@ impl super::store::Store {
         .execute(self.db.write_pool())
         .await?;
         let mut tx = self.db.write_pool().begin().await?;
-        let ids: Vec<u64> = (0..rows).collect();
-        for chunk in ids.chunks(66) {
-            let sql = format!(
-                "INSERT INTO bench_raw (id, debit, credit, amount, reference, at) VALUES {}",
-                placeholders(chunk.len(), 6)
-            );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for i in chunk {
-                q = q
-                    .bind(format!("pay/l{pass:06}/{i}/provider"))
-                    .bind("escrow/l000000".to_string())
-                    .bind("provider/op".to_string())
-                    .bind(900i64)
-                    .bind(format!("{i:064}"))
-                    .bind(0i64);
-            }
-            q.execute(&mut *tx).await?;
-        }
+        let batch: Vec<(String, &str, &str, i64, String, i64)> = (0..rows)
+            .map(|i| {
+                (
+                    format!("pay/l{pass:06}/{i}/provider"),
+                    "escrow/l000000",
+                    "provider/op",
+                    900,
+                    format!("{i:064}"),
+                    0,
+                )
+            })
+            .collect();
+        super::store::insert_json(
+            &mut tx,
+            "bench_raw",
+            &[
+                ("id", "text"),
+                ("debit", "text"),
+                ("credit", "text"),
+                ("amount", "bigint"),
+                ("reference", "text"),
+                ("at", "bigint"),
+            ],
+            &batch,
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }

@@ -145,13 +145,18 @@ struct Undo {
     transfers: usize,
 }
 
+/// The maps' hasher: foldhash, seeded at random per map — a third of SipHash's cost on the
+/// settlement path, and the seed keeps ids chosen to collide (a deposit's reference is a
+/// caller's) from being chosen in advance.
+type Seeded = foldhash::fast::RandomState;
+
 /// The ledger's state, or the part of it a batch needs.
 #[derive(Debug, Default)]
 pub struct Book {
-    accounts: HashMap<AccountId, Balance>,
-    pending: HashMap<String, PendingState>,
-    known: HashMap<String, Known>,
-    changed: HashSet<AccountId>,
+    accounts: HashMap<AccountId, Balance, Seeded>,
+    pending: HashMap<String, PendingState, Seeded>,
+    known: HashMap<String, Known, Seeded>,
+    changed: HashSet<AccountId, Seeded>,
     changes: Changes,
     /// Running totals over every account the book holds (a full book: the whole ledger).
     totals: Balance,
