@@ -83,7 +83,9 @@ pub const MAX_OWNER: usize = 128;
 #[serde(try_from = "String", into = "String")]
 pub struct AccountId {
     role: Role,
-    owner: String,
+    /// Shared, not copied: a book clones ids on every transfer it applies (its maps, its
+    /// changes, its undo log).
+    owner: std::sync::Arc<str>,
 }
 
 impl AccountId {
@@ -109,7 +111,7 @@ impl AccountId {
         }
         Ok(AccountId {
             role,
-            owner: owner.to_string(),
+            owner: owner.into(),
         })
     }
 
@@ -123,28 +125,28 @@ impl AccountId {
         }
         Ok(AccountId {
             role,
-            owner: String::new(),
+            owner: "".into(),
         })
     }
 
     pub fn world() -> AccountId {
         AccountId {
             role: Role::World,
-            owner: String::new(),
+            owner: "".into(),
         }
     }
 
     pub fn fee() -> AccountId {
         AccountId {
             role: Role::Fee,
-            owner: String::new(),
+            owner: "".into(),
         }
     }
 
     pub fn slashed() -> AccountId {
         AccountId {
             role: Role::Slashed,
-            owner: String::new(),
+            owner: "".into(),
         }
     }
 

@@ -351,11 +351,25 @@ impl Book {
     }
 
     fn set_account(&mut self, id: &AccountId, b: Balance) {
-        let old = self.accounts.insert(id.clone(), b).unwrap_or_default();
+        // Replaced in place where the account is known (the common case): no key cloned.
+        let old = match self.accounts.get_mut(id) {
+            Some(slot) => std::mem::replace(slot, b),
+            None => {
+                self.accounts.insert(id.clone(), b);
+                Balance::default()
+            }
+        };
         add_totals(&mut self.totals, &old, false);
         add_totals(&mut self.totals, &b, true);
-        self.changed.insert(id.clone());
-        self.changes.accounts.insert(id.clone(), b);
+        if !self.changed.contains(id) {
+            self.changed.insert(id.clone());
+        }
+        match self.changes.accounts.get_mut(id) {
+            Some(slot) => *slot = b,
+            None => {
+                self.changes.accounts.insert(id.clone(), b);
+            }
+        }
     }
 
     fn apply_one(&mut self, t: &Transfer, undo: &mut Undo) -> Result<Applied, Refusal> {

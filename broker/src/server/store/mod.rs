@@ -38,8 +38,8 @@ mod settings;
 
 pub(crate) use jobs::JobWrite;
 pub(crate) use leases::{LeaseWrite, lease_tenant};
-pub(crate) use ledger::{LedgerWrite, insert_json};
 pub use ledger::{EscrowOpen, EscrowRow, SettledWindow, WindowSettle};
+pub(crate) use ledger::{LedgerWrite, insert_json};
 pub(crate) use metering::MeteringWrite;
 pub(crate) use nodes::NodeWrite;
 pub use pow::ChallengeRow;
