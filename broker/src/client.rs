@@ -110,6 +110,25 @@ impl BrokerClient {
         bearer: Option<&str>,
         if_match: Option<&str>,
     ) -> Result<T> {
+        let bytes = self.request(method, path, body, bearer, if_match)?;
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// A file of the broker's transparency log, by its path under `/v1/log/` (`checkpoint`,
+    /// `tile/…`, `tile/entries/…` — the last for auditors): its bytes as served.
+    pub fn log_file(&self, path: &str) -> Result<Vec<u8>> {
+        self.request("GET", &format!("/v1/log/{path}"), None, None, None)
+    }
+
+    /// The response body of a request answered 2xx.
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        bearer: Option<&str>,
+        if_match: Option<&str>,
+    ) -> Result<Vec<u8>> {
         let url = format!("{}{path}", self.base);
         let transport = |e: &dyn std::fmt::Display| ClientError::Transport {
             url: url.clone(),
@@ -157,7 +176,7 @@ impl BrokerClient {
                     .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(200).collect()),
             });
         }
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+        Ok(bytes)
     }
 
     fn post<T: DeserializeOwned>(&self, path: &str, body: &impl serde::Serialize) -> Result<T> {

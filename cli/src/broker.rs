@@ -36,7 +36,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn client(&self) -> Result<BrokerClient, String> {
+    pub(crate) fn client(&self) -> Result<BrokerClient, String> {
         let token = match &self.key {
             Some(k) => Some(crate::kbs::bearer_token(
                 k,

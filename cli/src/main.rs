@@ -4,6 +4,7 @@
 //! `cgx-attestation`.
 
 mod appraise;
+mod audit;
 mod bench;
 mod broker;
 mod collateral;
@@ -138,6 +139,11 @@ enum Command {
         lines: bool,
         #[command(flatten)]
         conn: broker::Conn,
+    },
+    /// The broker's transparency log, for auditors: fetch it, verify it offline.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
     },
     /// The broker's ledger: deposits (a `ledger` key), every account (auditors).
     Ledger {
@@ -612,6 +618,33 @@ fn launch_flags(
     Ok(argv)
 }
 
+#[derive(Subcommand, Debug)]
+enum AuditCommand {
+    /// Copy the broker's log (checkpoint, hash tiles, entry bundles: an auditor's key) into a
+    /// directory laid out as C2SP tlog-tiles serves it.
+    Fetch {
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        conn: broker::Conn,
+    },
+    /// Check a log directory offline: the checkpoint's signature, every leaf's inclusion,
+    /// consistency with the checkpoint in --state (updated when all holds). Exit 1 on a
+    /// violation.
+    Verify {
+        #[arg(long)]
+        log: PathBuf,
+        /// The log's verifier key (`<origin>+<id>+<key>`).
+        #[arg(long)]
+        log_key: String,
+        /// The last checkpoint this auditor verified (created on first use).
+        #[arg(long)]
+        state: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 fn main() -> ExitCode {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -736,6 +769,15 @@ fn run(cli: Cli) -> ExitCode {
             to,
             lines,
         ),
+        Command::Audit { command } => match command {
+            AuditCommand::Fetch { out, conn } => audit::fetch(&conn, &out),
+            AuditCommand::Verify {
+                log,
+                log_key,
+                state,
+                json,
+            } => audit::verify(&log, &log_key, state.as_deref(), json),
+        },
         Command::Ledger { command, conn } => match command {
             LedgerCommand::Deposit {
                 account,

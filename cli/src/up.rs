@@ -660,6 +660,53 @@ fn run(
     {
         return Err("the statement does not show node-2's failed window refunded".into());
     }
+    // The audit trail as a transparency log: the auditor copies it and checks it offline
+    // (`cgx audit fetch`, `cgx audit verify`) — the checkpoint under the log's key, every
+    // leaf by its inclusion proof.
+    let log_key = std::fs::read(b.dir.join("log.pk8")).map_err(s)?;
+    let vkey = cgx_tlog::note::NoteSigner::from_pkcs8(
+        cgx_devnet::broker::LOG_ORIGIN,
+        cgx_tlog::note::KeyKind::Ed25519,
+        &log_key,
+    )
+    .map_err(s)?
+    .vkey();
+    let copy = dir.join("log");
+    let size = wait_for(30, "the log to checkpoint the run", || {
+        // The integrator signs four times a second: a checkpoint past the statements' rows.
+        Ok(crate::audit::fetch_log(&auditor, &copy)
+            .ok()
+            .filter(|n| *n > 0))
+    })?;
+    let v = cgx_tlog::verify::verify_dir(
+        &copy,
+        &cgx_tlog::verify::Trust {
+            log: cgx_tlog::note::NoteKey::parse(&vkey).map_err(s)?,
+            witnesses: Vec::new(),
+            quorum: 0,
+        },
+        None,
+    )
+    .map_err(|e| format!("the run's log does not verify: {e}"))?;
+    let actions: std::collections::BTreeMap<String, usize> =
+        v.leaves.iter().fold(Default::default(), |mut m, leaf| {
+            let action = serde_json::from_slice::<serde_json::Value>(leaf)
+                .ok()
+                .and_then(|j| j["action"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            *m.entry(action).or_default() += 1;
+            m
+        });
+    println!(
+        "[log]    {} leaves checkpointed by {}; fetched and verified offline (every leaf included): {}",
+        size,
+        cgx_devnet::broker::LOG_ORIGIN,
+        actions
+            .iter()
+            .map(|(a, n)| format!("{n} {a}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     for h in hosts.iter_mut() {
         h.stop();
     }

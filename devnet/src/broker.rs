@@ -51,6 +51,9 @@ impl Ed {
     }
 }
 
+/// The development broker's log origin (its checkpoints' first line, its key's name).
+pub const LOG_ORIGIN: &str = "broker.cgx.devnet/log";
+
 /// A broker that signs leases with `kbs.broker` and trusts `sim_roots` (hex pins, or `*`), on
 /// SQLite in its own folder unless `database` is given (a PostgreSQL URL shared by replicas).
 pub fn broker_setup(
@@ -67,6 +70,10 @@ pub fn broker_setup(
     )
     .map_err(|_| DevnetError::Keys)?;
     write("ear.pk8", result_key.as_ref())?;
+    let log_key =
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map_err(|_| DevnetError::Keys)?;
+    write("log.pk8", log_key.as_ref())?;
     let tenant = Ed::generate()?;
     let other_tenant = Ed::generate()?;
     let operator = Ed::generate()?;
@@ -139,6 +146,12 @@ pub fn broker_setup(
             ..Default::default()
         },
         reputation: Default::default(),
+        // Every audited decision a leaf of a log checkpointed four times a second.
+        log: Some(cgx_broker::server::config::LogConfig {
+            origin: LOG_ORIGIN.into(),
+            key: dir.join("log.pk8"),
+            interval_ms: 250,
+        }),
     };
     Ok(BrokerSetup {
         dir,

@@ -158,6 +158,28 @@ pub struct BrokerConfig {
     /// Reputation (`[reputation]`).
     #[serde(default)]
     pub reputation: ReputationConfig,
+    /// The transparency log over the audit trail (`[log]`; none where absent).
+    #[serde(default)]
+    pub log: Option<LogConfig>,
+}
+
+/// `[log]`: the transparency log every audited decision becomes a leaf of (issue 33).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// The log's origin: the first line of its checkpoints and its key's name
+    /// (`broker.example.com/log`).
+    pub origin: String,
+    /// Ed25519 PKCS#8 (DER) that signs the checkpoints: a key of its own.
+    pub key: PathBuf,
+    /// How often committed audit rows are integrated and a checkpoint signed (milliseconds;
+    /// default 1000).
+    #[serde(default = "default_log_interval")]
+    pub interval_ms: u64,
+}
+
+fn default_log_interval() -> u64 {
+    1000
 }
 
 /// `[reputation]`: how fast old events fade, how often uptime is credited.

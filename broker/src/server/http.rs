@@ -160,12 +160,72 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
     Ok(
         cgx_service::ops::routes(api, routes::OPENAPI, doc, broker.metrics.clone())
             .map_err(|e| BrokerError::Internal(format!("OpenAPI document: {e}")))?
+            // The log, laid out as C2SP tlog-tiles serves it (a static layout any reader of
+            // the spec knows, not part of this API's JSON document).
+            .route(LOG_CHECKPOINT, axum::routing::get(log_checkpoint))
+            .route(LOG_ENTRIES, axum::routing::get(log_entries))
+            .route(LOG_TILE, axum::routing::get(log_tile))
             .route_layer(cgx_service::metrics::TrackLayer::new(
                 broker.metrics.clone(),
             ))
             .fallback(not_found)
             .with_state(broker),
     )
+}
+
+/// The log's newest checkpoint (a C2SP signed note).
+const LOG_CHECKPOINT: &str = "/v1/log/checkpoint";
+/// Entry bundles (auditors).
+const LOG_ENTRIES: &str = "/v1/log/tile/entries/{*path}";
+/// Hash tiles (anyone).
+const LOG_TILE: &str = "/v1/log/tile/{*path}";
+
+async fn log_checkpoint(State(b): Shared) -> Result<Response, BrokerError> {
+    let note = b.log_checkpoint().await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        note,
+    )
+        .into_response())
+}
+
+fn tile_response(data: Vec<u8>, path: &str) -> Response {
+    // A full tile never changes; a partial one is replaced by wider ones as the log grows.
+    let cache = if path.contains(".p/") {
+        "no-store"
+    } else {
+        "public, max-age=31536000, immutable"
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (header::CACHE_CONTROL, cache),
+        ],
+        data,
+    )
+        .into_response()
+}
+
+async fn log_tile(State(b): Shared, Path(path): Path<String>) -> Result<Response, BrokerError> {
+    let path = format!("tile/{path}");
+    Ok(tile_response(b.log_tile(&path, false).await?, &path))
+}
+
+async fn log_entries(
+    State(b): Shared,
+    admin: Admin,
+    Path(path): Path<String>,
+) -> Result<Response, BrokerError> {
+    if !admin.scopes().iter().any(|s| s == "*" || s == "auditor") {
+        return Err(BrokerError::Forbidden(
+            "entry bundles name tenants, nodes and amounts: auditors only".into(),
+        ));
+    }
+    let path = format!("tile/entries/{path}");
+    Ok(tile_response(b.log_tile(&path, true).await?, &path))
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, BrokerError> {

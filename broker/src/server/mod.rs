@@ -30,6 +30,7 @@ pub mod index;
 mod jobs;
 mod keys;
 mod leases;
+mod log;
 mod metering;
 mod monitor;
 mod nodes;
@@ -106,6 +107,8 @@ pub(crate) struct Broker {
     refs_in_force: Mutex<(i64, String)>,
     /// One change of settings at a time on this replica.
     settings_lock: tokio::sync::Mutex<()>,
+    /// The transparency log's checkpoint key (`[log]`), if it keeps one.
+    log_key: Option<cgx_tlog::note::NoteSigner>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -228,7 +231,29 @@ impl Broker {
                 "the signing key is also an API key: leases and API tokens need two keys".into(),
             ));
         }
+        let log_key = match &config.log {
+            Some(l) => {
+                let der = std::fs::read(&l.key).map_err(|e| {
+                    BrokerError::Config(format!("log key {}: {e}", l.key.display()))
+                })?;
+                let k = cgx_tlog::note::NoteSigner::from_pkcs8(
+                    &l.origin,
+                    cgx_tlog::note::KeyKind::Ed25519,
+                    &der,
+                )
+                .map_err(|e| BrokerError::Config(format!("[log]: {e}")))?;
+                if der == std::fs::read(&config.signing_key).unwrap_or_default() {
+                    return Err(BrokerError::Config(
+                        "the log key is the signing key: checkpoints and leases need two keys"
+                            .into(),
+                    ));
+                }
+                Some(k)
+            }
+            None => None,
+        };
         let broker = Broker {
+            log_key,
             store,
             appraiser: Arc::new(appraiser),
             source,
@@ -354,6 +379,12 @@ pub async fn start_with_clock(
         broker.clone(),
         Duration::from_millis(config.ledger.settle_interval_ms),
     )));
+    if let Some(l) = &config.log {
+        background.push(Box::pin(log::integrator(
+            broker.clone(),
+            Duration::from_millis(l.interval_ms.max(10)),
+        )));
+    }
     let server = cgx_service::server::start(
         &config.listener(),
         http::router(broker.clone())?,

@@ -170,6 +170,7 @@ impl Harness {
             },
             ledger: Default::default(),
             reputation: Default::default(),
+            log: None,
         };
         edit(&mut config);
         let clock = ManualClock::default();

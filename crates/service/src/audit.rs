@@ -71,7 +71,7 @@ pub async fn read(
     .bind(limit)
     .fetch_all(pool)
     .await?;
-    rows.iter().map(event).collect()
+    rows.iter().map(event_row).collect()
 }
 
 /// The newest `limit` events, oldest first.
@@ -82,10 +82,10 @@ pub async fn latest(pool: &sqlx::AnyPool, limit: i64) -> Result<Vec<AuditEvent>,
     .bind(limit)
     .fetch_all(pool)
     .await?;
-    rows.iter().rev().map(event).collect()
+    rows.iter().rev().map(event_row).collect()
 }
 
-fn event(r: &sqlx::any::AnyRow) -> Result<AuditEvent, sqlx::Error> {
+pub(crate) fn event_row(r: &sqlx::any::AnyRow) -> Result<AuditEvent, sqlx::Error> {
     let detail: String = r.try_get("detail")?;
     Ok(AuditEvent {
         seq: r.try_get("seq")?,

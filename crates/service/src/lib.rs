@@ -27,6 +27,7 @@ pub mod limits;
 pub mod metrics;
 pub mod ops;
 pub mod server;
+pub mod tlog;
 pub mod tls;
 
 pub use clock::SharedClock;

@@ -20,6 +20,9 @@ pub mod paths;
 pub mod tree;
 pub mod verify;
 
+/// The crate the format is built on, for what this one does not wrap (stored-hash indexes,
+/// `HashReader`).
+pub use tlog_tiles;
 pub use tlog_tiles::{Checkpoint, Hash, Tile, node_hash, record_hash};
 
 /// Tiles are 2⁸ = 256 hashes wide (C2SP tlog-tiles: "Full tiles MUST be exactly 256 hashes

@@ -104,6 +104,11 @@ impl NoteSigner {
         self
     }
 
+    /// Its name (a log's: its origin).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Its verifier key, to give to whoever checks its signatures.
     pub fn vkey(&self) -> String {
         vkey_of(&self.name, self.kind, &self.public)

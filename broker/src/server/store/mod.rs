@@ -306,6 +306,13 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: reputation::REPUTATION_V11,
         postgres: reputation::REPUTATION_V11,
     },
+    // Migration 12 (issue 33): the transparency log over the audit trail
+    // (`cgx_service::tlog`).
+    Migration {
+        version: 12,
+        sqlite: cgx_service::tlog::LOG_TABLES,
+        postgres: cgx_service::tlog::LOG_TABLES,
+    },
 ];
 
 pub use cgx_protocol::broker::JobState;
@@ -583,6 +590,9 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
     }
 }
 
+/// The service name the broker's leaves carry.
+pub const SERVICE: &str = "cgx-broker";
+
 /// The advisory lock every replica's write batch takes on PostgreSQL.
 const WRITE_LOCK: i64 = 0x6367_7843;
 
@@ -662,6 +672,22 @@ impl Store {
     /// See [`cgx_service::db::Database::checkpoint`]: the frames the log held.
     pub async fn checkpoint(&self) -> Result<u64, BrokerError> {
         Ok(self.db.checkpoint().await?)
+    }
+
+    /// Integrate the audit rows committed since the last pass into the log and sign a
+    /// checkpoint, in a write transaction of its own (under the replicas' write lock on
+    /// PostgreSQL: one integrator at a time).
+    pub(crate) async fn integrate_log(
+        &self,
+        signer: &cgx_tlog::note::NoteSigner,
+        at: i64,
+    ) -> Result<Option<cgx_service::tlog::Integrated>, BrokerError> {
+        let mut tx = begin(&self.db).await?;
+        let done = cgx_service::tlog::integrate(&mut tx, SERVICE, signer, at, 100_000)
+            .await
+            .map_err(|e| BrokerError::Storage(e.to_string()))?;
+        tx.commit().await?;
+        Ok(done)
     }
 
     /// Queue a write and wait for its batch to commit.
