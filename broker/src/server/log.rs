@@ -186,20 +186,44 @@ mod tests {
             assert_eq!(j["kind"], "cgx.audit.v1");
             assert_eq!(j["service"], "cgx-broker");
         }
-        // More decisions; the next checkpoint extends the first.
+        // More decisions — deposits, a lease opened and ended — and the next checkpoint
+        // extends the first.
         for i in 0..300 {
             h.deposit("tenant/acme", 1 + i, &format!("log-{i}"))
                 .await
                 .unwrap();
         }
+        let node = h.node(2);
+        h.register(&node).await.unwrap();
+        let tenant = h.admin(super::super::testing::Role::Tenant);
+        let job = h
+            .broker
+            .submit(&tenant, Harness::job(2, 3600))
+            .await
+            .unwrap();
+        let lease = job.lease_id.clone().unwrap();
+        h.broker.cancel(&tenant, &job.id).await.unwrap();
         let size2 = h.broker.integrate_log().await.unwrap().unwrap();
-        assert_eq!(size2, size + 300);
+        assert!(size2 >= size + 302, "{size2}");
         fetch(&h.broker, &dir.join("two")).await;
         let v = verify_dir(&dir.join("two"), &trust, Some(&first)).unwrap();
         assert_eq!(v.size, size2);
-        let last: serde_json::Value = serde_json::from_slice(v.leaves.last().unwrap()).unwrap();
-        assert_eq!(last["action"], "ledger.deposit");
-        assert_eq!(last["subject"], "tenant/acme");
+        let leaves: Vec<serde_json::Value> = v
+            .leaves
+            .iter()
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        let deposit = &leaves[size as usize + 299];
+        assert_eq!(deposit["action"], "ledger.deposit");
+        assert_eq!(deposit["subject"], "tenant/acme");
+        let of_lease: Vec<&serde_json::Value> =
+            leaves.iter().filter(|l| l["subject"] == lease).collect();
+        assert_eq!(of_lease.len(), 2, "{of_lease:?}");
+        assert_eq!(of_lease[0]["action"], "lease.open");
+        assert_eq!(of_lease[0]["detail"]["node"], node.id);
+        assert_eq!(of_lease[0]["detail"]["tenant"], "acme");
+        assert_eq!(of_lease[1]["action"], "lease.end");
+        assert_eq!(of_lease[1]["detail"]["job"], job.id);
         // A tile path that is not one, or beyond the tree: not found, nothing read.
         for p in [
             "tile/0/x001/000",

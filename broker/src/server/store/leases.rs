@@ -87,6 +87,23 @@ pub(super) async fn apply(
                 };
                 super::reputation::bump_in(tx, &l.node_id, d, *now, *half_life, *now_ms).await?;
             }
+            // A leaf of the log (issue 33), in the transaction that ended it.
+            cgx_service::audit::record(
+                tx,
+                *now,
+                &cgx_service::audit::NewEvent {
+                    actor: "broker",
+                    action: "lease.end",
+                    subject: lease,
+                    detail: &serde_json::json!({
+                        "job": l.job_id,
+                        "node": l.node_id,
+                        "reason": reason,
+                        "job_to": job_to.as_str(),
+                    }),
+                },
+            )
+            .await?;
             touch(tx, &l.node_id, *now_ms, sqlite).await?;
             Ok(Outcome::Ended(l))
         }
@@ -274,6 +291,28 @@ pub(super) async fn open_lease(
     .bind(p.ends_at)
     .bind(&p.tenant)
     .execute(&mut **tx)
+    .await?;
+    // A leaf of the log (issue 33), in the placement's transaction: the lease's terms and the
+    // digest of the token the broker signed for it.
+    let token = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, p.token.as_bytes());
+    cgx_service::audit::record(
+        tx,
+        p.started_at,
+        &cgx_service::audit::NewEvent {
+            actor: "broker",
+            action: "lease.open",
+            subject: &p.lease_id,
+            detail: &serde_json::json!({
+                "job": p.job_id,
+                "tenant": p.tenant,
+                "node": p.node_id,
+                "gpus": p.gpus,
+                "started_at": p.started_at,
+                "ends_at": p.ends_at,
+                "token_sha256": hex::encode(token.as_ref()),
+            }),
+        },
+    )
     .await?;
     touch(tx, &p.node_id, p.now_ms, sqlite).await
 }
