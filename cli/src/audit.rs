@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use cgx_tlog::note::NoteKey;
+use cgx_tlog::paths;
 use cgx_tlog::verify::{Trust, verify_dir};
-use cgx_tlog::{HEIGHT, Tile, paths};
 
 use crate::broker::Conn;
 use crate::output::{CliResult, print_json};
@@ -23,6 +23,12 @@ pub fn fetch_log(client: &cgx_broker::client::BrokerClient, out: &Path) -> Resul
         .nth(1)
         .and_then(|l| l.parse().ok())
         .ok_or("the broker's checkpoint has no size line")?;
+    if size > cgx_tlog::MAX_SIZE {
+        return Err(format!(
+            "the broker's checkpoint claims {size} leaves, more than the {} a log holds",
+            cgx_tlog::MAX_SIZE
+        ));
+    }
     let put = |rel: &str, bytes: &[u8]| -> Result<(), String> {
         let p = out.join(rel);
         if let Some(d) = p.parent() {
@@ -30,7 +36,7 @@ pub fn fetch_log(client: &cgx_broker::client::BrokerClient, out: &Path) -> Resul
         }
         std::fs::write(&p, bytes).map_err(|e| format!("{}: {e}", p.display()))
     };
-    for t in Tile::new_tiles(HEIGHT, 0, size) {
+    for t in cgx_tlog::tiles_of(size) {
         let p = paths::tile_path(&t);
         put(&p, &client.log_file(&p).map_err(|e| format!("{p}: {e}"))?)?;
         if t.level() == 0 {
@@ -72,9 +78,10 @@ pub fn verify(log: &Path, log_key: &str, state: Option<&Path>, json: bool) -> Cl
                     .and_then(|l| l.parse::<u64>().ok())
             });
             if let Some(p) = state {
-                // The newest checkpoint verified: what the next run must extend.
+                // The checkpoint verified (the bytes read and checked, not the file again):
+                // what the next run must extend.
                 let tmp = p.with_extension("tmp");
-                std::fs::copy(log.join("checkpoint"), &tmp)
+                std::fs::write(&tmp, &v.note)
                     .and_then(|_| std::fs::rename(&tmp, p))
                     .map_err(|e| format!("{}: {e}", p.display()))?;
             }

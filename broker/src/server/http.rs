@@ -193,8 +193,12 @@ async fn log_checkpoint(State(b): Shared) -> Result<Response, BrokerError> {
 }
 
 fn tile_response(data: Vec<u8>, path: &str) -> Response {
-    // A full tile never changes; a partial one is replaced by wider ones as the log grows.
-    let cache = if path.contains(".p/") {
+    // A full hash tile never changes, and anyone may read it: any cache may keep it. Entry
+    // bundles are an auditor's answer, never a shared cache's to serve to others; a partial
+    // tile is replaced by wider ones as the log grows.
+    let cache = if path.starts_with("tile/entries/") {
+        "private, no-store"
+    } else if path.contains(".p/") {
         "no-store"
     } else {
         "public, max-age=31536000, immutable"
@@ -203,6 +207,7 @@ fn tile_response(data: Vec<u8>, path: &str) -> Response {
         [
             (header::CONTENT_TYPE, "application/octet-stream"),
             (header::CACHE_CONTROL, cache),
+            (header::VARY, "authorization"),
         ],
         data,
     )

@@ -227,6 +227,11 @@ mod tests {
         // A tile path that is not one, or beyond the tree: not found, nothing read.
         for p in [
             "tile/0/x001/000",
+            "tile/7/000",
+            "tile/6/000.p/1",
+            "tile/0/x072/x057/x594/x037/x927/935",
+            "tile/0/x072/x057/x594/x037/x927/936",
+            "tile/entries/x072/x057/x594/x037/x927/935",
             "tile/9/000",
             "tile/0/000.p/0",
             "tile/../x",

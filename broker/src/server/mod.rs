@@ -242,7 +242,7 @@ impl Broker {
                     &der,
                 )
                 .map_err(|e| BrokerError::Config(format!("[log]: {e}")))?;
-                if der == std::fs::read(&config.signing_key).unwrap_or_default() {
+                if k.public_key() == keys.public {
                     return Err(BrokerError::Config(
                         "the log key is the signing key: checkpoints and leases need two keys"
                             .into(),

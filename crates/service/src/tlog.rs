@@ -291,16 +291,15 @@ pub async fn tile(
     let Some((size, _)) = newest_checkpoint(&mut c).await? else {
         return Ok(None);
     };
-    let start = t.level_index() << HEIGHT;
-    let width = u64::from(t.width());
-    // The leaves (or, above level 0, the full level-below tiles) the tile covers must all be
-    // in the checkpointed tree.
-    let covered = (start + width)
-        .checked_shl(u32::from(HEIGHT) * u32::from(t.level()))
-        .unwrap_or(u64::MAX);
-    if covered > size {
-        return Ok(None);
+    // The leaves (or, above level 0, the full tiles below) the tile covers must all be in the
+    // checkpointed tree; a path naming a tile past it, however far, is simply not there.
+    match cgx_tlog::tile_reach(&t) {
+        Some(reach) if reach <= size => {}
+        _ => return Ok(None),
     }
+    // In range now: `reach` ≤ size ≤ 2⁴⁸ bounds both.
+    let start = t.level_index() * cgx_tlog::TILE_WIDTH;
+    let width = u64::from(t.width());
     if t.is_data() {
         if !entries {
             return Err(LogStoreError::Log(cgx_tlog::LogError::Path(

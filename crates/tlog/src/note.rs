@@ -104,6 +104,11 @@ impl NoteSigner {
         self
     }
 
+    /// Its Ed25519 public key.
+    pub fn public_key(&self) -> [u8; 32] {
+        self.public
+    }
+
     /// Its name (a log's: its origin).
     pub fn name(&self) -> &str {
         &self.name

@@ -33,12 +33,13 @@ pub fn parse_tile_path(path: &str) -> Result<Tile, LogError> {
     let go = match rest.strip_prefix("entries/") {
         Some(n) => format!("tile/{HEIGHT}/data/{n}"),
         None => {
-            // Levels are 0–63 ("data" only under its own name).
+            // Levels are 0–6, all a log of at most `MAX_SIZE` leaves has ("data" only under
+            // its own name).
             let level = rest.split('/').next().ok_or_else(bad)?;
             if level.is_empty()
                 || level.len() > 2
                 || !level.bytes().all(|b| b.is_ascii_digit())
-                || level.parse::<u8>().map_or(true, |l| l >= 64)
+                || level.parse::<u8>().map_or(true, |l| l > crate::MAX_LEVEL)
             {
                 return Err(bad());
             }
@@ -92,6 +93,7 @@ mod tests {
             "tile/0/../001",
             "tile/0/001.p/12/x",
             "tile/64/000",
+            "tile/7/000",
             "tile/99/000",
             "tile/entries/000.p/0",
             "tile/0/000.p/",

@@ -33,8 +33,8 @@ impl TileReader for DirTiles {
                 if let Some(d) = self.trusted.borrow().get(&p) {
                     return Ok(d.clone());
                 }
-                std::fs::read(self.root.join(&p))
-                    .map_err(|e| tlog_tiles::Error::InvalidInput(format!("{p}: {e}")))
+                read_capped(&self.root.join(&p), TILE_WIDTH * 32)
+                    .map_err(|e| tlog_tiles::Error::InvalidInput(e.to_string()))
             })
             .collect()
     }
@@ -50,6 +50,8 @@ impl TileReader for DirTiles {
 /// What a verified log holds.
 #[derive(Debug)]
 pub struct Verified {
+    /// The checkpoint verified, as read (what a reader keeps as the last it saw).
+    pub note: Vec<u8>,
     pub opened: Opened,
     pub size: u64,
     pub root: Hash,
@@ -65,19 +67,51 @@ pub struct Trust {
     pub quorum: usize,
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, LogError> {
-    std::fs::read(path).map_err(|e| LogError::Io {
+/// The largest file a log directory holds: an entry bundle of 256 leaves of the largest size.
+const MAX_FILE: u64 = TILE_WIDTH * (2 + crate::MAX_LEAF as u64);
+/// The largest checkpoint note read (a checkpoint and its cosignatures are a few hundred bytes).
+const MAX_NOTE: u64 = 64 << 10;
+
+/// A regular file of at most `max` bytes (a directory handed to the auditor may hold anything:
+/// a link to a device, a file that never ends).
+fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, LogError> {
+    use std::io::Read as _;
+    let err = |why: String| LogError::Io {
         path: path.display().to_string(),
-        why: e.to_string(),
-    })
+        why,
+    };
+    let meta = std::fs::symlink_metadata(path).map_err(|e| err(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(err("not a regular file".into()));
+    }
+    let mut out = Vec::new();
+    std::fs::File::open(path)
+        .map_err(|e| err(e.to_string()))?
+        .take(max + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| err(e.to_string()))?;
+    if out.len() as u64 > max {
+        return Err(err(format!("larger than {max} bytes")));
+    }
+    Ok(out)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, LogError> {
+    read_capped(path, MAX_FILE)
 }
 
 /// Verify the log in `dir` under `trust`; `seen`: the last checkpoint this reader verified
 /// (signed note), which the log must extend.
 pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Verified, LogError> {
-    let note = read(&dir.join("checkpoint"))?;
+    let note = read_capped(&dir.join("checkpoint"), MAX_NOTE)?;
     let opened = open_checkpoint(&note, &trust.log, &trust.witnesses, trust.quorum)?;
     let size = opened.checkpoint.size();
+    if size > crate::MAX_SIZE {
+        return Err(LogError::Checkpoint(format!(
+            "{size} leaves: more than the {} a log here holds",
+            crate::MAX_SIZE
+        )));
+    }
     let root = *opened.checkpoint.hash();
     let tiles = DirTiles {
         root: dir.to_path_buf(),
@@ -148,6 +182,7 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
         }
     }
     Ok(Verified {
+        note,
         opened,
         size,
         root,
@@ -287,7 +322,29 @@ mod tests {
         let stranger = NoteSigner::from_pkcs8("log.example/t", KeyKind::Ed25519, &key()).unwrap();
         std::fs::write(d.join("checkpoint"), signed(&tree, &stranger)).unwrap();
         assert!(why(&d, None).contains("signed note"), "{}", why(&d, None));
-        for ext in ["edited", "dropped", "tile", "rolled", "fork", "forged"] {
+        // A checkpoint, validly signed, claiming more leaves than any log here holds; an entry
+        // bundle that is a link to a device: refused, neither read.
+        let d = copy("huge");
+        let cp = Checkpoint::new(
+            "log.example/t",
+            crate::MAX_SIZE + 1,
+            tree.root().unwrap(),
+            "",
+        )
+        .unwrap();
+        std::fs::write(d.join("checkpoint"), sign_checkpoint(&cp, &log).unwrap()).unwrap();
+        assert!(why(&d, None).contains("more than the"), "{}", why(&d, None));
+        let d = copy("device");
+        std::fs::remove_file(d.join("tile/entries/000")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.join("tile/entries/000")).unwrap();
+        assert!(
+            why(&d, None).contains("not a regular file"),
+            "{}",
+            why(&d, None)
+        );
+        for ext in [
+            "edited", "dropped", "tile", "rolled", "fork", "forged", "huge", "device",
+        ] {
             let _ = std::fs::remove_dir_all(dir.with_extension(ext));
         }
         let _ = std::fs::remove_dir_all(&dir);

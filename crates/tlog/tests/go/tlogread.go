@@ -106,6 +106,13 @@ func main() {
 		fail("%v", err)
 	}
 	if size == 0 {
+		if *old != "" {
+			if n, _, err := openCheckpoint(*old, v); err != nil {
+				fail("%v", err)
+			} else if n > 0 {
+				fail("rolled back: 0 leaves after a checkpoint of %d", n)
+			}
+		}
 		fmt.Println("ok: 0 leaves")
 		return
 	}
