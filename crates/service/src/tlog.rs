@@ -272,6 +272,17 @@ pub async fn integrate(
     }))
 }
 
+/// Whether audit rows were committed after the log's last leaf (a read, no lock): a pass
+/// with nothing to append need not begin a write transaction.
+pub async fn behind(pool: &sqlx::AnyPool) -> Result<bool, LogStoreError> {
+    let r = sqlx::query(
+        "SELECT (SELECT COALESCE(MAX(seq), 0) FROM audit) AS audited, (SELECT COALESCE(MAX(audit_seq), 0) FROM log_leaves) AS logged",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(r.try_get::<i64, _>("audited")? > r.try_get::<i64, _>("logged")?)
+}
+
 /// The newest checkpoint (signed note), if the log has one.
 pub async fn checkpoint(pool: &sqlx::AnyPool) -> Result<Option<Vec<u8>>, LogStoreError> {
     let mut c = pool.acquire().await?;

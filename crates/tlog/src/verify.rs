@@ -117,6 +117,11 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
         root: dir.to_path_buf(),
         trusted: RefCell::new(HashMap::new()),
     };
+    // The checkpoint this reader saw last: (size, root).
+    let seen_at = seen
+        .map(|s| open_checkpoint(s, &trust.log, &trust.witnesses, 0))
+        .transpose()?
+        .map(|o| (o.checkpoint.size(), *o.checkpoint.hash()));
     let mut leaves = Vec::new();
     if size > 0 {
         let reader = TileHashReader::new(size, root, &tiles);
@@ -153,33 +158,30 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
                 leaves.push(entry.to_vec());
             }
         }
-        if let Some(seen) = seen {
-            let old = open_checkpoint(seen, &trust.log, &trust.witnesses, 0)?;
-            let (n, h) = (old.checkpoint.size(), *old.checkpoint.hash());
-            if n > size {
-                return Err(LogError::Checkpoint(format!(
-                    "rolled back: {size} leaves, after a checkpoint of {n} was seen"
-                )));
-            }
-            if n > 0 {
-                let proof = tlog_tiles::prove_tree(size, n, &reader).map_err(|e| {
-                    LogError::Checkpoint(format!("no consistency proof from {n}: {e}"))
-                })?;
-                tlog_tiles::check_tree(&proof, size, root, n, h).map_err(|_| {
-                    LogError::Checkpoint(format!(
-                        "forked: the tree of {size} does not extend the checkpoint of {n} seen"
-                    ))
-                })?;
-            }
+        if let Some((n, h)) = seen_at
+            && n > 0
+            && n <= size
+        {
+            let proof = tlog_tiles::prove_tree(size, n, &reader)
+                .map_err(|e| LogError::Checkpoint(format!("no consistency proof from {n}: {e}")))?;
+            tlog_tiles::check_tree(&proof, size, root, n, h).map_err(|_| {
+                LogError::Checkpoint(format!(
+                    "forked: the tree of {size} does not extend the checkpoint of {n} seen"
+                ))
+            })?;
         }
-    } else if let Some(seen) = seen {
-        let old = open_checkpoint(seen, &trust.log, &trust.witnesses, 0)?;
-        if old.checkpoint.size() > 0 {
-            return Err(LogError::Checkpoint(format!(
-                "rolled back: empty, after a checkpoint of {} was seen",
-                old.checkpoint.size()
-            )));
-        }
+    }
+    if let Some((n, _)) = seen_at
+        && n > size
+    {
+        let now = if size == 0 {
+            "empty".to_string()
+        } else {
+            format!("{size} leaves")
+        };
+        return Err(LogError::Checkpoint(format!(
+            "rolled back: {now}, after a checkpoint of {n} was seen"
+        )));
     }
     Ok(Verified {
         note,
