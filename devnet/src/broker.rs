@@ -151,6 +151,7 @@ pub fn broker_setup(
             origin: LOG_ORIGIN.into(),
             key: dir.join("log.pk8"),
             interval_ms: 250,
+            state: None,
         }),
     };
     Ok(BrokerSetup {

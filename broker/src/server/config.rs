@@ -176,6 +176,20 @@ pub struct LogConfig {
     /// default 1000).
     #[serde(default = "default_log_interval")]
     pub interval_ms: u64,
+    /// Where the last checkpoint this broker signed is kept, outside the database: the log
+    /// only ever extends it, whatever the database says (default: the key's path with
+    /// `.state` appended).
+    #[serde(default)]
+    pub state: Option<PathBuf>,
+}
+
+impl LogConfig {
+    /// The pin's file.
+    pub fn state_path(&self) -> PathBuf {
+        self.state
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("{}.state", self.key.display())))
+    }
 }
 
 fn default_log_interval() -> u64 {

@@ -10,12 +10,37 @@ use super::{Broker, BrokerError};
 
 impl Broker {
     /// One integration pass: the log's size after it, if anything was appended.
+    #[cfg(test)]
     pub(crate) async fn integrate_log(&self) -> Result<Option<u64>, BrokerError> {
-        let Some(key) = &self.log_key else {
+        Ok(self.integrate_log_pass().await?.map(|d| d.size))
+    }
+
+    /// One integration pass: what it did, if anything was appended.
+    pub(crate) async fn integrate_log_pass(
+        &self,
+    ) -> Result<Option<cgx_service::tlog::Integrated>, BrokerError> {
+        let (Some(key), Some((path, pin))) = (&self.log_key, &self.log_pin) else {
             return Ok(None);
         };
-        let done = self.store.integrate_log(key, self.clock.unix()).await?;
-        Ok(done.map(|d| d.size))
+        // One pass at a time on this replica; the pin moves only after the pass committed
+        // (a crash in between leaves an older pin, which the log still extends).
+        let mut pin = pin.lock().await;
+        let done = self
+            .store
+            .integrate_log(key, self.clock.unix(), *pin)
+            .await?;
+        Ok(match done {
+            Some(d) => {
+                cgx_service::tlog::save_pin(path, &d.checkpoint)
+                    .map_err(|e| BrokerError::Storage(e.to_string()))?;
+                *pin = Some(cgx_service::tlog::Pinned {
+                    size: d.size,
+                    root: d.root,
+                });
+                Some(d)
+            }
+            None => None,
+        })
     }
 
     /// The newest signed checkpoint.
@@ -61,10 +86,22 @@ pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) 
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match broker.integrate_log().await {
-            Ok(Some(size)) => tracing::debug!(size, "log checkpoint signed"),
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = %e, "log not integrated"),
+        // A pass that appended goes again at once: a backlog drains at the database's pace,
+        // one bounded transaction after another.
+        loop {
+            match broker.integrate_log_pass().await {
+                Ok(Some(d)) => {
+                    tracing::debug!(size = d.size, "log checkpoint signed");
+                    if d.appended < super::store::LOG_PASS.unsigned_abs() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "log not integrated");
+                    break;
+                }
+            }
         }
     }
 }
@@ -79,6 +116,7 @@ mod tests {
     use cgx_tlog::tlog_tiles::Tile;
     use cgx_tlog::verify::{Trust, verify_dir};
     use cgx_tlog::{HEIGHT, paths};
+    use sqlx::Row as _;
 
     const ORIGIN: &str = "broker.test/log";
 
@@ -149,6 +187,7 @@ mod tests {
             origin: ORIGIN.into(),
             key: key.clone(),
             interval_ms: 1000,
+            state: None,
         };
         let ear = dir.join("ear.pk8");
         let ear_key = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
@@ -204,7 +243,7 @@ mod tests {
         let lease = job.lease_id.clone().unwrap();
         h.broker.cancel(&tenant, &job.id).await.unwrap();
         let size2 = h.broker.integrate_log().await.unwrap().unwrap();
-        assert!(size2 >= size + 302, "{size2}");
+        assert!(size2 >= size + 603, "{size2}");
         fetch(&h.broker, &dir.join("two")).await;
         let v = verify_dir(&dir.join("two"), &trust, Some(&first)).unwrap();
         assert_eq!(v.size, size2);
@@ -213,8 +252,10 @@ mod tests {
             .iter()
             .map(|l| serde_json::from_slice(l).unwrap())
             .collect();
-        let deposit = &leaves[size as usize + 299];
+        // Each deposit is its transfer's leaf, then the admin's event.
+        let deposit = &leaves[size as usize + 599];
         assert_eq!(deposit["action"], "ledger.deposit");
+        assert_eq!(leaves[size as usize + 598]["action"], "ledger.transfer");
         assert_eq!(deposit["subject"], "tenant/acme");
         let of_lease: Vec<&serde_json::Value> =
             leaves.iter().filter(|l| l["subject"] == lease).collect();
@@ -263,6 +304,139 @@ mod tests {
                 .unwrap()
                 .unwrap()
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A broker keeping a log on SQLite, its key in `dir`.
+    async fn with_log(dir: &std::path::Path) -> Harness {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
+        let der = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(
+            &aws_lc_rs::rand::SystemRandom::new(),
+        )
+        .unwrap();
+        let key = dir.join("log.pk8");
+        std::fs::write(&key, der.as_ref()).unwrap();
+        Harness::with("log-edits", |c| {
+            c.log = Some(LogConfig {
+                origin: ORIGIN.into(),
+                key,
+                interval_ms: 1000,
+                state: None,
+            })
+        })
+        .await
+    }
+
+    /// Edits a database writer could make behind the log's back, each refused before anything
+    /// is signed, with its reason: the logged tail of the trail deleted (on SQLite its `seq`
+    /// is then used again by a row never logged), a logged row edited, and the log's own rows
+    /// rolled back to an earlier checkpoint so that edited history could be logged again (a
+    /// fork the pin kept beside the key refuses).
+    #[tokio::test]
+    async fn the_log_signs_nothing_over_a_database_writers_edits() {
+        let dir = std::env::temp_dir().join(format!("cgx-broker-log-edits-{}", std::process::id()));
+        let h = with_log(&dir).await;
+        let pool = h.broker.store.db.pool();
+        let s1 = h.broker.integrate_log().await.unwrap().unwrap();
+        assert!(dir.join("log.pk8.state").exists(), "the pin is kept");
+        for i in 0..5 {
+            h.deposit("tenant/acme", 1 + i, &format!("e-{i}"))
+                .await
+                .unwrap();
+        }
+        let s2 = h.broker.integrate_log().await.unwrap().unwrap();
+        assert!(s2 > s1);
+
+        // The logged tail deleted, and its seq used again by the next decision.
+        let tail: i64 = sqlx::query("SELECT MAX(seq) AS s FROM audit")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            .try_get("s")
+            .unwrap();
+        sqlx::query("DELETE FROM audit WHERE seq = $1")
+            .bind(tail)
+            .execute(pool)
+            .await
+            .unwrap();
+        h.deposit("tenant/acme", 7, "after-delete").await.unwrap();
+        let e = h.broker.integrate_log().await.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("audit row {tail}")) && e.contains("changed after it was logged"),
+            "{e}"
+        );
+        // Deleted and not replaced: gone.
+        sqlx::query("DELETE FROM audit WHERE seq >= $1")
+            .bind(tail)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO audit (seq, at, actor, action, subject, detail) VALUES ($1, 0, 'x', 'x', 'x', '{}')")
+            .bind(tail + 10)
+            .execute(pool)
+            .await
+            .unwrap();
+        let e = h.broker.integrate_log().await.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("audit row {tail}, leaf {}, is gone", s2 - 1)),
+            "{e}"
+        );
+        assert_eq!(
+            cgx_service::tlog::checkpoint(pool).await.unwrap().unwrap(),
+            std::fs::read(dir.join("log.pk8.state")).unwrap(),
+            "nothing was signed"
+        );
+
+        // The log's rows rolled back to the first checkpoint, and a logged row after it
+        // edited (the tail restored, so only the rollback is wrong): the log would sign a
+        // fork; the pin refuses.
+        sqlx::query("DELETE FROM audit WHERE seq = $1")
+            .bind(tail + 10)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM log_leaves WHERE idx >= $1")
+            .bind(s1 as i64)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM log_hashes WHERE idx >= $1")
+            .bind(cgx_tlog::tlog_tiles::stored_hash_index(0, s1) as i64)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM log_checkpoints WHERE size > $1")
+            .bind(s1 as i64)
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE audit SET detail = '{\"forged\":true}' WHERE seq = (SELECT MIN(audit_seq) FROM log_leaves) + $1")
+            .bind(s1 as i64)
+            .execute(pool)
+            .await
+            .unwrap();
+        let e = h.broker.integrate_log().await.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("{s1} leaves stored")) && e.contains("rolled back"),
+            "{e}"
+        );
+        // A broker restarted on the same pin refuses too: the pin is read back and checked.
+        let pin = cgx_service::tlog::load_pin(
+            &dir.join("log.pk8.state"),
+            &h.broker.log_key.as_ref().unwrap().verifier(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(pin.size, s2);
+        // A pin that is not this log's checkpoint stops the broker at start.
+        std::fs::write(dir.join("log.pk8.state"), b"not a checkpoint\n").unwrap();
+        let e = cgx_service::tlog::load_pin(
+            &dir.join("log.pk8.state"),
+            &h.broker.log_key.as_ref().unwrap().verifier(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("log.pk8.state"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -11,7 +11,7 @@ use cgx_protocol::signed::{When, verify};
 
 use super::Broker;
 use super::error::BrokerError;
-use super::store::{LedgerWrite, MeteringWrite, Outcome, Refusal};
+use super::store::{AuditWrite, LedgerWrite, MeteringWrite, Outcome, Refusal};
 
 impl Broker {
     /// Slash the operator of `lease` for two records of window `seq`: what it says.
@@ -52,19 +52,49 @@ impl Broker {
         id: &str,
         token: &str,
     ) -> Result<MeteringAnswer, BrokerError> {
-        let r = self.metering_inner(id, token).await;
-        if let Err(e) = &r {
-            tracing::warn!(node = %id, error = %e, "metering record refused");
-        }
-        r
-    }
-
-    async fn metering_inner(&self, id: &str, token: &str) -> Result<MeteringAnswer, BrokerError> {
         let now = self.clock.unix();
         let (_, key) = self.node_key(id)?;
+        // A token the node's attested key did not sign is nobody's decision to log: refused
+        // here, before anything is written.
         let r = verify_record(&key, token, now).map_err(|e| {
-            BrokerError::Metering(format!("not a metering record of node {id}: {e}"))
+            let e = BrokerError::Metering(format!("not a metering record of node {id}: {e}"));
+            tracing::warn!(node = %id, error = %e, "metering record refused");
+            e
         })?;
+        let (lease, seq) = (r.lease.clone(), r.seq);
+        let out = self.metering_inner(id, key, r, token, now).await;
+        if let Err(e) = &out {
+            tracing::warn!(node = %id, error = %e, "metering record refused");
+            // The node's own record, refused: a leaf of the log (issue 33), durable before the
+            // refusal is answered. A failure to decide (storage) is not a refusal.
+            if !matches!(e, BrokerError::Storage(_) | BrokerError::Internal(_)) {
+                self.store
+                    .write(AuditWrite {
+                        at: now,
+                        actor: format!("node:{id}"),
+                        action: "metering.refuse",
+                        subject: lease,
+                        detail: serde_json::json!({
+                            "seq": seq.to_string(),
+                            "record_sha256": token_hash(token),
+                            "reason": cgx_service::audit::cap(&e.to_string(), 1024),
+                        }),
+                        archive: Vec::new(),
+                    })
+                    .await?;
+            }
+        }
+        out
+    }
+
+    async fn metering_inner(
+        &self,
+        id: &str,
+        key: [u8; 32],
+        r: MeteringRecord,
+        token: &str,
+        now: i64,
+    ) -> Result<MeteringAnswer, BrokerError> {
         let (row, ended_at) = self
             .store
             .lease_any(&r.lease)
@@ -132,6 +162,7 @@ impl Broker {
         };
         let seq = accepted.record.seq;
         let write = MeteringWrite::Append {
+            node: id.to_string(),
             lease: row.id.clone(),
             seq: i64::try_from(seq).map_err(|_| BrokerError::BadRequest("sequence".into()))?,
             prev,

@@ -109,6 +109,12 @@ pub(crate) struct Broker {
     settings_lock: tokio::sync::Mutex<()>,
     /// The transparency log's checkpoint key (`[log]`), if it keeps one.
     log_key: Option<cgx_tlog::note::NoteSigner>,
+    /// The file keeping the last tree this replica's log key signed, and that tree: every
+    /// checkpoint it signs extends it (`cgx_service::tlog::Pinned`).
+    log_pin: Option<(
+        std::path::PathBuf,
+        tokio::sync::Mutex<Option<cgx_service::tlog::Pinned>>,
+    )>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -248,12 +254,19 @@ impl Broker {
                             .into(),
                     ));
                 }
-                Some(k)
+                let pin = cgx_service::tlog::load_pin(&l.state_path(), &k.verifier())
+                    .map_err(|e| BrokerError::Config(format!("[log] state: {e}")))?;
+                Some((k, l.state_path(), pin))
             }
             None => None,
         };
+        let (log_key, log_pin) = match log_key {
+            Some((k, path, pin)) => (Some(k), Some((path, tokio::sync::Mutex::new(pin)))),
+            None => (None, None),
+        };
         let broker = Broker {
             log_key,
+            log_pin,
             store,
             appraiser: Arc::new(appraiser),
             source,

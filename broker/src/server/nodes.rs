@@ -8,9 +8,10 @@ use cgx_service::auth::Admin;
 
 use super::error::BrokerError;
 use super::index::{self, NodeRecord};
-use super::store::NodeWrite;
+use super::store::{Archived, AuditWrite, NodeWrite};
 use super::store::{Outcome, Refusal};
 use super::{Broker, auditor, register};
+use cgx_protocol::archive::Kind as ArchiveKind;
 
 impl Broker {
     pub(crate) async fn nonce(&self) -> Result<cgx_protocol::broker::NonceResponse, BrokerError> {
@@ -57,6 +58,60 @@ impl Broker {
         if !matches!(spent, Outcome::Done) {
             return Err(BrokerError::Nonce("already used: ask for a new one".into()));
         }
+        // From here on the registration is a decision of the log's, accepted or refused: what
+        // it rests on is archived under its digest, and its leaf names them (issue 33).
+        let json = |r: serde_json::Result<String>| {
+            r.map_err(|e| BrokerError::Internal(format!("archive: {e}")))
+        };
+        let pieces = vec![
+            Archived::new(
+                ArchiveKind::Registration,
+                json(serde_json::to_string(&reg))?,
+            ),
+            Archived::new(
+                ArchiveKind::Collateral,
+                json(serde_json::to_string(&register::collateral_used(&decoded)))?,
+            ),
+        ];
+        let operator = reg.offer.operator.clone();
+        match self
+            .register_appraised(reg, decoded, id.clone(), now, pieces.clone())
+            .await
+        {
+            Ok(r) => Ok(r),
+            Err(e) if refusal_is_decision(&e) => {
+                let detail = serde_json::json!({
+                    "operator": operator,
+                    "reason": cgx_service::audit::cap(&e.to_string(), 1024),
+                    "registration_sha256": pieces[0].sha256,
+                    "collateral_sha256": pieces[1].sha256,
+                });
+                self.store
+                    .write(AuditWrite {
+                        at: now,
+                        actor: format!("operator:{operator}"),
+                        action: "node.register.refused",
+                        subject: id,
+                        detail,
+                        archive: pieces,
+                    })
+                    .await?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The rest of [`Self::register`], once the nonce is spent: appraise, check the
+    /// inventory, store the signed record with its leaf.
+    async fn register_appraised(
+        &self,
+        reg: Registration,
+        decoded: register::Decoded,
+        id: String,
+        now: i64,
+        mut pieces: Vec<Archived>,
+    ) -> Result<Registered, BrokerError> {
         let appraiser = self.appraiser.clone();
         let at = time::OffsetDateTime::from_unix_timestamp(now)
             .map_err(|e| BrokerError::Internal(e.to_string()))?;
@@ -120,6 +175,25 @@ impl Broker {
             )));
         }
         let token = self.keys.sign_record(&record)?;
+        let ear = Archived::new(ArchiveKind::Ear, appraisal.token().to_string());
+        let leaf = serde_json::json!({
+            "operator": record.operator,
+            "node_key": record.node_key,
+            "tee_thumbprint": record.tee_thumbprint,
+            "tee": record.tee,
+            "sim": record.sim,
+            "status": record.status,
+            "violations": record.violations.iter().take(32).map(|v| cgx_service::audit::cap(v, 512)).collect::<Vec<_>>(),
+            "gpu_chip": record.gpu_chip,
+            "gpus": index::serials(&record),
+            "attested_at": record.attested_at,
+            "ear_expires_at": record.ear_expires_at,
+            "ear_sha256": ear.sha256,
+            "record_sha256": cgx_protocol::archive::address(token.as_bytes()),
+            "registration_sha256": pieces[0].sha256,
+            "collateral_sha256": pieces.get(1).map(|p| p.sha256.clone()),
+        });
+        pieces.push(ear);
         let f = self.index().freshness();
         let written = self
             .store
@@ -133,6 +207,8 @@ impl Broker {
                 live_after: now
                     .saturating_sub(f.heartbeat_secs.saturating_mul(f.missed_heartbeats)),
                 attested_after: now.saturating_sub(f.reattest_secs),
+                leaf,
+                archive: pieces,
             })
             .await?;
         match written {
@@ -429,6 +505,19 @@ impl Broker {
     }
 }
 
+/// Whether a registration's refusal is the broker's decision on the evidence or the offer (a
+/// leaf of the log), rather than a failure to decide (storage, internal).
+fn refusal_is_decision(e: &BrokerError) -> bool {
+    matches!(
+        e,
+        BrokerError::Evidence { .. }
+            | BrokerError::Inventory(_)
+            | BrokerError::BadRequest(_)
+            | BrokerError::Forbidden(_)
+            | BrokerError::Conflict(_)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -475,6 +564,30 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, BrokerError::Forbidden(_)), "{e}");
         assert!(h.broker.node_view(&node.id, false).is_none());
+        // The inventory refusal, made after the nonce was spent, is a leaf with its reason and
+        // the evidence it was made on; the caller refused before (not the operator) is none.
+        let events = cgx_service::audit::read(h.broker.store.db.pool(), 0, 1000)
+            .await
+            .unwrap();
+        let refused: Vec<_> = events
+            .iter()
+            .filter(|e| e.action == "node.register.refused")
+            .collect();
+        assert_eq!(refused.len(), 1, "{events:?}");
+        assert_eq!(refused[0].subject, node.id);
+        assert!(
+            refused[0].detail["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("inventory:"),
+            "{refused:?}"
+        );
+        let sha = refused[0].detail["registration_sha256"].as_str().unwrap();
+        let (kind, doc) = h.broker.store.archived(sha).await.unwrap().unwrap();
+        assert_eq!(kind, "registration");
+        let reg: cgx_protocol::broker::Registration = serde_json::from_str(&doc).unwrap();
+        assert_eq!(reg.offer.gpu_count, 2);
+        assert!(!events.iter().any(|e| e.action == "node.register"));
     }
 
     /// Heartbeats are the node's own, in sequence: a replayed one and one another node signed

@@ -268,6 +268,40 @@ pub(crate) fn decode(
     })
 }
 
+/// The collateral the appraisal of `d` uses, byte for byte: archived beside the registration so
+/// an auditor re-verifies the evidence without asking anyone (issue 33).
+pub(crate) fn collateral_used(d: &Decoded) -> cgx_protocol::archive::Collateral {
+    use cgx_protocol::archive::{Collateral, CpuCollateral, GpuCollateral};
+    use cgx_protocol::broker::b64;
+    let cpu = match &d.cpu {
+        Cpu::Snp {
+            cert,
+            kind,
+            chain,
+            crls,
+            ..
+        } => CpuCollateral::Snp {
+            signing_key: kind.name().to_ascii_lowercase(),
+            signing_cert: b64(cert),
+            chain: b64(chain),
+            crls: crls.iter().map(|c| b64(c)).collect(),
+        },
+        Cpu::Tdx { collateral, .. } => CpuCollateral::Tdx {
+            collateral: b64(collateral),
+        },
+    };
+    Collateral {
+        cpu,
+        gpus: d
+            .gpus
+            .iter()
+            .map(|(_, _, ocsp)| GpuCollateral {
+                ocsp: ocsp.iter().map(|o| b64(o)).collect(),
+            })
+            .collect(),
+    }
+}
+
 /// The registration proof: the node key signed the nonce, the operator and the TEE key's
 /// thumbprint (possession of the key the evidence binds).
 pub(crate) fn check_proof(reg: &Registration, d: &Decoded) -> Result<(), BrokerError> {

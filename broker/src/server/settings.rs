@@ -363,15 +363,14 @@ mod domain_tests {
         let node = h.node(1);
         let registered = h.register(&node).await.unwrap();
         assert_ne!(registered.status, cgx_protocol::records::Tier::Affirming);
-        // (The harness's deposits are audited too.)
-        let events: Vec<_> = h
-            .broker
-            .admin_events(&auditor)
-            .await
-            .unwrap()
-            .events
+        // (The harness's deposits are audited too, and the registration: every decision is.)
+        let all = h.broker.admin_events(&auditor).await.unwrap().events;
+        let reg = all.iter().find(|e| e.action == "node.register").unwrap();
+        assert_eq!(reg.subject, node.id);
+        assert_eq!(reg.detail["status"], registered.status.to_string());
+        let events: Vec<_> = all
             .into_iter()
-            .filter(|e| !e.action.starts_with("ledger."))
+            .filter(|e| !e.action.starts_with("ledger.") && !e.action.starts_with("node."))
             .collect();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].action, "reference-values.put");

@@ -631,6 +631,106 @@ mod tests {
                 .unwrap()
                 .reconciled
         );
+
+        // The audit trail holds every decision of the run as a leaf (issue 33).
+        let (row, _) = h.broker.store.lease_any(&lease).await.unwrap().unwrap();
+        let retry = cheap.meter(
+            &lease,
+            row.started_at,
+            WINDOW_SECS,
+            0,
+            &row.gpus,
+            genesis(&lease),
+            h.now(),
+        );
+        let e = h.broker.metering(&cheap.id, &retry).await.unwrap_err();
+        assert!(matches!(e, BrokerError::Conflict(_)), "{e}");
+        let events = cgx_service::audit::read(h.broker.store.db.pool(), 0, 100_000)
+            .await
+            .unwrap();
+        let of = |action: &str| -> Vec<&cgx_service::audit::AuditEvent> {
+            events.iter().filter(|e| e.action == action).collect()
+        };
+        // Registrations: what each rested on is archived under the digest its leaf names.
+        let regs = of("node.register");
+        for node in [&cheap, &dear] {
+            let r = regs.iter().find(|e| e.subject == node.id).unwrap();
+            assert_eq!(r.detail["status"], "affirming", "{r:?}");
+            assert_eq!(r.actor, "operator:op1");
+            for (field, kind) in [
+                ("registration_sha256", "registration"),
+                ("collateral_sha256", "collateral"),
+                ("ear_sha256", "ear"),
+            ] {
+                let sha = r.detail[field].as_str().unwrap();
+                let (k, doc) = h.broker.store.archived(sha).await.unwrap().unwrap();
+                assert_eq!(k, kind);
+                assert_eq!(cgx_protocol::archive::address(doc.as_bytes()), sha);
+            }
+            let (_, doc) = h
+                .broker
+                .store
+                .archived(r.detail["registration_sha256"].as_str().unwrap())
+                .await
+                .unwrap()
+                .unwrap();
+            let reg: cgx_protocol::broker::Registration = serde_json::from_str(&doc).unwrap();
+            assert_eq!(reg.offer.operator, "op1");
+        }
+        // Every accepted record, as the node signed it, with its place in the chain.
+        let accepted: Vec<_> = of("metering.accept")
+            .into_iter()
+            .filter(|e| e.subject == lease)
+            .collect();
+        assert_eq!(accepted.len() as u64, upto);
+        for (i, a) in accepted.iter().enumerate() {
+            assert_eq!(a.detail["seq"], i.to_string());
+            assert_eq!(a.detail["hash"], hashes[i]);
+            assert_eq!(a.actor, format!("node:{}", cheap.id));
+            let token = a.detail["record"].as_str().unwrap();
+            assert_eq!(cgx_protocol::metering::token_hash(token), hashes[i]);
+        }
+        // The retry refused, and why.
+        let refused = of("metering.refuse");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].subject, lease);
+        assert_eq!(refused[0].detail["seq"], "0");
+        assert!(
+            refused[0].detail["reason"]
+                .as_str()
+                .unwrap()
+                .contains("accepted as"),
+            "{refused:?}"
+        );
+        // Proofs: the cheat's verdict, failed and slashed; the others passed.
+        let verdicts = of("pow.verdict");
+        let cheat = verdicts.iter().find(|e| e.subject == bad.id).unwrap();
+        assert_eq!(cheat.detail["state"], "failed");
+        assert_eq!(cheat.detail["cheat"], true);
+        assert_eq!(cheat.detail["slash"], "100000000");
+        assert_eq!(cheat.detail["window"], failed_window.to_string());
+        assert!(verdicts.iter().any(|e| e.detail["state"] == "passed"));
+        // Money: each chain a leaf; every paid window's transfer names its record, and the
+        // slash its proof.
+        let transfers: Vec<&serde_json::Value> = of("ledger.transfer")
+            .iter()
+            .flat_map(|e| e.detail["transfers"].as_array().unwrap())
+            .collect();
+        for w in windows.iter().filter(|w| w.outcome == "paid") {
+            let id = format!("window/{lease}/{}", w.window);
+            let t = transfers.iter().find(|t| t["id"] == id).unwrap();
+            assert_eq!(t["reference"], hashes[w.window as usize]);
+            assert_eq!(t["window"], w.window.to_string());
+        }
+        assert!(
+            transfers
+                .iter()
+                .any(|t| t["cause"] == "slash" && t["reference"] == format!("pow/{}", bad.id))
+        );
+        // No leaf exceeds what a tile bundle carries.
+        for e in &events {
+            assert!(e.leaf(crate::server::store::SERVICE).len() <= 65_535);
+        }
     }
 
     /// A statement read while money moves still reconciles: its lines, opening and the

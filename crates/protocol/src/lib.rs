@@ -1,6 +1,7 @@
 //! cgx's wire protocols as types and plain functions: no sockets, no files, no clock. A
 //! transport (a ureq client, a load generator, a test) carries the bytes these build and read.
 //!
+//! - [`archive`]: the pieces a leaf names by digest (evidence, collateral, EARs).
 //! - [`audit`]: the audit event both services record, and its canonical log leaf.
 //! - [`kbs`]: the Confidential Containers KBS handshake (RCAR) with the messages of
 //!   [`kbs_types`], CoCo's runtime-data binding and resource JWEs.
@@ -16,6 +17,7 @@
 //!
 //! The guest agent links this crate; keep it small.
 
+pub mod archive;
 pub mod audit;
 pub mod binding;
 pub mod broker;

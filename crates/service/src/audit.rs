@@ -31,6 +31,20 @@ impl NewEvent<'_> {
     }
 }
 
+/// `s`, cut to at most `max` bytes on a character boundary (marked with `…`): a reason a
+/// verifier or a peer wrote goes into a detail capped, so a leaf stays under the log's bound
+/// (65,535 bytes) whatever the message says.
+pub fn cap(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 /// The statement that inserts `rows` events (the services' batched writers bind five values
 /// per row: `at, actor, action, subject, detail`).
 pub fn insert_sql(rows: usize) -> String {

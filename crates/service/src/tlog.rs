@@ -38,6 +38,9 @@ pub enum LogStoreError {
     /// operator looks.
     #[error("the log's stored tree does not match its last checkpoint: {0}")]
     Tampered(String),
+    /// The file keeping the last tree this log signed could not be read or written.
+    #[error("the log's pin: {0}")]
+    Pin(String),
 }
 
 impl From<tlog_tiles::Error> for LogStoreError {
@@ -162,6 +165,69 @@ pub struct Integrated {
     pub size: u64,
     /// The checkpoint signed for it.
     pub checkpoint: Vec<u8>,
+    /// Its root.
+    pub root: Hash,
+}
+
+/// The last tree this integrator signed, kept outside the log's tables (a file of the
+/// caller's): whatever the database says, the log only ever extends it. Without it, a writer
+/// who deleted the log's rows back to an earlier checkpoint and changed the audit rows after it
+/// would have the key sign a fork.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pinned {
+    pub size: u64,
+    pub root: Hash,
+}
+
+impl Pinned {
+    /// The tree a signed checkpoint names (the caller verified the note).
+    pub fn of(checkpoint: &Checkpoint) -> Pinned {
+        Pinned {
+            size: checkpoint.size(),
+            root: *checkpoint.hash(),
+        }
+    }
+}
+
+/// The pin kept in `path` (the last checkpoint this integrator signed, as signed), checked
+/// under the log's own key; `None` if there is no file yet (a new log, or a new replica).
+pub fn load_pin(
+    path: &std::path::Path,
+    log: &cgx_tlog::note::NoteKey,
+) -> Result<Option<Pinned>, LogStoreError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(LogStoreError::Pin(format!("{}: {e}", path.display())));
+        }
+    };
+    let opened = open_checkpoint(&bytes, log, &[], 0)
+        .map_err(|e| LogStoreError::Pin(format!("{}: {e}", path.display())))?;
+    Ok(Some(Pinned::of(&opened.checkpoint)))
+}
+
+/// Keep `checkpoint` (a signed note) in `path` as the new pin: written to a temporary file,
+/// synced, renamed over the old one, and the directory synced, so a crash leaves the old pin
+/// or the new one.
+pub fn save_pin(path: &std::path::Path, checkpoint: &[u8]) -> Result<(), LogStoreError> {
+    write_atomic(path, checkpoint)
+        .map_err(|e| LogStoreError::Pin(format!("{}: {e}", path.display())))
+}
+
+/// Replace `path`'s contents with `bytes` atomically and durably (temporary file, fsync,
+/// rename, fsync of the directory).
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let tmp = std::path::PathBuf::from(format!("{}.tmp", path.display()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Append the audit rows committed since the last pass (at most `max`) and sign a checkpoint
@@ -173,6 +239,7 @@ pub async fn integrate(
     signer: &NoteSigner,
     at: i64,
     max: i64,
+    pinned: Option<Pinned>,
 ) -> Result<Option<Integrated>, LogStoreError> {
     let (size, last_seq) = head(tx).await?;
     let rows = sqlx::query(
@@ -191,6 +258,26 @@ pub async fn integrate(
         .collect::<Result<Vec<_>, _>>()?;
     // The frontier: the complete subtrees the tree of `size` is made of.
     let mut hashes = load_hashes(tx, &tlog_tiles::sub_tree_index(0, size, Vec::new())).await?;
+    check_tail(tx, service, size, last_seq, &hashes).await?;
+    if let Some(p) = pinned {
+        if p.size > size {
+            return Err(LogStoreError::Tampered(format!(
+                "{size} leaves stored, but this log signed a tree of {} before: rolled back",
+                p.size
+            )));
+        }
+        if p.size > 0 {
+            let old = load_hashes(tx, &tlog_tiles::sub_tree_index(0, p.size, Vec::new())).await?;
+            let root = tlog_tiles::tree_hash(p.size, &old)
+                .map_err(|e| LogStoreError::Tampered(format!("the tree it signed before: {e}")))?;
+            if root != p.root {
+                return Err(LogStoreError::Tampered(format!(
+                    "the stored tree's first {} leaves are not the tree this log signed",
+                    p.size
+                )));
+            }
+        }
+    }
     match newest_checkpoint(tx).await? {
         Some((signed_size, note)) => {
             let opened = open_checkpoint(&note, &signer.verifier(), &[], 0)
@@ -269,7 +356,61 @@ pub async fn integrate(
         appended: n - size,
         size: n,
         checkpoint: note,
+        root,
     }))
+}
+
+/// The last leaf is still its audit row: the row exists, unchanged, and the leaf is the one the
+/// tree hashed. A writer who deleted the logged tail of `audit` (on SQLite its `seq`s would be
+/// used again, by rows never logged) or edited a logged row is caught here.
+async fn check_tail(
+    tx: &mut Tx,
+    service: &str,
+    size: u64,
+    last_seq: i64,
+    hashes: &Hashes,
+) -> Result<(), LogStoreError> {
+    if size == 0 {
+        return Ok(());
+    }
+    let idx = big(size - 1)?;
+    let stored: String = sqlx::query("SELECT leaf FROM log_leaves WHERE idx = $1")
+        .bind(idx)
+        .fetch_one(&mut **tx)
+        .await?
+        .try_get("leaf")?;
+    let row =
+        sqlx::query("SELECT seq, at, actor, action, subject, detail FROM audit WHERE seq = $1")
+            .bind(last_seq)
+            .fetch_optional(&mut **tx)
+            .await?;
+    let Some(row) = row else {
+        return Err(LogStoreError::Tampered(format!(
+            "audit row {last_seq}, leaf {idx}, is gone"
+        )));
+    };
+    let event = crate::audit::event_row(&row)?;
+    if leaf_of(&event, service).as_slice() != stored.as_bytes() {
+        return Err(LogStoreError::Tampered(format!(
+            "audit row {last_seq}, leaf {idx}, was changed after it was logged"
+        )));
+    }
+    let at = tlog_tiles::stored_hash_index(0, size - 1);
+    let h = match hashes.0.get(&at) {
+        Some(h) => *h,
+        None => load_hashes(tx, &[at])
+            .await?
+            .0
+            .get(&at)
+            .copied()
+            .ok_or_else(|| LogStoreError::Tampered(format!("leaf {idx}'s hash is gone")))?,
+    };
+    if cgx_tlog::record_hash(stored.as_bytes()) != h {
+        return Err(LogStoreError::Tampered(format!(
+            "leaf {idx} is not the leaf the tree hashed"
+        )));
+    }
+    Ok(())
 }
 
 /// Whether audit rows were committed after the log's last leaf (a read, no lock): a pass

@@ -13,6 +13,7 @@ pub(crate) enum MeteringWrite {
     /// hash is `prev`), or is the first: checked in the write, so replicas racing to accept two
     /// records of one window, or a record and its predecessor's rival, accept one chain.
     Append {
+        node: String,
         lease: String,
         seq: i64,
         prev: String,
@@ -25,6 +26,7 @@ pub(crate) enum MeteringWrite {
 pub(super) async fn apply(tx: &mut Tx, w: &MeteringWrite) -> Result<Outcome, sqlx::Error> {
     match w {
         MeteringWrite::Append {
+            node,
             lease,
             seq,
             prev,
@@ -47,11 +49,29 @@ pub(super) async fn apply(tx: &mut Tx, w: &MeteringWrite) -> Result<Outcome, sql
             .bind(prev)
             .execute(&mut **tx)
             .await?;
-            Ok(if r.rows_affected() == 1 {
-                Outcome::Done
-            } else {
-                Outcome::Refused(Refusal::MeteringMoved)
-            })
+            if r.rows_affected() != 1 {
+                return Ok(Outcome::Refused(Refusal::MeteringMoved));
+            }
+            // A leaf of the log (issue 33), in the acceptance's transaction: the record as the
+            // node signed it (an auditor checks its signature under the node's attested key),
+            // and where it links in the lease's chain.
+            cgx_service::audit::record(
+                tx,
+                *at,
+                &cgx_service::audit::NewEvent {
+                    actor: &format!("node:{node}"),
+                    action: "metering.accept",
+                    subject: lease,
+                    detail: &serde_json::json!({
+                        "seq": seq.to_string(),
+                        "hash": hash,
+                        "prev": prev,
+                        "record": token,
+                    }),
+                },
+            )
+            .await?;
+            Ok(Outcome::Done)
         }
     }
 }

@@ -27,6 +27,7 @@ use sqlx::Row;
 
 use super::error::BrokerError;
 
+mod archive;
 mod jobs;
 mod leases;
 mod ledger;
@@ -36,6 +37,7 @@ mod pow;
 mod reputation;
 mod settings;
 
+pub(crate) use archive::Archived;
 pub(crate) use jobs::JobWrite;
 pub(crate) use leases::{LeaseWrite, lease_tenant};
 pub use ledger::{EscrowOpen, EscrowRow, SettledWindow, WindowSettle};
@@ -313,6 +315,12 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: cgx_service::tlog::LOG_TABLES,
         postgres: cgx_service::tlog::LOG_TABLES,
     },
+    // Migration 13 (issue 33): the archive the log's leaves name by digest (`archive.rs`).
+    Migration {
+        version: 13,
+        sqlite: archive::ARCHIVE_V13,
+        postgres: archive::ARCHIVE_V13,
+    },
 ];
 
 pub use cgx_protocol::broker::JobState;
@@ -453,6 +461,26 @@ pub(crate) enum Write {
     Pow(PowWrite),
     Ledger(LedgerWrite),
     Reputation(ReputationWrite),
+    /// A decision recorded on its own (a refusal: nothing else changes), with the archived
+    /// pieces its leaf names.
+    Audit(AuditWrite),
+}
+
+/// An audit event to record in the batch's transaction, and the pieces it names.
+#[derive(Debug)]
+pub(crate) struct AuditWrite {
+    pub at: i64,
+    pub actor: String,
+    pub action: &'static str,
+    pub subject: String,
+    pub detail: serde_json::Value,
+    pub archive: Vec<Archived>,
+}
+
+impl From<AuditWrite> for Write {
+    fn from(w: AuditWrite) -> Self {
+        Write::Audit(w)
+    }
 }
 
 impl From<ReputationWrite> for Write {
@@ -587,8 +615,27 @@ async fn apply(tx: &mut Tx, w: &Write, sqlite: bool) -> Result<Outcome, sqlx::Er
         Write::Pow(w) => pow::apply(tx, w).await,
         Write::Ledger(w) => ledger::apply(tx, w).await,
         Write::Reputation(w) => reputation::apply(tx, w).await,
+        Write::Audit(w) => {
+            archive::insert_in(tx, &w.archive, w.at).await?;
+            cgx_service::audit::record(
+                tx,
+                w.at,
+                &cgx_service::audit::NewEvent {
+                    actor: &w.actor,
+                    action: w.action,
+                    subject: &w.subject,
+                    detail: &w.detail,
+                },
+            )
+            .await?;
+            Ok(Outcome::Done)
+        }
     }
 }
+
+/// At most this many audit rows are integrated in one pass (one write transaction, which
+/// holds the writer): a backlog drains in passes one after another.
+pub(crate) const LOG_PASS: i64 = 16_384;
 
 /// The service name the broker's leaves carry.
 pub const SERVICE: &str = "cgx-broker";
@@ -681,6 +728,7 @@ impl Store {
         &self,
         signer: &cgx_tlog::note::NoteSigner,
         at: i64,
+        pinned: Option<cgx_service::tlog::Pinned>,
     ) -> Result<Option<cgx_service::tlog::Integrated>, BrokerError> {
         // Nothing committed since the last leaf: no write lock taken (the task asks several
         // times a second, and the writer serves every request).
@@ -691,7 +739,7 @@ impl Store {
             return Ok(None);
         }
         let mut tx = begin(&self.db).await?;
-        let done = cgx_service::tlog::integrate(&mut tx, SERVICE, signer, at, 100_000)
+        let done = cgx_service::tlog::integrate(&mut tx, SERVICE, signer, at, LOG_PASS, pinned)
             .await
             .map_err(|e| BrokerError::Storage(e.to_string()))?;
         tx.commit().await?;

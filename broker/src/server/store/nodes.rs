@@ -28,6 +28,10 @@ pub(crate) enum NodeWrite {
         live_after: i64,
         /// …and attested at or after this.
         attested_after: i64,
+        /// The registration's leaf (`node.register`'s detail) and the pieces it names, recorded
+        /// in the registration's transaction.
+        leaf: serde_json::Value,
+        archive: Vec<super::Archived>,
     },
     Heartbeat {
         id: String,
@@ -68,6 +72,8 @@ pub(super) async fn apply(tx: &mut Tx, w: &NodeWrite) -> Result<Outcome, sqlx::E
             gpus,
             live_after,
             attested_after,
+            leaf,
+            archive,
         } => {
             // One GPU, one live node, across replicas: checked before anything changes (the
             // writer applies writes one at a time, and PostgreSQL replicas' batches commit one
@@ -136,6 +142,18 @@ pub(super) async fn apply(tx: &mut Tx, w: &NodeWrite) -> Result<Outcome, sqlx::E
                 .bind(operator)
                 .execute(&mut **tx)
                 .await?;
+            super::archive::insert_in(tx, archive, *attested_at).await?;
+            cgx_service::audit::record(
+                tx,
+                *attested_at,
+                &cgx_service::audit::NewEvent {
+                    actor: &format!("operator:{operator}"),
+                    action: "node.register",
+                    subject: id,
+                    detail: leaf,
+                },
+            )
+            .await?;
             Ok(Outcome::Done)
         }
         NodeWrite::Heartbeat {

@@ -256,14 +256,43 @@ pub(super) async fn apply(tx: &mut Tx, w: &PowWrite) -> Result<Outcome, sqlx::Er
                 },
             };
             super::reputation::bump_in(tx, node, d, *at, *half_life, *now_ms).await?;
+            let c = sqlx::query(
+                "SELECT lease_id, gpu, win, nonce, n, k, root, proof_sha256 FROM pow_challenges WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&mut **tx)
+            .await?;
+            let lease: String = c.try_get("lease_id")?;
+            // A leaf of the log (issue 33), in the verdict's transaction: the challenge's terms,
+            // the committed root and the proof's digest, and what was decided. The window is a
+            // string (a leaf's numbers are exact only below 2^53).
+            cgx_service::audit::record(
+                tx,
+                *at,
+                &cgx_service::audit::NewEvent {
+                    actor: "broker",
+                    action: "pow.verdict",
+                    subject: id,
+                    detail: &serde_json::json!({
+                        "node": node,
+                        "lease": lease,
+                        "gpu": c.try_get::<i64, _>("gpu")?,
+                        "window": c.try_get::<i64, _>("win")?.to_string(),
+                        "nonce": c.try_get::<String, _>("nonce")?,
+                        "n": c.try_get::<i64, _>("n")?,
+                        "k": c.try_get::<i64, _>("k")?,
+                        "root": c.try_get::<Option<String>, _>("root")?,
+                        "proof_sha256": c.try_get::<Option<String>, _>("proof_sha256")?,
+                        "state": state,
+                        "reason": cgx_service::audit::cap(reason, 1024),
+                        "cheat": cheat,
+                        "slash": slash.as_ref().map(|sl| (u128::from(sl.per_gpu) * u128::from(sl.gpus)).to_string()),
+                    }),
+                },
+            )
+            .await?;
             if let Some(sl) = slash {
                 // The challenge's id names the cheat: it is slashed at most once.
-                let lease: String =
-                    sqlx::query("SELECT lease_id FROM pow_challenges WHERE id = $1")
-                        .bind(id)
-                        .fetch_one(&mut **tx)
-                        .await?
-                        .try_get("lease_id")?;
                 super::ledger::slash_in(
                     tx,
                     &sl.operator,
