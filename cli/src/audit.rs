@@ -57,11 +57,28 @@ pub fn fetch(conn: &Conn, out: &Path) -> CliResult {
 }
 
 /// `cgx audit verify --log DIR --log-key VKEY [--state FILE] [--json]`.
-pub fn verify(log: &Path, log_key: &str, state: Option<&Path>, json: bool) -> CliResult {
+pub fn verify(
+    log: &Path,
+    log_key: &str,
+    witnesses: &[String],
+    quorum: usize,
+    state: Option<&Path>,
+    json: bool,
+) -> CliResult {
+    let witnesses = witnesses
+        .iter()
+        .map(|w| NoteKey::parse(w).map_err(|e| format!("--witness: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if quorum > witnesses.len() {
+        return Err(format!(
+            "--quorum {quorum}: only {} witnesses named",
+            witnesses.len()
+        ));
+    }
     let trust = Trust {
         log: NoteKey::parse(log_key).map_err(|e| format!("--log-key: {e}"))?,
-        witnesses: Vec::new(),
-        quorum: 0,
+        witnesses,
+        quorum,
     };
     let seen = match state {
         Some(p) if p.exists() => {
@@ -116,4 +133,14 @@ pub fn verify(log: &Path, log_key: &str, state: Option<&Path>, json: bool) -> Cl
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// `cgx witness vkey --config FILE`: the witness's verifier key.
+pub fn witness_vkey(config: &Path) -> CliResult {
+    let cfg: cgx_service::witness::WitnessConfig =
+        cgx_service::config::load_service(config, |_: &mut cgx_service::witness::WitnessConfig| {})
+            .map_err(|e: cgx_service::ServiceError| e.to_string())?;
+    let w = cgx_service::witness::Witness::open(&cfg).map_err(|e| e.to_string())?;
+    println!("{}", w.vkey());
+    Ok(ExitCode::SUCCESS)
 }

@@ -140,6 +140,11 @@ enum Command {
         #[command(flatten)]
         conn: broker::Conn,
     },
+    /// A C2SP tlog-witness: cosigns the checkpoints of the logs it knows while they only grow.
+    Witness {
+        #[command(subcommand)]
+        command: WitnessCommand,
+    },
     /// The broker's transparency log, for auditors: fetch it, verify it offline.
     Audit {
         #[command(subcommand)]
@@ -640,8 +645,32 @@ enum AuditCommand {
         /// The last checkpoint this auditor verified (created on first use).
         #[arg(long)]
         state: Option<PathBuf>,
+        /// A witness's verifier key (`<name>+<id>+<0x04 key>`); repeat for each.
+        #[arg(long = "witness")]
+        witnesses: Vec<String>,
+        /// How many of them must have cosigned the checkpoint.
+        #[arg(long, default_value_t = 0)]
+        quorum: usize,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum WitnessCommand {
+    /// Run the witness until SIGINT/SIGTERM (`POST /add-checkpoint`).
+    Serve {
+        /// Configuration (TOML or JSON; see crates/service/src/witness.rs).
+        #[arg(long)]
+        config: PathBuf,
+        /// Plain HTTP instead of the configured TLS (refused unless listening on loopback).
+        #[arg(long)]
+        insecure_dev: bool,
+    },
+    /// Print the witness's verifier key, for logs and auditors to name it by.
+    Vkey {
+        #[arg(long)]
+        config: PathBuf,
     },
 }
 
@@ -775,8 +804,24 @@ fn run(cli: Cli) -> ExitCode {
                 log,
                 log_key,
                 state,
+                witnesses,
+                quorum,
                 json,
-            } => audit::verify(&log, &log_key, state.as_deref(), json),
+            } => audit::verify(&log, &log_key, &witnesses, quorum, state.as_deref(), json),
+        },
+        Command::Witness { command } => match command {
+            WitnessCommand::Serve {
+                config,
+                insecure_dev,
+            } => kbs::serve_service::<cgx_service::witness::WitnessConfig, _, _>(
+                "cgx witness",
+                &config,
+                insecure_dev,
+                |cfg, stop, on_listen| async move {
+                    cgx_service::witness::run(&cfg, stop, on_listen).await
+                },
+            ),
+            WitnessCommand::Vkey { config } => audit::witness_vkey(&config),
         },
         Command::Ledger { command, conn } => match command {
             LedgerCommand::Deposit {

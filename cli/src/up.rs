@@ -210,6 +210,13 @@ pub fn up() -> CliResult {
     let kbs_setup = cgx_devnet::setup(&machines, None).map_err(s)?;
     let pins: Vec<String> = kbs_setup.pins.iter().map(hex::encode).collect();
     let mut broker_cfg = broker_setup(&kbs_setup, pins, None).map_err(s)?;
+    // A witness cosigns the log's checkpoints; none is published without its cosignature.
+    let witness = cgx_devnet::broker::WitnessServer::start(
+        &broker_cfg.dir.join("witness"),
+        &broker_cfg.log_vkey().map_err(s)?,
+    )
+    .map_err(s)?;
+    broker_cfg.witnessed_by(&witness);
     // One-second heartbeats so the failover below shows in seconds (default: 5 s × 3).
     broker_cfg.config.heartbeat_secs = 1;
     broker_cfg.config.monitor_interval_ms = 200;
@@ -219,7 +226,8 @@ pub fn up() -> CliResult {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).map_err(s)?;
     }
-    let result = run(&mut hosts, &dir, &kbs_setup, &broker_cfg);
+    let result = run(&mut hosts, &dir, &kbs_setup, &broker_cfg, &witness.vkey);
+    drop(witness);
     for h in &mut hosts {
         h.stop();
     }
@@ -277,6 +285,7 @@ fn run(
     dir: &Path,
     kbs_setup: &cgx_devnet::Setup,
     b: &cgx_devnet::broker::BrokerSetup,
+    witness: &str,
 ) -> Result<(), String> {
     let kbs = cgx_devnet::Server::start(&kbs_setup.config).map_err(s)?;
     let broker = BrokerServer::start(&b.config).map_err(s)?;
@@ -663,14 +672,7 @@ fn run(
     // The audit trail as a transparency log: the auditor copies it and checks it offline
     // (`cgx audit fetch`, `cgx audit verify`) — the checkpoint under the log's key, every
     // leaf by its inclusion proof.
-    let log_key = std::fs::read(b.dir.join("log.pk8")).map_err(s)?;
-    let vkey = cgx_tlog::note::NoteSigner::from_pkcs8(
-        cgx_devnet::broker::LOG_ORIGIN,
-        cgx_tlog::note::KeyKind::Ed25519,
-        &log_key,
-    )
-    .map_err(s)?
-    .vkey();
+    let vkey = b.log_vkey().map_err(s)?;
     let copy = dir.join("log");
     let size = wait_for(30, "the log to checkpoint the run", || {
         // The integrator signs four times a second: a checkpoint past the statements' rows.
@@ -682,8 +684,8 @@ fn run(
         &copy,
         &cgx_tlog::verify::Trust {
             log: cgx_tlog::note::NoteKey::parse(&vkey).map_err(s)?,
-            witnesses: Vec::new(),
-            quorum: 0,
+            witnesses: vec![cgx_tlog::note::NoteKey::parse(witness).map_err(s)?],
+            quorum: 1,
         },
         None,
     )
@@ -698,9 +700,10 @@ fn run(
             m
         });
     println!(
-        "[log]    {} leaves checkpointed by {}; fetched and verified offline (every leaf included): {}",
+        "[log]    {} leaves checkpointed by {}, cosigned by witness {}; fetched and verified offline (every leaf included): {}",
         size,
         cgx_devnet::broker::LOG_ORIGIN,
+        witness.split('+').next().unwrap_or(witness),
         actions
             .iter()
             .map(|(a, n)| format!("{n} {a}"))

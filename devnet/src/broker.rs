@@ -152,6 +152,8 @@ pub fn broker_setup(
             key: dir.join("log.pk8"),
             interval_ms: 250,
             state: None,
+            witnesses: Vec::new(),
+            quorum: 0,
         }),
     };
     Ok(BrokerSetup {
@@ -168,6 +170,31 @@ pub fn broker_setup(
 impl BrokerSetup {
     pub fn cleanup(&self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// The log's verifier key.
+    pub fn log_vkey(&self) -> Result<String> {
+        let der = std::fs::read(self.dir.join("log.pk8"))
+            .map_err(|e| DevnetError::Kbs(format!("log key: {e}")))?;
+        Ok(cgx_tlog::note::NoteSigner::from_pkcs8(
+            LOG_ORIGIN,
+            cgx_tlog::note::KeyKind::Ed25519,
+            &der,
+        )
+        .map_err(|e| DevnetError::Kbs(e.to_string()))?
+        .vkey())
+    }
+
+    /// Have `witness` cosign the log's checkpoints, and publish none without it.
+    pub fn witnessed_by(&mut self, witness: &WitnessServer) {
+        if let Some(l) = self.config.log.as_mut() {
+            l.witnesses = vec![cgx_broker::server::config::WitnessRef {
+                vkey: witness.vkey.clone(),
+                url: witness.base.clone(),
+                ca: None,
+            }];
+            l.quorum = 1;
+        }
     }
 
     /// A client of `base` with `who`'s API token.
@@ -275,6 +302,76 @@ impl BrokerServer {
 }
 
 impl Drop for BrokerServer {
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            self.rt.block_on(r.shutdown());
+        }
+    }
+}
+
+/// A C2SP tlog-witness (`cgx witness serve`'s service) on its own runtime, on loopback.
+pub struct WitnessServer {
+    pub base: String,
+    pub vkey: String,
+    rt: tokio::runtime::Runtime,
+    running: Option<cgx_service::Running>,
+}
+
+impl std::fmt::Debug for WitnessServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WitnessServer")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WitnessServer {
+    /// A witness named `witness.cgx.devnet/w1` of the log `log_vkey`, its key and state in
+    /// `dir`.
+    pub fn start(dir: &std::path::Path, log_vkey: &str) -> Result<Self> {
+        let e = |e: &dyn std::fmt::Display| DevnetError::Kbs(format!("witness: {e}"));
+        std::fs::create_dir_all(dir).map_err(|x| e(&x))?;
+        let key = dir.join("witness.pk8");
+        let der = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(
+            &aws_lc_rs::rand::SystemRandom::new(),
+        )
+        .map_err(|x| e(&x))?;
+        std::fs::write(&key, der.as_ref()).map_err(|x| e(&x))?;
+        let config = cgx_service::witness::WitnessConfig {
+            listen: "127.0.0.1:0".into(),
+            tls: None,
+            insecure_dev: true,
+            name: "witness.cgx.devnet/w1".into(),
+            key,
+            state_dir: dir.join("state"),
+            logs: vec![log_vkey.to_string()],
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("witness")
+            .enable_all()
+            .build()
+            .map_err(|x| e(&x))?;
+        let w =
+            std::sync::Arc::new(cgx_service::witness::Witness::open(&config).map_err(|x| e(&x))?);
+        let vkey = w.vkey();
+        let running = rt
+            .block_on(cgx_service::server::start(
+                &cgx_service::config::ServiceConfig::listener(&config),
+                cgx_service::witness::router(w),
+                Vec::new(),
+            ))
+            .map_err(|x| e(&x))?;
+        Ok(WitnessServer {
+            base: format!("http://{}", running.addr()),
+            vkey,
+            rt,
+            running: Some(running),
+        })
+    }
+}
+
+impl Drop for WitnessServer {
     fn drop(&mut self) {
         if let Some(r) = self.running.take() {
             self.rt.block_on(r.shutdown());

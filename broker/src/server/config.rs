@@ -181,6 +181,27 @@ pub struct LogConfig {
     /// `.state` appended).
     #[serde(default)]
     pub state: Option<PathBuf>,
+    /// The witnesses asked to cosign each checkpoint (C2SP tlog-witness).
+    #[serde(default)]
+    pub witnesses: Vec<WitnessRef>,
+    /// How many of them must cosign a checkpoint before it is published at
+    /// `/v1/log/checkpoint` (0: published as signed). Acknowledging a decision never waits for
+    /// witnesses: its leaf is durable at commit; only publication waits.
+    #[serde(default)]
+    pub quorum: usize,
+}
+
+/// A witness the log submits its checkpoints to.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WitnessRef {
+    /// Its verifier key (`<name>+<id>+<0x04 key>`).
+    pub vkey: String,
+    /// Its submission prefix: `add-checkpoint` is posted under it.
+    pub url: String,
+    /// The CA its TLS certificate is under (default: the WebPKI roots).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
 }
 
 impl LogConfig {

@@ -43,15 +43,152 @@ impl Broker {
         })
     }
 
-    /// The newest signed checkpoint.
+    /// The newest published checkpoint: the newest the configured quorum of witnesses
+    /// cosigned (any signed one with no quorum), with its cosignatures.
     pub(crate) async fn log_checkpoint(&self) -> Result<Vec<u8>, BrokerError> {
         if self.log_key.is_none() {
             return Err(BrokerError::NotFound("this broker keeps no log".into()));
         }
-        cgx_service::tlog::checkpoint(self.store.db.pool())
+        cgx_service::tlog::published(self.store.db.pool(), self.log_quorum)
             .await
             .map_err(|e| BrokerError::Storage(e.to_string()))?
-            .ok_or_else(|| BrokerError::NotFound("no checkpoint yet".into()))
+            .ok_or_else(|| BrokerError::NotFound("no checkpoint published yet".into()))
+    }
+
+    /// Submit the newest checkpoint to the witnesses until the quorum cosigned it: each
+    /// answer's line is checked under its witness's key before it is kept. A witness that
+    /// holds an older size than we thought says so (409) and is asked again with a proof from
+    /// there; one that refuses otherwise is logged and asked again at the next checkpoint.
+    pub(crate) async fn witness_round(&self) -> Result<usize, BrokerError> {
+        let Some(key) = &self.log_key else {
+            return Ok(0);
+        };
+        if self.log_witnesses.is_empty() {
+            return Ok(0);
+        }
+        let pool = self.store.db.pool();
+        let storage = |e: cgx_service::tlog::LogStoreError| BrokerError::Storage(e.to_string());
+        let Some((size, note, witnessed)) =
+            cgx_service::tlog::newest(pool).await.map_err(storage)?
+        else {
+            return Ok(0);
+        };
+        if witnessed >= self.log_witnesses.len() as u64 {
+            return Ok(witnessed as usize);
+        }
+        let signed = log_signed_only(&note).ok_or_else(|| {
+            BrokerError::Storage("a stored checkpoint without its signature".into())
+        })?;
+        let mut lines = Vec::new();
+        for w in &self.log_witnesses {
+            match self.submit_checkpoint(w, size, &signed).await {
+                Ok(line) => lines.push(line),
+                Err(e) => {
+                    tracing::warn!(witness = %w.key.name(), error = %e, "checkpoint not cosigned")
+                }
+            }
+        }
+        if (lines.len() as u64) <= witnessed {
+            return Ok(witnessed as usize);
+        }
+        let cosigned = cgx_tlog::witness::add_cosignatures(&signed, &lines);
+        let keys: Vec<cgx_tlog::note::NoteKey> =
+            self.log_witnesses.iter().map(|w| w.key.clone()).collect();
+        let opened = cgx_tlog::note::open_checkpoint(&cosigned, &key.verifier(), &keys, 0)
+            .map_err(|e| BrokerError::Internal(format!("cosigned checkpoint: {e}")))?;
+        cgx_service::tlog::set_witnessed(pool, size, &cosigned, opened.cosigned.len())
+            .await
+            .map_err(storage)?;
+        if opened.cosigned.len() >= self.log_quorum {
+            tracing::debug!(
+                size,
+                cosigned = opened.cosigned.len(),
+                "checkpoint published"
+            );
+        }
+        Ok(opened.cosigned.len())
+    }
+
+    /// One witness's cosignature line for checkpoint `signed` (of `size` leaves).
+    async fn submit_checkpoint(
+        &self,
+        w: &LogWitness,
+        size: u64,
+        signed: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let Some(key) = &self.log_key else {
+            return Err("no log".into());
+        };
+        for _ in 0..2 {
+            let old = *w.holds.lock().map_err(|_| "a poisoned lock")?;
+            if old > size {
+                return Err(format!(
+                    "the witness holds {old} leaves, more than this checkpoint's {size}: a fork, or another log under this name"
+                ));
+            }
+            let proof = cgx_service::tlog::prove_tree(self.store.db.pool(), size, old)
+                .await
+                .map_err(|e| e.to_string())?;
+            let body = cgx_tlog::witness::AddCheckpoint {
+                old,
+                proof,
+                checkpoint: signed.to_vec(),
+            }
+            .to_bytes();
+            let (agent, url) = (w.agent.clone(), w.url.clone());
+            let (status, ct, answer) = tokio::task::spawn_blocking(move || {
+                let mut r = agent
+                    .post(&url)
+                    .content_type("text/plain; charset=utf-8")
+                    .send(&body[..])
+                    .map_err(|e| format!("{url}: {e}"))?;
+                let ct = r
+                    .headers()
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                let answer = r
+                    .body_mut()
+                    .with_config()
+                    .limit(16 * 1024)
+                    .read_to_vec()
+                    .map_err(|e| format!("{url}: {e}"))?;
+                Ok::<_, String>((r.status().as_u16(), ct, answer))
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            match status {
+                200 => {
+                    let cosigned = cgx_tlog::witness::add_cosignatures(signed, std::slice::from_ref(&answer));
+                    cgx_tlog::note::open_checkpoint(
+                        &cosigned,
+                        &key.verifier(),
+                        std::slice::from_ref(&w.key),
+                        1,
+                    )
+                    .map_err(|e| format!("its answer is not its cosignature: {e}"))?;
+                    *w.holds.lock().map_err(|_| "a poisoned lock")? = size;
+                    return Ok(answer);
+                }
+                409 if ct.starts_with(cgx_tlog::witness::SIZE_CONTENT_TYPE) => {
+                    let held = cgx_tlog::witness::parse_size(&answer)
+                        .ok_or("a 409 without the size it holds")?;
+                    if held == old {
+                        return Err(format!(
+                            "the witness holds {held} leaves with another root: a fork"
+                        ));
+                    }
+                    *w.holds.lock().map_err(|_| "a poisoned lock")? = held;
+                }
+                other => {
+                    let text =
+                        String::from_utf8_lossy(&answer[..answer.len().min(512)]).into_owned();
+                    return Err(format!("{other}: {}", text.trim_end()));
+                }
+            }
+        }
+        Err("the witness moved twice while asked".into())
     }
 
     /// A tile (`tile/…`) of the newest checkpoint's tree; entry bundles need `auditor` (or
@@ -79,6 +216,65 @@ impl Broker {
     }
 }
 
+/// A witness the log submits to.
+pub(crate) struct LogWitness {
+    pub key: cgx_tlog::note::NoteKey,
+    /// `<prefix>/add-checkpoint`.
+    pub url: String,
+    pub agent: ureq::Agent,
+    /// The size it is believed to hold (0 at start: it says otherwise with a 409).
+    pub holds: std::sync::Mutex<u64>,
+}
+
+/// The witnesses `[log]` names, their keys checked.
+pub(super) fn witnesses(l: &super::config::LogConfig) -> Result<Vec<LogWitness>, BrokerError> {
+    if l.quorum > l.witnesses.len() {
+        return Err(BrokerError::Config(format!(
+            "[log] quorum {} is more than the {} witnesses named",
+            l.quorum,
+            l.witnesses.len()
+        )));
+    }
+    let mut out = Vec::new();
+    for w in &l.witnesses {
+        let key = cgx_tlog::note::NoteKey::parse(&w.vkey)
+            .map_err(|e| BrokerError::Config(format!("[log] witness: {e}")))?;
+        if key.kind() != cgx_tlog::note::KeyKind::Cosignature {
+            return Err(BrokerError::Config(format!(
+                "[log] witness {} is not a cosignature/v1 key",
+                key.name()
+            )));
+        }
+        let roots = match &w.ca {
+            Some(p) => {
+                let pem = std::fs::read(p).map_err(|e| {
+                    BrokerError::Config(format!("[log] witness CA {}: {e}", p.display()))
+                })?;
+                cgx_http::Roots::from_pem(&pem)
+                    .map_err(|e| BrokerError::Config(format!("[log] witness CA: {e}")))?
+            }
+            None => cgx_http::Roots::WebPki,
+        };
+        let mut client = cgx_http::Client::service(roots);
+        client.timeout = std::time::Duration::from_secs(10);
+        out.push(LogWitness {
+            key,
+            url: format!("{}/add-checkpoint", w.url.trim_end_matches('/')),
+            agent: client.agent(),
+            holds: std::sync::Mutex::new(0),
+        });
+    }
+    Ok(out)
+}
+
+/// A checkpoint note as the log signed it: its text and the log's signature line, which comes
+/// first (cosignatures are added after it).
+fn log_signed_only(note: &[u8]) -> Option<Vec<u8>> {
+    let split = note.windows(2).position(|w| w == b"\n\n")? + 2;
+    let first = note[split..].iter().position(|&b| b == b'\n')?;
+    Some(note[..split + first + 1].to_vec())
+}
+
 /// The integrator: a pass every `every`; a pass that appended goes again at once (a backlog
 /// drains at the database's pace).
 pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) {
@@ -103,6 +299,9 @@ pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) 
                 }
             }
         }
+        if let Err(e) = broker.witness_round().await {
+            tracing::warn!(error = %e, "witnesses not asked");
+        }
     }
 }
 
@@ -112,7 +311,7 @@ mod tests {
     use super::super::config::LogConfig;
     use super::super::testing::Harness;
     use super::*;
-    use cgx_tlog::note::{KeyKind, NoteSigner};
+    use cgx_tlog::note::{KeyKind, NoteKey, NoteSigner};
     use cgx_tlog::tlog_tiles::Tile;
     use cgx_tlog::verify::{Trust, verify_dir};
     use cgx_tlog::{HEIGHT, paths};
@@ -188,6 +387,8 @@ mod tests {
             key: key.clone(),
             interval_ms: 1000,
             state: None,
+            witnesses: Vec::new(),
+            quorum: 0,
         };
         let ear = dir.join("ear.pk8");
         let ear_key = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
@@ -323,6 +524,8 @@ mod tests {
                 key,
                 interval_ms: 1000,
                 state: None,
+                witnesses: Vec::new(),
+                quorum: 0,
             })
         })
         .await
@@ -437,6 +640,237 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("log.pk8.state"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A witness on loopback: its config (key and state in `dir`) and the running server.
+    async fn witness(
+        dir: &std::path::Path,
+        name: &str,
+        log_vkey: &str,
+    ) -> (
+        cgx_service::witness::WitnessConfig,
+        cgx_service::Running,
+        String,
+    ) {
+        std::fs::create_dir_all(dir).unwrap();
+        let key = dir.join("witness.pk8");
+        if !key.exists() {
+            let der = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(
+                &aws_lc_rs::rand::SystemRandom::new(),
+            )
+            .unwrap();
+            std::fs::write(&key, der.as_ref()).unwrap();
+        }
+        let config = cgx_service::witness::WitnessConfig {
+            listen: "127.0.0.1:0".into(),
+            tls: None,
+            insecure_dev: true,
+            name: name.into(),
+            key,
+            state_dir: dir.join("state"),
+            logs: vec![log_vkey.to_string()],
+        };
+        let w = std::sync::Arc::new(cgx_service::witness::Witness::open(&config).unwrap());
+        let vkey = w.vkey();
+        let running = cgx_service::server::start(
+            &cgx_service::config::ServiceConfig::listener(&config),
+            cgx_service::witness::router(w),
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+        (config, running, vkey)
+    }
+
+    fn post(url: &str, body: &[u8]) -> (u16, String, Vec<u8>) {
+        let mut r = cgx_http::Client::service(cgx_http::Roots::WebPki)
+            .agent()
+            .post(url)
+            .send(body)
+            .unwrap();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (r.status().as_u16(), ct, r.body_mut().read_to_vec().unwrap())
+    }
+
+    /// Checkpoints are published only once the quorum of witnesses cosigned them; the
+    /// witnesses follow the log as it grows (consistency proofs), keep what they cosigned
+    /// across a restart, and refuse a fork of it with the spec's statuses; the auditor opens
+    /// the published checkpoint under the quorum.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn checkpoints_are_published_with_the_witness_quorum_and_forks_are_refused() {
+        let dir = std::env::temp_dir().join(format!("cgx-broker-witness-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let der = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(
+            &aws_lc_rs::rand::SystemRandom::new(),
+        )
+        .unwrap();
+        let key = dir.join("log.pk8");
+        std::fs::write(&key, der.as_ref()).unwrap();
+        let signer = NoteSigner::from_pkcs8(ORIGIN, KeyKind::Ed25519, der.as_ref()).unwrap();
+        let (c1, w1, v1) = witness(&dir.join("w1"), "witness.test/w1", &signer.vkey()).await;
+        let (_c2, w2, v2) = witness(&dir.join("w2"), "witness.test/w2", &signer.vkey()).await;
+        let refs = vec![
+            super::super::config::WitnessRef {
+                vkey: v1.clone(),
+                url: format!("http://{}", w1.addr()),
+                ca: None,
+            },
+            super::super::config::WitnessRef {
+                vkey: v2.clone(),
+                url: format!("http://{}", w2.addr()),
+                ca: None,
+            },
+        ];
+        let h = Harness::with("log-witness", |c| {
+            c.log = Some(LogConfig {
+                origin: ORIGIN.into(),
+                key: key.clone(),
+                interval_ms: 1000,
+                state: None,
+                witnesses: refs.clone(),
+                quorum: 2,
+            })
+        })
+        .await;
+        let witnesses = vec![NoteKey::parse(&v1).unwrap(), NoteKey::parse(&v2).unwrap()];
+        let trust = Trust {
+            log: signer.verifier(),
+            witnesses: witnesses.clone(),
+            quorum: 2,
+        };
+        let s1 = h.broker.integrate_log().await.unwrap().unwrap();
+        assert!(
+            matches!(
+                h.broker.log_checkpoint().await,
+                Err(BrokerError::NotFound(_))
+            ),
+            "signed but not yet cosigned: not published"
+        );
+        assert_eq!(h.broker.witness_round().await.unwrap(), 2);
+        let first = h.broker.log_checkpoint().await.unwrap();
+        let o = cgx_tlog::note::open_checkpoint(&first, &signer.verifier(), &witnesses, 2).unwrap();
+        assert_eq!(o.checkpoint.size(), s1);
+        // The log grows; the witnesses follow it by consistency proofs, one restarted from its
+        // state on the way (the broker believes it holds what it cosigned; so does it).
+        for i in 0..300 {
+            h.deposit("tenant/acme", 1 + i, &format!("w-{i}"))
+                .await
+                .unwrap();
+        }
+        let s2 = h.broker.integrate_log().await.unwrap().unwrap();
+        w1.shutdown().await;
+        let (_, w1, _) = witness(&dir.join("w1"), "witness.test/w1", &signer.vkey()).await;
+        assert_eq!(c1.state_dir, dir.join("w1").join("state"));
+        // The restarted witness listens elsewhere: this round reaches the other only.
+        assert_eq!(h.broker.witness_round().await.unwrap(), 1);
+        assert_eq!(
+            h.broker.log_checkpoint().await.unwrap(),
+            first,
+            "one cosignature of two: the first stays the published one"
+        );
+        // Asked at its new address (holding s1, as it says), it cosigns s2.
+        let req = cgx_tlog::witness::AddCheckpoint {
+            old: 0,
+            proof: Vec::new(),
+            checkpoint: {
+                let (_, note, _) = cgx_service::tlog::newest(h.broker.store.db.pool())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                log_signed_only(&note).unwrap()
+            },
+        };
+        let url = format!("http://{}/add-checkpoint", w1.addr());
+        let (status, ct, body) = post(&url, &req.to_bytes());
+        assert_eq!((status, ct.as_str()), (409, "text/x.tlog.size"));
+        assert_eq!(
+            cgx_tlog::witness::parse_size(&body),
+            Some(s1),
+            "kept across the restart"
+        );
+        let proof = cgx_service::tlog::prove_tree(h.broker.store.db.pool(), s2, s1)
+            .await
+            .unwrap();
+        let good = cgx_tlog::witness::AddCheckpoint {
+            old: s1,
+            proof,
+            ..req.clone()
+        };
+        let (status, _, line) = post(&url, &good.to_bytes());
+        assert_eq!(status, 200);
+        let cosigned = cgx_tlog::witness::add_cosignatures(&req.checkpoint, &[line]);
+        cgx_tlog::note::open_checkpoint(&cosigned, &signer.verifier(), &witnesses[..1], 1).unwrap();
+
+        // A fork under the log's own key: another tree of size s2 (409), one that grows from
+        // another history (422); a log it does not witness (404), a signature not the log's
+        // (403), a body that is not a request (400).
+        let mut fork = cgx_tlog::tree::MemoryTree::new();
+        for i in 0..s2 + 10 {
+            fork.append(format!("forged {i}").as_bytes()).unwrap();
+        }
+        let forged = |size: u64| {
+            let cp =
+                cgx_tlog::Checkpoint::new(ORIGIN, size, fork.root_at(size).unwrap(), "").unwrap();
+            cgx_tlog::note::sign_checkpoint(&cp, &signer).unwrap()
+        };
+        let same = cgx_tlog::witness::AddCheckpoint {
+            old: s2,
+            proof: Vec::new(),
+            checkpoint: forged(s2),
+        };
+        assert_eq!(post(&url, &same.to_bytes()).0, 409);
+        let grown = cgx_tlog::witness::AddCheckpoint {
+            old: s2,
+            proof: fork.prove_consistency(s2 + 10, s2).unwrap(),
+            checkpoint: forged(s2 + 10),
+        };
+        assert_eq!(post(&url, &grown.to_bytes()).0, 422);
+        let stranger =
+            NoteSigner::from_pkcs8("other.test/log", KeyKind::Ed25519, der.as_ref()).unwrap();
+        let cp =
+            cgx_tlog::Checkpoint::new("other.test/log", 1, fork.root_at(1).unwrap(), "").unwrap();
+        let unknown = cgx_tlog::witness::AddCheckpoint {
+            old: 0,
+            proof: Vec::new(),
+            checkpoint: cgx_tlog::note::sign_checkpoint(&cp, &stranger).unwrap(),
+        };
+        assert_eq!(post(&url, &unknown.to_bytes()).0, 404);
+        let other_key = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(
+            &aws_lc_rs::rand::SystemRandom::new(),
+        )
+        .unwrap();
+        let impostor =
+            NoteSigner::from_pkcs8(ORIGIN, KeyKind::Ed25519, other_key.as_ref()).unwrap();
+        let cp = cgx_tlog::Checkpoint::new(ORIGIN, s2, fork.root_at(s2).unwrap(), "").unwrap();
+        let not_signed = cgx_tlog::witness::AddCheckpoint {
+            old: s2,
+            proof: Vec::new(),
+            checkpoint: cgx_tlog::note::sign_checkpoint(&cp, &impostor).unwrap(),
+        };
+        assert_eq!(post(&url, &not_signed.to_bytes()).0, 403);
+        assert_eq!(post(&url, b"old 1\n").0, 400);
+        // After all that, the witness still holds the log's s2, and cosigns it again.
+        let again = cgx_tlog::witness::AddCheckpoint {
+            old: s2,
+            proof: Vec::new(),
+            ..req.clone()
+        };
+        assert_eq!(post(&url, &again.to_bytes()).0, 200);
+
+        // The auditor: the published checkpoint opens under the quorum, and the log verifies.
+        fetch(&h.broker, &dir.join("audit")).await;
+        let v = verify_dir(&dir.join("audit"), &trust, None).unwrap();
+        assert_eq!(v.size, s1);
+        let one = Trust { quorum: 3, ..trust };
+        assert!(verify_dir(&dir.join("audit"), &one, None).is_err());
+        w1.shutdown().await;
+        w2.shutdown().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -115,6 +115,10 @@ pub(crate) struct Broker {
         std::path::PathBuf,
         tokio::sync::Mutex<Option<cgx_service::tlog::Pinned>>,
     )>,
+    /// The witnesses each checkpoint is submitted to, and how many must cosign it before it
+    /// is published.
+    log_witnesses: Vec<log::LogWitness>,
+    log_quorum: usize,
 }
 
 impl std::fmt::Debug for Broker {
@@ -256,17 +260,22 @@ impl Broker {
                 }
                 let pin = cgx_service::tlog::load_pin(&l.state_path(), &k.verifier())
                     .map_err(|e| BrokerError::Config(format!("[log] state: {e}")))?;
-                Some((k, l.state_path(), pin))
+                let witnesses = log::witnesses(l)?;
+                Some((k, l.state_path(), pin, witnesses, l.quorum))
             }
             None => None,
         };
-        let (log_key, log_pin) = match log_key {
-            Some((k, path, pin)) => (Some(k), Some((path, tokio::sync::Mutex::new(pin)))),
-            None => (None, None),
+        let (log_key, log_pin, log_witnesses, log_quorum) = match log_key {
+            Some((k, path, pin, w, q)) => {
+                (Some(k), Some((path, tokio::sync::Mutex::new(pin))), w, q)
+            }
+            None => (None, None, Vec::new(), 0),
         };
         let broker = Broker {
             log_key,
             log_pin,
+            log_witnesses,
+            log_quorum,
             store,
             appraiser: Arc::new(appraiser),
             source,

@@ -29,6 +29,7 @@ pub mod ops;
 pub mod server;
 pub mod tlog;
 pub mod tls;
+pub mod witness;
 
 pub use clock::SharedClock;
 pub use server::{Background, ListenerConfig, Running};

@@ -27,6 +27,11 @@ pub const LOG_TABLES: &str = "CREATE TABLE log_leaves (idx BIGINT PRIMARY KEY, a
      CREATE TABLE log_hashes (idx BIGINT PRIMARY KEY, hash TEXT NOT NULL);
      CREATE TABLE log_checkpoints (size BIGINT PRIMARY KEY, at BIGINT NOT NULL, note TEXT NOT NULL)";
 
+/// The column saying how many witnesses cosigned a checkpoint (a migration after
+/// [`LOG_TABLES`]): `/checkpoint` serves the newest with the configured quorum.
+pub const LOG_WITNESSED: &str =
+    "ALTER TABLE log_checkpoints ADD COLUMN witnessed BIGINT NOT NULL DEFAULT 0";
+
 /// Why the log could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum LogStoreError {
@@ -428,6 +433,88 @@ pub async fn behind(pool: &sqlx::AnyPool) -> Result<bool, LogStoreError> {
 pub async fn checkpoint(pool: &sqlx::AnyPool) -> Result<Option<Vec<u8>>, LogStoreError> {
     let mut c = pool.acquire().await?;
     Ok(newest_checkpoint(&mut c).await?.map(|(_, n)| n))
+}
+
+/// The newest checkpoint at least `quorum` witnesses cosigned (with their cosignatures): what
+/// the log publishes.
+pub async fn published(
+    pool: &sqlx::AnyPool,
+    quorum: usize,
+) -> Result<Option<Vec<u8>>, LogStoreError> {
+    let r = sqlx::query(
+        "SELECT note FROM log_checkpoints WHERE witnessed >= $1 ORDER BY size DESC LIMIT 1",
+    )
+    .bind(i64::try_from(quorum).unwrap_or(i64::MAX))
+    .fetch_optional(pool)
+    .await?;
+    Ok(match r {
+        Some(r) => Some(r.try_get::<String, _>("note")?.into_bytes()),
+        None => None,
+    })
+}
+
+/// The newest stored checkpoint's size and note, and how many witnesses cosigned it.
+pub async fn newest(pool: &sqlx::AnyPool) -> Result<Option<(u64, Vec<u8>, u64)>, LogStoreError> {
+    let r =
+        sqlx::query("SELECT size, note, witnessed FROM log_checkpoints ORDER BY size DESC LIMIT 1")
+            .fetch_optional(pool)
+            .await?;
+    match r {
+        Some(r) => Ok(Some((
+            unsigned(r.try_get("size")?)?,
+            r.try_get::<String, _>("note")?.into_bytes(),
+            unsigned(r.try_get("witnessed")?)?,
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// Keep checkpoint `size` with the cosignatures gathered (`note`, checked by the caller) and
+/// their count.
+pub async fn set_witnessed(
+    pool: &sqlx::AnyPool,
+    size: u64,
+    note: &[u8],
+    witnessed: usize,
+) -> Result<(), LogStoreError> {
+    let text = std::str::from_utf8(note)
+        .map_err(|_| LogStoreError::Tampered("a cosigned note that is not text".into()))?;
+    sqlx::query("UPDATE log_checkpoints SET note = $1, witnessed = $2 WHERE size = $3")
+        .bind(text)
+        .bind(i64::try_from(witnessed).unwrap_or(i64::MAX))
+        .bind(big(size)?)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// A consistency proof from the tree of `old` leaves to the tree of `size` (both at most the
+/// stored tree's size), from the stored hashes.
+pub async fn prove_tree(
+    pool: &sqlx::AnyPool,
+    size: u64,
+    old: u64,
+) -> Result<Vec<Hash>, LogStoreError> {
+    if old == 0 || old == size {
+        return Ok(Vec::new());
+    }
+    // Which hashes the proof reads (`prove_tree` asks for them in one call), then those.
+    let wanted = std::cell::RefCell::new(Vec::new());
+    let _ = tlog_tiles::prove_tree(size, old, &Recorder(&wanted));
+    let indexes = wanted.into_inner();
+    let mut c = pool.acquire().await?;
+    let hashes = load_hashes(&mut c, &indexes).await?;
+    Ok(tlog_tiles::prove_tree(size, old, &hashes)?)
+}
+
+/// A reader that notes the indexes asked for and answers none.
+struct Recorder<'a>(&'a std::cell::RefCell<Vec<u64>>);
+
+impl HashReader for Recorder<'_> {
+    fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<Hash>, tlog_tiles::Error> {
+        self.0.borrow_mut().extend_from_slice(indexes);
+        Err(tlog_tiles::Error::IndexesNotInTree)
+    }
 }
 
 /// A tile or entry bundle at its C2SP path (`tile/…`), within the newest checkpoint's tree;

@@ -7,6 +7,7 @@
 //!   bundles at `tile/entries/<N>[.p/<W>]` ([`paths`], [`bundle`]).
 //! - **Checkpoints** are C2SP tlog-checkpoint bodies in C2SP signed notes, signed with the log's
 //!   Ed25519 key ([`note`]).
+//! - [`witness`] is C2SP tlog-witness's `add-checkpoint` decision, for a witness and a log.
 //! - [`tree::MemoryTree`] keeps a whole tree's stored hashes; [`dir`] writes a log as a
 //!   directory any static server can serve; [`verify`] reads one back and checks everything it
 //!   says.
@@ -19,6 +20,7 @@ pub mod note;
 pub mod paths;
 pub mod tree;
 pub mod verify;
+pub mod witness;
 
 /// The crate the format is built on, for what this one does not wrap (stored-hash indexes,
 /// `HashReader`).

@@ -142,12 +142,23 @@ impl signed_note::Signer for NoteSigner {
     fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, signature::Error> {
         Ok(match self.kind {
             KeyKind::Ed25519 => self.key.sign(msg).as_ref().to_vec(),
-            KeyKind::Cosignature => {
-                let mut out = self.time.to_be_bytes().to_vec();
-                out.extend_from_slice(self.key.sign(&cosigned_message(self.time, msg)).as_ref());
-                out
-            }
+            KeyKind::Cosignature => self.cosignature_at(self.time, msg),
         })
+    }
+}
+
+impl NoteSigner {
+    /// A tlog-cosignature/v1 signature of a checkpoint `body` stating `time`: the time
+    /// (big-endian) then the Ed25519 signature.
+    pub fn cosignature_at(&self, time: u64, body: &[u8]) -> Vec<u8> {
+        let mut out = time.to_be_bytes().to_vec();
+        out.extend_from_slice(self.key.sign(&cosigned_message(time, body)).as_ref());
+        out
+    }
+
+    /// Its key id (the note signature's first four bytes).
+    pub fn id(&self) -> u32 {
+        self.id
     }
 }
 

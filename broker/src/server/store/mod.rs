@@ -321,6 +321,12 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: archive::ARCHIVE_V13,
         postgres: archive::ARCHIVE_V13,
     },
+    // Migration 14 (issue 33): how many witnesses cosigned each checkpoint.
+    Migration {
+        version: 14,
+        sqlite: cgx_service::tlog::LOG_WITNESSED,
+        postgres: cgx_service::tlog::LOG_WITNESSED,
+    },
 ];
 
 pub use cgx_protocol::broker::JobState;
