@@ -48,91 +48,196 @@ pub fn fetch_log(client: &cgx_broker::client::BrokerClient, out: &Path) -> Resul
     Ok(size)
 }
 
-/// `cgx audit fetch --out DIR`.
-pub fn fetch(conn: &Conn, out: &Path) -> CliResult {
+/// `cgx audit fetch --out DIR [--archive DIR]`.
+pub fn fetch(conn: &Conn, out: &Path, archive: Option<&Path>) -> CliResult {
     let client = conn.client()?;
     let size = fetch_log(&client, out)?;
     println!("fetched {size} leaves into {}", out.display());
+    if let Some(dir) = archive {
+        let n = fetch_archive(&client, out, dir)?;
+        println!("fetched {n} archived pieces into {}", dir.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `cgx audit verify --log DIR --log-key VKEY [--state FILE] [--json]`.
-pub fn verify(
+/// Copy every archived piece the leaves of the log in `log` name into `dir` (each file named
+/// by its SHA-256, checked before it is written): how many.
+pub fn fetch_archive(
+    client: &cgx_broker::client::BrokerClient,
     log: &Path,
-    log_key: &str,
-    witnesses: &[String],
-    quorum: usize,
-    state: Option<&Path>,
-    json: bool,
-) -> CliResult {
-    let witnesses = witnesses
+    dir: &Path,
+) -> Result<u64, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut n = 0;
+    for leaf in cgx_tlog::verify::read_leaves(log).map_err(|e| e.to_string())? {
+        let Ok(j) = serde_json::from_slice::<serde_json::Value>(&leaf) else {
+            continue;
+        };
+        let Some(detail) = j["detail"].as_object() else {
+            continue;
+        };
+        for (k, v) in detail {
+            let Some(sha) = v.as_str().filter(|_| k.ends_with("_sha256")) else {
+                continue;
+            };
+            if !matches!(
+                k.as_str(),
+                "registration_sha256" | "collateral_sha256" | "ear_sha256"
+            ) || !cgx_protocol::archive::is_address(sha)
+                || dir.join(sha).exists()
+            {
+                continue;
+            }
+            let bytes = client
+                .log_file(&format!("archive/{sha}"))
+                .map_err(|e| format!("archive {sha}: {e}"))?;
+            if cgx_protocol::archive::address(&bytes) != sha {
+                return Err(format!("the broker's archived {sha} does not hash to it"));
+            }
+            std::fs::write(dir.join(sha), &bytes).map_err(|e| format!("{sha}: {e}"))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// What `cgx audit verify` is asked to check.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyArgs {
+    pub log_key: String,
+    pub witnesses: Vec<String>,
+    pub quorum: usize,
+    pub state: Option<std::path::PathBuf>,
+    pub archive: Option<std::path::PathBuf>,
+    /// Windows are paid on their records alone (the broker runs without proofs).
+    pub no_proofs: bool,
+    /// Report violations of leaves in `[from, to)` only (every leaf is still read: what a
+    /// leaf rests on may come before the range).
+    pub from: Option<u64>,
+    pub to: Option<u64>,
+    pub json: bool,
+}
+
+/// `cgx audit verify --log DIR --log-key VKEY [--witness VKEY… --quorum N] [--state FILE]
+/// [--archive DIR] [--from N --to N] [--json]`: the log's own checks, then the cross-checks
+/// (`audit_check`). Prints by exception; exit 1 on any violation.
+pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
+    let witnesses = a
+        .witnesses
         .iter()
         .map(|w| NoteKey::parse(w).map_err(|e| format!("--witness: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
-    if quorum > witnesses.len() {
+    if a.quorum > witnesses.len() {
         return Err(format!(
-            "--quorum {quorum}: only {} witnesses named",
+            "--quorum {}: only {} witnesses named",
+            a.quorum,
             witnesses.len()
         ));
     }
     let trust = Trust {
-        log: NoteKey::parse(log_key).map_err(|e| format!("--log-key: {e}"))?,
+        log: NoteKey::parse(&a.log_key).map_err(|e| format!("--log-key: {e}"))?,
         witnesses,
-        quorum,
+        quorum: a.quorum,
     };
+    let state = a.state.as_deref();
     let seen = match state {
         Some(p) if p.exists() => {
             Some(std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?)
         }
         _ => None,
     };
-    match verify_dir(log, &trust, seen.as_deref()) {
-        Ok(v) => {
-            let seen_size = seen.as_deref().and_then(|s| {
-                String::from_utf8_lossy(s)
-                    .lines()
-                    .nth(1)
-                    .and_then(|l| l.parse::<u64>().ok())
-            });
-            if let Some(p) = state {
-                // The checkpoint verified (the bytes read and checked, not the file again):
-                // what the next run must extend.
-                let tmp = p.with_extension("tmp");
-                std::fs::write(&tmp, &v.note)
-                    .and_then(|_| std::fs::rename(&tmp, p))
-                    .map_err(|e| format!("{}: {e}", p.display()))?;
-            }
-            if json {
-                print_json(&serde_json::json!({
-                    "valid": true,
-                    "origin": v.opened.checkpoint.origin(),
-                    "size": v.size,
-                    "root": v.root.to_string(),
-                    "extends": seen_size,
-                }))?;
-            } else {
-                println!(
-                    "ok: log {} — {} leaves, root {}; every leaf included{}",
-                    v.opened.checkpoint.origin(),
-                    v.size,
-                    v.root,
-                    match seen_size {
-                        Some(n) => format!("; extends the checkpoint of {n} leaves seen before"),
-                        None => String::new(),
-                    }
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+    let v = match verify_dir(log, &trust, seen.as_deref()) {
+        Ok(v) => v,
         Err(e) => {
-            if json {
+            if a.json {
                 print_json(&serde_json::json!({"valid": false, "error": e.to_string()}))?;
             } else {
                 println!("VIOLATION: {e}");
             }
-            Ok(ExitCode::from(1))
+            return Ok(ExitCode::from(1));
         }
+    };
+    let mut report = crate::audit_check::check(
+        &v.leaves,
+        crate::audit_check::Rules {
+            service: "cgx-broker",
+            proofs: !a.no_proofs,
+            archive: a.archive.as_deref(),
+        },
+    );
+    report
+        .violations
+        .retain(|x| a.from.is_none_or(|f| x.index >= f) && a.to.is_none_or(|t| x.index < t));
+    let seen_size = seen.as_deref().and_then(|s| {
+        String::from_utf8_lossy(s)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.parse::<u64>().ok())
+    });
+    let valid = report.violations.is_empty();
+    if let Some(p) = state
+        && valid
+    {
+        // The checkpoint verified (the bytes read and checked, not the file again): what the
+        // next run must extend. Kept only when everything held.
+        cgx_service::tlog::write_atomic(p, &v.note).map_err(|e| format!("{}: {e}", p.display()))?;
     }
+    if a.json {
+        print_json(&serde_json::json!({
+            "valid": valid,
+            "origin": v.opened.checkpoint.origin(),
+            "size": v.size,
+            "root": v.root.to_string(),
+            "cosigned_by": v.opened.cosigned.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            "extends": seen_size,
+            "checked": &report,
+        }))?;
+    } else {
+        for x in &report.violations {
+            println!("VIOLATION leaf {} ({}): {}", x.index, x.action, x.reason);
+        }
+        println!(
+            "{}: log {} — {} leaves, root {}; every leaf included{}{}; {} registrations, {} leases, {} records, {} proofs judged, {} windows paid, {} transfers replayed{}; {} violations",
+            if valid { "ok" } else { "FAILED" },
+            v.opened.checkpoint.origin(),
+            v.size,
+            v.root,
+            match seen_size {
+                Some(n) => format!("; extends the checkpoint of {n} leaves seen before"),
+                None => String::new(),
+            },
+            if v.opened.cosigned.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; cosigned by {}",
+                    v.opened
+                        .cosigned
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            },
+            report.registrations,
+            report.leases,
+            report.records,
+            report.verdicts,
+            report.payments,
+            report.transfers,
+            if a.archive.is_some() {
+                format!(", {} archived pieces rehashed", report.archived)
+            } else {
+                String::new()
+            },
+            report.violations.len()
+        );
+    }
+    Ok(if valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// `cgx witness vkey --config FILE`: the witness's verifier key.

@@ -5,6 +5,7 @@
 
 mod appraise;
 mod audit;
+mod audit_check;
 mod bench;
 mod broker;
 mod collateral;
@@ -630,12 +631,16 @@ enum AuditCommand {
     Fetch {
         #[arg(long)]
         out: PathBuf,
+        /// Also copy every archived piece the leaves name (evidence, collateral, EARs) here.
+        #[arg(long)]
+        archive: Option<PathBuf>,
         #[command(flatten)]
         conn: broker::Conn,
     },
-    /// Check a log directory offline: the checkpoint's signature, every leaf's inclusion,
-    /// consistency with the checkpoint in --state (updated when all holds). Exit 1 on a
-    /// violation.
+    /// Check a log directory offline: the checkpoint's signature and witness quorum, every
+    /// leaf's inclusion, consistency with the checkpoint in --state (updated when all holds),
+    /// then what every decision rests on (records, proofs, the ledger replayed, the archive).
+    /// Prints by exception; exit 1 on a violation.
     Verify {
         #[arg(long)]
         log: PathBuf,
@@ -651,6 +656,19 @@ enum AuditCommand {
         /// How many of them must have cosigned the checkpoint.
         #[arg(long, default_value_t = 0)]
         quorum: usize,
+        /// The archive `cgx audit fetch --archive` wrote: each piece a leaf names must be
+        /// there and hash to its name.
+        #[arg(long)]
+        archive: Option<PathBuf>,
+        /// The broker pays windows on records alone (`[pow] interval_secs = 0`).
+        #[arg(long)]
+        no_proofs: bool,
+        /// Report violations from this leaf index on.
+        #[arg(long)]
+        from: Option<u64>,
+        /// Report violations before this leaf index.
+        #[arg(long)]
+        to: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -799,15 +817,34 @@ fn run(cli: Cli) -> ExitCode {
             lines,
         ),
         Command::Audit { command } => match command {
-            AuditCommand::Fetch { out, conn } => audit::fetch(&conn, &out),
+            AuditCommand::Fetch { out, archive, conn } => {
+                audit::fetch(&conn, &out, archive.as_deref())
+            }
             AuditCommand::Verify {
                 log,
                 log_key,
                 state,
                 witnesses,
                 quorum,
+                archive,
+                no_proofs,
+                from,
+                to,
                 json,
-            } => audit::verify(&log, &log_key, &witnesses, quorum, state.as_deref(), json),
+            } => audit::verify(
+                &log,
+                &audit::VerifyArgs {
+                    log_key,
+                    witnesses,
+                    quorum,
+                    state,
+                    archive,
+                    no_proofs,
+                    from,
+                    to,
+                    json,
+                },
+            ),
         },
         Command::Witness { command } => match command {
             WitnessCommand::Serve {

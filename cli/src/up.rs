@@ -461,6 +461,10 @@ fn run(
         "[broker] job {} metered: {} windows of {} s accepted, each a record signed by node-1's attested key and chained to the one before",
         job.id, metered.metered_windows, b.config.metering_window_secs
     );
+    // The checkpoint published now, for the rollback the auditor is shown at the end.
+    let early = wait_for(10, "a published checkpoint", || {
+        Ok(auditor.log_file("checkpoint").ok())
+    })?;
     // A second job whose workload finishes: completed, with the node's word for it.
     let short = tenant
         .submit(&spec(
@@ -699,6 +703,26 @@ fn run(
             *m.entry(action).or_default() += 1;
             m
         });
+    // What every decision rests on, from the leaves and the archive alone.
+    let archive = dir.join("archive");
+    let pieces = crate::audit::fetch_archive(&auditor, &copy, &archive)?;
+    let report = crate::audit_check::check(
+        &v.leaves,
+        crate::audit_check::Rules {
+            service: "cgx-broker",
+            proofs: true,
+            archive: Some(&archive),
+        },
+    );
+    if let Some(x) = report.violations.first() {
+        return Err(format!(
+            "the auditor found {} violations in the run's log; the first: leaf {} ({}): {}",
+            report.violations.len(),
+            x.index,
+            x.action,
+            x.reason
+        ));
+    }
     println!(
         "[log]    {} leaves checkpointed by {}, cosigned by witness {}; fetched and verified offline (every leaf included): {}",
         size,
@@ -710,10 +734,217 @@ fn run(
             .collect::<Vec<_>>()
             .join(", ")
     );
+    println!(
+        "[audit]  {} registrations ({} archived pieces rehashed), {} leases, {} metering records signed by their nodes' attested keys, {} proofs judged, {} windows paid, each on its accepted record and its GPUs' passing proofs, {} transfers replayed and balanced: no violation",
+        report.registrations,
+        pieces,
+        report.leases,
+        report.records,
+        report.verdicts,
+        report.payments,
+        report.transfers
+    );
+    tampering(dir, &copy, &v, b, witness, &early)?;
     for h in hosts.iter_mut() {
         h.stop();
     }
     broker.stop();
     kbs.stop();
+    Ok(())
+}
+
+/// The auditor against a log tampered with, four ways, on copies of the run's log: each is
+/// caught, with its reason. `genuine` is what the auditor verified (its state from now on),
+/// `early` a checkpoint the broker published earlier in the run.
+fn tampering(
+    dir: &Path,
+    copy: &Path,
+    genuine: &cgx_tlog::verify::Verified,
+    b: &cgx_devnet::broker::BrokerSetup,
+    witness: &str,
+    early: &[u8],
+) -> Result<(), String> {
+    use cgx_tlog::verify::{Trust, verify_dir};
+    let trust = Trust {
+        log: cgx_tlog::note::NoteKey::parse(&b.log_vkey().map_err(s)?).map_err(s)?,
+        witnesses: vec![cgx_tlog::note::NoteKey::parse(witness).map_err(s)?],
+        quorum: 1,
+    };
+    // The log's own key, as an operator who holds it and rewrites the log would use it.
+    let key = cgx_tlog::note::NoteSigner::from_pkcs8(
+        cgx_devnet::broker::LOG_ORIGIN,
+        cgx_tlog::note::KeyKind::Ed25519,
+        &std::fs::read(b.dir.join("log.pk8")).map_err(s)?,
+    )
+    .map_err(s)?;
+    let leaf = |i: usize| -> serde_json::Value {
+        serde_json::from_slice(&genuine.leaves[i]).unwrap_or_default()
+    };
+    let find = |action: &str| -> Result<usize, String> {
+        (0..genuine.leaves.len())
+            .rev()
+            .find(|&i| leaf(i)["action"] == action)
+            .ok_or_else(|| format!("the run logged no {action}"))
+    };
+    // A log rewritten from `leaves` and signed with the log's key (no witness cosigns it).
+    let rewrite = |name: &str, leaves: &[Vec<u8>]| -> Result<std::path::PathBuf, String> {
+        let d = dir.join(name);
+        let _ = std::fs::remove_dir_all(&d);
+        let mut tree = cgx_tlog::tree::MemoryTree::new();
+        for l in leaves {
+            tree.append(l).map_err(s)?;
+        }
+        let cp = cgx_tlog::Checkpoint::new(
+            cgx_devnet::broker::LOG_ORIGIN,
+            tree.size(),
+            tree.root().map_err(s)?,
+            "",
+        )
+        .map_err(s)?;
+        let note = cgx_tlog::note::sign_checkpoint(&cp, &key).map_err(s)?;
+        cgx_tlog::dir::publish(&d, &tree, 0, &note).map_err(s)?;
+        Ok(d)
+    };
+    // Each tampered copy: what the auditor says (its state is the genuine checkpoint), and
+    // what the cross-checks say of the leaves had the witness been bypassed.
+    let caught = |what: &str, d: &Path| -> Result<(), String> {
+        let log = match verify_dir(d, &trust, Some(&genuine.note)) {
+            Ok(_) => return Err(format!("tampering not caught: {what}")),
+            Err(e) => e.to_string(),
+        };
+        let bypassed = Trust {
+            witnesses: Vec::new(),
+            quorum: 0,
+            ..trust.clone()
+        };
+        let cross = match verify_dir(d, &bypassed, None) {
+            Ok(v) => crate::audit_check::check(
+                &v.leaves,
+                crate::audit_check::Rules {
+                    service: "cgx-broker",
+                    proofs: true,
+                    archive: None,
+                },
+            )
+            .violations
+            .first()
+            .map(|x| format!("leaf {} ({}): {}", x.index, x.action, x.reason)),
+            Err(_) => None,
+        };
+        println!(
+            "[tamper] {what}: caught — {log}{}",
+            match cross {
+                Some(c) => format!("; and without the witness, the leaves themselves: {c}"),
+                None => String::new(),
+            }
+        );
+        Ok(())
+    };
+
+    // 1. A dropped leaf: an accepted metering record removed, the log re-signed.
+    let i = find("metering.accept")?;
+    let mut leaves = genuine.leaves.clone();
+    leaves.remove(i);
+    let d = rewrite("dropped", &leaves)?;
+    caught(
+        &format!("leaf {i} (metering.accept) dropped and the log re-signed"),
+        &d,
+    )?;
+
+    // 2. An edited payment: a window's amount changed in the entry bundle.
+    let i = (0..genuine.leaves.len())
+        .rev()
+        .find(|&i| {
+            leaf(i)["detail"]["transfers"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["cause"] == "window"))
+        })
+        .ok_or("the run paid no window")?;
+    let d = dir.join("edited");
+    let _ = std::fs::remove_dir_all(&d);
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(copy)
+        .arg(&d)
+        .status()
+        .map_err(s)?;
+    if !status.success() {
+        return Err("cp -r failed".into());
+    }
+    let n = i as u64 / cgx_tlog::TILE_WIDTH;
+    let width = (genuine.size - n * cgx_tlog::TILE_WIDTH).min(cgx_tlog::TILE_WIDTH);
+    let bundle = d.join(cgx_tlog::paths::tile_path(&cgx_tlog::paths::bundle_tile(
+        n,
+        u32::try_from(width).map_err(s)?,
+    )));
+    let bytes = std::fs::read(&bundle).map_err(s)?;
+    let old = String::from_utf8_lossy(&genuine.leaves[i]).into_owned();
+    let amount = leaf(i)["detail"]["transfers"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["cause"] == "window"))
+        .and_then(|t| t["amount"].as_str().map(str::to_string))
+        .ok_or("no amount")?;
+    // Same length, another amount: the bundle's framing still holds.
+    let forged_amount: String = amount
+        .chars()
+        .map(|c| if c == '9' { '8' } else { '9' })
+        .collect();
+    let new = old.replacen(
+        &format!("\"amount\":\"{amount}\""),
+        &format!("\"amount\":\"{forged_amount}\""),
+        1,
+    );
+    let pos = bytes
+        .windows(old.len())
+        .position(|w| w == old.as_bytes())
+        .ok_or("the leaf is not in its bundle")?;
+    let mut edited = bytes.clone();
+    edited[pos..pos + old.len()].copy_from_slice(new.as_bytes());
+    std::fs::write(&bundle, &edited).map_err(s)?;
+    caught(
+        &format!("leaf {i}'s window payment edited from {amount} to {forged_amount}"),
+        &d,
+    )?;
+
+    // 3. A forged payment: a window nobody metered paid to the provider, the log re-signed.
+    let pay = leaf(i);
+    let t = pay["detail"]["transfers"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["cause"] == "window"))
+        .cloned()
+        .ok_or("no payment")?;
+    let mut forged = t.clone();
+    forged["id"] = serde_json::json!(format!("{}-forged", t["id"].as_str().unwrap_or("")));
+    forged["window"] = serde_json::json!("999999");
+    forged["phase"] = serde_json::json!("single");
+    forged["pending"] = serde_json::Value::Null;
+    let mut forged_leaf = pay.clone();
+    forged_leaf["seq"] =
+        serde_json::json!(leaf(genuine.leaves.len() - 1)["seq"].as_i64().unwrap_or(0) + 1);
+    forged_leaf["subject"] = forged["id"].clone();
+    forged_leaf["detail"] = serde_json::json!({"transfers": [forged]});
+    let mut leaves = genuine.leaves.clone();
+    leaves.push(cgx_protocol::jcs::canonical(&forged_leaf).into_bytes());
+    let d = rewrite("forged", &leaves)?;
+    caught(
+        "a payment for window 999999, never metered, appended and the log re-signed",
+        &d,
+    )?;
+
+    // 4. A rolled-back checkpoint: one the broker published earlier, served after the auditor
+    // saw the later one.
+    let d = dir.join("rolled");
+    let _ = std::fs::remove_dir_all(&d);
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(copy)
+        .arg(&d)
+        .status()
+        .map_err(s)?;
+    if !status.success() {
+        return Err("cp -r failed".into());
+    }
+    std::fs::write(d.join("checkpoint"), early).map_err(s)?;
+    caught("the checkpoint rolled back to one published earlier", &d)?;
     Ok(())
 }

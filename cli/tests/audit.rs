@@ -26,6 +26,15 @@ fn signed(tree: &MemoryTree, log: &NoteSigner) -> Vec<u8> {
     sign_checkpoint(&cp, log).unwrap()
 }
 
+/// A leaf as the broker writes one (an event of no consequence: the cross-checks pass it).
+fn leaf(i: u64) -> Vec<u8> {
+    format!(
+        "{{\"action\":\"test.event\",\"actor\":\"test\",\"at\":{i},\"detail\":{{}},\"kind\":\"cgx.audit.v1\",\"seq\":{},\"service\":\"cgx-broker\",\"subject\":\"s\"}}",
+        i + 1
+    )
+    .into_bytes()
+}
+
 fn verify(dir: &Path, vkey: &str, state: &Path) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
         .args(["audit", "verify", "--log"])
@@ -51,7 +60,7 @@ fn audit_verify_passes_a_log_and_names_each_violation() {
     let state = work.join("seen");
     let mut tree = MemoryTree::new();
     for i in 0..300u64 {
-        tree.append(format!("{{\"seq\":{i}}}").as_bytes()).unwrap();
+        tree.append(&leaf(i)).unwrap();
     }
     publish(&dir, &tree, 0, &signed(&tree, &log)).unwrap();
     let (code, out) = verify(&dir, &vkey, &state);
@@ -63,7 +72,7 @@ fn audit_verify_passes_a_log_and_names_each_violation() {
     let first = std::fs::read(&state).unwrap();
     // Grown: extends what was seen.
     for i in 300..700u64 {
-        tree.append(format!("{{\"seq\":{i}}}").as_bytes()).unwrap();
+        tree.append(&leaf(i)).unwrap();
     }
     publish(&dir, &tree, 300, &signed(&tree, &log)).unwrap();
     let (code, out) = verify(&dir, &vkey, &state);

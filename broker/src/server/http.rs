@@ -165,6 +165,7 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
             .route(LOG_CHECKPOINT, axum::routing::get(log_checkpoint))
             .route(LOG_ENTRIES, axum::routing::get(log_entries))
             .route(LOG_TILE, axum::routing::get(log_tile))
+            .route(LOG_ARCHIVE, axum::routing::get(log_archive))
             .route_layer(cgx_service::metrics::TrackLayer::new(
                 broker.metrics.clone(),
             ))
@@ -179,6 +180,37 @@ const LOG_CHECKPOINT: &str = "/v1/log/checkpoint";
 const LOG_ENTRIES: &str = "/v1/log/tile/entries/{*path}";
 /// Hash tiles (anyone).
 const LOG_TILE: &str = "/v1/log/tile/{*path}";
+/// Archived pieces the leaves name by SHA-256 (auditors).
+const LOG_ARCHIVE: &str = "/v1/log/archive/{sha256}";
+
+async fn log_archive(
+    State(b): Shared,
+    admin: Admin,
+    Path(sha256): Path<String>,
+) -> Result<Response, BrokerError> {
+    if !admin.scopes().iter().any(|s| s == "*" || s == "auditor") {
+        return Err(BrokerError::Forbidden(
+            "archived evidence names nodes and operators: auditors only".into(),
+        ));
+    }
+    if !cgx_protocol::archive::is_address(&sha256) {
+        return Err(BrokerError::NotFound("no such piece".into()));
+    }
+    let (_, doc) = b
+        .store
+        .archived(&sha256)
+        .await?
+        .ok_or_else(|| BrokerError::NotFound(format!("archived piece {sha256}")))?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (header::CACHE_CONTROL, "private, no-store"),
+            (header::VARY, "authorization"),
+        ],
+        doc,
+    )
+        .into_response())
+}
 
 async fn log_checkpoint(State(b): Shared) -> Result<Response, BrokerError> {
     let note = b.log_checkpoint().await?;

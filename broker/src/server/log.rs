@@ -160,7 +160,8 @@ impl Broker {
             .map_err(|e| e.to_string())??;
             match status {
                 200 => {
-                    let cosigned = cgx_tlog::witness::add_cosignatures(signed, std::slice::from_ref(&answer));
+                    let cosigned =
+                        cgx_tlog::witness::add_cosignatures(signed, std::slice::from_ref(&answer));
                     cgx_tlog::note::open_checkpoint(
                         &cosigned,
                         &key.verifier(),

@@ -122,6 +122,20 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
         .map(|s| open_checkpoint(s, &trust.log, &trust.witnesses, 0))
         .transpose()?
         .map(|o| (o.checkpoint.size(), *o.checkpoint.hash()));
+    // A rollback is said as one before any tile is read (an older tree's partial tiles may
+    // not be served any more).
+    if let Some((n, _)) = seen_at
+        && n > size
+    {
+        let now = if size == 0 {
+            "empty".to_string()
+        } else {
+            format!("{size} leaves")
+        };
+        return Err(LogError::Checkpoint(format!(
+            "rolled back: {now}, after a checkpoint of {n} was seen"
+        )));
+    }
     let mut leaves = Vec::new();
     if size > 0 {
         let reader = TileHashReader::new(size, root, &tiles);
@@ -171,18 +185,6 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
             })?;
         }
     }
-    if let Some((n, _)) = seen_at
-        && n > size
-    {
-        let now = if size == 0 {
-            "empty".to_string()
-        } else {
-            format!("{size} leaves")
-        };
-        return Err(LogError::Checkpoint(format!(
-            "rolled back: {now}, after a checkpoint of {n} was seen"
-        )));
-    }
     Ok(Verified {
         note,
         opened,
@@ -190,6 +192,34 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
         root,
         leaves,
     })
+}
+
+/// The leaves a log directory's entry bundles hold, up to its checkpoint's size, *unverified*
+/// (for a fetcher that looks up what leaves name and checks each piece by its hash; an auditor
+/// reads leaves only through [`verify_dir`]).
+pub fn read_leaves(dir: &Path) -> Result<Vec<Vec<u8>>, LogError> {
+    let note = read_capped(&dir.join("checkpoint"), MAX_NOTE)?;
+    let size: u64 = String::from_utf8_lossy(&note)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.parse().ok())
+        .filter(|n| *n <= crate::MAX_SIZE)
+        .ok_or_else(|| LogError::Checkpoint("no size line".into()))?;
+    let mut leaves = Vec::new();
+    for n in 0..size.div_ceil(TILE_WIDTH) {
+        let width = (size - n * TILE_WIDTH).min(TILE_WIDTH);
+        let b = paths::bundle_tile(n, u32::try_from(width).unwrap_or(u32::MAX));
+        let data = read(&dir.join(paths::tile_path(&b)))?;
+        let entries =
+            bundle::decode(&data, usize::try_from(width).unwrap_or(usize::MAX)).map_err(|e| {
+                LogError::Leaf {
+                    index: n * TILE_WIDTH,
+                    why: format!("{}: {e}", paths::tile_path(&b)),
+                }
+            })?;
+        leaves.extend(entries.iter().map(|e| e.to_vec()));
+    }
+    Ok(leaves)
 }
 
 #[cfg(test)]

@@ -1,0 +1,717 @@
+//! The auditor's cross-checks over a verified log's leaves (issue 33): what each decision must
+//! rest on, judged from the leaves alone (and the archive, where given), with no server. Sans
+//! I/O but for the archive's files. Each violation names its leaf, its action and why.
+//!
+//! - Every leaf is a `cgx.audit.v1` event of the log's service, `seq` growing.
+//! - A lease is opened only on a node whose latest registration before it affirmed.
+//! - An accepted metering record is signed by the lease's node under the key its registration
+//!   attested, is of that lease, is the next of its chain (the previous record's hash, or the
+//!   lease's genesis), and its hash is the one the leaf says.
+//! - A window is paid (a `window` transfer) only on the accepted record of that window, whose
+//!   hash the payment names, and, with proofs on, on a passing proof of each of the lease's
+//!   GPUs covering it (its challenge of the latest window at or before it, or its first),
+//!   judged before the payment.
+//! - A slash for a proof names a failed proof judged before it.
+//! - The ledger replayed from the transfer leaves refuses nothing and ends balanced.
+//! - With an archive: every piece a registration names is there and hashes to its address.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use cgx_ledger::{AccountId, Book, CauseKind, Phase, Transfer};
+use cgx_protocol::metering::{MeteringRecord, genesis, token_hash};
+use cgx_protocol::signed::{When, verify};
+use serde_json::Value;
+
+/// One violation: the leaf, its action, the reason.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Violation {
+    pub index: u64,
+    pub action: String,
+    pub reason: String,
+}
+
+/// What the checks covered.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub violations: Vec<Violation>,
+    pub registrations: u64,
+    pub leases: u64,
+    pub records: u64,
+    pub verdicts: u64,
+    /// Windows paid (each one or more `window` transfers).
+    pub payments: u64,
+    pub transfers: u64,
+    pub archived: u64,
+}
+
+/// How to judge.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a> {
+    /// The service whose log this is (`cgx-broker`).
+    pub service: &'a str,
+    /// Whether windows are paid only under passing proofs (the broker's `[pow]` on).
+    pub proofs: bool,
+    /// The archive directory (pieces named by their SHA-256), if the auditor has it.
+    pub archive: Option<&'a Path>,
+}
+
+/// Judged proofs by (lease, GPU): (window, passed, leaf index), in log order.
+type Verdicts = HashMap<(String, u64), Vec<(u64, bool, u64)>>;
+
+struct Node {
+    key: Option<[u8; 32]>,
+    affirming: bool,
+}
+
+struct Lease {
+    node: String,
+    gpus: Vec<u64>,
+    /// Accepted records: seq → (hash, leaf index).
+    records: HashMap<u64, (String, u64)>,
+    last: Option<(u64, String)>,
+}
+
+/// Check `leaves` (in log order, from index 0).
+pub fn check(leaves: &[Vec<u8>], rules: Rules<'_>) -> Report {
+    let mut r = Report::default();
+    let mut nodes: HashMap<String, Node> = HashMap::new();
+    let mut leases: HashMap<String, Lease> = HashMap::new();
+    // (lease, gpu) → [(window, passed, leaf index)], in log order.
+    let mut verdicts: Verdicts = HashMap::new();
+    // challenge id → (failed, leaf index).
+    let mut challenges: HashMap<String, bool> = HashMap::new();
+    let mut book = Book::new();
+    let mut chain: Vec<Transfer> = Vec::new();
+    let mut paid: std::collections::HashSet<(String, u64)> = std::collections::HashSet::new();
+    let mut last_seq = i64::MIN;
+    let mut last_index = 0;
+    for (i, bytes) in leaves.iter().enumerate() {
+        let index = i as u64;
+        last_index = index;
+        let mut bad = |action: &str, reason: String| {
+            r.violations.push(Violation {
+                index,
+                action: action.to_string(),
+                reason,
+            })
+        };
+        let Ok(leaf) = serde_json::from_slice::<Value>(bytes) else {
+            bad("?", "not JSON".into());
+            continue;
+        };
+        let action = leaf["action"].as_str().unwrap_or("?").to_string();
+        if leaf["kind"] != "cgx.audit.v1" {
+            bad(&action, format!("kind {}: not cgx.audit.v1", leaf["kind"]));
+            continue;
+        }
+        if leaf["service"] != rules.service {
+            bad(
+                &action,
+                format!("service {}: not {}", leaf["service"], rules.service),
+            );
+        }
+        let seq = leaf["seq"].as_i64().unwrap_or(i64::MIN);
+        if seq <= last_seq {
+            bad(&action, format!("seq {seq} does not follow {last_seq}"));
+        }
+        last_seq = seq;
+        let subject = leaf["subject"].as_str().unwrap_or("").to_string();
+        let d = &leaf["detail"];
+        match action.as_str() {
+            "node.register" => {
+                r.registrations += 1;
+                let key = d["node_key"]
+                    .as_str()
+                    .and_then(cgx_protocol::broker::unb64)
+                    .and_then(|k| <[u8; 32]>::try_from(k).ok());
+                if key.is_none() {
+                    bad(&action, "no node key".into());
+                }
+                nodes.insert(
+                    subject.clone(),
+                    Node {
+                        key,
+                        affirming: d["status"] == "affirming",
+                    },
+                );
+                for field in ["registration_sha256", "collateral_sha256", "ear_sha256"] {
+                    if let Some(why) = archived(rules.archive, d[field].as_str(), &mut r.archived) {
+                        bad(&action, format!("{field}: {why}"));
+                    }
+                }
+            }
+            "node.register.refused" => {
+                for field in ["registration_sha256", "collateral_sha256"] {
+                    if let Some(why) = archived(rules.archive, d[field].as_str(), &mut r.archived) {
+                        bad(&action, format!("{field}: {why}"));
+                    }
+                }
+            }
+            "lease.open" => {
+                r.leases += 1;
+                let node = d["node"].as_str().unwrap_or("").to_string();
+                match nodes.get(&node) {
+                    Some(n) if n.affirming => {}
+                    Some(_) => bad(
+                        &action,
+                        format!(
+                            "lease {subject} opened on node {node}, whose registration does not affirm"
+                        ),
+                    ),
+                    None => bad(
+                        &action,
+                        format!("lease {subject} opened on node {node}, never registered"),
+                    ),
+                }
+                let gpus = d["gpus"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                    .unwrap_or_default();
+                leases.insert(
+                    subject.clone(),
+                    Lease {
+                        node,
+                        gpus,
+                        records: HashMap::new(),
+                        last: None,
+                    },
+                );
+            }
+            "metering.accept" => {
+                r.records += 1;
+                if let Err(why) = accept(&mut leases, &nodes, &subject, &leaf, index) {
+                    bad(&action, why);
+                }
+            }
+            "pow.verdict" => {
+                r.verdicts += 1;
+                let lease = d["lease"].as_str().unwrap_or("").to_string();
+                let gpu = d["gpu"].as_u64().unwrap_or(u64::MAX);
+                let window = d["window"].as_str().and_then(|w| w.parse().ok());
+                let Some(window) = window else {
+                    bad(&action, "no window".into());
+                    continue;
+                };
+                let passed = d["state"] == "passed";
+                verdicts
+                    .entry((lease, gpu))
+                    .or_default()
+                    .push((window, passed, index));
+                challenges.insert(subject.clone(), d["state"] == "failed");
+            }
+            "ledger.transfer" => {
+                let Some(list) = d["transfers"].as_array() else {
+                    bad(&action, "no transfers".into());
+                    continue;
+                };
+                for t in list {
+                    r.transfers += 1;
+                    match transfer(t, leaf["at"].as_i64().unwrap_or(0)) {
+                        Ok(t) => {
+                            if let (CauseKind::Window, Some(l), Some(w)) =
+                                (t.cause, &t.lease, t.window)
+                            {
+                                paid.insert((l.clone(), w));
+                            }
+                            if let Some(why) =
+                                backed(&t, &leases, &verdicts, &challenges, rules.proofs)
+                            {
+                                bad(&action, format!("transfer {}: {why}", t.id));
+                            }
+                            chain.push(t);
+                        }
+                        Err(why) => bad(&action, format!("a transfer: {why}")),
+                    }
+                }
+                if d["continues"] != true {
+                    if let Some(last) = chain.last_mut() {
+                        last.linked = false;
+                    }
+                    for (t, res) in chain.iter().zip(book.apply(&chain)) {
+                        if let Err(e) = res {
+                            bad(
+                                &action,
+                                format!("replayed, transfer {} is refused: {e}", t.id),
+                            );
+                        }
+                    }
+                    chain.clear();
+                }
+            }
+            _ => {}
+        }
+    }
+    r.payments = paid.len() as u64;
+    if !chain.is_empty() {
+        r.violations.push(Violation {
+            index: last_index,
+            action: "ledger.transfer".into(),
+            reason: "the log ends inside a chain of transfers".into(),
+        });
+    }
+    if let Err(e) = book.check() {
+        r.violations.push(Violation {
+            index: last_index,
+            action: "ledger".into(),
+            reason: format!("the ledger replayed from the leaves does not balance: {e}"),
+        });
+    }
+    r
+}
+
+/// An accepted record checked against its lease, node and chain, then noted.
+fn accept(
+    leases: &mut HashMap<String, Lease>,
+    nodes: &HashMap<String, Node>,
+    lease_id: &str,
+    leaf: &Value,
+    index: u64,
+) -> Result<(), String> {
+    let d = &leaf["detail"];
+    let lease = leases
+        .get_mut(lease_id)
+        .ok_or_else(|| format!("a record of lease {lease_id}, never opened"))?;
+    if leaf["actor"] != format!("node:{}", lease.node) {
+        return Err(format!(
+            "accepted from {}, but lease {lease_id} is node {}'s",
+            leaf["actor"], lease.node
+        ));
+    }
+    let key = nodes
+        .get(&lease.node)
+        .and_then(|n| n.key)
+        .ok_or_else(|| format!("node {} has no attested key", lease.node))?;
+    let token = d["record"].as_str().ok_or("no record")?;
+    let h = verify::<MeteringRecord>(token, &[key], When::Any)
+        .map_err(|e| format!("the record is not node {}'s: {e}", lease.node))?;
+    let rec = h.body;
+    let seq: u64 = d["seq"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or("no seq")?;
+    if rec.lease != lease_id || rec.seq != seq || rec.sub != lease.node {
+        return Err(format!(
+            "the record says lease {} seq {} node {}, the leaf lease {lease_id} seq {seq}",
+            rec.lease, rec.seq, rec.sub
+        ));
+    }
+    let hash = token_hash(token);
+    if d["hash"] != hash.as_str() {
+        return Err("the leaf's hash is not the record's".into());
+    }
+    let prev = match &lease.last {
+        None if seq == 0 => genesis(lease_id),
+        Some((s, h)) if *s + 1 == seq => h.clone(),
+        _ => {
+            return Err(format!(
+                "record {seq} does not follow {:?}",
+                lease.last.as_ref().map(|l| l.0)
+            ));
+        }
+    };
+    if rec.prev != prev {
+        return Err(format!(
+            "record {seq} does not link to the record before it"
+        ));
+    }
+    lease.records.insert(seq, (hash.clone(), index));
+    lease.last = Some((seq, hash));
+    Ok(())
+}
+
+/// A transfer as its leaf carries it.
+fn transfer(t: &Value, at: i64) -> Result<Transfer, String> {
+    let s = |k: &str| t[k].as_str().ok_or_else(|| format!("no {k}"));
+    let num = |k: &str| -> Result<u64, String> {
+        s(k)?
+            .parse()
+            .map_err(|_| format!("{k} is not a decimal string"))
+    };
+    Ok(Transfer {
+        id: s("id")?.to_string(),
+        debit: s("debit")?
+            .parse::<AccountId>()
+            .map_err(|e| e.to_string())?,
+        credit: s("credit")?
+            .parse::<AccountId>()
+            .map_err(|e| e.to_string())?,
+        amount: num("amount")?,
+        phase: Phase::parse(s("phase")?).ok_or("no such phase")?,
+        pending: t["pending"].as_str().map(str::to_string),
+        expires_at: t["expires_at"].as_i64().unwrap_or(0),
+        // Chains are replayed whole: the caller unlinks the chain's last.
+        linked: true,
+        cause: CauseKind::parse(s("cause")?).ok_or("no such cause")?,
+        reference: s("reference")?.to_string(),
+        lease: t["lease"].as_str().map(str::to_string),
+        window: match t.get("window") {
+            Some(_) => Some(num("window")?),
+            None => None,
+        },
+        at,
+    })
+}
+
+/// Why a transfer is not backed by what it rests on (`None`: it is, or needs nothing).
+fn backed(
+    t: &Transfer,
+    leases: &HashMap<String, Lease>,
+    verdicts: &Verdicts,
+    challenges: &HashMap<String, bool>,
+    proofs: bool,
+) -> Option<String> {
+    match t.cause {
+        CauseKind::Window => {
+            let (Some(lease_id), Some(w)) = (&t.lease, t.window) else {
+                return Some("a window paid with no lease or window".into());
+            };
+            let Some(lease) = leases.get(lease_id) else {
+                return Some(format!("lease {lease_id} was never opened"));
+            };
+            let Some((hash, _)) = lease.records.get(&w) else {
+                return Some(format!(
+                    "window {w} of lease {lease_id} paid with no accepted record"
+                ));
+            };
+            if *hash != t.reference {
+                return Some(format!(
+                    "window {w} paid on record {}, not the accepted {hash}",
+                    t.reference
+                ));
+            }
+            if proofs {
+                for g in &lease.gpus {
+                    let of_gpu = verdicts.get(&(lease_id.clone(), *g));
+                    let covering = of_gpu.and_then(|v| {
+                        v.iter()
+                            .filter(|(cw, _, _)| *cw <= w)
+                            .max_by_key(|(cw, _, _)| *cw)
+                            .or_else(|| v.iter().min_by_key(|(cw, _, _)| *cw))
+                    });
+                    match covering {
+                        // Judged before this payment: only leaves before it are known.
+                        Some((_, true, _)) => {}
+                        Some((cw, false, _)) => {
+                            return Some(format!(
+                                "window {w} paid, but GPU {g}'s covering proof (window {cw}) did not pass"
+                            ));
+                        }
+                        _ => {
+                            return Some(format!(
+                                "window {w} paid with no judged proof of GPU {g}"
+                            ));
+                        }
+                    }
+                }
+            }
+            None
+        }
+        CauseKind::Slash => {
+            let c = t.reference.strip_prefix("pow/")?;
+            match challenges.get(c) {
+                Some(true) => None,
+                Some(false) => Some(format!("a slash for proof {c}, which did not fail")),
+                None => Some(format!("a slash for proof {c}, never judged")),
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Why an archived piece does not hold (`None`: it does, or there is no archive to look in).
+fn archived(dir: Option<&Path>, sha: Option<&str>, count: &mut u64) -> Option<String> {
+    let dir = dir?;
+    let Some(sha) = sha else {
+        return Some("not named".into());
+    };
+    if !cgx_protocol::archive::is_address(sha) {
+        return Some(format!("{sha:?} is not an address"));
+    }
+    let p = dir.join(sha);
+    match std::fs::read(&p) {
+        Ok(b) if cgx_protocol::archive::address(&b) == sha => {
+            *count += 1;
+            None
+        }
+        Ok(_) => Some(format!("{} does not hash to its name", p.display())),
+        Err(e) => Some(format!("{}: {e}", p.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use cgx_protocol::metering::MeteringRecord;
+    use serde_json::json;
+
+    const NODE: &str = "n1";
+    const LEASE: &str = "l1";
+
+    struct Log {
+        leaves: Vec<Vec<u8>>,
+        seq: i64,
+    }
+
+    impl Log {
+        fn push(&mut self, action: &str, actor: &str, subject: &str, detail: Value) {
+            self.seq += 1;
+            self.leaves.push(
+                serde_json::to_vec(&json!({
+                    "kind": "cgx.audit.v1", "service": "cgx-broker", "seq": self.seq, "at": 100,
+                    "actor": actor, "action": action, "subject": subject, "detail": detail,
+                }))
+                .unwrap(),
+            );
+        }
+    }
+
+    fn signer() -> cgx_protocol::signed::Signer {
+        let der = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(
+            &aws_lc_rs::rand::SystemRandom::new(),
+        )
+        .unwrap();
+        cgx_protocol::signed::Signer::from_pkcs8(der.as_ref()).unwrap()
+    }
+
+    fn record(key: &cgx_protocol::signed::Signer, seq: u64, prev: String) -> String {
+        let r = MeteringRecord {
+            sub: NODE.into(),
+            lease: LEASE.into(),
+            seq,
+            window_start: 100 + 60 * seq as i64,
+            window_secs: 60,
+            gpus: Vec::new(),
+            pow: None,
+            workload: cgx_protocol::records::WorkloadState::Running,
+            prev,
+        };
+        key.sign(&r, 100, 400).unwrap()
+    }
+
+    fn transfer(
+        id: &str,
+        debit: &str,
+        credit: &str,
+        amount: u64,
+        cause: &str,
+        reference: &str,
+    ) -> Value {
+        json!({"id": id, "debit": debit, "credit": credit, "amount": amount.to_string(),
+               "phase": "single", "cause": cause, "reference": reference})
+    }
+
+    /// A node registered, a lease on it, two records, GPU 0's proof passed, window 0 paid.
+    fn honest(key: &cgx_protocol::signed::Signer) -> (Log, Vec<String>) {
+        let mut log = Log {
+            leaves: Vec::new(),
+            seq: 0,
+        };
+        log.push(
+            "node.register",
+            "operator:op1",
+            NODE,
+            json!({
+            "node_key": cgx_protocol::broker::b64(&key.public_key()), "status": "affirming"}),
+        );
+        log.push(
+            "ledger.transfer",
+            "broker",
+            "d1",
+            json!({"transfers": [
+            transfer("d1", "world", "tenant/acme", 1000, "deposit", "wire")]}),
+        );
+        log.push(
+            "lease.open",
+            "broker",
+            LEASE,
+            json!({"node": NODE, "gpus": [0], "tenant": "acme"}),
+        );
+        let t0 = record(key, 0, genesis(LEASE));
+        let h0 = token_hash(&t0);
+        let t1 = record(key, 1, h0.clone());
+        let h1 = token_hash(&t1);
+        for (seq, t, h, prev) in [(0, &t0, &h0, genesis(LEASE)), (1, &t1, &h1, h0.clone())] {
+            log.push(
+                "metering.accept",
+                &format!("node:{NODE}"),
+                LEASE,
+                json!({
+                "seq": seq.to_string(), "hash": h, "prev": prev, "record": t}),
+            );
+        }
+        log.push(
+            "pow.verdict",
+            "broker",
+            "c1",
+            json!({
+            "lease": LEASE, "gpu": 0, "window": "0", "state": "passed"}),
+        );
+        (log, vec![h0, h1])
+    }
+
+    fn pay(log: &mut Log, window: u64, reference: &str) {
+        let mut t = transfer(
+            &format!("window/{LEASE}/{window}"),
+            "tenant/acme",
+            "provider/op1",
+            10,
+            "window",
+            reference,
+        );
+        t["lease"] = json!(LEASE);
+        t["window"] = json!(window.to_string());
+        log.push("ledger.transfer", "broker", "w", json!({"transfers": [t]}));
+    }
+
+    fn reasons(log: &Log, proofs: bool) -> Vec<String> {
+        check(
+            &log.leaves,
+            Rules {
+                service: "cgx-broker",
+                proofs,
+                archive: None,
+            },
+        )
+        .violations
+        .into_iter()
+        .map(|v| format!("{} {}: {}", v.index, v.action, v.reason))
+        .collect()
+    }
+
+    #[test]
+    fn an_honest_log_passes_and_each_unbacked_decision_is_named() {
+        let key = signer();
+        let (mut log, hashes) = honest(&key);
+        pay(&mut log, 0, &hashes[0]);
+        assert_eq!(reasons(&log, true), Vec::<String>::new());
+        let r = check(
+            &log.leaves,
+            Rules {
+                service: "cgx-broker",
+                proofs: true,
+                archive: None,
+            },
+        );
+        assert_eq!(
+            (r.registrations, r.leases, r.records, r.verdicts, r.payments),
+            (1, 1, 2, 1, 1)
+        );
+
+        // A window paid on a record that is not the accepted one.
+        let (mut l, _) = honest(&key);
+        pay(&mut l, 0, &hashes[1]);
+        assert!(
+            reasons(&l, true)[0].contains("not the accepted"),
+            "{:?}",
+            reasons(&l, true)
+        );
+        // A window with no accepted record.
+        let (mut l, _) = honest(&key);
+        pay(&mut l, 5, &hashes[0]);
+        assert!(reasons(&l, true)[0].contains("no accepted record"));
+        // The covering proof failed.
+        let (mut l, h) = honest(&key);
+        l.push(
+            "pow.verdict",
+            "broker",
+            "c2",
+            json!({"lease": LEASE, "gpu": 0, "window": "1", "state": "failed"}),
+        );
+        pay(&mut l, 1, &h[1]);
+        assert!(
+            reasons(&l, true)[0].contains("did not pass"),
+            "{:?}",
+            reasons(&l, true)
+        );
+        // No proof judged at all: a violation with proofs on, none with them off.
+        let mut l = Log {
+            leaves: honest(&key).0.leaves[..5].to_vec(),
+            seq: 5,
+        };
+        pay(&mut l, 0, &hashes[0]);
+        assert!(reasons(&l, true)[0].contains("no judged proof"));
+        assert_eq!(reasons(&l, false), Vec::<String>::new());
+        // More paid than the tenant holds: the replay refuses it.
+        let (mut l, h) = honest(&key);
+        let mut t = transfer(
+            "window/l1/0",
+            "tenant/acme",
+            "provider/op1",
+            5000,
+            "window",
+            &h[0],
+        );
+        t["lease"] = json!(LEASE);
+        t["window"] = json!("0");
+        l.push("ledger.transfer", "broker", "w", json!({"transfers": [t]}));
+        assert!(
+            reasons(&l, true).iter().any(|r| r.contains("replayed")),
+            "{:?}",
+            reasons(&l, true)
+        );
+        // A slash for a proof never judged.
+        let (mut l, _) = honest(&key);
+        l.push(
+            "ledger.transfer",
+            "broker",
+            "s",
+            json!({"transfers": [
+            transfer("slash/x", "world", "tenant/acme", 1, "slash", "pow/nope")]}),
+        );
+        assert!(reasons(&l, true)[0].contains("never judged"));
+    }
+
+    #[test]
+    fn records_leases_and_sequence_are_checked() {
+        let key = signer();
+        // A record signed by another key.
+        let (mut l, h) = honest(&key);
+        let forged = record(&signer(), 2, h[1].clone());
+        l.push(
+            "metering.accept",
+            &format!("node:{NODE}"),
+            LEASE,
+            json!({
+            "seq": "2", "hash": token_hash(&forged), "prev": h[1], "record": forged}),
+        );
+        assert!(
+            reasons(&l, true)[0].contains("not node n1's"),
+            "{:?}",
+            reasons(&l, true)
+        );
+        // A record that skips one.
+        let (mut l, h) = honest(&key);
+        let t = record(&key, 3, h[1].clone());
+        l.push(
+            "metering.accept",
+            &format!("node:{NODE}"),
+            LEASE,
+            json!({
+            "seq": "3", "hash": token_hash(&t), "prev": h[1], "record": t}),
+        );
+        assert!(reasons(&l, true)[0].contains("does not follow"));
+        // A lease on a node never registered, and a seq that goes back.
+        let (mut l, _) = honest(&key);
+        l.push(
+            "lease.open",
+            "broker",
+            "l2",
+            json!({"node": "n9", "gpus": [0]}),
+        );
+        l.seq -= 3;
+        l.push("lease.end", "broker", "l2", json!({}));
+        let r = reasons(&l, true);
+        assert!(r[0].contains("never registered"), "{r:?}");
+        assert!(r[1].contains("does not follow"), "{r:?}");
+        // Not an audit leaf at all.
+        l.leaves.push(b"{\"kind\":\"other\"}".to_vec());
+        assert!(
+            reasons(&l, true)
+                .last()
+                .unwrap()
+                .contains("not cgx.audit.v1")
+        );
+    }
+}
