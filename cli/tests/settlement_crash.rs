@@ -5,6 +5,14 @@
 //! must-not-go-negative account is below zero, the escrows hold what the statements say the
 //! leases hold, every record and deposit the broker acknowledged is there, and no window is
 //! paid twice. At the end, with no more kills, settlement catches up on every metered window.
+//!
+//! The broker's transparency log (issue 33, item 6) is written by the same process (its
+//! integrator signs a checkpoint every 50 ms), so each kill also lands at a random point of the
+//! log writer's work. After each restart the auditor fetches the log and runs `cgx audit
+//! verify` with its state file: no acknowledged record or deposit is missing from the leaves,
+//! no checkpoint goes backwards or forks from the last one seen, and the ledger replayed from
+//! the leaves agrees with every record and balances. At the end the replayed balances equal
+//! the broker's accounts.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader};
@@ -38,6 +46,11 @@ fn config_file(b: &BrokerSetup) -> std::path::PathBuf {
         "metering_window_secs": 1,
         "pow": {"interval_secs": 0},
         "ledger": {"settle_interval_ms": 50, "settle_grace_secs": 30},
+        "log": {
+            "origin": cgx_devnet::broker::LOG_ORIGIN,
+            "key": b.dir.join("log.pk8"),
+            "interval_ms": 50,
+        },
     });
     let path = b.dir.join("broker.json");
     std::fs::write(&path, doc.to_string()).unwrap();
@@ -267,6 +280,85 @@ fn check(auditor: &BrokerClient, meters: &[Meter], deposits: u64, tried: u64) ->
     (settled, pays.len() as u64)
 }
 
+/// The log as the broker publishes it, copied into `dir` (replaced): its size.
+fn fetch_log(auditor: &BrokerClient, dir: &std::path::Path) -> Option<u64> {
+    let note = auditor.log_file("checkpoint").ok()?;
+    let size: u64 = String::from_utf8_lossy(&note)
+        .lines()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let _ = std::fs::remove_dir_all(dir);
+    for t in cgx_tlog::tiles_of(size) {
+        let mut paths = vec![cgx_tlog::paths::tile_path(&t)];
+        if t.level() == 0 {
+            paths.push(cgx_tlog::paths::tile_path(&cgx_tlog::paths::bundle_tile(
+                t.level_index(),
+                t.width(),
+            )));
+        }
+        for p in paths {
+            let data = auditor.log_file(&p).ok()?;
+            std::fs::create_dir_all(dir.join(&p).parent()?).ok()?;
+            std::fs::write(dir.join(&p), data).ok()?;
+        }
+    }
+    std::fs::write(dir.join("checkpoint"), note).ok()?;
+    Some(size)
+}
+
+/// After a restart: wait for the log to hold every acknowledged record and deposit, then have
+/// `cgx audit verify` check it against the last checkpoint this auditor saw (`state`). The
+/// log's leaves.
+fn check_log(
+    auditor: &BrokerClient,
+    b: &BrokerSetup,
+    meters: &[Meter],
+    deposits: u64,
+    work: &std::path::Path,
+) -> Vec<serde_json::Value> {
+    let dir = work.join("log");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let leaves = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the log does not hold every acknowledged record and deposit"
+        );
+        if fetch_log(auditor, &dir).is_some()
+            && let Ok(raw) = cgx_tlog::verify::read_leaves(&dir)
+        {
+            let leaves: Vec<serde_json::Value> = raw
+                .iter()
+                .map(|l| serde_json::from_slice(l).unwrap())
+                .collect();
+            let count = |action: &str, subject: Option<&str>| {
+                leaves
+                    .iter()
+                    .filter(|l| l["action"] == action && subject.is_none_or(|s| l["subject"] == s))
+                    .count() as u64
+            };
+            if meters
+                .iter()
+                .all(|m| count("metering.accept", Some(&m.lease)) >= m.acked)
+                && count("ledger.deposit", None) > deposits
+            {
+                break leaves;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
+        .args(["audit", "verify", "--no-proofs", "--log"])
+        .arg(&dir)
+        .args(["--log-key", &b.log_vkey().unwrap(), "--state"])
+        .arg(work.join("seen"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "cgx audit verify: {text}");
+    leaves
+}
+
 #[test]
 fn settlement_survives_the_broker_killed_at_random_points() {
     let crashes: u32 = std::env::var("CGX_CRASHES")
@@ -360,6 +452,7 @@ fn settlement_survives_the_broker_killed_at_random_points() {
         base = nb;
         let auditor = b.client(&base, &b.auditor).unwrap();
         check(&auditor, &meters, deposits, tried);
+        check_log(&auditor, &b, &meters, deposits, &b.dir);
     }
     let killed_for = started.elapsed();
     // No more kills: settlement catches up on every acknowledged window.
@@ -370,6 +463,47 @@ fn settlement_survives_the_broker_killed_at_random_points() {
         let (settled, paid) = check(&auditor, &meters, deposits, tried);
         if settled >= acked {
             assert_eq!(paid, settled, "every settled window paid once");
+            // The log and the ledger agree: every account's sums, replayed from the leaves
+            // once the log caught up, are the broker's.
+            let accounts = auditor.accounts().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let leaves = check_log(&auditor, &b, &meters, deposits, &b.dir);
+                let mut replayed: std::collections::BTreeMap<String, (u128, u128)> =
+                    Default::default();
+                for l in leaves.iter().filter(|l| l["action"] == "ledger.transfer") {
+                    for t in l["detail"]["transfers"].as_array().unwrap() {
+                        if t["phase"] != "single" && t["phase"] != "post" {
+                            continue;
+                        }
+                        let amount: u128 = t["amount"].as_str().unwrap().parse().unwrap();
+                        replayed
+                            .entry(t["debit"].as_str().unwrap().into())
+                            .or_default()
+                            .0 += amount;
+                        replayed
+                            .entry(t["credit"].as_str().unwrap().into())
+                            .or_default()
+                            .1 += amount;
+                    }
+                }
+                let agree = accounts.iter().all(|a| {
+                    let (d, c) = replayed.get(&a.account).copied().unwrap_or_default();
+                    (d, c)
+                        == (
+                            u128::from(a.debits_posted.get()),
+                            u128::from(a.credits_posted.get()),
+                        )
+                });
+                if agree {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the log's ledger never agreed with the broker's accounts"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
             println!(
                 "{crashes} kills in {:.1} s; {acked} records acknowledged, {settled} windows settled ({paid} paid), {deposits} deposits: every invariant held after each restart",
                 killed_for.as_secs_f64()
