@@ -157,9 +157,9 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
             return Ok(ExitCode::from(1));
         }
     };
-    let mut report = crate::audit_check::check(
+    let mut report = cgx_audit::check(
         &v.leaves,
-        crate::audit_check::Rules {
+        cgx_audit::Rules {
             service: "cgx-broker",
             proofs: !a.no_proofs,
             archive: a.archive.as_deref(),

@@ -5,7 +5,6 @@
 
 mod appraise;
 mod audit;
-mod audit_check;
 mod bench;
 mod broker;
 mod collateral;

@@ -706,9 +706,9 @@ fn run(
     // What every decision rests on, from the leaves and the archive alone.
     let archive = dir.join("archive");
     let pieces = crate::audit::fetch_archive(&auditor, &copy, &archive)?;
-    let report = crate::audit_check::check(
+    let report = cgx_audit::check(
         &v.leaves,
-        crate::audit_check::Rules {
+        cgx_audit::Rules {
             service: "cgx-broker",
             proofs: true,
             archive: Some(&archive),
@@ -818,9 +818,9 @@ fn tampering(
             ..trust.clone()
         };
         let cross = match verify_dir(d, &bypassed, None) {
-            Ok(v) => crate::audit_check::check(
+            Ok(v) => cgx_audit::check(
                 &v.leaves,
-                crate::audit_check::Rules {
+                cgx_audit::Rules {
                     service: "cgx-broker",
                     proofs: true,
                     archive: None,

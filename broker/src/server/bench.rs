@@ -245,3 +245,137 @@ impl super::store::Store {
         Ok(())
     }
 }
+
+/// What one run of the log's durable append measured (`cgx-bench log`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LogRun {
+    pub leaves: u64,
+    /// Audit rows per durable transaction (a batch of decisions, as the writer commits them).
+    pub batch: u64,
+    /// Bytes per leaf (as the log commits to it).
+    pub leaf_bytes: usize,
+    /// From the first row written to the checkpoint covering the last.
+    pub secs: f64,
+    pub leaves_per_sec: f64,
+    /// Checkpoints signed on the way, and the longest time between two (or from the start to
+    /// the first).
+    pub checkpoints: u64,
+    pub max_checkpoint_gap_ms: f64,
+}
+
+/// The log's durable append on SQLite (`synchronous=FULL`): `leaves` audit rows committed in
+/// transactions of `batch` while the broker's integrator appends them to the tree and signs a
+/// checkpoint, pass after pass (each pass one write transaction), until a checkpoint covers
+/// them all. The writer and the integrator share SQLite's one writer, as in the broker.
+pub async fn log_durable(
+    dir: &Path,
+    leaves: u64,
+    batch: u64,
+    detail: &str,
+) -> Result<LogRun, BrokerError> {
+    let key =
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map_err(|_| e("key"))?;
+    std::fs::create_dir_all(dir).map_err(e)?;
+    std::fs::write(dir.join("log.pk8"), key.as_ref()).map_err(e)?;
+    let b = std::sync::Arc::new(log_broker(dir).await?);
+    let before = cgx_service::tlog::newest(b.store.db.pool())
+        .await
+        .map_err(e)?
+        .map_or(0, |(s, _, _)| s);
+    let target = before + leaves;
+    let t = Instant::now();
+    let integrator = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let mut last = Instant::now();
+            let mut checkpoints = 0u64;
+            let mut max_gap = 0f64;
+            loop {
+                match b.integrate_log_pass().await? {
+                    Some(d) => {
+                        checkpoints += 1;
+                        max_gap = max_gap.max(last.elapsed().as_secs_f64());
+                        last = Instant::now();
+                        if d.size >= target {
+                            return Ok::<_, BrokerError>((checkpoints, max_gap));
+                        }
+                    }
+                    None => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+                }
+            }
+        })
+    };
+    let mut written = 0;
+    while written < leaves {
+        let n = batch.min(leaves - written);
+        let rows: Vec<(i64, &str, &str, String, &str)> = (written..written + n)
+            .map(|i| {
+                (
+                    1_800_000_000,
+                    "node:n",
+                    "metering.accept",
+                    format!("l{:06}", i / 1440),
+                    detail,
+                )
+            })
+            .collect();
+        let mut tx = b
+            .store
+            .db
+            .write_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await?;
+        super::store::insert_json(
+            &mut tx,
+            "audit",
+            &[
+                ("at", "bigint"),
+                ("actor", "text"),
+                ("action", "text"),
+                ("subject", "text"),
+                ("detail", "text"),
+            ],
+            &rows,
+        )
+        .await?;
+        tx.commit().await?;
+        written += n;
+        // The writer yields between batches, as requests arrive.
+        tokio::task::yield_now().await;
+    }
+    let (checkpoints, max_gap) = integrator.await.map_err(e)??;
+    let secs = t.elapsed().as_secs_f64();
+    let sample = sqlx::query("SELECT leaf FROM log_leaves ORDER BY idx DESC LIMIT 1")
+        .fetch_one(b.store.db.pool())
+        .await?;
+    let leaf: String = sqlx::Row::try_get(&sample, "leaf")?;
+    b.store.close().await;
+    Ok(LogRun {
+        leaves,
+        batch,
+        leaf_bytes: leaf.len(),
+        secs,
+        leaves_per_sec: leaves as f64 / secs,
+        checkpoints,
+        max_checkpoint_gap_ms: max_gap * 1e3,
+    })
+}
+
+/// A broker keeping a log (its key `log.pk8` in `dir`) on a fresh SQLite file there.
+async fn log_broker(dir: &Path) -> Result<Broker, BrokerError> {
+    let key =
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map_err(|_| e("key"))?;
+    std::fs::write(dir.join("signing.pk8"), key.as_ref()).map_err(e)?;
+    let config: BrokerConfig = serde_json::from_value(serde_json::json!({
+        "listen": "127.0.0.1:0",
+        "insecure_dev": true,
+        "database": format!("sqlite://{}", dir.join("broker.db").display()),
+        "signing_key": dir.join("signing.pk8"),
+        "pow": {"interval_secs": 0},
+        "log": {"origin": "bench.cgx/log", "key": dir.join("log.pk8")},
+    }))
+    .map_err(e)?;
+    Broker::new(&config, cgx_service::clock::system()).await
+}

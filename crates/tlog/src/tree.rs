@@ -96,6 +96,11 @@ impl MemoryTree {
         Ok(tlog_tiles::prove_tree(size, old, self)?)
     }
 
+    /// Its leaves, the tree given up.
+    pub fn into_leaves(self) -> Vec<Vec<u8>> {
+        self.leaves
+    }
+
     /// A hash tile's bytes.
     pub fn tile(&self, t: &Tile) -> Result<Vec<u8>, LogError> {
         Ok(t.read_data(self)?)

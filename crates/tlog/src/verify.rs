@@ -136,55 +136,53 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
             "rolled back: {now}, after a checkpoint of {n} was seen"
         )));
     }
-    let mut leaves = Vec::new();
-    if size > 0 {
-        let reader = TileHashReader::new(size, root, &tiles);
-        for n in 0..size.div_ceil(TILE_WIDTH) {
-            let start = n * TILE_WIDTH;
-            let width = (size - start).min(TILE_WIDTH);
-            let b = paths::bundle_tile(n, u32::try_from(width).unwrap_or(u32::MAX));
-            let data = read(&dir.join(paths::tile_path(&b)))?;
-            let entries = bundle::decode(&data, usize::try_from(width).unwrap_or(usize::MAX))
-                .map_err(|e| LogError::Leaf {
+    // Every leaf from its bundle; the tree they make, recomputed here (each leaf hashed once
+    // and each inner node once: the cost of a proof per leaf without the proofs), must have
+    // the checkpoint's root; every hash tile served must be the tree's; the checkpoint seen
+    // before must be the root of the tree's prefix of its size.
+    let mut tree = crate::tree::MemoryTree::new();
+    for n in 0..size.div_ceil(TILE_WIDTH) {
+        let start = n * TILE_WIDTH;
+        let width = (size - start).min(TILE_WIDTH);
+        let b = paths::bundle_tile(n, u32::try_from(width).unwrap_or(u32::MAX));
+        let data = read(&dir.join(paths::tile_path(&b)))?;
+        let entries =
+            bundle::decode(&data, usize::try_from(width).unwrap_or(usize::MAX)).map_err(|e| {
+                LogError::Leaf {
                     index: start,
                     why: format!("{}: {e}", paths::tile_path(&b)),
-                })?;
-            // Each leaf by its inclusion proof, checked against the checkpoint's root: the
-            // proof's hashes come from tiles `TileHashReader` reads, but whatever they say,
-            // only the true tree's hashes recompute the root. (Its own authentication is not
-            // leaned on: tlog_tiles 0.2.0, like Go's sumdb/tlog it ports, skips checking a
-            // full tile against its parent when several of the tree's frontier hashes share a
-            // tile — `cgx-tlog`'s tests tamper with one such tile.)
-            for (k, entry) in entries.iter().enumerate() {
-                let index = start + k as u64;
-                let proof =
-                    tlog_tiles::prove_record(size, index, &reader).map_err(|e| LogError::Leaf {
-                        index,
-                        why: format!("no inclusion proof from its tiles: {e}"),
-                    })?;
-                tlog_tiles::check_record(&proof, size, root, index, crate::record_hash(entry))
-                    .map_err(|_| LogError::Leaf {
-                        index,
-                        why: "not included in the checkpoint's tree (its entry or a tile was \
-                              changed)"
-                            .into(),
-                    })?;
-                leaves.push(entry.to_vec());
-            }
-        }
-        if let Some((n, h)) = seen_at
-            && n > 0
-            && n <= size
-        {
-            let proof = tlog_tiles::prove_tree(size, n, &reader)
-                .map_err(|e| LogError::Checkpoint(format!("no consistency proof from {n}: {e}")))?;
-            tlog_tiles::check_tree(&proof, size, root, n, h).map_err(|_| {
-                LogError::Checkpoint(format!(
-                    "forked: the tree of {size} does not extend the checkpoint of {n} seen"
-                ))
+                }
+            })?;
+        for (k, entry) in entries.iter().enumerate() {
+            tree.append(entry).map_err(|e| LogError::Leaf {
+                index: start + k as u64,
+                why: e.to_string(),
             })?;
         }
     }
+    if size > 0 && tree.root()? != root {
+        // Which leaf: each by its inclusion proof through the served tiles, checked against
+        // the checkpoint's root (only the true tree's hashes recompute it, whatever the tiles
+        // say).
+        return Err(first_excluded(&tiles, &tree, size, root));
+    }
+    for t in crate::tiles_of(size) {
+        let p = paths::tile_path(&t);
+        if read(&dir.join(&p))? != tree.tile(&t)? {
+            return Err(LogError::Tree(format!(
+                "{p} is not the tile of the tree its leaves make"
+            )));
+        }
+    }
+    if let Some((n, h)) = seen_at
+        && n > 0
+        && tree.root_at(n)? != h
+    {
+        return Err(LogError::Checkpoint(format!(
+            "forked: the tree of {size} does not extend the checkpoint of {n} seen"
+        )));
+    }
+    let leaves = tree.into_leaves();
     Ok(Verified {
         note,
         opened,
@@ -192,6 +190,37 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
         root,
         leaves,
     })
+}
+
+/// The first leaf whose inclusion proof from the served tiles does not hold under `root` (the
+/// leaves' tree has another root, so one does not).
+fn first_excluded(
+    tiles: &DirTiles,
+    tree: &crate::tree::MemoryTree,
+    size: u64,
+    root: Hash,
+) -> LogError {
+    let reader = TileHashReader::new(size, root, tiles);
+    for index in 0..size {
+        let Some(entry) = tree.leaf(index) else {
+            break;
+        };
+        let included = tlog_tiles::prove_record(size, index, &reader)
+            .map_err(|e| e.to_string())
+            .and_then(|proof| {
+                tlog_tiles::check_record(&proof, size, root, index, crate::record_hash(entry))
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = included {
+            return LogError::Leaf {
+                index,
+                why: format!(
+                    "not included in the checkpoint's tree (its entry or a tile was changed): {e}"
+                ),
+            };
+        }
+    }
+    LogError::Tree("the leaves' tree does not have the checkpoint's root".into())
 }
 
 /// The leaves a log directory's entry bundles hold, up to its checkpoint's size, *unverified*
@@ -319,7 +348,7 @@ mod tests {
         t[0] ^= 1;
         std::fs::write(&p, t).unwrap();
         assert!(
-            why(&d, None).contains("leaf 1: not included"),
+            why(&d, None).contains("tile/0/000 is not the tile"),
             "{}",
             why(&d, None)
         );

@@ -1,4 +1,4 @@
-//! The auditor's cross-checks over a verified log's leaves (issue 33): what each decision must
+//! **cgx-audit**: the auditor's cross-checks over a verified log's leaves (issue 33): what each decision must
 //! rest on, judged from the leaves alone (and the archive, where given), with no server. Sans
 //! I/O but for the archive's files. Each violation names its leaf, its action and why.
 //!
@@ -14,6 +14,8 @@
 //! - A slash for a proof names a failed proof judged before it.
 //! - The ledger replayed from the transfer leaves refuses nothing and ends balanced.
 //! - With an archive: every piece a registration names is there and hashes to its address.
+
+pub mod schema;
 
 use std::collections::HashMap;
 use std::path::Path;
