@@ -16,16 +16,28 @@ use crate::output::{CliResult, print_json};
 /// Copy the broker's log (its newest checkpoint, every hash tile and entry bundle of that tree)
 /// into `out`, checkpoint last: its size. Entry bundles need an auditor's key.
 pub fn fetch_log(client: &cgx_broker::client::BrokerClient, out: &Path) -> Result<u64, String> {
-    let note = client.log_file("checkpoint").map_err(|e| e.to_string())?;
+    fetch_log_with(
+        &|p: &str| client.log_file(p).map_err(|e| e.to_string()),
+        out,
+    )
+}
+
+/// Copy a log served under a prefix (`get` reads `checkpoint` and `tile/…` there) into `out`,
+/// checkpoint last: its size.
+pub fn fetch_log_with(
+    get: &dyn Fn(&str) -> Result<Vec<u8>, String>,
+    out: &Path,
+) -> Result<u64, String> {
+    let note = get("checkpoint")?;
     // The size only: the checkpoint is verified by `verify`, not here.
     let size: u64 = String::from_utf8_lossy(&note)
         .lines()
         .nth(1)
         .and_then(|l| l.parse().ok())
-        .ok_or("the broker's checkpoint has no size line")?;
+        .ok_or("the checkpoint has no size line")?;
     if size > cgx_tlog::MAX_SIZE {
         return Err(format!(
-            "the broker's checkpoint claims {size} leaves, more than the {} a log holds",
+            "the checkpoint claims {size} leaves, more than the {} a log holds",
             cgx_tlog::MAX_SIZE
         ));
     }
@@ -38,10 +50,10 @@ pub fn fetch_log(client: &cgx_broker::client::BrokerClient, out: &Path) -> Resul
     };
     for t in cgx_tlog::tiles_of(size) {
         let p = paths::tile_path(&t);
-        put(&p, &client.log_file(&p).map_err(|e| format!("{p}: {e}"))?)?;
+        put(&p, &get(&p).map_err(|e| format!("{p}: {e}"))?)?;
         if t.level() == 0 {
             let b = paths::tile_path(&paths::bundle_tile(t.level_index(), t.width()));
-            put(&b, &client.log_file(&b).map_err(|e| format!("{b}: {e}"))?)?;
+            put(&b, &get(&b).map_err(|e| format!("{b}: {e}"))?)?;
         }
     }
     put("checkpoint", &note)?;

@@ -745,11 +745,154 @@ fn run(
         report.transfers
     );
     tampering(dir, &copy, &v, b, witness, &early)?;
+    kbs_log(dir, &kbs.base, kbs_setup, &v)?;
     for h in hosts.iter_mut() {
         h.stop();
     }
     broker.stop();
     kbs.stop();
+    Ok(())
+}
+
+/// The KBS's own log: fetched (entries with an administrator's token), verified under its
+/// key, every release checked against the broker's log; then a release forged into a copy
+/// (the KBS's key re-signing it) is caught by that cross-check.
+fn kbs_log(
+    dir: &Path,
+    base: &str,
+    kbs_setup: &cgx_devnet::Setup,
+    broker: &cgx_tlog::verify::Verified,
+) -> Result<(), String> {
+    let token = kbs_setup
+        .admin
+        .token_at(cgx_service::auth::BearerKind::KbsAdmin, cgx_devnet::now())
+        .map_err(s)?;
+    let agent = cgx_kbs::client::agent(None).map_err(s)?;
+    let get = |p: &str| -> Result<Vec<u8>, String> {
+        let url = format!("{base}/kbs/v0/log/{p}");
+        let mut r = agent
+            .get(&url)
+            .header("authorization", &format!("Bearer {token}"))
+            .call()
+            .map_err(|e| format!("{url}: {e}"))?;
+        if r.status().as_u16() != 200 {
+            return Err(format!("{url}: {}", r.status()));
+        }
+        r.body_mut()
+            .read_to_vec()
+            .map_err(|e| format!("{url}: {e}"))
+    };
+    let copy = dir.join("kbs-log");
+    let vkey = kbs_setup.log_vkey().map_err(s)?;
+    let trust = cgx_tlog::verify::Trust {
+        log: cgx_tlog::note::NoteKey::parse(&vkey).map_err(s)?,
+        witnesses: Vec::new(),
+        quorum: 0,
+    };
+    // The integrator signs four times a second: wait for a checkpoint holding the releases.
+    let v = wait_for(30, "the KBS log to checkpoint the run's releases", || {
+        if crate::audit::fetch_log_with(&get, &copy).is_err() {
+            return Ok(None);
+        }
+        let v = cgx_tlog::verify::verify_dir(&copy, &trust, None)
+            .map_err(|e| format!("the KBS's log does not verify: {e}"))?;
+        let released = v.leaves.iter().any(|l| {
+            serde_json::from_slice::<serde_json::Value>(l).is_ok_and(|j| j["action"] == "release")
+        });
+        Ok(released.then_some(v))
+    })?;
+    let mut violations = cgx_audit::check(
+        &v.leaves,
+        cgx_audit::Rules {
+            service: "cgx-kbs",
+            proofs: true,
+            archive: None,
+        },
+    )
+    .violations;
+    violations.extend(cgx_audit::check_releases(&v.leaves, &broker.leaves));
+    if let Some(x) = violations.first() {
+        return Err(format!(
+            "the KBS's log: leaf {} ({}): {}",
+            x.index, x.action, x.reason
+        ));
+    }
+    let count = |a: &str| {
+        v.leaves
+            .iter()
+            .filter(|l| {
+                serde_json::from_slice::<serde_json::Value>(l).is_ok_and(|j| j["action"] == a)
+            })
+            .count()
+    };
+    println!(
+        "[kbs]    its own log {}: {} leaves, verified offline; {} releases, each under a live lease the broker opened on an affirming node, to the TEE key that node attested; {} refusals logged",
+        cgx_devnet::KBS_LOG_ORIGIN,
+        v.size,
+        count("release"),
+        count("release.refused")
+    );
+    // A forged release: the weights' key to a TEE key no node attested, under a lease the
+    // broker never opened, appended and the KBS's log re-signed with its own key.
+    let key = cgx_tlog::note::NoteSigner::from_pkcs8(
+        cgx_devnet::KBS_LOG_ORIGIN,
+        cgx_tlog::note::KeyKind::Ed25519,
+        &std::fs::read(kbs_setup.dir.join("kbs-log.pk8")).map_err(s)?,
+    )
+    .map_err(s)?;
+    let last: serde_json::Value = v
+        .leaves
+        .iter()
+        .rev()
+        .find_map(|l| {
+            serde_json::from_slice::<serde_json::Value>(l)
+                .ok()
+                .filter(|j| j["action"] == "release")
+        })
+        .ok_or("no release")?;
+    let mut forged = last.clone();
+    forged["seq"] = serde_json::json!(
+        serde_json::from_slice::<serde_json::Value>(v.leaves.last().ok_or("empty")?)
+            .map_err(s)?["seq"]
+            .as_i64()
+            .unwrap_or(0)
+            + 1
+    );
+    forged["detail"]["tee_key"] = serde_json::json!("forged-tee-key");
+    forged["detail"]["lease"] = serde_json::json!("lforged");
+    let mut leaves = v.leaves.clone();
+    leaves.push(cgx_protocol::jcs::canonical(&forged).into_bytes());
+    let mut tree = cgx_tlog::tree::MemoryTree::new();
+    for l in &leaves {
+        tree.append(l).map_err(s)?;
+    }
+    let cp = cgx_tlog::Checkpoint::new(
+        cgx_devnet::KBS_LOG_ORIGIN,
+        tree.size(),
+        tree.root().map_err(s)?,
+        "",
+    )
+    .map_err(s)?;
+    let d = dir.join("kbs-forged");
+    let _ = std::fs::remove_dir_all(&d);
+    cgx_tlog::dir::publish(
+        &d,
+        &tree,
+        0,
+        &cgx_tlog::note::sign_checkpoint(&cp, &key).map_err(s)?,
+    )
+    .map_err(s)?;
+    let forged_v = cgx_tlog::verify::verify_dir(&d, &trust, None).map_err(s)?;
+    match cgx_audit::check_releases(&forged_v.leaves, &broker.leaves).first() {
+        Some(x) => println!(
+            "[tamper] a release of {} forged into the KBS's log and re-signed with its key: caught — leaf {} ({}): {}",
+            last["subject"].as_str().unwrap_or(""),
+            x.index,
+            x.action,
+            x.reason
+        ),
+        None => return Err("a forged release was not caught".into()),
+    }
     Ok(())
 }
 

@@ -276,6 +276,9 @@ impl Ed {
 }
 
 /// Everything a development KBS needs, kept so that a second replica or a restart shares it.
+/// The development KBS's log origin.
+pub const KBS_LOG_ORIGIN: &str = "kbs.cgx.devnet/log";
+
 #[derive(Debug)]
 pub struct Setup {
     pub dir: PathBuf,
@@ -364,12 +367,26 @@ fn setup_with(
     let admin = Ed::generate()?;
     let tenant_admin = Ed::generate()?;
     let broker = Ed::generate()?;
+    let log_key =
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map_err(|_| DevnetError::Keys)?;
+    write("kbs-log.pk8", log_key.as_ref())?;
     let config = KbsConfig {
         listen: "127.0.0.1:0".into(),
         tls: None,
         insecure_dev: true,
         database: database.clone(),
         kek: KekSource::File(dir.join("kek.hex")),
+        // Every release and refusal a leaf of the KBS's own log, checkpointed four times a
+        // second.
+        log: Some(cgx_service::logwriter::LogConfig {
+            origin: KBS_LOG_ORIGIN.into(),
+            key: dir.join("kbs-log.pk8"),
+            interval_ms: 250,
+            state: None,
+            witnesses: Vec::new(),
+            quorum: 0,
+        }),
         admin_keys: vec![
             AdminKey {
                 public_key: admin.public_b64.clone(),
@@ -418,6 +435,19 @@ fn setup_with(
 }
 
 impl Setup {
+    /// The KBS log's verifier key.
+    pub fn log_vkey(&self) -> Result<String> {
+        let der = std::fs::read(self.dir.join("kbs-log.pk8"))
+            .map_err(|e| DevnetError::Kbs(format!("KBS log key: {e}")))?;
+        Ok(cgx_tlog::note::NoteSigner::from_pkcs8(
+            KBS_LOG_ORIGIN,
+            cgx_tlog::note::KeyKind::Ed25519,
+            &der,
+        )
+        .map_err(|e| DevnetError::Kbs(e.to_string()))?
+        .vkey())
+    }
+
     /// Remove the setup's folder (its SQLite database, keys and reference values).
     pub fn cleanup(&self) {
         let _ = std::fs::remove_dir_all(&self.dir);

@@ -164,58 +164,7 @@ pub struct BrokerConfig {
 }
 
 /// `[log]`: the transparency log every audited decision becomes a leaf of (issue 33).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct LogConfig {
-    /// The log's origin: the first line of its checkpoints and its key's name
-    /// (`broker.example.com/log`).
-    pub origin: String,
-    /// Ed25519 PKCS#8 (DER) that signs the checkpoints: a key of its own.
-    pub key: PathBuf,
-    /// How often committed audit rows are integrated and a checkpoint signed (milliseconds;
-    /// default 1000).
-    #[serde(default = "default_log_interval")]
-    pub interval_ms: u64,
-    /// Where the last checkpoint this broker signed is kept, outside the database: the log
-    /// only ever extends it, whatever the database says (default: the key's path with
-    /// `.state` appended).
-    #[serde(default)]
-    pub state: Option<PathBuf>,
-    /// The witnesses asked to cosign each checkpoint (C2SP tlog-witness).
-    #[serde(default)]
-    pub witnesses: Vec<WitnessRef>,
-    /// How many of them must cosign a checkpoint before it is published at
-    /// `/v1/log/checkpoint` (0: published as signed). Acknowledging a decision never waits for
-    /// witnesses: its leaf is durable at commit; only publication waits.
-    #[serde(default)]
-    pub quorum: usize,
-}
-
-/// A witness the log submits its checkpoints to.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct WitnessRef {
-    /// Its verifier key (`<name>+<id>+<0x04 key>`).
-    pub vkey: String,
-    /// Its submission prefix: `add-checkpoint` is posted under it.
-    pub url: String,
-    /// The CA its TLS certificate is under (default: the WebPKI roots).
-    #[serde(default)]
-    pub ca: Option<PathBuf>,
-}
-
-impl LogConfig {
-    /// The pin's file.
-    pub fn state_path(&self) -> PathBuf {
-        self.state
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("{}.state", self.key.display())))
-    }
-}
-
-fn default_log_interval() -> u64 {
-    1000
-}
+pub use cgx_service::logwriter::{LogConfig, WitnessRef};
 
 /// `[reputation]`: how fast old events fade, how often uptime is credited.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

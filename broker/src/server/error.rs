@@ -64,6 +64,12 @@ pub enum BrokerError {
     Internal(String),
 }
 
+impl From<cgx_service::tlog::LogStoreError> for BrokerError {
+    fn from(e: cgx_service::tlog::LogStoreError) -> Self {
+        BrokerError::Storage(e.to_string())
+    }
+}
+
 impl From<cgx_service::ServiceError> for BrokerError {
     fn from(e: cgx_service::ServiceError) -> Self {
         BrokerError::Config(e.to_string())

@@ -1,12 +1,17 @@
 //! The broker's transparency log (issue 33; the format is `cgx_tlog`'s, the storage
-//! `cgx_service::tlog`'s): every audit row the broker commits is a leaf; a task integrates them
-//! and signs a checkpoint every `[log] interval_ms`; `GET /v1/log/checkpoint` and
-//! `GET /v1/log/tile/…` serve the log as C2SP tlog-tiles lays it out — the checkpoint and hash
-//! tiles to anyone, entry bundles (they name tenants, nodes and amounts) to auditors.
+//! `cgx_service::tlog`'s, the writer — pin, passes, witnesses — `cgx_service::logwriter`'s):
+//! every audit row the broker commits is a leaf; a task integrates them and signs a checkpoint
+//! every `[log] interval_ms`; `GET /v1/log/checkpoint` and `GET /v1/log/tile/…` serve the log as
+//! C2SP tlog-tiles lays it out — the checkpoint its witnesses' quorum cosigned and hash tiles to
+//! anyone, entry bundles (they name tenants, nodes and amounts) to auditors.
 
 use std::sync::Arc;
 
 use super::{Broker, BrokerError};
+
+fn storage(e: cgx_service::tlog::LogStoreError) -> BrokerError {
+    BrokerError::Storage(e.to_string())
+}
 
 impl Broker {
     /// One integration pass: the log's size after it, if anything was appended.
@@ -15,187 +20,46 @@ impl Broker {
         Ok(self.integrate_log_pass().await?.map(|d| d.size))
     }
 
-    /// One integration pass: what it did, if anything was appended.
+    /// One integration pass (under the replicas' write lock): what it did, if anything was
+    /// appended.
     pub(crate) async fn integrate_log_pass(
         &self,
     ) -> Result<Option<cgx_service::tlog::Integrated>, BrokerError> {
-        let (Some(key), Some((path, pin))) = (&self.log_key, &self.log_pin) else {
+        let Some(log) = &self.log else {
             return Ok(None);
         };
-        // One pass at a time on this replica; the pin moves only after the pass committed
-        // (a crash in between leaves an older pin, which the log still extends).
-        let mut pin = pin.lock().await;
-        let done = self
-            .store
-            .integrate_log(key, self.clock.unix(), *pin)
-            .await?;
-        Ok(match done {
-            Some(d) => {
-                cgx_service::tlog::save_pin(path, &d.checkpoint)
-                    .map_err(|e| BrokerError::Storage(e.to_string()))?;
-                *pin = Some(cgx_service::tlog::Pinned {
-                    size: d.size,
-                    root: d.root,
-                });
-                Some(d)
-            }
-            None => None,
-        })
+        let at = self.clock.unix();
+        log.pass(|pin| self.store.integrate_log(log.key(), at, pin))
+            .await
     }
 
     /// The newest published checkpoint: the newest the configured quorum of witnesses
     /// cosigned (any signed one with no quorum), with its cosignatures.
     pub(crate) async fn log_checkpoint(&self) -> Result<Vec<u8>, BrokerError> {
-        if self.log_key.is_none() {
+        let Some(log) = &self.log else {
             return Err(BrokerError::NotFound("this broker keeps no log".into()));
-        }
-        cgx_service::tlog::published(self.store.db.pool(), self.log_quorum)
+        };
+        log.published(self.store.db.pool())
             .await
-            .map_err(|e| BrokerError::Storage(e.to_string()))?
+            .map_err(storage)?
             .ok_or_else(|| BrokerError::NotFound("no checkpoint published yet".into()))
     }
 
-    /// Submit the newest checkpoint to the witnesses until the quorum cosigned it: each
-    /// answer's line is checked under its witness's key before it is kept. A witness that
-    /// holds an older size than we thought says so (409) and is asked again with a proof from
-    /// there; one that refuses otherwise is logged and asked again at the next checkpoint.
+    /// Submit the newest checkpoint to the witnesses: how many cosigned it.
     pub(crate) async fn witness_round(&self) -> Result<usize, BrokerError> {
-        let Some(key) = &self.log_key else {
-            return Ok(0);
-        };
-        if self.log_witnesses.is_empty() {
-            return Ok(0);
-        }
-        let pool = self.store.db.pool();
-        let storage = |e: cgx_service::tlog::LogStoreError| BrokerError::Storage(e.to_string());
-        let Some((size, note, witnessed)) =
-            cgx_service::tlog::newest(pool).await.map_err(storage)?
-        else {
-            return Ok(0);
-        };
-        if witnessed >= self.log_witnesses.len() as u64 {
-            return Ok(witnessed as usize);
-        }
-        let signed = log_signed_only(&note).ok_or_else(|| {
-            BrokerError::Storage("a stored checkpoint without its signature".into())
-        })?;
-        let mut lines = Vec::new();
-        for w in &self.log_witnesses {
-            match self.submit_checkpoint(w, size, &signed).await {
-                Ok(line) => lines.push(line),
-                Err(e) => {
-                    tracing::warn!(witness = %w.key.name(), error = %e, "checkpoint not cosigned")
-                }
-            }
-        }
-        if (lines.len() as u64) <= witnessed {
-            return Ok(witnessed as usize);
-        }
-        let cosigned = cgx_tlog::witness::add_cosignatures(&signed, &lines);
-        let keys: Vec<cgx_tlog::note::NoteKey> =
-            self.log_witnesses.iter().map(|w| w.key.clone()).collect();
-        let opened = cgx_tlog::note::open_checkpoint(&cosigned, &key.verifier(), &keys, 0)
-            .map_err(|e| BrokerError::Internal(format!("cosigned checkpoint: {e}")))?;
-        cgx_service::tlog::set_witnessed(pool, size, &cosigned, opened.cosigned.len())
-            .await
-            .map_err(storage)?;
-        if opened.cosigned.len() >= self.log_quorum {
-            tracing::debug!(
-                size,
-                cosigned = opened.cosigned.len(),
-                "checkpoint published"
-            );
-        }
-        Ok(opened.cosigned.len())
-    }
-
-    /// One witness's cosignature line for checkpoint `signed` (of `size` leaves).
-    async fn submit_checkpoint(
-        &self,
-        w: &LogWitness,
-        size: u64,
-        signed: &[u8],
-    ) -> Result<Vec<u8>, String> {
-        let Some(key) = &self.log_key else {
-            return Err("no log".into());
-        };
-        for _ in 0..2 {
-            let old = *w.holds.lock().map_err(|_| "a poisoned lock")?;
-            if old > size {
-                return Err(format!(
-                    "the witness holds {old} leaves, more than this checkpoint's {size}: a fork, or another log under this name"
-                ));
-            }
-            let proof = cgx_service::tlog::prove_tree(self.store.db.pool(), size, old)
+        match &self.log {
+            Some(log) => log
+                .witness_round(self.store.db.pool())
                 .await
-                .map_err(|e| e.to_string())?;
-            let body = cgx_tlog::witness::AddCheckpoint {
-                old,
-                proof,
-                checkpoint: signed.to_vec(),
-            }
-            .to_bytes();
-            let (agent, url) = (w.agent.clone(), w.url.clone());
-            let (status, ct, answer) = tokio::task::spawn_blocking(move || {
-                let mut r = agent
-                    .post(&url)
-                    .content_type("text/plain; charset=utf-8")
-                    .send(&body[..])
-                    .map_err(|e| format!("{url}: {e}"))?;
-                let ct = r
-                    .headers()
-                    .get("content-type")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_string();
-                let answer = r
-                    .body_mut()
-                    .with_config()
-                    .limit(16 * 1024)
-                    .read_to_vec()
-                    .map_err(|e| format!("{url}: {e}"))?;
-                Ok::<_, String>((r.status().as_u16(), ct, answer))
-            })
-            .await
-            .map_err(|e| e.to_string())??;
-            match status {
-                200 => {
-                    let cosigned =
-                        cgx_tlog::witness::add_cosignatures(signed, std::slice::from_ref(&answer));
-                    cgx_tlog::note::open_checkpoint(
-                        &cosigned,
-                        &key.verifier(),
-                        std::slice::from_ref(&w.key),
-                        1,
-                    )
-                    .map_err(|e| format!("its answer is not its cosignature: {e}"))?;
-                    *w.holds.lock().map_err(|_| "a poisoned lock")? = size;
-                    return Ok(answer);
-                }
-                409 if ct.starts_with(cgx_tlog::witness::SIZE_CONTENT_TYPE) => {
-                    let held = cgx_tlog::witness::parse_size(&answer)
-                        .ok_or("a 409 without the size it holds")?;
-                    if held == old {
-                        return Err(format!(
-                            "the witness holds {held} leaves with another root: a fork"
-                        ));
-                    }
-                    *w.holds.lock().map_err(|_| "a poisoned lock")? = held;
-                }
-                other => {
-                    let text =
-                        String::from_utf8_lossy(&answer[..answer.len().min(512)]).into_owned();
-                    return Err(format!("{other}: {}", text.trim_end()));
-                }
-            }
+                .map_err(storage),
+            None => Ok(0),
         }
-        Err("the witness moved twice while asked".into())
     }
 
     /// A tile (`tile/…`) of the newest checkpoint's tree; entry bundles need `auditor` (or
     /// `*`).
     pub(crate) async fn log_tile(&self, path: &str, auditor: bool) -> Result<Vec<u8>, BrokerError> {
-        if self.log_key.is_none() {
+        if self.log.is_none() {
             return Err(BrokerError::NotFound("this broker keeps no log".into()));
         }
         if path.len() > 64 {
@@ -212,98 +76,20 @@ impl Broker {
             Err(cgx_service::tlog::LogStoreError::Log(e)) => {
                 Err(BrokerError::NotFound(e.to_string()))
             }
-            Err(e) => Err(BrokerError::Storage(e.to_string())),
+            Err(e) => Err(storage(e)),
         }
     }
 }
 
-/// A witness the log submits to.
-pub(crate) struct LogWitness {
-    pub key: cgx_tlog::note::NoteKey,
-    /// `<prefix>/add-checkpoint`.
-    pub url: String,
-    pub agent: ureq::Agent,
-    /// The size it is believed to hold (0 at start: it says otherwise with a 409).
-    pub holds: std::sync::Mutex<u64>,
-}
-
-/// The witnesses `[log]` names, their keys checked.
-pub(super) fn witnesses(l: &super::config::LogConfig) -> Result<Vec<LogWitness>, BrokerError> {
-    if l.quorum > l.witnesses.len() {
-        return Err(BrokerError::Config(format!(
-            "[log] quorum {} is more than the {} witnesses named",
-            l.quorum,
-            l.witnesses.len()
-        )));
-    }
-    let mut out = Vec::new();
-    for w in &l.witnesses {
-        let key = cgx_tlog::note::NoteKey::parse(&w.vkey)
-            .map_err(|e| BrokerError::Config(format!("[log] witness: {e}")))?;
-        if key.kind() != cgx_tlog::note::KeyKind::Cosignature {
-            return Err(BrokerError::Config(format!(
-                "[log] witness {} is not a cosignature/v1 key",
-                key.name()
-            )));
-        }
-        let roots = match &w.ca {
-            Some(p) => {
-                let pem = std::fs::read(p).map_err(|e| {
-                    BrokerError::Config(format!("[log] witness CA {}: {e}", p.display()))
-                })?;
-                cgx_http::Roots::from_pem(&pem)
-                    .map_err(|e| BrokerError::Config(format!("[log] witness CA: {e}")))?
-            }
-            None => cgx_http::Roots::WebPki,
-        };
-        let mut client = cgx_http::Client::service(roots);
-        client.timeout = std::time::Duration::from_secs(10);
-        out.push(LogWitness {
-            key,
-            url: format!("{}/add-checkpoint", w.url.trim_end_matches('/')),
-            agent: client.agent(),
-            holds: std::sync::Mutex::new(0),
-        });
-    }
-    Ok(out)
-}
-
-/// A checkpoint note as the log signed it: its text and the log's signature line, which comes
-/// first (cosignatures are added after it).
-fn log_signed_only(note: &[u8]) -> Option<Vec<u8>> {
-    let split = note.windows(2).position(|w| w == b"\n\n")? + 2;
-    let first = note[split..].iter().position(|&b| b == b'\n')?;
-    Some(note[..split + first + 1].to_vec())
-}
-
-/// The integrator: a pass every `every`; a pass that appended goes again at once (a backlog
-/// drains at the database's pace).
+/// The integrator task.
 pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        // A pass that appended goes again at once: a backlog drains at the database's pace,
-        // one bounded transaction after another.
-        loop {
-            match broker.integrate_log_pass().await {
-                Ok(Some(d)) => {
-                    tracing::debug!(size = d.size, "log checkpoint signed");
-                    if d.appended < super::store::LOG_PASS.unsigned_abs() {
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::error!(error = %e, "log not integrated");
-                    break;
-                }
-            }
-        }
-        if let Err(e) = broker.witness_round().await {
-            tracing::warn!(error = %e, "witnesses not asked");
-        }
-    }
+    cgx_service::logwriter::integrator(
+        every,
+        super::store::LOG_PASS.unsigned_abs(),
+        || broker.integrate_log_pass(),
+        || broker.witness_round(),
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -628,7 +414,7 @@ mod tests {
         // A broker restarted on the same pin refuses too: the pin is read back and checked.
         let pin = cgx_service::tlog::load_pin(
             &dir.join("log.pk8.state"),
-            &h.broker.log_key.as_ref().unwrap().verifier(),
+            &h.broker.log.as_ref().unwrap().key().verifier(),
         )
         .unwrap()
         .unwrap();
@@ -637,7 +423,7 @@ mod tests {
         std::fs::write(dir.join("log.pk8.state"), b"not a checkpoint\n").unwrap();
         let e = cgx_service::tlog::load_pin(
             &dir.join("log.pk8.state"),
-            &h.broker.log_key.as_ref().unwrap().verifier(),
+            &h.broker.log.as_ref().unwrap().key().verifier(),
         )
         .unwrap_err();
         assert!(e.to_string().contains("log.pk8.state"), "{e}");
@@ -784,7 +570,7 @@ mod tests {
                     .await
                     .unwrap()
                     .unwrap();
-                log_signed_only(&note).unwrap()
+                cgx_service::logwriter::log_signed_only(&note).unwrap()
             },
         };
         let url = format!("http://{}/add-checkpoint", w1.addr());

@@ -107,18 +107,8 @@ pub(crate) struct Broker {
     refs_in_force: Mutex<(i64, String)>,
     /// One change of settings at a time on this replica.
     settings_lock: tokio::sync::Mutex<()>,
-    /// The transparency log's checkpoint key (`[log]`), if it keeps one.
-    log_key: Option<cgx_tlog::note::NoteSigner>,
-    /// The file keeping the last tree this replica's log key signed, and that tree: every
-    /// checkpoint it signs extends it (`cgx_service::tlog::Pinned`).
-    log_pin: Option<(
-        std::path::PathBuf,
-        tokio::sync::Mutex<Option<cgx_service::tlog::Pinned>>,
-    )>,
-    /// The witnesses each checkpoint is submitted to, and how many must cosign it before it
-    /// is published.
-    log_witnesses: Vec<log::LogWitness>,
-    log_quorum: usize,
+    /// The transparency log's writer (`[log]`), if it keeps one.
+    log: Option<cgx_service::logwriter::LogWriter>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -241,41 +231,15 @@ impl Broker {
                 "the signing key is also an API key: leases and API tokens need two keys".into(),
             ));
         }
-        let log_key = match &config.log {
-            Some(l) => {
-                let der = std::fs::read(&l.key).map_err(|e| {
-                    BrokerError::Config(format!("log key {}: {e}", l.key.display()))
-                })?;
-                let k = cgx_tlog::note::NoteSigner::from_pkcs8(
-                    &l.origin,
-                    cgx_tlog::note::KeyKind::Ed25519,
-                    &der,
-                )
-                .map_err(|e| BrokerError::Config(format!("[log]: {e}")))?;
-                if k.public_key() == keys.public {
-                    return Err(BrokerError::Config(
-                        "the log key is the signing key: checkpoints and leases need two keys"
-                            .into(),
-                    ));
-                }
-                let pin = cgx_service::tlog::load_pin(&l.state_path(), &k.verifier())
-                    .map_err(|e| BrokerError::Config(format!("[log] state: {e}")))?;
-                let witnesses = log::witnesses(l)?;
-                Some((k, l.state_path(), pin, witnesses, l.quorum))
-            }
-            None => None,
-        };
-        let (log_key, log_pin, log_witnesses, log_quorum) = match log_key {
-            Some((k, path, pin, w, q)) => {
-                (Some(k), Some((path, tokio::sync::Mutex::new(pin))), w, q)
-            }
-            None => (None, None, Vec::new(), 0),
-        };
+        // The log key must be a key of its own: not the one that signs leases, records and
+        // EARs' keys are another kind (P-256).
+        let log = config
+            .log
+            .as_ref()
+            .map(|l| cgx_service::logwriter::LogWriter::open(l, &[keys.public]))
+            .transpose()?;
         let broker = Broker {
-            log_key,
-            log_pin,
-            log_witnesses,
-            log_quorum,
+            log,
             store,
             appraiser: Arc::new(appraiser),
             source,

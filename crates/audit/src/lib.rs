@@ -262,6 +262,123 @@ pub fn check(leaves: &[Vec<u8>], rules: Rules<'_>) -> Report {
     r
 }
 
+/// The KBS's releases against the broker's log (both verified): each release under a lease
+/// is of a lease the broker opened, for the tenant and node the release names, on a node whose
+/// registration (the latest before the lease) affirmed and attested the very TEE key the
+/// resource went to, while the lease was live (from its opening to its end or its term); a
+/// release without a lease went to a TEE key some affirming registration attested before it.
+pub fn check_releases(kbs: &[Vec<u8>], broker: &[Vec<u8>]) -> Vec<Violation> {
+    struct Open {
+        at: i64,
+        node: String,
+        tenant: String,
+        ends_at: i64,
+        ended_at: Option<i64>,
+        tee: Option<String>,
+        affirming: bool,
+    }
+    // TEE key → when an affirming registration attested it first.
+    let mut attested: HashMap<String, i64> = HashMap::new();
+    // Node → (TEE key, affirming) of its latest registration.
+    let mut nodes: HashMap<String, (String, bool)> = HashMap::new();
+    let mut leases: HashMap<String, Open> = HashMap::new();
+    for l in broker {
+        let Ok(j) = serde_json::from_slice::<Value>(l) else {
+            continue;
+        };
+        let d = &j["detail"];
+        let at = j["at"].as_i64().unwrap_or(0);
+        let subject = j["subject"].as_str().unwrap_or("").to_string();
+        match j["action"].as_str() {
+            Some("node.register") => {
+                let tee = d["tee_thumbprint"].as_str().unwrap_or("").to_string();
+                let affirming = d["status"] == "affirming";
+                if affirming {
+                    attested.entry(tee.clone()).or_insert(at);
+                }
+                nodes.insert(subject, (tee, affirming));
+            }
+            Some("lease.open") => {
+                let node = d["node"].as_str().unwrap_or("").to_string();
+                let (tee, affirming) = nodes
+                    .get(&node)
+                    .map(|(t, a)| (Some(t.clone()), *a))
+                    .unwrap_or((None, false));
+                leases.insert(
+                    subject,
+                    Open {
+                        at,
+                        node,
+                        tenant: d["tenant"].as_str().unwrap_or("").to_string(),
+                        ends_at: d["ends_at"].as_i64().unwrap_or(i64::MAX),
+                        ended_at: None,
+                        tee,
+                        affirming,
+                    },
+                );
+            }
+            Some("lease.end") => {
+                if let Some(o) = leases.get_mut(&subject) {
+                    o.ended_at = Some(at);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (i, l) in kbs.iter().enumerate() {
+        let Ok(j) = serde_json::from_slice::<Value>(l) else {
+            continue;
+        };
+        if j["action"] != "release" {
+            continue;
+        }
+        let d = &j["detail"];
+        let at = j["at"].as_i64().unwrap_or(0);
+        let path = j["subject"].as_str().unwrap_or("");
+        let tee = d["tee_key"].as_str().unwrap_or("");
+        let why = match d["lease"].as_str() {
+            Some(lease) => match leases.get(lease) {
+                None => Some(format!(
+                    "released {path} under lease {lease}, which the broker never opened"
+                )),
+                Some(o) if !o.affirming => Some(format!(
+                    "released {path} under lease {lease}, on node {} whose registration did not affirm",
+                    o.node
+                )),
+                Some(o) if o.tee.as_deref() != Some(tee) => Some(format!(
+                    "released {path} to TEE key {tee}, not the key node {} attested",
+                    o.node
+                )),
+                Some(o) if d["tenant"].as_str().is_some_and(|t| t != o.tenant) => Some(format!(
+                    "released {path} for tenant {}, but lease {lease} is tenant {}'s",
+                    d["tenant"], o.tenant
+                )),
+                Some(o) if at < o.at || at > o.ended_at.unwrap_or(o.ends_at).min(o.ends_at) => {
+                    Some(format!(
+                        "released {path} at {at}, outside lease {lease}'s life"
+                    ))
+                }
+                Some(_) => None,
+            },
+            None => match attested.get(tee) {
+                Some(t) if *t <= at => None,
+                _ => Some(format!(
+                    "released {path} to TEE key {tee}, which no affirming registration attested before"
+                )),
+            },
+        };
+        if let Some(reason) = why {
+            out.push(Violation {
+                index: i as u64,
+                action: "release".into(),
+                reason,
+            });
+        }
+    }
+    out
+}
+
 /// An accepted record checked against its lease, node and chain, then noted.
 fn accept(
     leases: &mut HashMap<String, Lease>,

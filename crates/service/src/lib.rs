@@ -24,6 +24,7 @@ pub mod db;
 pub mod error;
 pub mod jwt;
 pub mod limits;
+pub mod logwriter;
 pub mod metrics;
 pub mod ops;
 pub mod server;

@@ -138,6 +138,10 @@ pub struct KbsConfig {
     pub insecure_dev: bool,
     pub database: String,
     pub kek: KekSource,
+    /// The KBS's own transparency log over its audit trail (`[log]`; none where absent): every
+    /// release and refusal a leaf, checkpointed under its own origin and key.
+    #[serde(default)]
+    pub log: Option<cgx_service::logwriter::LogConfig>,
     #[serde(default)]
     pub admin_keys: Vec<AdminKey>,
     /// Ed25519 keys of brokers whose lease tokens are honoured.

@@ -155,6 +155,12 @@ impl From<cgx_service::ServiceError> for KbsError {
     }
 }
 
+impl From<cgx_service::tlog::LogStoreError> for KbsError {
+    fn from(e: cgx_service::tlog::LogStoreError) -> Self {
+        KbsError::Storage(e.to_string())
+    }
+}
+
 impl From<DbError> for KbsError {
     fn from(e: DbError) -> Self {
         match e {

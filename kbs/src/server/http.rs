@@ -91,6 +91,13 @@ pub(super) fn router(kbs: Arc<Kbs>) -> Result<Router, KbsError> {
     Ok(
         cgx_service::ops::routes(api, OPENAPI_PATH, doc, kbs.metrics.clone())
             .map_err(|e| KbsError::Internal(format!("OpenAPI document: {e}")))?
+            // The log, laid out as C2SP tlog-tiles serves it (outside the API's JSON document).
+            .route("/kbs/v0/log/checkpoint", axum::routing::get(log_checkpoint))
+            .route(
+                "/kbs/v0/log/tile/entries/{*path}",
+                axum::routing::get(log_entries),
+            )
+            .route("/kbs/v0/log/tile/{*path}", axum::routing::get(log_tile))
             .route_layer(cgx_service::metrics::TrackLayer::new(kbs.metrics.clone()))
             .fallback(not_found)
             .layer(DefaultBodyLimit::max(16 << 20))
@@ -738,6 +745,55 @@ async fn audit(
         .audit_events(num("after", 0)?, num("limit", 1000)?.clamp(1, 10_000))
         .await?;
     Ok(Json(events).into_response())
+}
+
+async fn log_checkpoint(State(kbs): Shared) -> Result<Response, KbsError> {
+    let note = kbs.log_checkpoint().await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        note,
+    )
+        .into_response())
+}
+
+fn tile_response(data: Vec<u8>, path: &str) -> Response {
+    // Full hash tiles never change and anyone may read them; entry bundles are an
+    // administrator's answer; partial tiles are replaced as the log grows.
+    let cache = if path.starts_with("tile/entries/") {
+        "private, no-store"
+    } else if path.contains(".p/") {
+        "no-store"
+    } else {
+        "public, max-age=31536000, immutable"
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (header::CACHE_CONTROL, cache),
+            (header::VARY, "authorization"),
+        ],
+        data,
+    )
+        .into_response()
+}
+
+async fn log_tile(State(kbs): Shared, Path(path): Path<String>) -> Result<Response, KbsError> {
+    let path = format!("tile/{path}");
+    Ok(tile_response(kbs.log_tile(&path, false).await?, &path))
+}
+
+async fn log_entries(
+    State(kbs): Shared,
+    admin: Admin,
+    Path(path): Path<String>,
+) -> Result<Response, KbsError> {
+    // Entries name tenants' resources: unscoped administrators (auditors) only.
+    admin.may(None)?;
+    let path = format!("tile/entries/{path}");
+    Ok(tile_response(kbs.log_tile(&path, true).await?, &path))
 }
 
 // ------------------------------------------------------------------------ public

@@ -10,6 +10,7 @@ mod fetch;
 pub mod fuzz;
 mod http;
 mod keys;
+mod log;
 mod openapi;
 mod rcar;
 mod release;
@@ -71,6 +72,8 @@ pub(crate) struct Kbs {
     /// Answered challenges and attested sessions: the record (`memory`) or this replica's
     /// cache of what it attested (`database`).
     sessions: sessions::Sessions,
+    /// The transparency log's writer (`[log]`), if it keeps one.
+    pub(crate) log: Option<cgx_service::logwriter::LogWriter>,
 }
 
 /// An attested session as the resource endpoint needs it: the TEE key the EAR binds and the
@@ -262,6 +265,12 @@ impl Kbs {
                 "a key is configured both as an admin key and as a broker key".into(),
             ));
         }
+        // The log key is a key of its own: neither an admin's nor a broker's.
+        let admin_publics: Vec<[u8; 32]> = admin
+            .iter()
+            .map(|(k, _)| *k)
+            .chain(broker_keys.iter().copied())
+            .collect();
         let admin_keys = AdminKeys::for_kind(
             cgx_service::auth::BearerKind::KbsAdmin,
             admin,
@@ -279,7 +288,13 @@ impl Kbs {
                 "tenant isolation is off: the global release policy alone releases any resource"
             );
         }
+        let log = config
+            .log
+            .as_ref()
+            .map(|l| cgx_service::logwriter::LogWriter::open(l, &admin_publics))
+            .transpose()?;
         Ok(Kbs {
+            log,
             store,
             attester,
             fetcher,
@@ -582,6 +597,19 @@ pub async fn start_with_clock(config: &KbsConfig, clock: SharedClock) -> Result<
     let mut background: Vec<Background> = vec![Box::pin(housekeeping(kbs.clone()))];
     if kbs.store.is_sqlite() {
         background.push(Box::pin(checkpoints(kbs.clone())));
+    }
+    if let Some(l) = &kbs.log {
+        let every = l.interval();
+        let k = kbs.clone();
+        background.push(Box::pin(async move {
+            cgx_service::logwriter::integrator(
+                every,
+                store::LOG_PASS.unsigned_abs(),
+                || k.integrate_log_pass(),
+                || k.witness_round(),
+            )
+            .await
+        }));
     }
     let server =
         cgx_service::server::start(&config.listener(), http::router(kbs.clone())?, background)

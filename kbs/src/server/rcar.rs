@@ -171,6 +171,7 @@ mod tests {
             insecure_dev: true,
             database: format!("sqlite://{}", dir.join("kbs.db").display()),
             kek: KekSource::File(dir.join("kek.hex")),
+            log: None,
             admin_keys: Vec::new(),
             broker_keys: vec![public_b64(broker)],
             result_key: None,

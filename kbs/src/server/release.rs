@@ -405,10 +405,52 @@ impl Kbs {
         tag: &str,
         query: &HashMap<String, String>,
     ) -> Result<Value, KbsError> {
-        let kbs = self;
         let path = resource_path(repo, kind, tag)?;
-        // Authentication first: an unauthenticated caller learns nothing about what exists.
-        let session = kbs.requester(who).await?;
+        // Authentication first: an unauthenticated caller learns nothing about what exists,
+        // and leaves no trace in the log.
+        let session = self.requester(who).await?;
+        let out = self
+            .release_to(&session, &path, repo, kind, tag, query)
+            .await;
+        if let Err(e) = &out
+            && !matches!(e, KbsError::Storage(_) | KbsError::Internal(_))
+        {
+            // An attested session refused: a leaf of the KBS's log (issue 33), durable before
+            // the refusal is answered. Bounded by the session's own rate limits.
+            let lease = query.get("lease").map(|t| {
+                hex::encode(aws_lc_rs::digest::digest(
+                    &aws_lc_rs::digest::SHA256,
+                    t.as_bytes(),
+                ))
+            });
+            self.store
+                .audit(
+                    "tee",
+                    "release.refused",
+                    &path,
+                    &json!({
+                        "tee_key": cgx_protocol::kbs::jwe::thumbprint(&session.tee_pubkey),
+                        "lease_token_sha256": lease,
+                        "reason": cgx_service::audit::cap(&e.to_string(), 1024),
+                    }),
+                )
+                .await?;
+        }
+        out
+    }
+
+    /// [`Self::release`] once the session is known.
+    async fn release_to(
+        &self,
+        session: &super::LiveSession,
+        path: &str,
+        repo: &str,
+        kind: &str,
+        tag: &str,
+        query: &HashMap<String, String>,
+    ) -> Result<Value, KbsError> {
+        let kbs = self;
+        let path = path.to_string();
         let key = &session.tee_pubkey;
         // Every part must be affirming: a part the policy left at `none` is not a pass, whatever
         // release policy an administrator installs.
@@ -504,6 +546,10 @@ impl Kbs {
                 &json!({
                     "tee_key": cgx_protocol::kbs::jwe::thumbprint(key),
                     "lease": lease.as_ref().map(|l| l.body.lease.as_str()),
+                    "tenant": lease.as_ref().map(|l| l.body.tenant.as_str()),
+                    "node": lease.as_ref().map(|l| l.body.node.as_str()),
+                    "lease_exp": lease.as_ref().map(|l| l.exp),
+                    "ear_status": status.as_str(),
                 }),
             )
             .await?;

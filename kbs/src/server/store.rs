@@ -121,7 +121,25 @@ const MIGRATIONS: &[Migration] = &[
         sqlite: "DROP INDEX IF EXISTS sessions_expiry",
         postgres: "",
     },
+    // Versions 7 and 8 (issue 33): the KBS's own transparency log over its audit trail
+    // (`cgx_service::tlog`), and how many witnesses cosigned each checkpoint.
+    Migration {
+        version: 7,
+        sqlite: cgx_service::tlog::LOG_TABLES,
+        postgres: cgx_service::tlog::LOG_TABLES,
+    },
+    Migration {
+        version: 8,
+        sqlite: cgx_service::tlog::LOG_WITNESSED,
+        postgres: cgx_service::tlog::LOG_WITNESSED,
+    },
 ];
+
+/// The service name the KBS's leaves carry.
+pub const SERVICE: &str = "cgx-kbs";
+
+/// At most this many audit rows are integrated in one pass.
+pub(crate) const LOG_PASS: i64 = 16_384;
 
 /// The watermark name of a policy scope (resources use their path, which has no `:`).
 fn policy_mark(scope: &str) -> String {
@@ -393,6 +411,43 @@ impl Store {
 
     pub(crate) fn is_sqlite(&self) -> bool {
         self.db.backend() == Backend::Sqlite
+    }
+
+    /// The pool readers of the log use.
+    pub(crate) fn pool(&self) -> &sqlx::AnyPool {
+        self.db.pool()
+    }
+
+    /// Integrate the audit rows committed since the last pass into the log and sign a
+    /// checkpoint extending `pin`, in a write transaction of its own: SQLite's one writer, or,
+    /// on PostgreSQL, under the lock audit rows are inserted under (so no row with a smaller
+    /// `seq` can still be uncommitted when a larger one is read).
+    pub(crate) async fn integrate_log(
+        &self,
+        signer: &cgx_tlog::note::NoteSigner,
+        at: i64,
+        pin: Option<cgx_service::tlog::Pinned>,
+    ) -> Result<Option<cgx_service::tlog::Integrated>, KbsError> {
+        let storage = |e: cgx_service::tlog::LogStoreError| KbsError::Storage(e.to_string());
+        if !cgx_service::tlog::behind(self.db.pool())
+            .await
+            .map_err(storage)?
+        {
+            return Ok(None);
+        }
+        let mut tx = match self.db.backend() {
+            Backend::Sqlite => self.db.write_pool().begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => {
+                let mut tx = self.db.pool().begin().await?;
+                cgx_service::db::lock_in_commit_order(&mut tx, AUDIT_ORDER_LOCK).await?;
+                tx
+            }
+        };
+        let done = cgx_service::tlog::integrate(&mut tx, SERVICE, signer, at, LOG_PASS, pin)
+            .await
+            .map_err(storage)?;
+        tx.commit().await?;
+        Ok(done)
     }
 
     /// Fold the SQLite write-ahead log back into the database without blocking writers

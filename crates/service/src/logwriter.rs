@@ -1,0 +1,369 @@
+//! The log writer a service runs over its audit trail (issue 33): `[log]` configuration, the
+//! pin kept beside the key (the last tree this writer signed: every later one extends it), the
+//! integration pass (the service supplies the write transaction, `tlog::integrate` does the
+//! rest), and the witnesses (C2SP tlog-witness) each checkpoint is submitted to, the newest
+//! their quorum cosigned being the one published. The broker and the KBS each run one, over
+//! their own tables, under their own origin and key.
+
+use std::path::PathBuf;
+
+use cgx_tlog::note::{KeyKind, NoteKey, NoteSigner, open_checkpoint};
+use serde::Deserialize;
+
+use crate::ServiceError;
+use crate::tlog::{Integrated, LogStoreError, Pinned};
+
+/// `[log]`: the transparency log every audited decision becomes a leaf of.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// The log's origin: the first line of its checkpoints and its key's name
+    /// (`broker.example.com/log`).
+    pub origin: String,
+    /// Ed25519 PKCS#8 (DER) that signs the checkpoints: a key of its own.
+    pub key: PathBuf,
+    /// How often committed audit rows are integrated and a checkpoint signed (milliseconds;
+    /// default 1000).
+    #[serde(default = "default_log_interval")]
+    pub interval_ms: u64,
+    /// Where the last checkpoint this writer signed is kept, outside the database: the log
+    /// only ever extends it, whatever the database says (default: the key's path with
+    /// `.state` appended).
+    #[serde(default)]
+    pub state: Option<PathBuf>,
+    /// The witnesses asked to cosign each checkpoint (C2SP tlog-witness).
+    #[serde(default)]
+    pub witnesses: Vec<WitnessRef>,
+    /// How many of them must cosign a checkpoint before it is published (0: published as
+    /// signed). Acknowledging a decision never waits for witnesses: its leaf is durable at
+    /// commit; only publication waits.
+    #[serde(default)]
+    pub quorum: usize,
+}
+
+fn default_log_interval() -> u64 {
+    1000
+}
+
+/// A witness the log submits its checkpoints to.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WitnessRef {
+    /// Its verifier key (`<name>+<id>+<0x04 key>`).
+    pub vkey: String,
+    /// Its submission prefix: `add-checkpoint` is posted under it.
+    pub url: String,
+    /// The CA its TLS certificate is under (default: the WebPKI roots).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+}
+
+impl LogConfig {
+    /// The pin's file.
+    pub fn state_path(&self) -> PathBuf {
+        self.state
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("{}.state", self.key.display())))
+    }
+}
+
+/// A witness, as the writer asks it.
+struct LogWitness {
+    key: NoteKey,
+    /// `<prefix>/add-checkpoint`.
+    url: String,
+    agent: ureq::Agent,
+    /// The size it is believed to hold (0 at start: it says otherwise with a 409).
+    holds: std::sync::Mutex<u64>,
+}
+
+/// A service's log writer.
+pub struct LogWriter {
+    key: NoteSigner,
+    pin_path: PathBuf,
+    pin: tokio::sync::Mutex<Option<Pinned>>,
+    witnesses: Vec<LogWitness>,
+    quorum: usize,
+    interval: std::time::Duration,
+}
+
+impl std::fmt::Debug for LogWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogWriter")
+            .field("vkey", &self.key.vkey())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogWriter {
+    /// The writer `config` describes: its key read (refused if its public key is one of
+    /// `other_keys`, the service's other signing keys), its pin read and checked under it, its
+    /// witnesses' keys checked.
+    pub fn open(config: &LogConfig, other_keys: &[[u8; 32]]) -> Result<LogWriter, ServiceError> {
+        let bad = |m: String| ServiceError::Config(format!("[log] {m}"));
+        let der = std::fs::read(&config.key)
+            .map_err(|e| bad(format!("key {}: {e}", config.key.display())))?;
+        let key = NoteSigner::from_pkcs8(&config.origin, KeyKind::Ed25519, &der)
+            .map_err(|e| bad(e.to_string()))?;
+        if other_keys.contains(&key.public_key()) {
+            return Err(bad(
+                "the log key is another of this service's keys: checkpoints need a key of their own"
+                    .into(),
+            ));
+        }
+        let pin_path = config.state_path();
+        let pin = crate::tlog::load_pin(&pin_path, &key.verifier())
+            .map_err(|e| bad(format!("state: {e}")))?;
+        if config.quorum > config.witnesses.len() {
+            return Err(bad(format!(
+                "quorum {} is more than the {} witnesses named",
+                config.quorum,
+                config.witnesses.len()
+            )));
+        }
+        let mut witnesses = Vec::new();
+        for w in &config.witnesses {
+            let wkey = NoteKey::parse(&w.vkey).map_err(|e| bad(format!("witness: {e}")))?;
+            if wkey.kind() != KeyKind::Cosignature {
+                return Err(bad(format!(
+                    "witness {} is not a cosignature/v1 key",
+                    wkey.name()
+                )));
+            }
+            let roots = match &w.ca {
+                Some(p) => {
+                    let pem = std::fs::read(p)
+                        .map_err(|e| bad(format!("witness CA {}: {e}", p.display())))?;
+                    cgx_http::Roots::from_pem(&pem).map_err(|e| bad(format!("witness CA: {e}")))?
+                }
+                None => cgx_http::Roots::WebPki,
+            };
+            let mut client = cgx_http::Client::service(roots);
+            client.timeout = std::time::Duration::from_secs(10);
+            witnesses.push(LogWitness {
+                key: wkey,
+                url: format!("{}/add-checkpoint", w.url.trim_end_matches('/')),
+                agent: client.agent(),
+                holds: std::sync::Mutex::new(0),
+            });
+        }
+        Ok(LogWriter {
+            key,
+            pin_path,
+            pin: tokio::sync::Mutex::new(pin),
+            witnesses,
+            quorum: config.quorum,
+            interval: std::time::Duration::from_millis(config.interval_ms.max(10)),
+        })
+    }
+
+    /// The key that signs the checkpoints.
+    pub fn key(&self) -> &NoteSigner {
+        &self.key
+    }
+
+    /// How often the integrator runs.
+    pub fn interval(&self) -> std::time::Duration {
+        self.interval
+    }
+
+    /// One integration pass: `integrate` runs `tlog::integrate` in the service's write
+    /// transaction, extending the pin it is given; once it committed, the pin moves to the
+    /// checkpoint it signed (a crash in between leaves an older pin, which the log still
+    /// extends). One pass at a time.
+    pub async fn pass<F, Fut, E>(&self, integrate: F) -> Result<Option<Integrated>, E>
+    where
+        F: FnOnce(Option<Pinned>) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<Integrated>, E>>,
+        E: From<LogStoreError>,
+    {
+        let mut pin = self.pin.lock().await;
+        let done = integrate(*pin).await?;
+        if let Some(d) = &done {
+            crate::tlog::save_pin(&self.pin_path, &d.checkpoint)?;
+            *pin = Some(Pinned {
+                size: d.size,
+                root: d.root,
+            });
+        }
+        Ok(done)
+    }
+
+    /// The newest published checkpoint: the newest the quorum of witnesses cosigned (any signed
+    /// one with no quorum), with its cosignatures.
+    pub async fn published(&self, pool: &sqlx::AnyPool) -> Result<Option<Vec<u8>>, LogStoreError> {
+        crate::tlog::published(pool, self.quorum).await
+    }
+
+    /// Submit the newest checkpoint to the witnesses: each answer's line is checked under its
+    /// witness's key before it is kept. A witness that holds an older size than believed says
+    /// so (409) and is asked again with a proof from there; one that refuses otherwise is
+    /// logged and asked again at the next round. How many cosigned it.
+    pub async fn witness_round(&self, pool: &sqlx::AnyPool) -> Result<usize, LogStoreError> {
+        if self.witnesses.is_empty() {
+            return Ok(0);
+        }
+        let Some((size, note, witnessed)) = crate::tlog::newest(pool).await? else {
+            return Ok(0);
+        };
+        if witnessed >= self.witnesses.len() as u64 {
+            return Ok(witnessed as usize);
+        }
+        let signed = log_signed_only(&note).ok_or_else(|| {
+            LogStoreError::Tampered("a stored checkpoint without its signature".into())
+        })?;
+        let mut lines = Vec::new();
+        for w in &self.witnesses {
+            match self.submit(pool, w, size, &signed).await {
+                Ok(line) => lines.push(line),
+                Err(e) => {
+                    tracing::warn!(witness = %w.key.name(), error = %e, "checkpoint not cosigned")
+                }
+            }
+        }
+        if (lines.len() as u64) <= witnessed {
+            return Ok(witnessed as usize);
+        }
+        let cosigned = cgx_tlog::witness::add_cosignatures(&signed, &lines);
+        let keys: Vec<NoteKey> = self.witnesses.iter().map(|w| w.key.clone()).collect();
+        let opened = open_checkpoint(&cosigned, &self.key.verifier(), &keys, 0)?;
+        crate::tlog::set_witnessed(pool, size, &cosigned, opened.cosigned.len()).await?;
+        if opened.cosigned.len() >= self.quorum {
+            tracing::debug!(
+                size,
+                cosigned = opened.cosigned.len(),
+                "checkpoint published"
+            );
+        }
+        Ok(opened.cosigned.len())
+    }
+
+    /// One witness's cosignature line for checkpoint `signed` (of `size` leaves).
+    async fn submit(
+        &self,
+        pool: &sqlx::AnyPool,
+        w: &LogWitness,
+        size: u64,
+        signed: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        for _ in 0..2 {
+            let old = *w.holds.lock().map_err(|_| "a poisoned lock")?;
+            if old > size {
+                return Err(format!(
+                    "the witness holds {old} leaves, more than this checkpoint's {size}: a fork, or another log under this name"
+                ));
+            }
+            let proof = crate::tlog::prove_tree(pool, size, old)
+                .await
+                .map_err(|e| e.to_string())?;
+            let body = cgx_tlog::witness::AddCheckpoint {
+                old,
+                proof,
+                checkpoint: signed.to_vec(),
+            }
+            .to_bytes();
+            let (agent, url) = (w.agent.clone(), w.url.clone());
+            let (status, ct, answer) = tokio::task::spawn_blocking(move || {
+                let mut r = agent
+                    .post(&url)
+                    .content_type("text/plain; charset=utf-8")
+                    .send(&body[..])
+                    .map_err(|e| format!("{url}: {e}"))?;
+                let ct = r
+                    .headers()
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                let answer = r
+                    .body_mut()
+                    .with_config()
+                    .limit(16 * 1024)
+                    .read_to_vec()
+                    .map_err(|e| format!("{url}: {e}"))?;
+                Ok::<_, String>((r.status().as_u16(), ct, answer))
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            match status {
+                200 => {
+                    let cosigned =
+                        cgx_tlog::witness::add_cosignatures(signed, std::slice::from_ref(&answer));
+                    open_checkpoint(
+                        &cosigned,
+                        &self.key.verifier(),
+                        std::slice::from_ref(&w.key),
+                        1,
+                    )
+                    .map_err(|e| format!("its answer is not its cosignature: {e}"))?;
+                    *w.holds.lock().map_err(|_| "a poisoned lock")? = size;
+                    return Ok(answer);
+                }
+                409 if ct.starts_with(cgx_tlog::witness::SIZE_CONTENT_TYPE) => {
+                    let held = cgx_tlog::witness::parse_size(&answer)
+                        .ok_or("a 409 without the size it holds")?;
+                    if held == old {
+                        return Err(format!(
+                            "the witness holds {held} leaves with another root: a fork"
+                        ));
+                    }
+                    *w.holds.lock().map_err(|_| "a poisoned lock")? = held;
+                }
+                other => {
+                    let text =
+                        String::from_utf8_lossy(&answer[..answer.len().min(512)]).into_owned();
+                    return Err(format!("{other}: {}", text.trim_end()));
+                }
+            }
+        }
+        Err("the witness moved twice while asked".into())
+    }
+}
+
+/// A checkpoint note as the log signed it: its text and the log's signature line, which comes
+/// first (cosignatures are added after it).
+pub fn log_signed_only(note: &[u8]) -> Option<Vec<u8>> {
+    let split = note.windows(2).position(|w| w == b"\n\n")? + 2;
+    let first = note[split..].iter().position(|&b| b == b'\n')?;
+    Some(note[..split + first + 1].to_vec())
+}
+
+/// The integrator a service runs: every `writer.interval()`, passes until one appends less
+/// than `full` rows (a backlog drains one bounded transaction after another), then a witness
+/// round. `pass` runs one pass; `round` one witness round.
+pub async fn integrator<P, PF, R, RF, E>(
+    interval: std::time::Duration,
+    full: u64,
+    pass: P,
+    round: R,
+) where
+    P: Fn() -> PF,
+    PF: std::future::Future<Output = Result<Option<Integrated>, E>>,
+    R: Fn() -> RF,
+    RF: std::future::Future<Output = Result<usize, E>>,
+    E: std::fmt::Display,
+{
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        loop {
+            match pass().await {
+                Ok(Some(d)) => {
+                    tracing::debug!(size = d.size, "log checkpoint signed");
+                    if d.appended < full {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "log not integrated");
+                    break;
+                }
+            }
+        }
+        if let Err(e) = round().await {
+            tracing::warn!(error = %e, "witnesses not asked");
+        }
+    }
+}
