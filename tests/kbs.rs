@@ -207,6 +207,66 @@ fn handshake_and_release_with_gpus_and_every_refusal() {
     assert!(actions.contains(&"resource.put".to_string()));
     assert!(actions.contains(&"policy.put".to_string()));
     assert!(actions.iter().filter(|a| *a == "release").count() >= 2);
+    // An attested session refused (the tenant's policy) is a decision too.
+    assert!(
+        actions.contains(&"release.refused".to_string()),
+        "{actions:?}"
+    );
+
+    // The KBS's own log (issue 33): every audit row a leaf, the log verified offline under the
+    // KBS's log key; entry bundles are for unscoped administrators only.
+    let events = json_of(&b).as_array().unwrap().clone();
+    let dir = s.dir.join("log-copy");
+    let token = admin_token(&s.admin);
+    let get =
+        |p: &str, token: Option<&str>| call("GET", &format!("{base}/kbs/v0/log/{p}"), token, None);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let size = loop {
+        let (st, note) = get("checkpoint", None);
+        let size: u64 = String::from_utf8_lossy(&note)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0);
+        if st == 200 && size >= events.len() as u64 {
+            let _ = std::fs::remove_dir_all(&dir);
+            for t in cgx_tlog::tiles_of(size) {
+                let mut ps = vec![(cgx_tlog::paths::tile_path(&t), None)];
+                if t.level() == 0 {
+                    let e = cgx_tlog::paths::tile_path(&cgx_tlog::paths::bundle_tile(
+                        t.level_index(),
+                        t.width(),
+                    ));
+                    assert_eq!(get(&e, None).0, 401, "entries without a token");
+                    ps.push((e, Some(token.as_str())));
+                }
+                for (p, tok) in ps {
+                    let (st, data) = get(&p, tok);
+                    assert_eq!(st, 200, "{p}");
+                    std::fs::create_dir_all(dir.join(&p).parent().unwrap()).unwrap();
+                    std::fs::write(dir.join(&p), data).unwrap();
+                }
+            }
+            std::fs::write(dir.join("checkpoint"), &note).unwrap();
+            break size;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the KBS log never checkpointed its trail"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let trust = cgx_tlog::verify::Trust {
+        log: cgx_tlog::note::NoteKey::parse(&s.log_vkey().unwrap()).unwrap(),
+        witnesses: Vec::new(),
+        quorum: 0,
+    };
+    let v = cgx_tlog::verify::verify_dir(&dir, &trust, None).unwrap();
+    assert_eq!(v.size, size);
+    for (leaf, e) in v.leaves.iter().zip(&events) {
+        let e: cgx_protocol::audit::AuditEvent = serde_json::from_value(e.clone()).unwrap();
+        assert_eq!(leaf, &e.leaf("cgx-kbs"));
+    }
 
     // Service endpoints.
     let (st, b) = call("GET", &format!("{base}/metrics"), None, None);

@@ -984,8 +984,27 @@ fn tampering(
         Ok(())
     };
 
-    // 1. A dropped leaf: an accepted metering record removed, the log re-signed.
-    let i = find("metering.accept")?;
+    // 1. A dropped leaf: an accepted metering record a payment rests on removed, the log
+    // re-signed.
+    let paid_on: std::collections::HashSet<String> = (0..genuine.leaves.len())
+        .flat_map(|i| {
+            leaf(i)["detail"]["transfers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|t| t["cause"] == "window")
+        .filter_map(|t| t["reference"].as_str().map(str::to_string))
+        .collect();
+    let i = (0..genuine.leaves.len())
+        .find(|&i| {
+            let l = leaf(i);
+            l["action"] == "metering.accept"
+                && l["detail"]["hash"]
+                    .as_str()
+                    .is_some_and(|h| paid_on.contains(h))
+        })
+        .map_or_else(|| find("metering.accept"), Ok)?;
     let mut leaves = genuine.leaves.clone();
     leaves.remove(i);
     let d = rewrite("dropped", &leaves)?;
