@@ -134,23 +134,7 @@ pub struct VerifyArgs {
 /// [--archive DIR] [--from N --to N] [--json]`: the log's own checks, then the cross-checks
 /// (`audit_check`). Prints by exception; exit 1 on any violation.
 pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
-    let witnesses = a
-        .witnesses
-        .iter()
-        .map(|w| NoteKey::parse(w).map_err(|e| format!("--witness: {e}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    if a.quorum > witnesses.len() {
-        return Err(format!(
-            "--quorum {}: only {} witnesses named",
-            a.quorum,
-            witnesses.len()
-        ));
-    }
-    let trust = Trust {
-        log: NoteKey::parse(&a.log_key).map_err(|e| format!("--log-key: {e}"))?,
-        witnesses,
-        quorum: a.quorum,
-    };
+    let trust = trust_of(a)?;
     let state = a.state.as_deref();
     let seen = match state {
         Some(p) if p.exists() => {
@@ -260,4 +244,153 @@ pub fn witness_vkey(config: &Path) -> CliResult {
     let w = cgx_service::witness::Witness::open(&cfg).map_err(|e| e.to_string())?;
     println!("{}", w.vkey());
     Ok(ExitCode::SUCCESS)
+}
+
+/// `cgx audit proof --log DIR --log-key VKEY (--index N | --seq N) [--out FILE]`: one leaf's
+/// C2SP tlog-proof (the leaf, its inclusion proof, the checkpoint with its cosignatures) from
+/// a log directory verified first.
+pub fn proof(
+    log: &Path,
+    a: &VerifyArgs,
+    index: Option<u64>,
+    seq: Option<i64>,
+    out: Option<&Path>,
+) -> CliResult {
+    let trust = trust_of(a)?;
+    let v = verify_dir(log, &trust, None).map_err(|e| format!("the log does not verify: {e}"))?;
+    let index = match (index, seq) {
+        (Some(i), None) => i,
+        (None, Some(s)) => v
+            .leaves
+            .iter()
+            .position(|l| {
+                serde_json::from_slice::<serde_json::Value>(l)
+                    .is_ok_and(|j| j["seq"].as_i64() == Some(s))
+            })
+            .map(|i| i as u64)
+            .ok_or_else(|| format!("no leaf of seq {s} in the log"))?,
+        _ => return Err("name the event by --index or --seq (one of them)".into()),
+    };
+    let leaf = v
+        .leaves
+        .get(usize::try_from(index).map_err(|e| e.to_string())?)
+        .ok_or_else(|| format!("no leaf {index}: the log holds {}", v.size))?
+        .clone();
+    let mut tree = cgx_tlog::tree::MemoryTree::new();
+    for l in &v.leaves {
+        tree.append(l).map_err(|e| e.to_string())?;
+    }
+    let p = cgx_tlog::proof::TlogProof {
+        extra: Some(leaf),
+        index,
+        hashes: tree
+            .prove_inclusion(v.size, index)
+            .map_err(|e| e.to_string())?,
+        checkpoint: v.note.clone(),
+    };
+    match out {
+        Some(f) => std::fs::write(f, p.to_bytes()).map_err(|e| format!("{}: {e}", f.display()))?,
+        None => {
+            use std::io::Write as _;
+            std::io::stdout()
+                .write_all(&p.to_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cgx audit verify-proof FILE --log-key VKEY [--witness VKEY… --quorum N] [--json]`: a
+/// tlog-proof checked alone; the leaf printed. Exit 1 when it does not hold.
+pub fn verify_proof(file: &Path, a: &VerifyArgs) -> CliResult {
+    let trust = trust_of(a)?;
+    let bytes = read_capped(file, cgx_tlog::proof::MAX_PROOF_FILE)?;
+    let checked = cgx_tlog::proof::TlogProof::parse(&bytes).and_then(|p| {
+        p.verify(&trust.log, &trust.witnesses, trust.quorum)
+            .map(|o| (p, o))
+    });
+    match checked {
+        Ok((p, o)) => {
+            let leaf: serde_json::Value =
+                serde_json::from_slice(p.extra.as_deref().unwrap_or_default())
+                    .unwrap_or(serde_json::Value::Null);
+            if a.json {
+                print_json(&serde_json::json!({
+                    "valid": true,
+                    "index": p.index,
+                    "size": o.checkpoint.size(),
+                    "origin": o.checkpoint.origin(),
+                    "cosigned_by": o.cosigned.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                    "leaf": leaf,
+                }))?;
+            } else {
+                println!(
+                    "ok: leaf {} is in {}'s tree of {} leaves{}: {}",
+                    p.index,
+                    o.checkpoint.origin(),
+                    o.checkpoint.size(),
+                    if o.cosigned.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            ", cosigned by {}",
+                            o.cosigned
+                                .iter()
+                                .map(|(n, _)| n.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    },
+                    leaf
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            if a.json {
+                print_json(&serde_json::json!({"valid": false, "error": e.to_string()}))?;
+            } else {
+                println!("VIOLATION: {e}");
+            }
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn trust_of(a: &VerifyArgs) -> Result<Trust, String> {
+    let witnesses = a
+        .witnesses
+        .iter()
+        .map(|w| NoteKey::parse(w).map_err(|e| format!("--witness: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if a.quorum > witnesses.len() {
+        return Err(format!(
+            "--quorum {}: only {} witnesses named",
+            a.quorum,
+            witnesses.len()
+        ));
+    }
+    Ok(Trust {
+        log: NoteKey::parse(&a.log_key).map_err(|e| format!("--log-key: {e}"))?,
+        witnesses,
+        quorum: a.quorum,
+    })
+}
+
+/// A regular file's bytes, at most `max` of them.
+fn read_capped(p: &Path, max: usize) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let meta = f.metadata().map_err(|e| format!("{}: {e}", p.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", p.display()));
+    }
+    let mut b = Vec::new();
+    f.take(max as u64 + 1)
+        .read_to_end(&mut b)
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+    if b.len() > max {
+        return Err(format!("{}: more than {max} bytes", p.display()));
+    }
+    Ok(b)
 }

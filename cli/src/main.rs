@@ -671,6 +671,37 @@ enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One event's C2SP tlog-proof (the leaf, its inclusion proof, the checkpoint with its
+    /// cosignatures) from a log directory, verified first: anyone checks it alone with
+    /// `verify-proof`.
+    Proof {
+        #[arg(long)]
+        log: PathBuf,
+        #[arg(long)]
+        log_key: String,
+        /// The leaf's index in the log.
+        #[arg(long, conflicts_with = "seq")]
+        index: Option<u64>,
+        /// The event's `seq` in its service's trail.
+        #[arg(long)]
+        seq: Option<i64>,
+        /// Where to write it (default: stdout).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Check a tlog-proof alone: the checkpoint under the log's key and the witnesses'
+    /// quorum, the leaf in its tree. Prints the leaf; exit 1 when it does not hold.
+    VerifyProof {
+        file: PathBuf,
+        #[arg(long)]
+        log_key: String,
+        #[arg(long = "witness")]
+        witnesses: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        quorum: usize,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -842,6 +873,38 @@ fn run(cli: Cli) -> ExitCode {
                     from,
                     to,
                     json,
+                },
+            ),
+            AuditCommand::Proof {
+                log,
+                log_key,
+                index,
+                seq,
+                out,
+            } => audit::proof(
+                &log,
+                &audit::VerifyArgs {
+                    log_key,
+                    ..Default::default()
+                },
+                index,
+                seq,
+                out.as_deref(),
+            ),
+            AuditCommand::VerifyProof {
+                file,
+                log_key,
+                witnesses,
+                quorum,
+                json,
+            } => audit::verify_proof(
+                &file,
+                &audit::VerifyArgs {
+                    log_key,
+                    witnesses,
+                    quorum,
+                    json,
+                    ..Default::default()
                 },
             ),
         },

@@ -70,6 +70,41 @@ fn audit_verify_passes_a_log_and_names_each_violation() {
         "{out}"
     );
     let first = std::fs::read(&state).unwrap();
+    // One event's tlog-proof, exported and checked alone; a changed leaf is refused.
+    let pf = work.join("leaf.tlog-proof");
+    let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
+        .args(["audit", "proof", "--log"])
+        .arg(&dir)
+        .args(["--log-key", &vkey, "--seq", "43", "--out"])
+        .arg(&pf)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let check = |f: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
+            .args(["audit", "verify-proof"])
+            .arg(f)
+            .args(["--log-key", &vkey])
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = check(&pf);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.starts_with("ok: leaf 42 is in broker.test/log's tree of 300 leaves"), "{text}");
+    let forged = String::from_utf8(std::fs::read(&pf).unwrap()).unwrap();
+    let mut lines: Vec<String> = forged.lines().map(str::to_string).collect();
+    lines[1] = format!(
+        "extra {}",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, leaf(41))
+    );
+    std::fs::write(work.join("forged.tlog-proof"), lines.join("\n") + "\n").unwrap();
+    let (code, text) = check(&work.join("forged.tlog-proof"));
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("not included"), "{text}");
     // Grown: extends what was seen.
     for i in 300..700u64 {
         tree.append(&leaf(i)).unwrap();

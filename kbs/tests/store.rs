@@ -211,7 +211,7 @@ async fn a_version_1_database_keeps_its_audit_trail_through_migration_2() {
     let store = Store::open(&url, &[9u8; 32], cgx_service::clock::system())
         .await
         .unwrap();
-    assert_eq!(store.schema_version().await.unwrap(), 6);
+    assert_eq!(store.schema_version().await.unwrap(), 8);
     let kept = store.audit_events(0, 100).await.unwrap();
     assert_eq!(kept.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 3]);
     assert_eq!(kept[1].action, "release");
@@ -248,7 +248,7 @@ async fn replicas_starting_together_migrate_once() {
         stores.push(o.await.unwrap().expect("every replica opens"));
     }
     for s in &stores {
-        assert_eq!(s.schema_version().await.unwrap(), 6);
+        assert_eq!(s.schema_version().await.unwrap(), 8);
     }
     if let Ok(pg) = std::env::var("CGX_TEST_DATABASE_URL")
         && !pg.is_empty()
@@ -263,7 +263,7 @@ async fn replicas_starting_together_migrate_once() {
             .collect();
         for o in opening {
             let s = o.await.unwrap().expect("every PostgreSQL replica opens");
-            assert_eq!(s.schema_version().await.unwrap(), 6);
+            assert_eq!(s.schema_version().await.unwrap(), 8);
         }
     }
 }

@@ -7,6 +7,7 @@
 //!   bundles at `tile/entries/<N>[.p/<W>]` ([`paths`], [`bundle`]).
 //! - **Checkpoints** are C2SP tlog-checkpoint bodies in C2SP signed notes, signed with the log's
 //!   Ed25519 key ([`note`]).
+//! - [`proof`] is C2SP tlog-proof: one leaf's inclusion proof and its checkpoint, checked alone.
 //! - [`witness`] is C2SP tlog-witness's `add-checkpoint` decision, for a witness and a log.
 //! - [`tree::MemoryTree`] keeps a whole tree's stored hashes; [`dir`] writes a log as a
 //!   directory any static server can serve; [`verify`] reads one back and checks everything it
@@ -18,6 +19,7 @@ pub mod bundle;
 pub mod dir;
 pub mod note;
 pub mod paths;
+pub mod proof;
 pub mod tree;
 pub mod verify;
 pub mod witness;
