@@ -142,7 +142,26 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
         }
         _ => None,
     };
-    let v = match verify_dir(log, &trust, seen.as_deref()) {
+    // A progress bar on stderr, for a terminal and a log long enough to wait for.
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut last = 0;
+    let mut progress = |done: u64, all: u64| {
+        if !tty || all < 200_000 || (done - last < all / 100 && done < all) {
+            return;
+        }
+        last = done;
+        let filled = usize::try_from(done * 40 / all.max(1)).unwrap_or(40);
+        eprint!(
+            "\r[{}{}] {:>3}% {done}/{all} leaves",
+            "#".repeat(filled),
+            " ".repeat(40 - filled.min(40)),
+            done * 100 / all.max(1)
+        );
+        if done >= all {
+            eprintln!();
+        }
+    };
+    let v = match cgx_tlog::verify::verify_dir_with(log, &trust, seen.as_deref(), &mut progress) {
         Ok(v) => v,
         Err(e) => {
             if a.json {

@@ -288,7 +288,16 @@ fn run(
     witness: &str,
 ) -> Result<(), String> {
     let kbs = cgx_devnet::Server::start(&kbs_setup.config).map_err(s)?;
-    let broker = BrokerServer::start(&b.config).map_err(s)?;
+    // The broker's log records each checkpoint the KBS's log publishes (`log.anchor`).
+    let mut broker_config = b.config.clone();
+    if let Some(l) = broker_config.log.as_mut() {
+        l.anchors = vec![cgx_service::logwriter::AnchorRef {
+            vkey: kbs_setup.log_vkey().map_err(s)?,
+            url: format!("{}/kbs/v0/log", kbs.base),
+            ca: None,
+        }];
+    }
+    let broker = BrokerServer::start(&broker_config).map_err(s)?;
     println!("[kbs]    {} up (CoCo KBS protocol)", kbs.base);
     println!(
         "[broker] {} up (re-attestation every {} s, heartbeats every {} s, {} missed = gone)",
@@ -811,6 +820,11 @@ fn kbs_log(
     )
     .violations;
     violations.extend(cgx_audit::check_releases(&v.leaves, &broker.leaves));
+    violations.extend(cgx_audit::check_anchors(
+        &broker.leaves,
+        cgx_devnet::KBS_LOG_ORIGIN,
+        &v.leaves,
+    ));
     if let Some(x) = violations.first() {
         return Err(format!(
             "the KBS's log: leaf {} ({}): {}",
@@ -825,12 +839,21 @@ fn kbs_log(
             })
             .count()
     };
+    let anchors = broker
+        .leaves
+        .iter()
+        .filter(|l| {
+            serde_json::from_slice::<serde_json::Value>(l)
+                .is_ok_and(|j| j["action"] == "log.anchor")
+        })
+        .count();
     println!(
-        "[kbs]    its own log {}: {} leaves, verified offline; {} releases, each under a live lease the broker opened on an affirming node, to the TEE key that node attested; {} refusals logged",
+        "[kbs]    its own log {}: {} leaves, verified offline; {} releases, each under a live lease the broker opened on an affirming node, to the TEE key that node attested; {} refusals logged; each of the {} KBS checkpoints the broker's log anchored is a prefix of it",
         cgx_devnet::KBS_LOG_ORIGIN,
         v.size,
         count("release"),
-        count("release.refused")
+        count("release.refused"),
+        anchors
     );
     // A forged release: the weights' key to a TEE key no node attested, under a lease the
     // broker never opened, appended and the KBS's log re-signed with its own key.
@@ -892,6 +915,29 @@ fn kbs_log(
             x.reason
         ),
         None => return Err("a forged release was not caught".into()),
+    }
+    // The KBS's log rewritten without its first release (re-signed with its key): the
+    // checkpoints the broker anchored no longer match it.
+    let first = v
+        .leaves
+        .iter()
+        .position(|l| {
+            serde_json::from_slice::<serde_json::Value>(l).is_ok_and(|j| j["action"] == "release")
+        })
+        .ok_or("no release")?;
+    let mut rewritten = v.leaves.clone();
+    rewritten.remove(first);
+    match cgx_audit::check_anchors(&broker.leaves, cgx_devnet::KBS_LOG_ORIGIN, &rewritten).first() {
+        Some(x) => println!(
+            "[tamper] the KBS's log rewritten without its release at leaf {first}: caught by the broker's anchors — leaf {} ({}): {}",
+            x.index, x.action, x.reason
+        ),
+        None => {
+            return Err(
+                "a rewritten KBS log was not caught by the broker's anchors (none covered the release)"
+                    .into(),
+            );
+        }
     }
     Ok(())
 }

@@ -79,7 +79,12 @@ fn audit_verify_passes_a_log_and_names_each_violation() {
         .arg(&pf)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let check = |f: &Path| {
         let out = Command::new(env!("CARGO_BIN_EXE_cgx"))
             .args(["audit", "verify-proof"])
@@ -94,7 +99,10 @@ fn audit_verify_passes_a_log_and_names_each_violation() {
     };
     let (code, text) = check(&pf);
     assert_eq!(code, 0, "{text}");
-    assert!(text.starts_with("ok: leaf 42 is in broker.test/log's tree of 300 leaves"), "{text}");
+    assert!(
+        text.starts_with("ok: leaf 42 is in broker.test/log's tree of 300 leaves"),
+        "{text}"
+    );
     let forged = String::from_utf8(std::fs::read(&pf).unwrap()).unwrap();
     let mut lines: Vec<String> = forged.lines().map(str::to_string).collect();
     lines[1] = format!(

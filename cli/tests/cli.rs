@@ -479,7 +479,7 @@ fn kbs_serve_health_metrics_and_graceful_stop() {
     };
     let (s, body) = get("/healthz");
     assert_eq!(s, 200);
-    assert!(body.contains("\"schema_version\":6"), "{body}");
+    assert!(body.contains("\"schema_version\":8"), "{body}");
     let (s, body) = get("/metrics");
     assert_eq!(s, 200);
     assert!(

@@ -154,6 +154,7 @@ pub fn broker_setup(
             state: None,
             witnesses: Vec::new(),
             quorum: 0,
+            anchors: Vec::new(),
         }),
     };
     Ok(BrokerSetup {

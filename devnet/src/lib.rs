@@ -386,6 +386,7 @@ fn setup_with(
             state: None,
             witnesses: Vec::new(),
             quorum: 0,
+            anchors: Vec::new(),
         }),
         admin_keys: vec![
             AdminKey {

@@ -45,6 +45,34 @@ impl Broker {
             .ok_or_else(|| BrokerError::NotFound("no checkpoint published yet".into()))
     }
 
+    /// Record each anchored log's new checkpoint (the KBS's) as a `log.anchor` leaf.
+    pub(crate) async fn anchor_logs(&self) -> Result<usize, BrokerError> {
+        let Some(log) = &self.log else {
+            return Ok(0);
+        };
+        let seen = log.new_anchors().await;
+        let n = seen.len();
+        for a in seen {
+            let w = super::store::AuditWrite {
+                at: self.clock.unix(),
+                actor: "broker".into(),
+                action: "log.anchor",
+                subject: a.origin.clone(),
+                detail: serde_json::json!({
+                    "size": a.size.to_string(),
+                    "root": a.root,
+                    "checkpoint_sha256": a.note_sha256,
+                }),
+                archive: Vec::new(),
+            };
+            if let Err(e) = self.store.write(w).await {
+                log.anchor_unrecorded(&a.origin);
+                return Err(e);
+            }
+        }
+        Ok(n)
+    }
+
     /// Submit the newest checkpoint to the witnesses: how many cosigned it.
     pub(crate) async fn witness_round(&self) -> Result<usize, BrokerError> {
         match &self.log {
@@ -87,7 +115,12 @@ pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) 
         every,
         super::store::LOG_PASS.unsigned_abs(),
         || broker.integrate_log_pass(),
-        || broker.witness_round(),
+        || async {
+            if let Err(e) = broker.anchor_logs().await {
+                tracing::warn!(error = %e, "anchored logs not recorded");
+            }
+            broker.witness_round().await
+        },
     )
     .await
 }
@@ -176,6 +209,7 @@ mod tests {
             state: None,
             witnesses: Vec::new(),
             quorum: 0,
+            anchors: Vec::new(),
         };
         let ear = dir.join("ear.pk8");
         let ear_key = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
@@ -313,6 +347,7 @@ mod tests {
                 state: None,
                 witnesses: Vec::new(),
                 quorum: 0,
+                anchors: Vec::new(),
             })
         })
         .await
@@ -522,6 +557,7 @@ mod tests {
                 state: None,
                 witnesses: refs.clone(),
                 quorum: 2,
+                anchors: Vec::new(),
             })
         })
         .await;

@@ -379,6 +379,55 @@ pub fn check_releases(kbs: &[Vec<u8>], broker: &[Vec<u8>]) -> Vec<Violation> {
     out
 }
 
+/// The checkpoints of another log (`origin`, the KBS's) that this log recorded (`log.anchor`
+/// leaves) against that log's leaves, verified: each anchored tree must be a prefix of it, with
+/// the root anchored. A log rewritten after another party recorded its checkpoint is caught
+/// here, witnesses or not.
+pub fn check_anchors(log: &[Vec<u8>], origin: &str, anchored: &[Vec<u8>]) -> Vec<Violation> {
+    let mut tree = cgx_tlog::tree::MemoryTree::new();
+    for l in anchored {
+        if tree.append(l).is_err() {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    for (i, l) in log.iter().enumerate() {
+        let Ok(j) = serde_json::from_slice::<Value>(l) else {
+            continue;
+        };
+        if j["action"] != "log.anchor" || j["subject"] != origin {
+            continue;
+        }
+        let d = &j["detail"];
+        let size: Option<u64> = d["size"].as_str().and_then(|s| s.parse().ok());
+        let root = d["root"]
+            .as_str()
+            .and_then(|r| cgx_tlog::Hash::parse_hash(r).ok());
+        let why = match (size, root) {
+            (Some(n), _) if n > tree.size() => Some(format!(
+                "{origin}'s checkpoint of {n} leaves was anchored, but its log holds {}: rolled back",
+                tree.size()
+            )),
+            (Some(0), _) => None,
+            (Some(n), Some(r)) => match tree.root_at(n) {
+                Ok(h) if h == r => None,
+                _ => Some(format!(
+                    "{origin}'s tree of {n} leaves is not the one anchored: its log was rewritten"
+                )),
+            },
+            _ => Some("an anchor without a size or root".into()),
+        };
+        if let Some(reason) = why {
+            out.push(Violation {
+                index: i as u64,
+                action: "log.anchor".into(),
+                reason,
+            });
+        }
+    }
+    out
+}
+
 /// An accepted record checked against its lease, node and chain, then noted.
 fn accept(
     leases: &mut HashMap<String, Lease>,
@@ -780,6 +829,87 @@ mod tests {
             transfer("slash/x", "world", "tenant/acme", 1, "slash", "pow/nope")]}),
         );
         assert!(reasons(&l, true)[0].contains("never judged"));
+    }
+
+    /// Releases are held to the broker's leases; anchored checkpoints to the anchored log.
+    #[test]
+    fn releases_need_a_live_lease_on_the_attested_key_and_anchors_a_prefix() {
+        let ev = |seq: i64, at: i64, action: &str, subject: &str, detail: Value| {
+            serde_json::to_vec(
+                &json!({"kind": "cgx.audit.v1", "service": "s", "seq": seq, "at": at,
+                "actor": "a", "action": action, "subject": subject, "detail": detail}),
+            )
+            .unwrap()
+        };
+        let broker = vec![
+            ev(
+                1,
+                10,
+                "node.register",
+                NODE,
+                json!({"status": "affirming", "tee_thumbprint": "tk"}),
+            ),
+            ev(
+                2,
+                20,
+                "lease.open",
+                LEASE,
+                json!({"node": NODE, "tenant": "acme", "ends_at": 100}),
+            ),
+            ev(3, 50, "lease.end", LEASE, json!({})),
+        ];
+        let release = |at: i64, tee: &str, lease: Option<&str>| {
+            ev(
+                1,
+                at,
+                "release",
+                "acme/w/k",
+                json!({"tee_key": tee, "lease": lease, "tenant": "acme"}),
+            )
+        };
+        assert!(check_releases(&[release(30, "tk", Some(LEASE))], &broker).is_empty());
+        assert!(check_releases(&[release(30, "tk", None)], &broker).is_empty());
+        for (r, why) in [
+            (release(30, "other", Some(LEASE)), "not the key"),
+            (release(60, "tk", Some(LEASE)), "outside lease"),
+            (release(15, "tk", Some(LEASE)), "outside lease"),
+            (release(30, "tk", Some("l9")), "never opened"),
+            (release(5, "tk", None), "no affirming registration"),
+        ] {
+            let v = check_releases(&[r], &broker);
+            assert!(
+                v.first().is_some_and(|v| v.reason.contains(why)),
+                "{why}: {v:?}"
+            );
+        }
+        // Anchors: a prefix of the anchored log holds; a rewritten or shorter log does not.
+        let kbs: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i]).collect();
+        let mut t = cgx_tlog::tree::MemoryTree::new();
+        for l in &kbs[..6] {
+            t.append(l).unwrap();
+        }
+        let anchor = ev(
+            4,
+            60,
+            "log.anchor",
+            "kbs/log",
+            json!({"size": "6", "root": t.root().unwrap().to_string()}),
+        );
+        let log = vec![anchor];
+        assert!(check_anchors(&log, "kbs/log", &kbs).is_empty());
+        let mut rewritten = kbs.clone();
+        rewritten[2] = vec![99];
+        assert!(
+            check_anchors(&log, "kbs/log", &rewritten)[0]
+                .reason
+                .contains("rewritten")
+        );
+        assert!(
+            check_anchors(&log, "kbs/log", &kbs[..4])[0]
+                .reason
+                .contains("rolled back")
+        );
+        assert!(check_anchors(&log, "other/log", &kbs[..4]).is_empty());
     }
 
     #[test]

@@ -39,6 +39,35 @@ pub struct LogConfig {
     /// commit; only publication waits.
     #[serde(default)]
     pub quorum: usize,
+    /// Other logs whose checkpoints this log records (`log.anchor` leaves): each new checkpoint
+    /// they publish, verified under their key, becomes a leaf here, so that one history is
+    /// bound to the other (the broker anchors the KBS's log).
+    #[serde(default)]
+    pub anchors: Vec<AnchorRef>,
+}
+
+/// A log this log anchors.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AnchorRef {
+    /// Its verifier key (`<origin>+<id>+<key>`).
+    pub vkey: String,
+    /// Its prefix: `checkpoint` is read under it.
+    pub url: String,
+    /// The CA its TLS certificate is under (default: the WebPKI roots).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+}
+
+/// A checkpoint of an anchored log, verified, not recorded before.
+#[derive(Debug, Clone)]
+pub struct AnchorSeen {
+    pub origin: String,
+    pub size: u64,
+    /// Its root hash, base64.
+    pub root: String,
+    /// SHA-256 (hex) of the signed note as read.
+    pub note_sha256: String,
 }
 
 fn default_log_interval() -> u64 {
@@ -77,9 +106,18 @@ struct LogWitness {
     holds: std::sync::Mutex<u64>,
 }
 
+/// A log anchored, as the writer reads it.
+struct Anchor {
+    key: NoteKey,
+    url: String,
+    agent: ureq::Agent,
+    last: std::sync::Mutex<Option<(u64, cgx_tlog::Hash)>>,
+}
+
 /// A service's log writer.
 pub struct LogWriter {
     key: NoteSigner,
+    anchors: Vec<Anchor>,
     pin_path: PathBuf,
     pin: tokio::sync::Mutex<Option<Pinned>>,
     witnesses: Vec<LogWitness>,
@@ -147,8 +185,32 @@ impl LogWriter {
                 holds: std::sync::Mutex::new(0),
             });
         }
+        let mut anchors = Vec::new();
+        for a in &config.anchors {
+            let akey = NoteKey::parse(&a.vkey).map_err(|e| bad(format!("anchor: {e}")))?;
+            if akey.kind() != KeyKind::Ed25519 {
+                return Err(bad(format!("anchor {} is not a log's key", akey.name())));
+            }
+            let roots = match &a.ca {
+                Some(p) => {
+                    let pem = std::fs::read(p)
+                        .map_err(|e| bad(format!("anchor CA {}: {e}", p.display())))?;
+                    cgx_http::Roots::from_pem(&pem).map_err(|e| bad(format!("anchor CA: {e}")))?
+                }
+                None => cgx_http::Roots::WebPki,
+            };
+            let mut client = cgx_http::Client::service(roots);
+            client.timeout = std::time::Duration::from_secs(10);
+            anchors.push(Anchor {
+                key: akey,
+                url: format!("{}/checkpoint", a.url.trim_end_matches('/')),
+                agent: client.agent(),
+                last: std::sync::Mutex::new(None),
+            });
+        }
         Ok(LogWriter {
             key,
+            anchors,
             pin_path,
             pin: tokio::sync::Mutex::new(pin),
             witnesses,
@@ -187,6 +249,71 @@ impl LogWriter {
             });
         }
         Ok(done)
+    }
+
+    /// The anchored logs' checkpoints not recorded yet: each read, verified under its log's
+    /// key, and new (another size or root than the last recorded, which includes one that went
+    /// backwards: the leaf keeps what was seen, and the auditor judges). A log that does not
+    /// answer or whose checkpoint does not verify is logged and skipped.
+    pub async fn new_anchors(&self) -> Vec<AnchorSeen> {
+        let mut out = Vec::new();
+        for a in &self.anchors {
+            let (agent, url) = (a.agent.clone(), a.url.clone());
+            let read = tokio::task::spawn_blocking(move || {
+                let mut r = agent.get(&url).call().map_err(|e| format!("{url}: {e}"))?;
+                if r.status().as_u16() != 200 {
+                    return Err(format!("{url}: {}", r.status()));
+                }
+                r.body_mut()
+                    .with_config()
+                    .limit(64 * 1024)
+                    .read_to_vec()
+                    .map_err(|e| format!("{url}: {e}"))
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            let note = match read {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::debug!(log = %a.key.name(), error = %e, "anchored log not read");
+                    continue;
+                }
+            };
+            let opened = match open_checkpoint(&note, &a.key, &[], 0) {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(log = %a.key.name(), error = %e, "anchored log's checkpoint refused");
+                    continue;
+                }
+            };
+            let now = (opened.checkpoint.size(), *opened.checkpoint.hash());
+            let Ok(mut last) = a.last.lock() else {
+                continue;
+            };
+            if *last == Some(now) {
+                continue;
+            }
+            *last = Some(now);
+            out.push(AnchorSeen {
+                origin: a.key.name().to_string(),
+                size: now.0,
+                root: now.1.to_string(),
+                note_sha256: cgx_protocol::archive::address(&note),
+            });
+        }
+        out
+    }
+
+    /// Forget what was recorded of `origin` (its leaf did not commit: record it again).
+    pub fn anchor_unrecorded(&self, origin: &str) {
+        for a in &self.anchors {
+            if a.key.name() == origin
+                && let Ok(mut l) = a.last.lock()
+            {
+                *l = None;
+            }
+        }
     }
 
     /// The newest published checkpoint: the newest the quorum of witnesses cosigned (any signed

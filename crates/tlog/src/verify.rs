@@ -103,6 +103,17 @@ fn read(path: &Path) -> Result<Vec<u8>, LogError> {
 /// Verify the log in `dir` under `trust`; `seen`: the last checkpoint this reader verified
 /// (signed note), which the log must extend.
 pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Verified, LogError> {
+    verify_dir_with(dir, trust, seen, &mut |_, _| {})
+}
+
+/// [`verify_dir`], telling `progress` (leaves read, leaves in all) after each entry bundle: a
+/// long run's progress bar.
+pub fn verify_dir_with(
+    dir: &Path,
+    trust: &Trust,
+    seen: Option<&[u8]>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Verified, LogError> {
     let note = read_capped(&dir.join("checkpoint"), MAX_NOTE)?;
     let opened = open_checkpoint(&note, &trust.log, &trust.witnesses, trust.quorum)?;
     let size = opened.checkpoint.size();
@@ -159,6 +170,7 @@ pub fn verify_dir(dir: &Path, trust: &Trust, seen: Option<&[u8]>) -> Result<Veri
                 why: e.to_string(),
             })?;
         }
+        progress(tree.size(), size);
     }
     if size > 0 && tree.root()? != root {
         // Which leaf: each by its inclusion proof through the served tiles, checked against
