@@ -123,6 +123,14 @@ pub struct VerifyArgs {
     pub archive: Option<std::path::PathBuf>,
     /// Windows are paid on their records alone (the broker runs without proofs).
     pub no_proofs: bool,
+    /// Re-verify every archived registration against the trust roots and re-appraise it under
+    /// this policy and these reference values (files; the built-in ones where absent) at its
+    /// recorded time: its tier must be the one its leaf says.
+    pub reappraise: bool,
+    pub policy: Option<std::path::PathBuf>,
+    pub refs: Option<std::path::PathBuf>,
+    /// Simulator root pins trusted in re-appraisal (development networks only).
+    pub sim_roots: Vec<String>,
     /// Report violations of leaves in `[from, to)` only (every leaf is still read: what a
     /// leaf rests on may come before the range).
     pub from: Option<u64>,
@@ -180,6 +188,25 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
             archive: a.archive.as_deref(),
         },
     );
+    if a.reappraise {
+        let archive = a
+            .archive
+            .as_deref()
+            .ok_or("--reappraise needs --archive (the evidence it re-verifies)")?;
+        let read = |p: &Option<std::path::PathBuf>| -> Result<Option<String>, String> {
+            p.as_ref()
+                .map(|p| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display())))
+                .transpose()
+        };
+        let r = cgx_broker::server::reappraise::Reappraiser::new(
+            read(&a.policy)?.as_deref(),
+            read(&a.refs)?.as_deref(),
+            &a.sim_roots,
+        )?;
+        let (n, violations) = reappraise_all(&v.leaves, archive, &r);
+        report.reappraised = n;
+        report.violations.extend(violations);
+    }
     report
         .violations
         .retain(|x| a.from.is_none_or(|f| x.index >= f) && a.to.is_none_or(|t| x.index < t));
@@ -241,7 +268,10 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
             report.payments,
             report.transfers,
             if a.archive.is_some() {
-                format!(", {} archived pieces rehashed", report.archived)
+                format!(
+                    ", {} archived pieces rehashed, {} registrations re-verified and re-appraised",
+                    report.archived, report.reappraised
+                )
             } else {
                 String::new()
             },
@@ -412,4 +442,57 @@ fn read_capped(p: &Path, max: usize) -> Result<Vec<u8>, String> {
         return Err(format!("{}: more than {max} bytes", p.display()));
     }
     Ok(b)
+}
+
+/// Every archived registration of `leaves` re-verified and re-appraised at its leaf's time: how
+/// many, and each whose tier differs from its leaf's (or whose evidence no longer verifies).
+pub fn reappraise_all(
+    leaves: &[Vec<u8>],
+    archive: &Path,
+    r: &cgx_broker::server::reappraise::Reappraiser,
+) -> (u64, Vec<cgx_audit::Violation>) {
+    let mut n = 0;
+    let mut out = Vec::new();
+    for (i, l) in leaves.iter().enumerate() {
+        let Ok(j) = serde_json::from_slice::<serde_json::Value>(l) else {
+            continue;
+        };
+        if j["action"] != "node.register" {
+            continue;
+        }
+        let d = &j["detail"];
+        let piece = |f: &str| -> Result<Vec<u8>, String> {
+            let sha = d[f]
+                .as_str()
+                .filter(|s| cgx_protocol::archive::is_address(s));
+            let sha = sha.ok_or_else(|| format!("{f} names no piece"))?;
+            let b = read_capped(&archive.join(sha), 16 << 20)?;
+            if cgx_protocol::archive::address(&b) != sha {
+                return Err(format!("{f}: the piece does not hash to its name"));
+            }
+            Ok(b)
+        };
+        let judged = piece("registration_sha256").and_then(|reg| {
+            let col = piece("collateral_sha256")?;
+            r.reappraise(&reg, &col, j["at"].as_i64().unwrap_or(0))
+        });
+        let why = match judged {
+            Ok((tier, _)) if d["status"] == tier.to_string() => None,
+            Ok((tier, v)) => Some(format!(
+                "re-appraised as {tier} ({}), the broker recorded {}",
+                v.join("; "),
+                d["status"]
+            )),
+            Err(e) => Some(format!("its evidence does not re-verify: {e}")),
+        };
+        n += 1;
+        if let Some(reason) = why {
+            out.push(cgx_audit::Violation {
+                index: i as u64,
+                action: "node.register".into(),
+                reason,
+            });
+        }
+    }
+    (n, out)
 }

@@ -662,6 +662,19 @@ enum AuditCommand {
         /// The broker pays windows on records alone (`[pow] interval_secs = 0`).
         #[arg(long)]
         no_proofs: bool,
+        /// Re-verify every archived registration against the trust roots and re-appraise it
+        /// (needs --archive): its tier must be the one its leaf records.
+        #[arg(long, requires = "archive")]
+        reappraise: bool,
+        /// The appraisal policy to re-appraise under (default: the built-in one).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// The reference values to re-appraise under (default: the built-in ones).
+        #[arg(long)]
+        refs: Option<PathBuf>,
+        /// A simulator root pin to trust in re-appraisal (development networks only); repeat.
+        #[arg(long = "sim-root")]
+        sim_roots: Vec<String>,
         /// Report violations from this leaf index on.
         #[arg(long)]
         from: Option<u64>,
@@ -858,6 +871,10 @@ fn run(cli: Cli) -> ExitCode {
                 quorum,
                 archive,
                 no_proofs,
+                reappraise,
+                policy,
+                refs,
+                sim_roots,
                 from,
                 to,
                 json,
@@ -870,6 +887,10 @@ fn run(cli: Cli) -> ExitCode {
                     state,
                     archive,
                     no_proofs,
+                    reappraise,
+                    policy,
+                    refs,
+                    sim_roots,
                     from,
                     to,
                     json,

@@ -743,6 +743,27 @@ fn run(
             .collect::<Vec<_>>()
             .join(", ")
     );
+    // Every registration re-verified from the archive against the pinned roots and
+    // re-appraised under the broker's reference values, at the time its leaf records.
+    let refs = match &b.config.appraisal.reference_values {
+        Some(p) => Some(std::fs::read_to_string(p).map_err(s)?),
+        None => None,
+    };
+    let reappraiser = cgx_broker::server::reappraise::Reappraiser::new(
+        None,
+        refs.as_deref(),
+        &b.config.sim_roots,
+    )?;
+    let (reappraised, wrong) = crate::audit::reappraise_all(&v.leaves, &archive, &reappraiser);
+    if let Some(x) = wrong.first() {
+        return Err(format!(
+            "re-appraisal from the archive: leaf {} ({}): {}",
+            x.index, x.action, x.reason
+        ));
+    }
+    println!(
+        "[audit]  {reappraised} registrations re-verified from the archive against the pinned roots and re-appraised at their recorded time: each as the broker judged it"
+    );
     println!(
         "[audit]  {} registrations ({} archived pieces rehashed), {} leases, {} metering records signed by their nodes' attested keys, {} proofs judged, {} windows paid, each on its accepted record and its GPUs' passing proofs, {} transfers replayed and balanced: no violation",
         report.registrations,

@@ -37,6 +37,7 @@ mod nodes;
 mod placement;
 mod pow;
 mod quotes;
+pub mod reappraise;
 mod register;
 mod reports;
 mod reputation;

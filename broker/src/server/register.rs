@@ -268,6 +268,81 @@ pub(crate) fn decode(
     })
 }
 
+/// A registration as archived (`cgx_protocol::archive`): the node's registration and the
+/// collateral its appraisal used, decoded as [`decode`] would have, for an auditor's
+/// re-appraisal (no collateral store: the archived bytes are what was used).
+pub(crate) fn decode_archived(
+    reg: &Registration,
+    c: &cgx_protocol::archive::Collateral,
+) -> Result<Decoded, BrokerError> {
+    use cgx_protocol::archive::CpuCollateral;
+    let key = bytes(&reg.node_key, "node_key")?;
+    let node_key: [u8; 32] = key
+        .try_into()
+        .map_err(|_| BrokerError::BadRequest("node_key must be a 32-byte Ed25519 key".into()))?;
+    let cpu = match (&reg.cpu, &c.cpu) {
+        (
+            CpuEvidence::Snp { report, .. },
+            CpuCollateral::Snp {
+                signing_key,
+                signing_cert,
+                chain,
+                crls,
+            },
+        ) => Cpu::Snp {
+            report: bytes(report, "cpu.report")?,
+            cert: bytes(signing_cert, "collateral.signing_cert")?,
+            kind: match signing_key.as_str() {
+                "vlek" => snp::SigningKey::Vlek,
+                _ => snp::SigningKey::Vcek,
+            },
+            chain: bytes(chain, "collateral.chain")?,
+            crls: crls
+                .iter()
+                .map(|c| bytes(c, "collateral.crls"))
+                .collect::<Result<_, _>>()?,
+        },
+        (CpuEvidence::Tdx { quote, .. }, CpuCollateral::Tdx { collateral }) => Cpu::Tdx {
+            quote: bytes(quote, "cpu.quote")?,
+            collateral: bytes(collateral, "collateral.collateral")?,
+        },
+        _ => {
+            return Err(BrokerError::BadRequest(
+                "the archived collateral is not of the evidence's kind".into(),
+            ));
+        }
+    };
+    if c.gpus.len() != reg.gpus.len() {
+        return Err(BrokerError::BadRequest(
+            "the archived collateral does not cover the registration's GPUs".into(),
+        ));
+    }
+    let gpus = reg
+        .gpus
+        .iter()
+        .zip(&c.gpus)
+        .enumerate()
+        .map(|(i, (g, gc))| {
+            Ok((
+                bytes(&g.report, &format!("gpus[{i}].report"))?,
+                g.cert_chain.clone().into_bytes(),
+                gc.ocsp
+                    .iter()
+                    .map(|o| bytes(o, "collateral.ocsp"))
+                    .collect::<Result<Vec<_>, BrokerError>>()?,
+            ))
+        })
+        .collect::<Result<Vec<_>, BrokerError>>()?;
+    Ok(Decoded {
+        node_key,
+        tee_thumbprint: cgx_protocol::kbs::jwe::thumbprint(&reg.tee_pubkey),
+        nonce: nonce(reg)?,
+        proof: unb64(&reg.proof),
+        cpu,
+        gpus,
+    })
+}
+
 /// The collateral the appraisal of `d` uses, byte for byte: archived beside the registration so
 /// an auditor re-verifies the evidence without asking anyone (issue 33).
 pub(crate) fn collateral_used(d: &Decoded) -> cgx_protocol::archive::Collateral {

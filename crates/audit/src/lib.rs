@@ -45,6 +45,8 @@ pub struct Report {
     pub payments: u64,
     pub transfers: u64,
     pub archived: u64,
+    /// Registrations re-verified and re-appraised from the archive (by the caller).
+    pub reappraised: u64,
 }
 
 /// How to judge.
