@@ -72,6 +72,39 @@ pub fn fetch(conn: &Conn, out: &Path, archive: Option<&Path>) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `cgx audit fetch-kbs --kbs URL --admin-key FILE --out DIR`: the KBS's own log (entry
+/// bundles with an unscoped administrator's token).
+pub fn fetch_kbs(kbs: &str, admin_key: &Path, ca: Option<&Path>, out: &Path) -> CliResult {
+    let token = crate::kbs::admin_token(admin_key, 300)?;
+    let ca_pem = ca
+        .map(|p| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display())))
+        .transpose()?;
+    let agent = cgx_kbs::client::agent(ca_pem.as_deref()).map_err(|e| e.to_string())?;
+    let base = kbs.trim_end_matches('/').to_string();
+    let get = |p: &str| -> Result<Vec<u8>, String> {
+        let url = format!("{base}/kbs/v0/log/{p}");
+        let mut r = agent
+            .get(&url)
+            .header("authorization", &format!("Bearer {token}"))
+            .call()
+            .map_err(|e| format!("{url}: {e}"))?;
+        if r.status().as_u16() != 200 {
+            return Err(format!("{url}: {}", r.status()));
+        }
+        r.body_mut()
+            .with_config()
+            .limit(1 << 20)
+            .read_to_vec()
+            .map_err(|e| format!("{url}: {e}"))
+    };
+    let size = fetch_log_with(&get, out)?;
+    println!(
+        "fetched the KBS's log, {size} leaves, into {}",
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Copy every archived piece the leaves of the log in `log` name into `dir` (each file named
 /// by its SHA-256, checked before it is written): how many.
 pub fn fetch_archive(
@@ -131,6 +164,12 @@ pub struct VerifyArgs {
     pub refs: Option<std::path::PathBuf>,
     /// Simulator root pins trusted in re-appraisal (development networks only).
     pub sim_roots: Vec<String>,
+    /// The KBS's own log (a directory `fetch` laid out) and its key: verified too, every
+    /// release held to the broker's leases, every anchored KBS checkpoint to the KBS's log.
+    pub kbs_log: Option<std::path::PathBuf>,
+    pub kbs_log_key: Option<String>,
+    /// How many of the witnesses must have cosigned the KBS's checkpoint.
+    pub kbs_quorum: usize,
     /// Report violations of leaves in `[from, to)` only (every leaf is still read: what a
     /// leaf rests on may come before the range).
     pub from: Option<u64>,
@@ -207,6 +246,51 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
         report.reappraised = n;
         report.violations.extend(violations);
     }
+    let mut kbs_checked = None;
+    if let Some(dir) = &a.kbs_log {
+        let key = a
+            .kbs_log_key
+            .as_deref()
+            .ok_or("--kbs-log needs --kbs-log-key")?;
+        let kbs_trust = Trust {
+            log: NoteKey::parse(key).map_err(|e| format!("--kbs-log-key: {e}"))?,
+            witnesses: trust.witnesses.clone(),
+            quorum: a.kbs_quorum,
+        };
+        match verify_dir(dir, &kbs_trust, None) {
+            Ok(k) => {
+                let origin = k.opened.checkpoint.origin().to_string();
+                let mut r = cgx_audit::check(
+                    &k.leaves,
+                    cgx_audit::Rules {
+                        service: "cgx-kbs",
+                        proofs: !a.no_proofs,
+                        archive: None,
+                    },
+                );
+                // Named as the KBS's (their index is in the KBS's log).
+                let kbs = |mut x: cgx_audit::Violation| {
+                    x.action = format!("kbs {}", x.action);
+                    x
+                };
+                report.violations.extend(r.violations.drain(..).map(kbs));
+                report.violations.extend(
+                    cgx_audit::check_releases(&k.leaves, &v.leaves)
+                        .into_iter()
+                        .map(kbs),
+                );
+                report
+                    .violations
+                    .extend(cgx_audit::check_anchors(&v.leaves, &origin, &k.leaves));
+                kbs_checked = Some((origin, k.size));
+            }
+            Err(e) => report.violations.push(cgx_audit::Violation {
+                index: 0,
+                action: "kbs log".into(),
+                reason: e.to_string(),
+            }),
+        }
+    }
     report
         .violations
         .retain(|x| a.from.is_none_or(|f| x.index >= f) && a.to.is_none_or(|t| x.index < t));
@@ -277,6 +361,11 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
             },
             report.violations.len()
         );
+        if let Some((origin, size)) = &kbs_checked {
+            println!(
+                "and the KBS's log {origin}: {size} leaves, every release held to the broker's leases, every anchored checkpoint a prefix of it"
+            );
+        }
     }
     Ok(if valid {
         ExitCode::SUCCESS

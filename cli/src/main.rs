@@ -636,6 +636,21 @@ enum AuditCommand {
         #[command(flatten)]
         conn: broker::Conn,
     },
+    /// Copy the KBS's own log (checkpoint, hash tiles, entry bundles with an unscoped
+    /// administrator's key) into a directory laid out as C2SP tlog-tiles serves it.
+    FetchKbs {
+        /// The KBS's base URL.
+        #[arg(long)]
+        kbs: String,
+        /// An unscoped KBS administrator's Ed25519 PKCS#8 key.
+        #[arg(long)]
+        admin_key: PathBuf,
+        /// CA certificate(s) of the KBS (PEM); default: WebPKI roots.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Check a log directory offline: the checkpoint's signature and witness quorum, every
     /// leaf's inclusion, consistency with the checkpoint in --state (updated when all holds),
     /// then what every decision rests on (records, proofs, the ledger replayed, the archive).
@@ -675,6 +690,16 @@ enum AuditCommand {
         /// A simulator root pin to trust in re-appraisal (development networks only); repeat.
         #[arg(long = "sim-root")]
         sim_roots: Vec<String>,
+        /// The KBS's own log (a directory): verified too, each release held to the broker's
+        /// leases, each anchored KBS checkpoint to the KBS's log.
+        #[arg(long, requires = "kbs_log_key")]
+        kbs_log: Option<PathBuf>,
+        /// The KBS log's verifier key.
+        #[arg(long)]
+        kbs_log_key: Option<String>,
+        /// How many of the witnesses must have cosigned the KBS's checkpoint.
+        #[arg(long, default_value_t = 0)]
+        kbs_quorum: usize,
         /// Report violations from this leaf index on.
         #[arg(long)]
         from: Option<u64>,
@@ -860,6 +885,12 @@ fn run(cli: Cli) -> ExitCode {
             lines,
         ),
         Command::Audit { command } => match command {
+            AuditCommand::FetchKbs {
+                kbs,
+                admin_key,
+                ca,
+                out,
+            } => audit::fetch_kbs(&kbs, &admin_key, ca.as_deref(), &out),
             AuditCommand::Fetch { out, archive, conn } => {
                 audit::fetch(&conn, &out, archive.as_deref())
             }
@@ -875,6 +906,9 @@ fn run(cli: Cli) -> ExitCode {
                 policy,
                 refs,
                 sim_roots,
+                kbs_log,
+                kbs_log_key,
+                kbs_quorum,
                 from,
                 to,
                 json,
@@ -891,6 +925,9 @@ fn run(cli: Cli) -> ExitCode {
                     policy,
                     refs,
                     sim_roots,
+                    kbs_log,
+                    kbs_log_key,
+                    kbs_quorum,
                     from,
                     to,
                     json,

@@ -775,7 +775,7 @@ fn run(
         report.transfers
     );
     tampering(dir, &copy, &v, b, witness, &early)?;
-    kbs_log(dir, &kbs.base, kbs_setup, &v)?;
+    kbs_log(dir, &kbs.base, kbs_setup, &v, b, witness)?;
     for h in hosts.iter_mut() {
         h.stop();
     }
@@ -792,6 +792,8 @@ fn kbs_log(
     base: &str,
     kbs_setup: &cgx_devnet::Setup,
     broker: &cgx_tlog::verify::Verified,
+    b: &cgx_devnet::broker::BrokerSetup,
+    witness: &str,
 ) -> Result<(), String> {
     let token = kbs_setup
         .admin
@@ -876,6 +878,26 @@ fn kbs_log(
         count("release.refused"),
         anchors
     );
+    // The same, as an auditor runs it: `cgx audit verify` over the broker's log (its witness,
+    // its archive re-appraised) and the KBS's.
+    let code = crate::audit::verify(
+        &dir.join("log"),
+        &crate::audit::VerifyArgs {
+            log_key: b.log_vkey().map_err(s)?,
+            witnesses: vec![witness.to_string()],
+            quorum: 1,
+            archive: Some(dir.join("archive")),
+            reappraise: true,
+            refs: b.config.appraisal.reference_values.clone(),
+            sim_roots: b.config.sim_roots.clone(),
+            kbs_log: Some(copy.clone()),
+            kbs_log_key: Some(vkey.clone()),
+            ..Default::default()
+        },
+    )?;
+    if code != std::process::ExitCode::SUCCESS {
+        return Err("cgx audit verify found violations in the run's logs".into());
+    }
     // A forged release: the weights' key to a TEE key no node attested, under a lease the
     // broker never opened, appended and the KBS's log re-signed with its own key.
     let key = cgx_tlog::note::NoteSigner::from_pkcs8(
