@@ -155,6 +155,7 @@ pub fn broker_setup(
             witnesses: Vec::new(),
             quorum: 0,
             anchors: Vec::new(),
+            export_dir: None,
         }),
     };
     Ok(BrokerSetup {

@@ -387,6 +387,7 @@ fn setup_with(
             witnesses: Vec::new(),
             quorum: 0,
             anchors: Vec::new(),
+            export_dir: None,
         }),
         admin_keys: vec![
             AdminKey {

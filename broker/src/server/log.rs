@@ -119,7 +119,13 @@ pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) 
             if let Err(e) = broker.anchor_logs().await {
                 tracing::warn!(error = %e, "anchored logs not recorded");
             }
-            broker.witness_round().await
+            let cosigned = broker.witness_round().await;
+            if let Some(log) = &broker.log
+                && let Err(e) = log.export(broker.store.db.pool()).await
+            {
+                tracing::warn!(error = %e, "log not exported");
+            }
+            cosigned
         },
     )
     .await
@@ -210,6 +216,7 @@ mod tests {
             witnesses: Vec::new(),
             quorum: 0,
             anchors: Vec::new(),
+            export_dir: Some(dir.join("export")),
         };
         let ear = dir.join("ear.pk8");
         let ear_key = aws_lc_rs::signature::EcdsaKeyPair::generate_pkcs8(
@@ -237,6 +244,12 @@ mod tests {
         let first = fetch(&h.broker, &dir.join("one")).await;
         let v = verify_dir(&dir.join("one"), &trust, None).unwrap();
         assert_eq!(v.size, size);
+        // The same log, exported to a directory a static server can serve.
+        let pool = h.broker.store.db.pool();
+        let writer = h.broker.log.as_ref().unwrap();
+        assert_eq!(writer.export(pool).await.unwrap(), size);
+        let exported = verify_dir(&dir.join("export"), &trust, None).unwrap();
+        assert_eq!((exported.size, exported.root), (v.size, v.root));
         let events = cgx_service::audit::read(h.broker.store.db.pool(), 0, 1000)
             .await
             .unwrap();
@@ -269,6 +282,10 @@ mod tests {
         fetch(&h.broker, &dir.join("two")).await;
         let v = verify_dir(&dir.join("two"), &trust, Some(&first)).unwrap();
         assert_eq!(v.size, size2);
+        // The export follows: only the tiles new since the last, the checkpoint last.
+        assert_eq!(writer.export(pool).await.unwrap(), size2);
+        let exported = verify_dir(&dir.join("export"), &trust, Some(&first)).unwrap();
+        assert_eq!(exported.leaves, v.leaves);
         let leaves: Vec<serde_json::Value> = v
             .leaves
             .iter()
@@ -348,6 +365,7 @@ mod tests {
                 witnesses: Vec::new(),
                 quorum: 0,
                 anchors: Vec::new(),
+                export_dir: None,
             })
         })
         .await
@@ -558,6 +576,7 @@ mod tests {
                 witnesses: refs.clone(),
                 quorum: 2,
                 anchors: Vec::new(),
+                export_dir: None,
             })
         })
         .await;

@@ -44,6 +44,11 @@ pub struct LogConfig {
     /// bound to the other (the broker anchors the KBS's log).
     #[serde(default)]
     pub anchors: Vec<AnchorRef>,
+    /// A directory the published log is also written to, laid out as C2SP tlog-tiles serves
+    /// it (checkpoint, hash tiles, entry bundles), for any static web server or object store to
+    /// serve. Entry bundles name tenants and nodes: serve it to auditors only.
+    #[serde(default)]
+    pub export_dir: Option<PathBuf>,
 }
 
 /// A log this log anchors.
@@ -118,6 +123,8 @@ struct Anchor {
 pub struct LogWriter {
     key: NoteSigner,
     anchors: Vec<Anchor>,
+    /// Where the published log is exported, and the size exported last.
+    export: Option<(PathBuf, tokio::sync::Mutex<u64>)>,
     pin_path: PathBuf,
     pin: tokio::sync::Mutex<Option<Pinned>>,
     witnesses: Vec<LogWitness>,
@@ -211,6 +218,10 @@ impl LogWriter {
         Ok(LogWriter {
             key,
             anchors,
+            export: config
+                .export_dir
+                .clone()
+                .map(|d| (d, tokio::sync::Mutex::new(0))),
             pin_path,
             pin: tokio::sync::Mutex::new(pin),
             witnesses,
@@ -314,6 +325,52 @@ impl LogWriter {
                 *l = None;
             }
         }
+    }
+
+    /// Write the newest published checkpoint's tiles and entry bundles that are new since the
+    /// last export into `[log] export_dir`, then the checkpoint (last, atomically): a reader of
+    /// the directory never finds a checkpoint whose tiles are not there yet. The size exported.
+    pub async fn export(&self, pool: &sqlx::AnyPool) -> Result<u64, LogStoreError> {
+        let Some((dir, done)) = &self.export else {
+            return Ok(0);
+        };
+        let mut done = done.lock().await;
+        let Some(note) = self.published(pool).await? else {
+            return Ok(*done);
+        };
+        let opened = open_checkpoint(&note, &self.key.verifier(), &[], 0)?;
+        let size = opened.checkpoint.size();
+        if size <= *done {
+            return Ok(*done);
+        }
+        let io = |p: &std::path::Path, e: std::io::Error| {
+            LogStoreError::Pin(format!("export {}: {e}", p.display()))
+        };
+        for t in cgx_tlog::Tile::new_tiles(cgx_tlog::HEIGHT, *done, size) {
+            let mut paths = vec![cgx_tlog::paths::tile_path(&t)];
+            if t.level() == 0 {
+                paths.push(cgx_tlog::paths::tile_path(&cgx_tlog::paths::bundle_tile(
+                    t.level_index(),
+                    t.width(),
+                )));
+            }
+            for p in paths {
+                let Some(bytes) = crate::tlog::tile(pool, &p, true).await? else {
+                    return Err(LogStoreError::Tampered(format!(
+                        "{p} of a published tree is not stored"
+                    )));
+                };
+                let file = dir.join(&p);
+                if let Some(parent) = file.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+                }
+                std::fs::write(&file, bytes).map_err(|e| io(&file, e))?;
+            }
+        }
+        let cp = dir.join("checkpoint");
+        crate::tlog::write_atomic(&cp, &note).map_err(|e| io(&cp, e))?;
+        *done = size;
+        Ok(size)
     }
 
     /// The newest published checkpoint: the newest the quorum of witnesses cosigned (any signed

@@ -606,7 +606,15 @@ pub async fn start_with_clock(config: &KbsConfig, clock: SharedClock) -> Result<
                 every,
                 store::LOG_PASS.unsigned_abs(),
                 || k.integrate_log_pass(),
-                || k.witness_round(),
+                || async {
+                    let cosigned = k.witness_round().await;
+                    if let Some(log) = &k.log
+                        && let Err(e) = log.export(k.store.pool()).await
+                    {
+                        tracing::warn!(error = %e, "log not exported");
+                    }
+                    cosigned
+                },
             )
             .await
         }));
