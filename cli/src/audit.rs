@@ -291,9 +291,14 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
             }),
         }
     }
-    report
-        .violations
-        .retain(|x| a.from.is_none_or(|f| x.index >= f) && a.to.is_none_or(|t| x.index < t));
+    // A range narrows the broker's leaves reported; a violation of the whole log (the ledger,
+    // the KBS's log) is always reported.
+    let ranged = a.from.is_some() || a.to.is_some();
+    report.violations.retain(|x| {
+        x.action == "ledger"
+            || x.action.starts_with("kbs")
+            || (a.from.is_none_or(|f| x.index >= f) && a.to.is_none_or(|t| x.index < t))
+    });
     let seen_size = seen.as_deref().and_then(|s| {
         String::from_utf8_lossy(s)
             .lines()
@@ -303,6 +308,7 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
     let valid = report.violations.is_empty();
     if let Some(p) = state
         && valid
+        && !ranged
     {
         // The checkpoint verified (the bytes read and checked, not the file again): what the
         // next run must extend. Kept only when everything held.
@@ -320,7 +326,12 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
         }))?;
     } else {
         for x in &report.violations {
-            println!("VIOLATION leaf {} ({}): {}", x.index, x.action, x.reason);
+            println!(
+                "VIOLATION leaf {} ({}): {}",
+                x.index,
+                printable(&x.action),
+                printable(&x.reason)
+            );
         }
         println!(
             "{}: log {} — {} leaves, root {}; every leaf included{}{}; {} registrations, {} leases, {} records, {} proofs judged, {} windows paid, {} transfers replayed{}; {} violations",
@@ -566,10 +577,23 @@ pub fn reappraise_all(
             r.reappraise(&reg, &col, j["at"].as_i64().unwrap_or(0))
         });
         let why = match judged {
-            Ok((tier, _)) if d["status"] == tier.to_string() => None,
-            Ok((tier, v)) => Some(format!(
-                "re-appraised as {tier} ({}), the broker recorded {}",
-                v.join("; "),
+            // The leaf must name whom the archived evidence is of, whatever its tier.
+            Ok(r)
+                if j["subject"] != r.node_id.as_str()
+                    || d["node_key"] != r.node_key.as_str()
+                    || d["tee_thumbprint"] != r.tee_thumbprint.as_str()
+                    || d["operator"] != r.operator.as_str() =>
+            {
+                Some(format!(
+                    "the archived evidence is node {}'s (operator {}, TEE key {}), not what the leaf names",
+                    r.node_id, r.operator, r.tee_thumbprint
+                ))
+            }
+            Ok(r) if d["status"] == r.tier.to_string() => None,
+            Ok(r) => Some(format!(
+                "re-appraised as {} ({}), the broker recorded {}",
+                r.tier,
+                r.violations.join("; "),
                 d["status"]
             )),
             Err(e) => Some(format!("its evidence does not re-verify: {e}")),
@@ -584,4 +608,18 @@ pub fn reappraise_all(
         }
     }
     (n, out)
+}
+
+/// `s` with control characters escaped: a leaf's text printed to a terminal cannot move the
+/// cursor or hide a line.
+fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -74,9 +74,12 @@ impl Broker {
                         actor: format!("node:{id}"),
                         action: "metering.refuse",
                         subject: lease,
+                        // The refused record itself, as the node signed it: an auditor checks
+                        // an equivocation (two records of one window) from the leaves alone.
                         detail: serde_json::json!({
                             "seq": seq.to_string(),
                             "record_sha256": token_hash(token),
+                            "record": token,
                             "reason": cgx_service::audit::cap(&e.to_string(), 1024),
                         }),
                         archive: Vec::new(),

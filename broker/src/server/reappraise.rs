@@ -49,7 +49,7 @@ impl Reappraiser {
         registration: &[u8],
         collateral: &[u8],
         at: i64,
-    ) -> Result<(Tier, Vec<String>), String> {
+    ) -> Result<Reappraised, String> {
         let reg: Registration =
             serde_json::from_slice(registration).map_err(|e| format!("registration: {e}"))?;
         let c: cgx_protocol::archive::Collateral =
@@ -58,6 +58,25 @@ impl Reappraiser {
         super::register::check_proof(&reg, &d).map_err(|e| e.to_string())?;
         let when = time::OffsetDateTime::from_unix_timestamp(at).map_err(|e| e.to_string())?;
         let a = super::register::appraise(&self.appraiser, &d, when).map_err(|e| e.to_string())?;
-        Ok((a.status(), a.violations()))
+        Ok(Reappraised {
+            tier: a.status(),
+            violations: a.violations(),
+            node_id: cgx_protocol::broker::node_id(&d.node_key),
+            node_key: reg.node_key.clone(),
+            tee_thumbprint: d.tee_thumbprint.clone(),
+            operator: reg.offer.operator.clone(),
+        })
     }
+}
+
+/// What a re-appraisal found: the tier, and who the evidence is of (what the registration's
+/// leaf must name).
+#[derive(Debug, Clone)]
+pub struct Reappraised {
+    pub tier: Tier,
+    pub violations: Vec<String>,
+    pub node_id: String,
+    pub node_key: String,
+    pub tee_thumbprint: String,
+    pub operator: String,
 }

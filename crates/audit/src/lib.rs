@@ -66,10 +66,14 @@ type Verdicts = HashMap<(String, u64), Vec<(u64, bool, u64)>>;
 struct Node {
     key: Option<[u8; 32]>,
     affirming: bool,
+    operator: String,
 }
 
 struct Lease {
     node: String,
+    /// Its tenant, and its node's operator when it was opened.
+    tenant: String,
+    operator: String,
     gpus: Vec<u64>,
     /// Accepted records: seq → (hash, leaf index).
     records: HashMap<u64, (String, u64)>,
@@ -83,8 +87,12 @@ pub fn check(leaves: &[Vec<u8>], rules: Rules<'_>) -> Report {
     let mut leases: HashMap<String, Lease> = HashMap::new();
     // (lease, gpu) → [(window, passed, leaf index)], in log order.
     let mut verdicts: Verdicts = HashMap::new();
-    // challenge id → (failed, leaf index).
-    let mut challenges: HashMap<String, bool> = HashMap::new();
+    // challenge id → what was judged, and whether it was slashed for.
+    let mut challenges: HashMap<String, Challenge> = HashMap::new();
+    // (lease, seq) of records refused as a second, different record of one window.
+    let mut equivocations: std::collections::HashSet<(String, u64)> = Default::default();
+    // (lease, window) paid to a provider.
+    let mut provider_paid: std::collections::HashSet<(String, u64)> = Default::default();
     let mut book = Book::new();
     let mut chain: Vec<Transfer> = Vec::new();
     let mut paid: std::collections::HashSet<(String, u64)> = std::collections::HashSet::new();
@@ -137,6 +145,7 @@ pub fn check(leaves: &[Vec<u8>], rules: Rules<'_>) -> Report {
                     Node {
                         key,
                         affirming: d["status"] == "affirming",
+                        operator: d["operator"].as_str().unwrap_or("").to_string(),
                     },
                 );
                 for field in ["registration_sha256", "collateral_sha256", "ear_sha256"] {
@@ -172,15 +181,58 @@ pub fn check(leaves: &[Vec<u8>], rules: Rules<'_>) -> Report {
                     .as_array()
                     .map(|a| a.iter().filter_map(Value::as_u64).collect())
                     .unwrap_or_default();
+                if leases.contains_key(&subject) {
+                    bad(&action, format!("lease {subject} opened twice"));
+                    continue;
+                }
+                let operator = nodes
+                    .get(&node)
+                    .map(|n| n.operator.clone())
+                    .unwrap_or_default();
                 leases.insert(
                     subject.clone(),
                     Lease {
                         node,
+                        tenant: d["tenant"].as_str().unwrap_or("").to_string(),
+                        operator,
                         gpus,
                         records: HashMap::new(),
                         last: None,
                     },
                 );
+            }
+            "metering.refuse" => {
+                // An equivocation is proven by the leaves alone: the refused record, signed by
+                // the lease's node under its attested key, of a window whose accepted record
+                // is another.
+                let seq: Option<u64> = d["seq"].as_str().and_then(|s| s.parse().ok());
+                let claimed = d["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("differs from it under the same key"));
+                if let (Some(seq), true) = (seq, claimed) {
+                    let proven = leases.get(&subject).is_some_and(|l| {
+                        let key = nodes.get(&l.node).and_then(|n| n.key);
+                        let token = d["record"].as_str();
+                        match (key, token, l.records.get(&seq)) {
+                            (Some(key), Some(token), Some((held, _))) => {
+                                verify::<MeteringRecord>(token, &[key], When::Any)
+                                    .is_ok_and(|h| h.body.lease == subject && h.body.seq == seq)
+                                    && token_hash(token) != *held
+                            }
+                            _ => false,
+                        }
+                    });
+                    if proven {
+                        equivocations.insert((subject.clone(), seq));
+                    } else {
+                        bad(
+                            &action,
+                            format!(
+                                "record {seq} of lease {subject} refused as an equivocation the leaves do not prove"
+                            ),
+                        );
+                    }
+                }
             }
             "metering.accept" => {
                 r.records += 1;
@@ -191,6 +243,17 @@ pub fn check(leaves: &[Vec<u8>], rules: Rules<'_>) -> Report {
             "pow.verdict" => {
                 r.verdicts += 1;
                 let lease = d["lease"].as_str().unwrap_or("").to_string();
+                if let Some(l) = leases.get(&lease)
+                    && d["node"].as_str().is_some_and(|n| n != l.node)
+                {
+                    bad(
+                        &action,
+                        format!(
+                            "a verdict on node {} for lease {lease}, which is node {}'s",
+                            d["node"], l.node
+                        ),
+                    );
+                }
                 let gpu = d["gpu"].as_u64().unwrap_or(u64::MAX);
                 let window = d["window"].as_str().and_then(|w| w.parse().ok());
                 let Some(window) = window else {
@@ -202,7 +265,14 @@ pub fn check(leaves: &[Vec<u8>], rules: Rules<'_>) -> Report {
                     .entry((lease, gpu))
                     .or_default()
                     .push((window, passed, index));
-                challenges.insert(subject.clone(), d["state"] == "failed");
+                challenges.insert(
+                    subject.clone(),
+                    Challenge {
+                        failed: d["state"] == "failed",
+                        lease: d["lease"].as_str().unwrap_or("").to_string(),
+                        slashed: false,
+                    },
+                );
             }
             "ledger.transfer" => {
                 let Some(list) = d["transfers"].as_array() else {
@@ -218,8 +288,13 @@ pub fn check(leaves: &[Vec<u8>], rules: Rules<'_>) -> Report {
                             {
                                 paid.insert((l.clone(), w));
                             }
+                            let mut seen = Seen {
+                                challenges: &mut challenges,
+                                equivocations: &equivocations,
+                                provider_paid: &mut provider_paid,
+                            };
                             if let Some(why) =
-                                backed(&t, &leases, &verdicts, &challenges, rules.proofs)
+                                backed(&t, &leases, &verdicts, &mut seen, rules.proofs)
                             {
                                 bad(&action, format!("transfer {}: {why}", t.id));
                             }
@@ -279,8 +354,8 @@ pub fn check_releases(kbs: &[Vec<u8>], broker: &[Vec<u8>]) -> Vec<Violation> {
         tee: Option<String>,
         affirming: bool,
     }
-    // TEE key → when an affirming registration attested it first.
-    let mut attested: HashMap<String, i64> = HashMap::new();
+    // TEE key → its registrations: (when, affirming), in log order.
+    let mut attested: HashMap<String, Vec<(i64, bool)>> = HashMap::new();
     // Node → (TEE key, affirming) of its latest registration.
     let mut nodes: HashMap<String, (String, bool)> = HashMap::new();
     let mut leases: HashMap<String, Open> = HashMap::new();
@@ -295,9 +370,10 @@ pub fn check_releases(kbs: &[Vec<u8>], broker: &[Vec<u8>]) -> Vec<Violation> {
             Some("node.register") => {
                 let tee = d["tee_thumbprint"].as_str().unwrap_or("").to_string();
                 let affirming = d["status"] == "affirming";
-                if affirming {
-                    attested.entry(tee.clone()).or_insert(at);
-                }
+                attested
+                    .entry(tee.clone())
+                    .or_default()
+                    .push((at, affirming));
                 nodes.insert(subject, (tee, affirming));
             }
             Some("lease.open") => {
@@ -339,7 +415,13 @@ pub fn check_releases(kbs: &[Vec<u8>], broker: &[Vec<u8>]) -> Vec<Violation> {
         let at = j["at"].as_i64().unwrap_or(0);
         let path = j["subject"].as_str().unwrap_or("");
         let tee = d["tee_key"].as_str().unwrap_or("");
+        // The resource's repository is its tenant's.
+        let repo = path.split('/').next().unwrap_or("");
         let why = match d["lease"].as_str() {
+            Some(lease) if d["tenant"].as_str() != Some(repo) => Some(format!(
+                "released {path} under lease {lease} for tenant {}, not the resource's tenant {repo}",
+                d["tenant"]
+            )),
             Some(lease) => match leases.get(lease) {
                 None => Some(format!(
                     "released {path} under lease {lease}, which the broker never opened"
@@ -363,12 +445,18 @@ pub fn check_releases(kbs: &[Vec<u8>], broker: &[Vec<u8>]) -> Vec<Violation> {
                 }
                 Some(_) => None,
             },
-            None => match attested.get(tee) {
-                Some(t) if *t <= at => None,
-                _ => Some(format!(
-                    "released {path} to TEE key {tee}, which no affirming registration attested before"
-                )),
-            },
+            None => {
+                // The latest registration of that TEE key before the release must affirm.
+                let latest = attested
+                    .get(tee)
+                    .and_then(|v| v.iter().rev().find(|(t, _)| *t <= at));
+                match latest {
+                    Some((_, true)) => None,
+                    _ => Some(format!(
+                        "released {path} to TEE key {tee}, whose latest registration before it did not affirm"
+                    )),
+                }
+            }
         };
         if let Some(reason) = why {
             out.push(Violation {
@@ -523,12 +611,36 @@ fn transfer(t: &Value, at: i64) -> Result<Transfer, String> {
     })
 }
 
+/// A judged proof-of-work challenge.
+struct Challenge {
+    failed: bool,
+    lease: String,
+    slashed: bool,
+}
+
+/// What `backed` reads and marks as it goes.
+struct Seen<'a> {
+    challenges: &'a mut HashMap<String, Challenge>,
+    equivocations: &'a std::collections::HashSet<(String, u64)>,
+    provider_paid: &'a mut std::collections::HashSet<(String, u64)>,
+}
+
+/// Whether `a` is one of the accounts a window of `lease` moves money between: its tenant's,
+/// its escrow, its operator's provider account, the fee.
+fn window_account(a: &AccountId, lease_id: &str, lease: &Lease) -> bool {
+    let s = a.to_string();
+    s == format!("tenant/{}", lease.tenant)
+        || s == format!("escrow/{lease_id}")
+        || s == format!("provider/{}", lease.operator)
+        || s == AccountId::fee().to_string()
+}
+
 /// Why a transfer is not backed by what it rests on (`None`: it is, or needs nothing).
 fn backed(
     t: &Transfer,
     leases: &HashMap<String, Lease>,
     verdicts: &Verdicts,
-    challenges: &HashMap<String, bool>,
+    seen: &mut Seen<'_>,
     proofs: bool,
 ) -> Option<String> {
     match t.cause {
@@ -548,6 +660,21 @@ fn backed(
                 return Some(format!(
                     "window {w} paid on record {}, not the accepted {hash}",
                     t.reference
+                ));
+            }
+            // Between the lease's own accounts only, and to its provider once.
+            for a in [&t.debit, &t.credit] {
+                if !window_account(a, lease_id, lease) {
+                    return Some(format!(
+                        "window {w} of lease {lease_id} moves money through {a}, not an account of that lease"
+                    ));
+                }
+            }
+            if t.credit.to_string() == format!("provider/{}", lease.operator)
+                && !seen.provider_paid.insert((lease_id.clone(), w))
+            {
+                return Some(format!(
+                    "window {w} of lease {lease_id} paid to its provider twice"
                 ));
             }
             if proofs {
@@ -578,12 +705,54 @@ fn backed(
             None
         }
         CauseKind::Slash => {
-            let c = t.reference.strip_prefix("pow/")?;
-            match challenges.get(c) {
-                Some(true) => None,
-                Some(false) => Some(format!("a slash for proof {c}, which did not fail")),
-                None => Some(format!("a slash for proof {c}, never judged")),
+            // A slash takes the cheating lease's operator's stake, through the slashed
+            // account, to the lease's tenant.
+            let to_lease = |lease_id: &str| -> Option<String> {
+                let Some(lease) = leases.get(lease_id) else {
+                    return Some(format!("a slash for lease {lease_id}, never opened"));
+                };
+                let allowed = [
+                    format!("stake/{}", lease.operator),
+                    AccountId::slashed().to_string(),
+                    format!("tenant/{}", lease.tenant),
+                ];
+                for a in [&t.debit, &t.credit] {
+                    if !allowed.contains(&a.to_string()) {
+                        return Some(format!(
+                            "a slash through {a}, not lease {lease_id}'s operator's stake or its tenant"
+                        ));
+                    }
+                }
+                None
+            };
+            let forfeit = t.debit.to_string().starts_with("stake/");
+            if let Some(c) = t.reference.strip_prefix("pow/") {
+                return match seen.challenges.get_mut(c) {
+                    // The stake is forfeited once per failed proof.
+                    Some(ch) if ch.failed && !(forfeit && ch.slashed) => {
+                        ch.slashed |= forfeit;
+                        let lease = ch.lease.clone();
+                        to_lease(&lease)
+                    }
+                    Some(ch) if ch.failed => Some(format!("proof {c} slashed for twice")),
+                    Some(_) => Some(format!("a slash for proof {c}, which did not fail")),
+                    None => Some(format!("a slash for proof {c}, never judged")),
+                };
             }
+            if let Some(rest) = t.reference.strip_prefix("equivocation/") {
+                let (lease, seq) = rest.rsplit_once('/')?;
+                let seq: u64 = seq.parse().ok()?;
+                if !seen.equivocations.contains(&(lease.to_string(), seq)) {
+                    return Some(format!(
+                        "a slash for two records of window {seq} of lease {lease}, but no second record was refused as such"
+                    ));
+                }
+                return to_lease(lease);
+            }
+            Some(format!(
+                "a slash for {}, which names no proven cheat",
+                t.reference
+            ))
         }
         _ => None,
     }
@@ -683,7 +852,8 @@ mod tests {
             "operator:op1",
             NODE,
             json!({
-            "node_key": cgx_protocol::broker::b64(&key.public_key()), "status": "affirming"}),
+            "node_key": cgx_protocol::broker::b64(&key.public_key()), "status": "affirming",
+            "operator": "op1"}),
         );
         log.push(
             "ledger.transfer",
@@ -821,6 +991,73 @@ mod tests {
             "{:?}",
             reasons(&l, true)
         );
+        // A window paid to another provider, or paid twice.
+        let (mut l, h) = honest(&key);
+        let mut t = transfer(
+            "window/l1/0",
+            "tenant/acme",
+            "provider/evil",
+            10,
+            "window",
+            &h[0],
+        );
+        t["lease"] = json!(LEASE);
+        t["window"] = json!("0");
+        l.push("ledger.transfer", "broker", "w", json!({"transfers": [t]}));
+        assert!(
+            reasons(&l, true)[0].contains("not an account of that lease"),
+            "{:?}",
+            reasons(&l, true)
+        );
+        let (mut l, h) = honest(&key);
+        pay(&mut l, 0, &h[0]);
+        let mut t = transfer(
+            "window/l1/0-again",
+            "tenant/acme",
+            "provider/op1",
+            10,
+            "window",
+            &h[0],
+        );
+        t["lease"] = json!(LEASE);
+        t["window"] = json!("0");
+        l.push("ledger.transfer", "broker", "w2", json!({"transfers": [t]}));
+        assert!(
+            reasons(&l, true)[0].contains("twice"),
+            "{:?}",
+            reasons(&l, true)
+        );
+        // A slash for no proven cheat, or from another operator's stake.
+        let (mut l, _) = honest(&key);
+        l.push(
+            "ledger.transfer",
+            "broker",
+            "s",
+            json!({"transfers": [
+            transfer("slash/y", "stake/op1", "tenant/acme", 1, "slash", "whatever")]}),
+        );
+        assert!(reasons(&l, true)[0].contains("names no proven cheat"));
+        let (mut l, _) = honest(&key);
+        l.push(
+            "pow.verdict",
+            "broker",
+            "c9",
+            json!({"lease": LEASE, "gpu": 0, "window": "0", "state": "failed"}),
+        );
+        l.push(
+            "ledger.transfer",
+            "broker",
+            "s",
+            json!({"transfers": [
+            transfer("slash/z", "stake/other", "tenant/acme", 1, "slash", "pow/c9")]}),
+        );
+        assert!(
+            reasons(&l, true)
+                .iter()
+                .any(|r| r.contains("not lease l1's operator's stake")),
+            "{:?}",
+            reasons(&l, true)
+        );
         // A slash for a proof never judged.
         let (mut l, _) = honest(&key);
         l.push(
@@ -876,7 +1113,27 @@ mod tests {
             (release(60, "tk", Some(LEASE)), "outside lease"),
             (release(15, "tk", Some(LEASE)), "outside lease"),
             (release(30, "tk", Some("l9")), "never opened"),
-            (release(5, "tk", None), "no affirming registration"),
+            (
+                ev(
+                    1,
+                    30,
+                    "release",
+                    "other/w/k",
+                    json!({"tee_key": "tk", "lease": LEASE, "tenant": "acme"}),
+                ),
+                "not the resource's tenant",
+            ),
+            (
+                ev(
+                    1,
+                    30,
+                    "release",
+                    "acme/w/k",
+                    json!({"tee_key": "tk", "lease": LEASE}),
+                ),
+                "not the resource's tenant",
+            ),
+            (release(5, "tk", None), "did not affirm"),
         ] {
             let v = check_releases(&[r], &broker);
             assert!(

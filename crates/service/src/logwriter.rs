@@ -126,7 +126,9 @@ pub struct LogWriter {
     /// Where the published log is exported, and the size exported last.
     export: Option<(PathBuf, tokio::sync::Mutex<u64>)>,
     pin_path: PathBuf,
-    pin: tokio::sync::Mutex<Option<Pinned>>,
+    /// The pin, and the signed checkpoint it was moved to if its file could not be written
+    /// yet (written before the next pass integrates anything).
+    pin: tokio::sync::Mutex<(Option<Pinned>, Option<Vec<u8>>)>,
     witnesses: Vec<LogWitness>,
     quorum: usize,
     interval: std::time::Duration,
@@ -223,7 +225,7 @@ impl LogWriter {
                 .clone()
                 .map(|d| (d, tokio::sync::Mutex::new(0))),
             pin_path,
-            pin: tokio::sync::Mutex::new(pin),
+            pin: tokio::sync::Mutex::new((pin, None)),
             witnesses,
             quorum: config.quorum,
             interval: std::time::Duration::from_millis(config.interval_ms.max(10)),
@@ -251,13 +253,25 @@ impl LogWriter {
         E: From<LogStoreError>,
     {
         let mut pin = self.pin.lock().await;
-        let done = integrate(*pin).await?;
+        // A pin whose file failed to be written is written first: nothing more is signed
+        // while the file lags behind what was signed (a database rolled back to it would
+        // otherwise get a fork signed after a restart).
+        if let Some(note) = &pin.1 {
+            crate::tlog::save_pin(&self.pin_path, note)?;
+            pin.1 = None;
+        }
+        let done = integrate(pin.0).await?;
         if let Some(d) = &done {
-            crate::tlog::save_pin(&self.pin_path, &d.checkpoint)?;
-            *pin = Some(Pinned {
+            // The checkpoint is signed and committed: this process holds to it whether or not
+            // its file is written now.
+            pin.0 = Some(Pinned {
                 size: d.size,
                 root: d.root,
             });
+            if let Err(e) = crate::tlog::save_pin(&self.pin_path, &d.checkpoint) {
+                pin.1 = Some(d.checkpoint.clone());
+                return Err(e.into());
+            }
         }
         Ok(done)
     }
@@ -471,6 +485,14 @@ impl LogWriter {
             .map_err(|e| e.to_string())??;
             match status {
                 200 => {
+                    // Only this witness's own line is kept: a line it adds in another
+                    // witness's name would otherwise spoil the note the others cosigned.
+                    let prefix = format!("\u{2014} {} ", w.key.name());
+                    let answer: Vec<u8> = String::from_utf8_lossy(&answer)
+                        .lines()
+                        .find(|l| l.starts_with(&prefix))
+                        .map(|l| format!("{l}\n").into_bytes())
+                        .ok_or("no cosignature line of this witness in its answer")?;
                     let cosigned =
                         cgx_tlog::witness::add_cosignatures(signed, std::slice::from_ref(&answer));
                     open_checkpoint(

@@ -224,7 +224,11 @@ pub fn save_pin(path: &std::path::Path, checkpoint: &[u8]) -> Result<(), LogStor
 /// rename, fsync of the directory).
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
-    let tmp = std::path::PathBuf::from(format!("{}.tmp", path.display()));
+    // A name of this write's own: two writers never share (and truncate) one temporary file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp =
+        std::path::PathBuf::from(format!("{}.{}.{n}.tmp", path.display(), std::process::id()));
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;

@@ -74,7 +74,7 @@ pub struct Witness {
     logs: Vec<NoteKey>,
     state_dir: PathBuf,
     /// Per log (origin): the latest cosigned, behind a lock held across check and persist.
-    latest: HashMap<String, tokio::sync::Mutex<Option<Latest>>>,
+    latest: HashMap<String, std::sync::Arc<tokio::sync::Mutex<Option<Latest>>>>,
 }
 
 impl std::fmt::Debug for Witness {
@@ -128,7 +128,10 @@ impl Witness {
                     )));
                 }
             };
-            latest.insert(k.name().to_string(), tokio::sync::Mutex::new(l));
+            latest.insert(
+                k.name().to_string(),
+                std::sync::Arc::new(tokio::sync::Mutex::new(l)),
+            );
         }
         Ok(Witness {
             key,
@@ -151,20 +154,29 @@ impl Witness {
         let slot = self
             .latest
             .get(log.name())
-            .ok_or_else(|| Refusal::UnknownLog(log.name().to_string()))?;
-        let mut latest = slot.lock().await;
-        let new = witness::judge(&req, &opened, *latest)?;
-        if *latest != Some(new) {
-            let path = state_file(&self.state_dir, log.name());
-            let file = path.clone();
-            let note = req.checkpoint.clone();
-            tokio::task::spawn_blocking(move || crate::tlog::write_atomic(&file, &note))
-                .await
-                .map_err(|e| Refused::Internal(format!("persist: {e}")))?
-                .map_err(|e| Refused::Internal(format!("persist {}: {e}", path.display())))?;
-            *latest = Some(new);
-        }
-        drop(latest);
+            .ok_or_else(|| Refusal::UnknownLog(log.name().to_string()))?
+            .clone();
+        // Check and persist in a task of its own that holds the log's lock throughout: a
+        // request cancelled mid-way (its client gone) cannot release the lock while its state
+        // file is still being written.
+        let path = state_file(&self.state_dir, log.name());
+        let note = req.checkpoint.clone();
+        let judged = tokio::spawn(async move {
+            let mut latest = slot.lock_owned().await;
+            let new = witness::judge(&req, &opened, *latest).map_err(Refused::Protocol)?;
+            if *latest != Some(new) {
+                let file = path.clone();
+                tokio::task::spawn_blocking(move || crate::tlog::write_atomic(&file, &note))
+                    .await
+                    .map_err(|e| Refused::Internal(format!("persist: {e}")))?
+                    .map_err(|e| Refused::Internal(format!("persist {}: {e}", path.display())))?;
+                *latest = Some(new);
+            }
+            Ok::<_, Refused>(opened)
+        })
+        .await
+        .map_err(|e| Refused::Internal(format!("check: {e}")))?;
+        let opened = judged?;
         witness::cosignature(&opened, &self.key, now).map_err(|e| Refused::Internal(e.to_string()))
     }
 }

@@ -198,7 +198,7 @@ pub fn judge(
             latest: have,
         });
     }
-    match latest {
+    match latest.filter(|l| l.size > 0) {
         None => {
             if !req.proof.is_empty() {
                 return Err(Refusal::Malformed(
