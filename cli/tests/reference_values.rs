@@ -137,12 +137,13 @@ fn reference_values_from_cgx_measure_go_to_the_broker_and_the_kbs() {
     let view = op.node(&node.id).unwrap();
     assert!(view.placeable, "{}", view.reason);
     let events = auditor.admin_events().unwrap();
-    // (The development network's deposits are audited too.)
+    // (Every decision is audited: the development network's deposits and their transfers,
+    // registrations… The change of settings is the one `.put`.)
     let e = events["events"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|e| e["action"] != "ledger.deposit" && e["action"] != "ledger.stake")
+        .find(|e| e["action"].as_str().is_some_and(|a| a.ends_with(".put")))
         .unwrap();
     assert_eq!(e["action"], "reference-values.put");
     assert_eq!(e["detail"]["version"], 1);

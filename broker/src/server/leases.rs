@@ -76,7 +76,66 @@ impl Broker {
             }
             leases.push(grant);
         }
+        self.log_renewals(id, &leases, now).await?;
         Ok(leases)
+    }
+
+    /// Renewals as leaves of the log (issue 33): a renewed token that carries its lease at
+    /// least half a token lifetime past the last one logged is recorded (`lease.renew`: the
+    /// token's digest and expiry) before the heartbeat's answer hands it out. Every renewal
+    /// would be a leaf per lease per heartbeat; at most two per token lifetime still show how
+    /// long each lease was kept alive, and cover every token a release can have relied on to
+    /// within half a lifetime.
+    async fn log_renewals(
+        &self,
+        node: &str,
+        grants: &[LeaseGrant],
+        now: i64,
+    ) -> Result<(), BrokerError> {
+        if self.log.is_none() {
+            return Ok(());
+        }
+        let step = (self.config.lease_ttl_secs / 2).max(1);
+        for g in grants {
+            let due = {
+                let logged = self
+                    .renewals_logged
+                    .lock()
+                    .map_err(|_| BrokerError::Internal("a poisoned lock".into()))?;
+                logged
+                    .get(&g.lease_id)
+                    .is_none_or(|last| g.expires_at >= last.saturating_add(step))
+            };
+            if !due {
+                continue;
+            }
+            let token = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, g.token.as_bytes());
+            self.store
+                .write(store::AuditWrite {
+                    at: now,
+                    actor: "broker".into(),
+                    action: "lease.renew",
+                    subject: g.lease_id.clone(),
+                    detail: serde_json::json!({
+                        "node": node,
+                        "expires_at": g.expires_at,
+                        "token_sha256": hex::encode(token.as_ref()),
+                    }),
+                    archive: Vec::new(),
+                })
+                .await?;
+            let mut logged = self
+                .renewals_logged
+                .lock()
+                .map_err(|_| BrokerError::Internal("a poisoned lock".into()))?;
+            // Leases whose last token has expired are forgotten (a renewal would be logged
+            // again, once).
+            if logged.len() > 10_000 {
+                logged.retain(|_, exp| *exp > now);
+            }
+            logged.insert(g.lease_id.clone(), g.expires_at);
+        }
+        Ok(())
     }
 }
 

@@ -276,9 +276,12 @@ mod tests {
             .await
             .unwrap();
         let lease = job.lease_id.clone().unwrap();
+        // The heartbeat renews the lease's token: a leaf (the first renewal of a lease is).
+        let beat = h.heartbeat(&node).await.unwrap();
+        assert_eq!(beat.leases.len(), 1);
         h.broker.cancel(&tenant, &job.id).await.unwrap();
         let size2 = h.broker.integrate_log().await.unwrap().unwrap();
-        assert!(size2 >= size + 603, "{size2}");
+        assert!(size2 >= size + 604, "{size2}");
         fetch(&h.broker, &dir.join("two")).await;
         let v = verify_dir(&dir.join("two"), &trust, Some(&first)).unwrap();
         assert_eq!(v.size, size2);
@@ -298,12 +301,17 @@ mod tests {
         assert_eq!(deposit["subject"], "tenant/acme");
         let of_lease: Vec<&serde_json::Value> =
             leaves.iter().filter(|l| l["subject"] == lease).collect();
-        assert_eq!(of_lease.len(), 2, "{of_lease:?}");
+        assert_eq!(of_lease.len(), 3, "{of_lease:?}");
         assert_eq!(of_lease[0]["action"], "lease.open");
         assert_eq!(of_lease[0]["detail"]["node"], node.id);
         assert_eq!(of_lease[0]["detail"]["tenant"], "acme");
-        assert_eq!(of_lease[1]["action"], "lease.end");
-        assert_eq!(of_lease[1]["detail"]["job"], job.id);
+        assert_eq!(of_lease[1]["action"], "lease.renew");
+        assert_eq!(
+            of_lease[1]["detail"]["expires_at"],
+            beat.leases[0].expires_at
+        );
+        assert_eq!(of_lease[2]["action"], "lease.end");
+        assert_eq!(of_lease[2]["detail"]["job"], job.id);
         // A tile path that is not one, or beyond the tree: not found, nothing read.
         for p in [
             "tile/0/x001/000",

@@ -110,6 +110,8 @@ pub(crate) struct Broker {
     settings_lock: tokio::sync::Mutex<()>,
     /// The transparency log's writer (`[log]`), if it keeps one.
     log: Option<cgx_service::logwriter::LogWriter>,
+    /// Per lease, the expiry of the last renewal logged (`leases.rs`).
+    renewals_logged: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -241,6 +243,7 @@ impl Broker {
             .transpose()?;
         let broker = Broker {
             log,
+            renewals_logged: std::sync::Mutex::new(std::collections::HashMap::new()),
             store,
             appraiser: Arc::new(appraiser),
             source,
