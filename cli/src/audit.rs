@@ -80,7 +80,23 @@ pub fn fetch_kbs(kbs: &str, admin_key: &Path, ca: Option<&Path>, out: &Path) -> 
         .map(|p| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display())))
         .transpose()?;
     let agent = cgx_kbs::client::agent(ca_pem.as_deref()).map_err(|e| e.to_string())?;
-    let base = kbs.trim_end_matches('/').to_string();
+    let size = fetch_kbs_log(&agent, kbs, &token, out)?;
+    println!(
+        "fetched the KBS's log, {size} leaves, into {}",
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Copy the KBS at `base`'s log into `out` (entry bundles with the administrator's `token`):
+/// its size.
+pub fn fetch_kbs_log(
+    agent: &ureq::Agent,
+    base: &str,
+    token: &str,
+    out: &Path,
+) -> Result<u64, String> {
+    let base = base.trim_end_matches('/');
     let get = |p: &str| -> Result<Vec<u8>, String> {
         let url = format!("{base}/kbs/v0/log/{p}");
         let mut r = agent
@@ -91,18 +107,14 @@ pub fn fetch_kbs(kbs: &str, admin_key: &Path, ca: Option<&Path>, out: &Path) -> 
         if r.status().as_u16() != 200 {
             return Err(format!("{url}: {}", r.status()));
         }
+        // The largest entry bundle: 256 leaves of at most 65 535 bytes, each length-prefixed.
         r.body_mut()
             .with_config()
-            .limit(1 << 20)
+            .limit(256 * (2 + 65_535))
             .read_to_vec()
             .map_err(|e| format!("{url}: {e}"))
     };
-    let size = fetch_log_with(&get, out)?;
-    println!(
-        "fetched the KBS's log, {size} leaves, into {}",
-        out.display()
-    );
-    Ok(ExitCode::SUCCESS)
+    fetch_log_with(&get, out)
 }
 
 /// Copy every archived piece the leaves of the log in `log` name into `dir` (each file named
@@ -312,7 +324,8 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
     {
         // The checkpoint verified (the bytes read and checked, not the file again): what the
         // next run must extend. Kept only when everything held.
-        cgx_service::tlog::write_atomic(p, &v.note).map_err(|e| format!("{}: {e}", p.display()))?;
+        cgx_service::durable::write_atomic(p, &v.note)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
     }
     if a.json {
         print_json(&serde_json::json!({

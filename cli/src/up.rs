@@ -800,20 +800,6 @@ fn kbs_log(
         .token_at(cgx_service::auth::BearerKind::KbsAdmin, cgx_devnet::now())
         .map_err(s)?;
     let agent = cgx_kbs::client::agent(None).map_err(s)?;
-    let get = |p: &str| -> Result<Vec<u8>, String> {
-        let url = format!("{base}/kbs/v0/log/{p}");
-        let mut r = agent
-            .get(&url)
-            .header("authorization", &format!("Bearer {token}"))
-            .call()
-            .map_err(|e| format!("{url}: {e}"))?;
-        if r.status().as_u16() != 200 {
-            return Err(format!("{url}: {}", r.status()));
-        }
-        r.body_mut()
-            .read_to_vec()
-            .map_err(|e| format!("{url}: {e}"))
-    };
     let copy = dir.join("kbs-log");
     let vkey = kbs_setup.log_vkey().map_err(s)?;
     let trust = cgx_tlog::verify::Trust {
@@ -823,7 +809,7 @@ fn kbs_log(
     };
     // The integrator signs four times a second: wait for a checkpoint holding the releases.
     let v = wait_for(30, "the KBS log to checkpoint the run's releases", || {
-        if crate::audit::fetch_log_with(&get, &copy).is_err() {
+        if crate::audit::fetch_kbs_log(&agent, base, &token, &copy).is_err() {
             return Ok(None);
         }
         let v = cgx_tlog::verify::verify_dir(&copy, &trust, None)
@@ -928,26 +914,8 @@ fn kbs_log(
     forged["detail"]["lease"] = serde_json::json!("lforged");
     let mut leaves = v.leaves.clone();
     leaves.push(cgx_protocol::jcs::canonical(&forged).into_bytes());
-    let mut tree = cgx_tlog::tree::MemoryTree::new();
-    for l in &leaves {
-        tree.append(l).map_err(s)?;
-    }
-    let cp = cgx_tlog::Checkpoint::new(
-        cgx_devnet::KBS_LOG_ORIGIN,
-        tree.size(),
-        tree.root().map_err(s)?,
-        "",
-    )
-    .map_err(s)?;
     let d = dir.join("kbs-forged");
-    let _ = std::fs::remove_dir_all(&d);
-    cgx_tlog::dir::publish(
-        &d,
-        &tree,
-        0,
-        &cgx_tlog::note::sign_checkpoint(&cp, &key).map_err(s)?,
-    )
-    .map_err(s)?;
+    resigned(&d, &leaves, &key)?;
     let forged_v = cgx_tlog::verify::verify_dir(&d, &trust, None).map_err(s)?;
     match cgx_audit::check_releases(&forged_v.leaves, &broker.leaves).first() {
         Some(x) => println!(
@@ -1021,20 +989,7 @@ fn tampering(
     // A log rewritten from `leaves` and signed with the log's key (no witness cosigns it).
     let rewrite = |name: &str, leaves: &[Vec<u8>]| -> Result<std::path::PathBuf, String> {
         let d = dir.join(name);
-        let _ = std::fs::remove_dir_all(&d);
-        let mut tree = cgx_tlog::tree::MemoryTree::new();
-        for l in leaves {
-            tree.append(l).map_err(s)?;
-        }
-        let cp = cgx_tlog::Checkpoint::new(
-            cgx_devnet::broker::LOG_ORIGIN,
-            tree.size(),
-            tree.root().map_err(s)?,
-            "",
-        )
-        .map_err(s)?;
-        let note = cgx_tlog::note::sign_checkpoint(&cp, &key).map_err(s)?;
-        cgx_tlog::dir::publish(&d, &tree, 0, &note).map_err(s)?;
+        resigned(&d, leaves, &key)?;
         Ok(d)
     };
     // Each tampered copy: what the auditor says (its state is the genuine checkpoint), and
@@ -1112,16 +1067,7 @@ fn tampering(
         })
         .ok_or("the run paid no window")?;
     let d = dir.join("edited");
-    let _ = std::fs::remove_dir_all(&d);
-    let status = std::process::Command::new("cp")
-        .arg("-r")
-        .arg(copy)
-        .arg(&d)
-        .status()
-        .map_err(s)?;
-    if !status.success() {
-        return Err("cp -r failed".into());
-    }
+    copy_dir(copy, &d)?;
     let n = i as u64 / cgx_tlog::TILE_WIDTH;
     let width = (genuine.size - n * cgx_tlog::TILE_WIDTH).min(cgx_tlog::TILE_WIDTH);
     let bundle = d.join(cgx_tlog::paths::tile_path(&cgx_tlog::paths::bundle_tile(
@@ -1185,17 +1131,38 @@ fn tampering(
     // 4. A rolled-back checkpoint: one the broker published earlier, served after the auditor
     // saw the later one.
     let d = dir.join("rolled");
-    let _ = std::fs::remove_dir_all(&d);
+    copy_dir(copy, &d)?;
+    std::fs::write(d.join("checkpoint"), early).map_err(s)?;
+    caught("the checkpoint rolled back to one published earlier", &d)?;
+    Ok(())
+}
+
+/// `leaves` published in `d` (replaced) as a log signed with `key`: what an operator holding the
+/// log's key could publish after rewriting it (no witness cosigns it).
+fn resigned(d: &Path, leaves: &[Vec<u8>], key: &cgx_tlog::note::NoteSigner) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(d);
+    let mut tree = cgx_tlog::tree::MemoryTree::new();
+    for l in leaves {
+        tree.append(l).map_err(s)?;
+    }
+    let cp = cgx_tlog::Checkpoint::new(key.name(), tree.size(), tree.root().map_err(s)?, "")
+        .map_err(s)?;
+    let note = cgx_tlog::note::sign_checkpoint(&cp, key).map_err(s)?;
+    cgx_tlog::dir::publish(d, &tree, 0, &note).map_err(s)?;
+    Ok(())
+}
+
+/// A copy of the log directory `from` at `to` (replaced), to tamper with.
+fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(to);
     let status = std::process::Command::new("cp")
         .arg("-r")
-        .arg(copy)
-        .arg(&d)
+        .arg(from)
+        .arg(to)
         .status()
         .map_err(s)?;
     if !status.success() {
         return Err("cp -r failed".into());
     }
-    std::fs::write(d.join("checkpoint"), early).map_err(s)?;
-    caught("the checkpoint rolled back to one published earlier", &d)?;
     Ok(())
 }

@@ -176,15 +176,7 @@ impl BrokerSetup {
 
     /// The log's verifier key.
     pub fn log_vkey(&self) -> Result<String> {
-        let der = std::fs::read(self.dir.join("log.pk8"))
-            .map_err(|e| DevnetError::Kbs(format!("log key: {e}")))?;
-        Ok(cgx_tlog::note::NoteSigner::from_pkcs8(
-            LOG_ORIGIN,
-            cgx_tlog::note::KeyKind::Ed25519,
-            &der,
-        )
-        .map_err(|e| DevnetError::Kbs(e.to_string()))?
-        .vkey())
+        crate::log_vkey(&self.dir.join("log.pk8"), LOG_ORIGIN)
     }
 
     /// Have `witness` cosign the log's checkpoints, and publish none without it.

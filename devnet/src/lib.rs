@@ -276,6 +276,17 @@ impl Ed {
 }
 
 /// Everything a development KBS needs, kept so that a second replica or a restart shares it.
+/// The verifier key of the log named `origin` whose Ed25519 PKCS#8 key is at `key`.
+pub(crate) fn log_vkey(key: &std::path::Path, origin: &str) -> Result<String> {
+    let der = std::fs::read(key)
+        .map_err(|e| DevnetError::Kbs(format!("log key {}: {e}", key.display())))?;
+    Ok(
+        cgx_tlog::note::NoteSigner::from_pkcs8(origin, cgx_tlog::note::KeyKind::Ed25519, &der)
+            .map_err(|e| DevnetError::Kbs(e.to_string()))?
+            .vkey(),
+    )
+}
+
 /// The development KBS's log origin.
 pub const KBS_LOG_ORIGIN: &str = "kbs.cgx.devnet/log";
 
@@ -439,15 +450,7 @@ fn setup_with(
 impl Setup {
     /// The KBS log's verifier key.
     pub fn log_vkey(&self) -> Result<String> {
-        let der = std::fs::read(self.dir.join("kbs-log.pk8"))
-            .map_err(|e| DevnetError::Kbs(format!("KBS log key: {e}")))?;
-        Ok(cgx_tlog::note::NoteSigner::from_pkcs8(
-            KBS_LOG_ORIGIN,
-            cgx_tlog::note::KeyKind::Ed25519,
-            &der,
-        )
-        .map_err(|e| DevnetError::Kbs(e.to_string()))?
-        .vkey())
+        log_vkey(&self.dir.join("kbs-log.pk8"), KBS_LOG_ORIGIN)
     }
 
     /// Remove the setup's folder (its SQLite database, keys and reference values).

@@ -213,42 +213,17 @@ async fn log_archive(
 }
 
 async fn log_checkpoint(State(b): Shared) -> Result<Response, BrokerError> {
-    let note = b.log_checkpoint().await?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        note,
-    )
-        .into_response())
-}
-
-fn tile_response(data: Vec<u8>, path: &str) -> Response {
-    // A full hash tile never changes, and anyone may read it: any cache may keep it. Entry
-    // bundles are an auditor's answer, never a shared cache's to serve to others; a partial
-    // tile is replaced by wider ones as the log grows.
-    let cache = if path.starts_with("tile/entries/") {
-        "private, no-store"
-    } else if path.contains(".p/") {
-        "no-store"
-    } else {
-        "public, max-age=31536000, immutable"
-    };
-    (
-        [
-            (header::CONTENT_TYPE, "application/octet-stream"),
-            (header::CACHE_CONTROL, cache),
-            (header::VARY, "authorization"),
-        ],
-        data,
-    )
-        .into_response()
+    Ok(cgx_service::tlog::checkpoint_response(
+        b.log_checkpoint().await?,
+    ))
 }
 
 async fn log_tile(State(b): Shared, Path(path): Path<String>) -> Result<Response, BrokerError> {
     let path = format!("tile/{path}");
-    Ok(tile_response(b.log_tile(&path, false).await?, &path))
+    Ok(cgx_service::tlog::tile_response(
+        b.log_tile(&path, false).await?,
+        &path,
+    ))
 }
 
 async fn log_entries(
@@ -262,7 +237,10 @@ async fn log_entries(
         ));
     }
     let path = format!("tile/entries/{path}");
-    Ok(tile_response(b.log_tile(&path, true).await?, &path))
+    Ok(cgx_service::tlog::tile_response(
+        b.log_tile(&path, true).await?,
+        &path,
+    ))
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, BrokerError> {

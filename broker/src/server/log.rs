@@ -9,10 +9,6 @@ use std::sync::Arc;
 
 use super::{Broker, BrokerError};
 
-fn storage(e: cgx_service::tlog::LogStoreError) -> BrokerError {
-    BrokerError::Storage(e.to_string())
-}
-
 impl Broker {
     /// One integration pass: the log's size after it, if anything was appended.
     #[cfg(test)]
@@ -40,8 +36,7 @@ impl Broker {
             return Err(BrokerError::NotFound("this broker keeps no log".into()));
         };
         log.published(self.store.db.pool())
-            .await
-            .map_err(storage)?
+            .await?
             .ok_or_else(|| BrokerError::NotFound("no checkpoint published yet".into()))
     }
 
@@ -79,7 +74,7 @@ impl Broker {
             Some(log) => log
                 .witness_round(self.store.db.pool())
                 .await
-                .map_err(storage),
+                .map_err(Into::into),
             None => Ok(0),
         }
     }
@@ -104,7 +99,7 @@ impl Broker {
             Err(cgx_service::tlog::LogStoreError::Log(e)) => {
                 Err(BrokerError::NotFound(e.to_string()))
             }
-            Err(e) => Err(storage(e)),
+            Err(e) => Err(e.into()),
         }
     }
 }

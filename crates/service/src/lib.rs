@@ -21,6 +21,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod db;
+pub mod durable;
 pub mod error;
 pub mod jwt;
 pub mod limits;

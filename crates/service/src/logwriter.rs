@@ -382,7 +382,7 @@ impl LogWriter {
             }
         }
         let cp = dir.join("checkpoint");
-        crate::tlog::write_atomic(&cp, &note).map_err(|e| io(&cp, e))?;
+        crate::durable::write_atomic(&cp, &note).map_err(|e| io(&cp, e))?;
         *done = size;
         Ok(size)
     }

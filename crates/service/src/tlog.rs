@@ -216,27 +216,8 @@ pub fn load_pin(
 /// synced, renamed over the old one, and the directory synced, so a crash leaves the old pin
 /// or the new one.
 pub fn save_pin(path: &std::path::Path, checkpoint: &[u8]) -> Result<(), LogStoreError> {
-    write_atomic(path, checkpoint)
+    crate::durable::write_atomic(path, checkpoint)
         .map_err(|e| LogStoreError::Pin(format!("{}: {e}", path.display())))
-}
-
-/// Replace `path`'s contents with `bytes` atomically and durably (temporary file, fsync,
-/// rename, fsync of the directory).
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    // A name of this write's own: two writers never share (and truncate) one temporary file.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp =
-        std::path::PathBuf::from(format!("{}.{}.{n}.tmp", path.display(), std::process::id()));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Append the audit rows committed since the last pass (at most `max`) and sign a checkpoint
@@ -574,4 +555,43 @@ pub async fn tile(
         return Ok(None);
     }
     Ok(Some(t.read_data(&hashes)?))
+}
+
+/// A checkpoint as both services serve it at `…/log/checkpoint`: never cached (it moves).
+pub fn checkpoint_response(note: Vec<u8>) -> axum::response::Response {
+    use axum::http::header;
+    use axum::response::IntoResponse as _;
+    (
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        note,
+    )
+        .into_response()
+}
+
+/// A tile or entry bundle (at its C2SP `path`) as both services serve it. A full hash tile never
+/// changes and anyone may read it: any cache may keep it. An entry bundle is an auditor's answer,
+/// never a shared cache's to serve to others; a partial tile is replaced by wider ones as the
+/// log grows.
+pub fn tile_response(data: Vec<u8>, path: &str) -> axum::response::Response {
+    use axum::http::header;
+    use axum::response::IntoResponse as _;
+    let cache = if path.starts_with("tile/entries/") {
+        "private, no-store"
+    } else if path.contains(".p/") {
+        "no-store"
+    } else {
+        "public, max-age=31536000, immutable"
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (header::CACHE_CONTROL, cache),
+            (header::VARY, "authorization"),
+        ],
+        data,
+    )
+        .into_response()
 }

@@ -6,7 +6,7 @@
 //! **State.** For each log, the latest checkpoint cosigned, as the log signed it, in a file of
 //! its own under `state_dir` (named by the SHA-256 of the origin). It is read back and checked
 //! under the log's key at start. Check and persist are one step per log (a lock held across
-//! both), and the file is replaced atomically (`tlog::write_atomic`) before the answer is sent:
+//! both), and the file is replaced atomically (`durable::write_atomic`) before the answer is sent:
 //! a witness never cosigns two checkpoints of one size, nor one that does not extend the last,
 //! across crashes.
 
@@ -166,7 +166,7 @@ impl Witness {
             let new = witness::judge(&req, &opened, *latest).map_err(Refused::Protocol)?;
             if *latest != Some(new) {
                 let file = path.clone();
-                tokio::task::spawn_blocking(move || crate::tlog::write_atomic(&file, &note))
+                tokio::task::spawn_blocking(move || crate::durable::write_atomic(&file, &note))
                     .await
                     .map_err(|e| Refused::Internal(format!("persist: {e}")))?
                     .map_err(|e| Refused::Internal(format!("persist {}: {e}", path.display())))?;

@@ -748,41 +748,17 @@ async fn audit(
 }
 
 async fn log_checkpoint(State(kbs): Shared) -> Result<Response, KbsError> {
-    let note = kbs.log_checkpoint().await?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        note,
-    )
-        .into_response())
-}
-
-fn tile_response(data: Vec<u8>, path: &str) -> Response {
-    // Full hash tiles never change and anyone may read them; entry bundles are an
-    // administrator's answer; partial tiles are replaced as the log grows.
-    let cache = if path.starts_with("tile/entries/") {
-        "private, no-store"
-    } else if path.contains(".p/") {
-        "no-store"
-    } else {
-        "public, max-age=31536000, immutable"
-    };
-    (
-        [
-            (header::CONTENT_TYPE, "application/octet-stream"),
-            (header::CACHE_CONTROL, cache),
-            (header::VARY, "authorization"),
-        ],
-        data,
-    )
-        .into_response()
+    Ok(cgx_service::tlog::checkpoint_response(
+        kbs.log_checkpoint().await?,
+    ))
 }
 
 async fn log_tile(State(kbs): Shared, Path(path): Path<String>) -> Result<Response, KbsError> {
     let path = format!("tile/{path}");
-    Ok(tile_response(kbs.log_tile(&path, false).await?, &path))
+    Ok(cgx_service::tlog::tile_response(
+        kbs.log_tile(&path, false).await?,
+        &path,
+    ))
 }
 
 async fn log_entries(
@@ -793,7 +769,10 @@ async fn log_entries(
     // Entries name tenants' resources: unscoped administrators (auditors) only.
     admin.may(None)?;
     let path = format!("tile/entries/{path}");
-    Ok(tile_response(kbs.log_tile(&path, true).await?, &path))
+    Ok(cgx_service::tlog::tile_response(
+        kbs.log_tile(&path, true).await?,
+        &path,
+    ))
 }
 
 // ------------------------------------------------------------------------ public

@@ -10,7 +10,6 @@
 //! reads): what closes that gap is a trusted counter outside every replica.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -157,19 +156,9 @@ impl Watermarks {
         let mac = mac_of(&self.key, &versions)?;
         let body = serde_json::to_vec(&File { versions, mac })
             .map_err(|e| KbsError::Internal(e.to_string()))?;
-        let io = |e: std::io::Error| {
+        cgx_service::durable::write_atomic(file, &body).map_err(|e| {
             KbsError::Storage(format!("version watermarks {}: {e}", file.display()))
-        };
-        let tmp = PathBuf::from(format!("{}.tmp", file.display()));
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&body).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, file).map_err(io)?;
-        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io)?;
-        }
+        })?;
         Ok(())
     }
 }
