@@ -68,7 +68,7 @@ where
     Ok(ExitCode::SUCCESS)
 }
 
-fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 

@@ -8,6 +8,7 @@ mod audit;
 mod bench;
 mod broker;
 mod collateral;
+mod console;
 mod kbs;
 mod ledger;
 mod measure;
@@ -41,7 +42,12 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Make simulated SNP and GPU evidence and verify it end to end (embedded defaults).
-    Up,
+    Up {
+        /// After the run, keep the network serving (the console's URL and sign-in commands
+        /// are printed) until Ctrl-C.
+        #[arg(long)]
+        keep: bool,
+    },
     /// Verify an evidence bundle (a folder: report.bin + vcek.der + ask_ark.pem, quote.bin +
     /// collateral.json, or attestation_report.hex + cert_chain.pem).
     Verify {
@@ -144,6 +150,11 @@ enum Command {
     Witness {
         #[command(subcommand)]
         command: WitnessCommand,
+    },
+    /// The broker's web console: sign in with an API key.
+    Console {
+        #[command(subcommand)]
+        command: ConsoleCommand,
     },
     /// The broker's transparency log, for auditors: fetch it, verify it offline.
     Audit {
@@ -361,6 +372,19 @@ enum KbsCommand {
         /// Lifetime in seconds.
         #[arg(long, default_value_t = 300)]
         ttl: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ConsoleCommand {
+    /// Answer the sign-in page's challenge with an API key (`--key`): prints the token to
+    /// paste into that page. The token signs in only the browser that showed the challenge.
+    Login {
+        /// The challenge the sign-in page shows.
+        #[arg(long)]
+        challenge: String,
+        #[command(flatten)]
+        conn: broker::Conn,
     },
 }
 
@@ -778,7 +802,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Command::Up => up::up(),
+        Command::Up { keep } => up::up(keep),
         Command::Verify {
             evidence,
             collateral,
@@ -884,6 +908,9 @@ fn run(cli: Cli) -> ExitCode {
             to,
             lines,
         ),
+        Command::Console { command } => match command {
+            ConsoleCommand::Login { challenge, conn } => console::login(&conn, &challenge),
+        },
         Command::Audit { command } => match command {
             AuditCommand::FetchKbs {
                 kbs,

@@ -140,7 +140,7 @@ impl Drop for Host {
 }
 
 /// `cgx up`.
-pub fn up() -> CliResult {
+pub fn up(keep: bool) -> CliResult {
     let started = Instant::now();
     println!(
         "cgx up: a broker, a KBS and 4 provider hosts on loopback, each running the host agent's sim launcher (evidence is simulated; claims say so)"
@@ -226,7 +226,14 @@ pub fn up() -> CliResult {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).map_err(s)?;
     }
-    let result = run(&mut hosts, &dir, &kbs_setup, &broker_cfg, &witness.vkey);
+    let result = run(
+        &mut hosts,
+        &dir,
+        &kbs_setup,
+        &broker_cfg,
+        &witness.vkey,
+        keep,
+    );
     drop(witness);
     for h in &mut hosts {
         h.stop();
@@ -240,6 +247,40 @@ pub fn up() -> CliResult {
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The web console's URL, and for each of the network's users a key file (0600) and the
+/// command that answers the sign-in page's challenge with it.
+fn console_lines(
+    dir: &Path,
+    base: &str,
+    b: &cgx_devnet::broker::BrokerSetup,
+) -> Result<(), String> {
+    println!("[console] {base}/console/ — sign in as each user: open the page, then run");
+    for (who, file, key) in [
+        ("tenant acme", "tenant-acme.pk8", &b.tenant),
+        ("tenant globex", "tenant-globex.pk8", &b.other_tenant),
+        ("operators op1, op2", "operator.pk8", &b.operator),
+        ("auditor", "auditor.pk8", &b.auditor),
+    ] {
+        let path = cgx_devnet::write_private(dir, file, &key.pkcs8).map_err(s)?;
+        println!(
+            "[console]   {who:<19} cgx console login --broker {base} --key {} --challenge <the page's>",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `cgx up --keep`: serve until Ctrl-C.
+fn serve_until_interrupted(base: &str) -> Result<(), String> {
+    println!("[up]     serving; the console is at {base}/console/ — Ctrl-C stops the network");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(s)?
+        .block_on(tokio::signal::ctrl_c())
+        .map_err(s)
 }
 
 fn sha256(bytes: &[u8]) -> [u8; 32] {
@@ -286,6 +327,7 @@ fn run(
     kbs_setup: &cgx_devnet::Setup,
     b: &cgx_devnet::broker::BrokerSetup,
     witness: &str,
+    keep: bool,
 ) -> Result<(), String> {
     let kbs = cgx_devnet::Server::start(&kbs_setup.config).map_err(s)?;
     // The broker's log records each checkpoint the KBS's log publishes (`log.anchor`).
@@ -303,6 +345,7 @@ fn run(
         "[broker] {} up (re-attestation every {} s, heartbeats every {} s, {} missed = gone)",
         broker.base, b.config.reattest_secs, b.config.heartbeat_secs, b.config.missed_heartbeats
     );
+    console_lines(dir, &broker.base, b)?;
     // The tenant's weights: an age identity in the KBS, bound to the SHA-256 of the encrypted
     // file (`cgx weights encrypt --kbs` does this), released only with a lease; the encrypted
     // file in the hosts' weights store.
@@ -776,6 +819,9 @@ fn run(
     );
     tampering(dir, &copy, &v, b, witness, &early)?;
     kbs_log(dir, &kbs.base, kbs_setup, &v, b, witness)?;
+    if keep {
+        serve_until_interrupted(&broker.base)?;
+    }
     for h in hosts.iter_mut() {
         h.stop();
     }

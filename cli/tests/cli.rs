@@ -193,6 +193,21 @@ fn up_runs_on_embedded_defaults() {
         "{out}"
     );
     assert!(out.contains("4 guest agents registered"), "{out}");
+    // The console's URL and a sign-in command per user.
+    assert!(out.contains("/console/ — sign in as each user"), "{out}");
+    for user in [
+        "tenant acme",
+        "tenant globex",
+        "operators op1, op2",
+        "auditor",
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(user)
+                    && l.contains("cgx console login --broker http://127.0.0.1:")),
+            "{user}: {out}"
+        );
+    }
     assert!(out.contains("→ CONTRAINDICATED"), "{out}");
     assert!(out.contains("→ PLACED on node-1"), "{out}");
     // The real guest agent on node-1 decrypted the weights inside its VM, the workload checked

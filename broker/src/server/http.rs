@@ -166,6 +166,8 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
             .route(LOG_ENTRIES, axum::routing::get(log_entries))
             .route(LOG_TILE, axum::routing::get(log_tile))
             .route(LOG_ARCHIVE, axum::routing::get(log_archive))
+            // The web console: pages over the same functions, same scoping.
+            .merge(super::console::router())
             .route_layer(cgx_service::metrics::TrackLayer::new(
                 broker.metrics.clone(),
             ))

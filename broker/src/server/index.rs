@@ -197,6 +197,8 @@ pub struct Index {
     gpu_penalties: HashMap<String, (i64, String)>,
     freshness: Freshness,
     nodes: HashMap<String, Entry>,
+    /// Every node's id, in order: the console's pages walk it by keyset.
+    by_id: BTreeSet<String>,
     operators: HashMap<String, i64>,
     parts: HashMap<Shelf, [BTreeSet<RankKey>; BUCKETS.len()]>,
     /// Every region a node has offered (the partitions a job without regions walks).
@@ -262,6 +264,7 @@ impl Index {
         Index {
             freshness,
             nodes: HashMap::new(),
+            by_id: BTreeSet::new(),
             operators: HashMap::new(),
             parts: HashMap::new(),
             regions: BTreeSet::new(),
@@ -389,6 +392,7 @@ impl Index {
         }
         self.regions.insert(record.region.clone());
         let id = record.id.clone();
+        self.by_id.insert(id.clone());
         self.nodes.insert(
             id.clone(),
             Entry {
@@ -500,6 +504,7 @@ impl Index {
         let Some(e) = self.nodes.remove(id) else {
             return false;
         };
+        self.by_id.remove(id);
         for serial in serials(&e.record) {
             if self.gpu_owner.get(&serial).is_some_and(|o| o == id) {
                 self.gpu_owner.remove(&serial);
@@ -1163,6 +1168,21 @@ impl Index {
             .collect();
         v.sort();
         v
+    }
+
+    /// Node ids after `after` (from the first for `None`), in order.
+    pub fn ids_after<'a>(&'a self, after: Option<&'a str>) -> impl Iterator<Item = &'a String> {
+        use std::ops::Bound;
+        let lower = match after {
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Unbounded,
+        };
+        self.by_id.range::<str, _>((lower, Bound::Unbounded))
+    }
+
+    /// A node's operator.
+    pub fn operator_of(&self, id: &str) -> Option<&str> {
+        self.nodes.get(id).map(|e| e.record.operator.as_str())
     }
 
     pub fn ids(&self) -> Vec<String> {

@@ -37,6 +37,9 @@ pub(crate) struct Keys {
     job_mac: aws_lc_rs::hmac::Key,
     /// Proof-of-work challenges: their nonces, seals and openings (`pow.rs`).
     pow_mac: aws_lc_rs::hmac::Key,
+    /// The web console's sign-in challenges, session cookies and CSRF tokens (`console/`):
+    /// the same on every replica, so any replica serves any session.
+    console_mac: aws_lc_rs::hmac::Key,
 }
 
 /// A registration nonce: 16 random bytes ‖ expiry (u64 BE) ‖ 16 bytes of
@@ -103,6 +106,20 @@ impl Keys {
         out
     }
 
+    /// A console MAC over `parts` under `label` (sign-in challenges, session cookies, CSRF
+    /// tokens: `console/session.rs`).
+    pub(crate) fn console_mac(&self, label: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        let tag = aws_lc_rs::hmac::sign(&self.console_mac, &framed(label, parts));
+        let mut out = [0u8; 32];
+        out.copy_from_slice(tag.as_ref());
+        out
+    }
+
+    /// Does `tag` match the console MAC over `parts` under `label`? In constant time.
+    pub(crate) fn console_mac_ok(&self, label: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
+        aws_lc_rs::hmac::verify(&self.console_mac, &framed(label, parts), tag).is_ok()
+    }
+
     pub(crate) fn load(path: &Path) -> Result<Self, BrokerError> {
         let pkcs8 = std::fs::read(path)
             .map_err(|e| BrokerError::Config(format!("signing_key {}: {e}", path.display())))?;
@@ -127,12 +144,17 @@ impl Keys {
         m.extend_from_slice(&pkcs8);
         let k = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &m);
         let pow_mac = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, k.as_ref());
+        let mut m = b"cgx/broker/console/v1".to_vec();
+        m.extend_from_slice(&pkcs8);
+        let k = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &m);
+        let console_mac = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, k.as_ref());
         Ok(Keys {
             signer,
             public,
             nonce_mac,
             job_mac,
             pow_mac,
+            console_mac,
         })
     }
 

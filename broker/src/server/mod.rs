@@ -24,6 +24,7 @@
 
 pub mod bench;
 pub mod config;
+mod console;
 mod error;
 mod http;
 pub mod index;

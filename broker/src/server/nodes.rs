@@ -431,33 +431,34 @@ impl Broker {
     pub(crate) fn node_view(&self, id: &str, with_claims: bool) -> Option<NodeView> {
         let now = self.clock.unix();
         let idx = self.index();
-        let r = idx.record(id)?;
-        let placeable = idx.placeable(id, now)?;
-        let (last, _) = idx.last_heartbeat(id)?;
-        Some(NodeView {
-            id: r.id.clone(),
-            operator: r.operator.clone(),
-            region: r.region.clone(),
-            tee: r.tee,
-            sim: r.sim,
-            gpu_model: r.gpu_model.clone(),
-            gpu_chip: r.gpu_chip.clone(),
-            gpu_count: r.gpu_count,
-            gpu_memory_gib: r.gpu_memory_gib,
-            free_gpus: idx.free_gpus(id).unwrap_or(0),
-            price_per_gpu_hour_micros: r.price,
-            reputation: idx.reputation(id).unwrap_or(0),
-            status: r.status,
-            placeable: placeable.is_ok(),
-            reason: placeable.err().map(|u| u.to_string()).unwrap_or_default(),
-            violations: r.violations.clone(),
-            attested_at: r.attested_at,
-            fresh_until: idx.fresh_until(&r),
-            last_heartbeat: last,
-            reattest_asked: idx.reattest_asked(id),
-            claims: with_claims.then(|| r.claims.clone()),
-            proofs: Vec::new(),
-        })
+        node_view_in(&idx, id, with_claims, now)
+    }
+
+    /// A page of nodes by id after `after` whose operator `shown` accepts, at most `limit`,
+    /// under one lock of the index; and the cursor of the next page, if there is one.
+    pub(crate) fn nodes_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        shown: impl Fn(&str) -> bool,
+    ) -> (Vec<NodeView>, Option<String>) {
+        let now = self.clock.unix();
+        let idx = self.index();
+        let mut out = Vec::with_capacity(limit);
+        let mut next = None;
+        for id in idx.ids_after(after) {
+            if !idx.operator_of(id).is_some_and(&shown) {
+                continue;
+            }
+            if out.len() == limit {
+                next = out.last().map(|v: &NodeView| v.id.clone());
+                break;
+            }
+            if let Some(v) = node_view_in(&idx, id, false, now) {
+                out.push(v);
+            }
+        }
+        (out, next)
     }
 
     /// The nodes `admin` may see.
@@ -503,6 +504,37 @@ impl Broker {
             Err(BrokerError::NotFound(format!("node {id}")))
         }
     }
+}
+
+/// [`Broker::node_view`] under a lock of the index already held.
+fn node_view_in(idx: &index::Index, id: &str, with_claims: bool, now: i64) -> Option<NodeView> {
+    let r = idx.record(id)?;
+    let placeable = idx.placeable(id, now)?;
+    let (last, _) = idx.last_heartbeat(id)?;
+    Some(NodeView {
+        id: r.id.clone(),
+        operator: r.operator.clone(),
+        region: r.region.clone(),
+        tee: r.tee,
+        sim: r.sim,
+        gpu_model: r.gpu_model.clone(),
+        gpu_chip: r.gpu_chip.clone(),
+        gpu_count: r.gpu_count,
+        gpu_memory_gib: r.gpu_memory_gib,
+        free_gpus: idx.free_gpus(id).unwrap_or(0),
+        price_per_gpu_hour_micros: r.price,
+        reputation: idx.reputation(id).unwrap_or(0),
+        status: r.status,
+        placeable: placeable.is_ok(),
+        reason: placeable.err().map(|u| u.to_string()).unwrap_or_default(),
+        violations: r.violations.clone(),
+        attested_at: r.attested_at,
+        fresh_until: idx.fresh_until(&r),
+        last_heartbeat: last,
+        reattest_asked: idx.reattest_asked(id),
+        claims: with_claims.then(|| r.claims.clone()),
+        proofs: Vec::new(),
+    })
 }
 
 /// Whether a registration's refusal is the broker's decision on the evidence or the offer (a

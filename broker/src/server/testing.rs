@@ -82,7 +82,7 @@ fn raw_public(pkcs8: &[u8]) -> [u8; 32] {
 
 /// A broker in process.
 pub struct Harness {
-    pub broker: Broker,
+    pub broker: std::sync::Arc<Broker>,
     pub clock: ManualClock,
     pub dir: PathBuf,
     role_keys: Vec<Vec<u8>>,
@@ -174,7 +174,7 @@ impl Harness {
         };
         edit(&mut config);
         let clock = ManualClock::default();
-        let broker = Broker::new(&config, clock.shared()).await.unwrap();
+        let broker = std::sync::Arc::new(Broker::new(&config, clock.shared()).await.unwrap());
         let h = Harness {
             broker,
             clock,
@@ -256,14 +256,21 @@ impl Harness {
     /// and database: what a process restart keeps.
     pub async fn restart(&mut self) {
         self.broker.store.close().await;
-        self.broker = Broker::new(&self.config, self.clock.shared())
-            .await
-            .unwrap();
+        self.broker = std::sync::Arc::new(
+            Broker::new(&self.config, self.clock.shared())
+                .await
+                .unwrap(),
+        );
     }
 
     /// The broker's clock now.
     pub fn now(&self) -> i64 {
         self.clock.unix()
+    }
+
+    /// `role`'s API key, to sign its own records (a console sign-in).
+    pub fn signer(&self, role: Role) -> Signer {
+        Signer::from_pkcs8(&self.role_keys[role as usize]).unwrap()
     }
 
     /// The administrator a request with `role`'s token (issued now) is.

@@ -278,6 +278,19 @@ impl Record for BrokerApiToken {
     const KIND: Kind = Kind::BrokerApi;
 }
 
+/// A broker API key holder's answer to the web console's sign-in challenge (`cgx console
+/// login`): the key that signed it is who signs in; `challenge` binds it to the one browser
+/// that was shown the challenge (the broker keeps the challenge's secret in that browser's
+/// cookie), so a token lifted from a screen or a shell history signs in nobody else.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleLogin {
+    pub challenge: String,
+}
+
+impl Record for ConsoleLogin {
+    const KIND: Kind = Kind::ConsoleLogin;
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -433,6 +446,17 @@ mod tests {
                 )
                 .unwrap(),
             ),
+            (
+                Kind::ConsoleLogin,
+                s.sign(
+                    &ConsoleLogin {
+                        challenge: "c".into(),
+                    },
+                    1_000,
+                    1_060,
+                )
+                .unwrap(),
+            ),
         ];
         assert_eq!(tokens.len(), Kind::ALL.len());
         let keys = [s.public_key()];
@@ -456,6 +480,7 @@ mod tests {
                     Kind::WorkloadReport => check::<WorkloadReport>(token, &keys, when),
                     Kind::Metering => check::<crate::metering::MeteringRecord>(token, &keys, when),
                     Kind::PowReceipt => check::<crate::broker::PowReceipt>(token, &keys, when),
+                    Kind::ConsoleLogin => check::<ConsoleLogin>(token, &keys, when),
                 };
                 if asked == *made {
                     assert_eq!(r, Ok(()), "{made:?}");

@@ -51,11 +51,13 @@ pub enum Kind {
     Metering,
     /// A node's receipt for its proof-of-work answer, under its node key.
     PowReceipt,
+    /// A broker API key holder's answer to the console's sign-in challenge.
+    ConsoleLogin,
 }
 
 impl Kind {
     /// Every kind (tests present each as every other).
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Lease,
         Kind::NodeRecord,
         Kind::Heartbeat,
@@ -65,6 +67,7 @@ impl Kind {
         Kind::WorkloadReport,
         Kind::Metering,
         Kind::PowReceipt,
+        Kind::ConsoleLogin,
     ];
 
     /// The JWS `typ` header value.
@@ -79,6 +82,7 @@ impl Kind {
             Kind::WorkloadReport => "cgx-workload-report+jwt",
             Kind::Metering => "cgx-metering+jwt",
             Kind::PowReceipt => "cgx-pow-receipt+jwt",
+            Kind::ConsoleLogin => "cgx-console-login+jwt",
         }
     }
 
@@ -94,6 +98,7 @@ impl Kind {
             Kind::WorkloadReport => "cgx-broker/report",
             Kind::Metering => "cgx-broker/metering",
             Kind::PowReceipt => "cgx-broker/pow",
+            Kind::ConsoleLogin => "cgx-broker/console",
         }
     }
 

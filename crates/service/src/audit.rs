@@ -99,7 +99,7 @@ pub async fn latest(pool: &sqlx::AnyPool, limit: i64) -> Result<Vec<AuditEvent>,
     rows.iter().rev().map(event_row).collect()
 }
 
-pub(crate) fn event_row(r: &sqlx::any::AnyRow) -> Result<AuditEvent, sqlx::Error> {
+pub fn event_row(r: &sqlx::any::AnyRow) -> Result<AuditEvent, sqlx::Error> {
     let detail: String = r.try_get("detail")?;
     Ok(AuditEvent {
         seq: r.try_get("seq")?,

@@ -20,7 +20,7 @@ use axum::http::header;
 use axum::http::request::Parts;
 use axum::response::IntoResponse;
 
-use cgx_protocol::records::{BrokerApiToken, KbsAdminToken};
+use cgx_protocol::records::{BrokerApiToken, ConsoleLogin, KbsAdminToken};
 use cgx_protocol::signed::{self, Kind, SignedError, When};
 
 /// Why an admin request was refused.
@@ -150,6 +150,51 @@ impl AdminKeys {
     }
 }
 
+impl AdminKeys {
+    /// A console sign-in ([`ConsoleLogin`]) under one of these keys, valid at `now`: the
+    /// administrator, the challenge it answers and its expiry. Never cached: each is spent
+    /// once by the console.
+    pub fn authenticate_login(
+        &self,
+        token: &str,
+        now: i64,
+    ) -> Result<(Admin, String, i64), AuthError> {
+        if self.keys.is_empty() {
+            return Err(AuthError::NoKeys);
+        }
+        let when = When::At {
+            now,
+            max_lifetime: self.max_ttl,
+        };
+        let v = signed::verify::<ConsoleLogin>(token, &self.keys, when)?;
+        Ok((self.admin(v.key_index), v.body.challenge, v.exp))
+    }
+
+    fn admin(&self, index: usize) -> Admin {
+        Admin {
+            index,
+            repositories: self.scopes.get(index).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// The first 8 bytes of SHA-256 of key `index`'s public key: what a console session names
+    /// beside the index, so that a session outlives neither its key's removal nor its
+    /// replacement at the same position.
+    pub fn fingerprint(&self, index: usize) -> Option<[u8; 8]> {
+        let key = self.keys.get(index)?;
+        let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, key);
+        let mut out = [0u8; 8];
+        out.copy_from_slice(&d.as_ref()[..8]);
+        Some(out)
+    }
+
+    /// The administrator of key `index` if that key's fingerprint is still `fingerprint` (a
+    /// console session, whose cookie's MAC the console has checked, names both).
+    pub fn admin_at(&self, index: usize, fingerprint: [u8; 8]) -> Option<Admin> {
+        (self.fingerprint(index)? == fingerprint).then(|| self.admin(index))
+    }
+}
+
 /// SHA-256 of a bearer token's text (the verified-token cache's key).
 fn token_digest(token: &str) -> [u8; 32] {
     let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.as_bytes());
@@ -178,6 +223,11 @@ impl Admin {
     /// How the audit trail names this administrator.
     pub fn actor(&self) -> String {
         format!("admin:{}", self.index)
+    }
+
+    /// The position of its key among the configured keys.
+    pub fn index(&self) -> usize {
+        self.index
     }
 
     /// The scopes its key was configured with (`*`, repositories, or a service's own names

@@ -28,6 +28,7 @@ use sqlx::Row;
 use super::error::BrokerError;
 
 mod archive;
+mod console;
 mod jobs;
 mod leases;
 mod ledger;
@@ -38,6 +39,7 @@ mod reputation;
 mod settings;
 
 pub(crate) use archive::Archived;
+pub use console::LeaseHistory;
 pub(crate) use jobs::JobWrite;
 pub(crate) use leases::{LeaseWrite, lease_tenant};
 pub use ledger::{EscrowOpen, EscrowRow, SettledWindow, WindowSettle};
@@ -326,6 +328,12 @@ const MIGRATIONS: &[Migration] = &[
         version: 14,
         sqlite: cgx_service::tlog::LOG_WITNESSED,
         postgres: cgx_service::tlog::LOG_WITNESSED,
+    },
+    // Migration 15 (issue 34): the console's pages by keyset (`console.rs`).
+    Migration {
+        version: 15,
+        sqlite: console::CONSOLE_V15,
+        postgres: console::CONSOLE_V15,
     },
 ];
 
