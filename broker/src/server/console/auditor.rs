@@ -69,7 +69,30 @@ pub(super) async fn log(
     };
     let parsed = checkpoint.as_deref().and_then(parse_checkpoint);
     let vkey = b.log.as_ref().map(|l| l.key().vkey());
-    let events = b.store.audit_page(term, q.before, PAGE as i64 + 1).await?;
+    // A job's decisions are its leases' leaves (a lease names its job in its detail): a job
+    // id searches for the job and each of its leases.
+    let mut terms: Vec<String> = term.map(|t| vec![t.to_string()]).unwrap_or_default();
+    if let Some(t) = term
+        && super::check_id(t).is_ok()
+        && b.store.job(t).await?.is_some()
+    {
+        terms.extend(b.store.leases_of_job(t).await?.into_iter().map(|l| l.id));
+    }
+    let mut events = Vec::new();
+    if terms.is_empty() {
+        events = b.store.audit_page(None, q.before, PAGE as i64 + 1).await?;
+    } else {
+        for t in &terms {
+            events.extend(
+                b.store
+                    .audit_page(Some(t), q.before, PAGE as i64 + 1)
+                    .await?,
+            );
+        }
+        events.sort_unstable_by_key(|e| std::cmp::Reverse(e.seq));
+        events.dedup_by_key(|e| e.seq);
+        events.truncate(PAGE + 1);
+    }
     let more = events.len() > PAGE;
     let next = more.then(|| events.get(PAGE - 1).map(|e| e.seq)).flatten();
     let broker_url = super::origin(&b, &headers);
