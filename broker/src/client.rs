@@ -383,4 +383,9 @@ impl BrokerClient {
     pub fn quote(&self, spec: &JobSpec) -> Result<cgx_protocol::ledger::QuoteAnswer> {
         self.post(routes::QUOTES, spec)
     }
+
+    /// Record an auditor's verdict on the log (an `audit.verdict` leaf).
+    pub fn log_verdict(&self, v: &cgx_protocol::broker::LogVerdict) -> Result<serde_json::Value> {
+        self.post(routes::LOG_VERDICTS, v)
+    }
 }

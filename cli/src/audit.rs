@@ -186,6 +186,8 @@ pub struct VerifyArgs {
     /// leaf rests on may come before the range).
     pub from: Option<u64>,
     pub to: Option<u64>,
+    /// Record the verdict with this broker, signed in with this auditor's key.
+    pub report: Option<(String, std::path::PathBuf)>,
     pub json: bool,
 }
 
@@ -389,6 +391,40 @@ pub fn verify(log: &Path, a: &VerifyArgs) -> CliResult {
             println!(
                 "and the KBS's log {origin}: {size} leaves, every release held to the broker's leases, every anchored checkpoint a prefix of it"
             );
+        }
+    }
+    if let Some((broker, key)) = &a.report {
+        let mut checks = Vec::new();
+        if a.archive.is_some() {
+            checks.push("archive".to_string());
+        }
+        if a.reappraise {
+            checks.push("reappraise".into());
+        }
+        if a.kbs_log.is_some() {
+            checks.push("kbs-log".into());
+        }
+        if !a.no_proofs {
+            checks.push("proofs".into());
+        }
+        let verdict = cgx_protocol::broker::LogVerdict {
+            origin: v.opened.checkpoint.origin().to_string(),
+            size: v.size.to_string(),
+            root: v.root.to_string(),
+            violations: report.violations.len() as u64,
+            checks,
+        };
+        let conn = crate::broker::Conn {
+            broker: broker.clone(),
+            key: Some(key.clone()),
+            ca: None,
+            json: false,
+        };
+        conn.client()?
+            .log_verdict(&verdict)
+            .map_err(|e| format!("recording the verdict with {broker}: {e}"))?;
+        if !a.json {
+            println!("verdict recorded with {broker} (an audit.verdict leaf)");
         }
     }
     Ok(if valid {

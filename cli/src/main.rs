@@ -730,6 +730,12 @@ enum AuditCommand {
         /// Report violations before this leaf index.
         #[arg(long)]
         to: Option<u64>,
+        /// Record the verdict with the broker at this URL (an `audit.verdict` leaf the
+        /// console shows), signed in with `--report-key` (an auditor's API key).
+        #[arg(long, requires = "report_key", conflicts_with_all = ["from", "to"])]
+        report: Option<String>,
+        #[arg(long)]
+        report_key: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -938,10 +944,13 @@ fn run(cli: Cli) -> ExitCode {
                 kbs_quorum,
                 from,
                 to,
+                report,
+                report_key,
                 json,
             } => audit::verify(
                 &log,
                 &audit::VerifyArgs {
+                    report: report.zip(report_key),
                     log_key,
                     witnesses,
                     quorum,

@@ -817,6 +817,17 @@ fn run(
         report.payments,
         report.transfers
     );
+    // The verdict, recorded with the broker (an `audit.verdict` leaf the console shows).
+    auditor
+        .log_verdict(&cgx_protocol::broker::LogVerdict {
+            origin: v.opened.checkpoint.origin().to_string(),
+            size: v.size.to_string(),
+            root: v.root.to_string(),
+            violations: 0,
+            checks: vec!["archive".into(), "reappraise".into(), "proofs".into()],
+        })
+        .map_err(|e| format!("recording the verdict: {e}"))?;
+    println!("[audit]  verdict recorded with the broker: the console's log page shows it");
     tampering(dir, &copy, &v, b, witness, &early)?;
     kbs_log(dir, &kbs.base, kbs_setup, &v, b, witness)?;
     if keep {

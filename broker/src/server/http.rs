@@ -22,6 +22,7 @@
 //! | `POST /v1/ledger/deposits` | admin, payment adapter (`ledger`, `*`) | money in to a tenant's balance or an operator's stake; idempotent by reference; audited |
 //! | `GET /v1/ledger/accounts` | auditor | every account's sums |
 //! | `GET /v1/statements?tenant=T\|operator=O[&from&to]` | tenant (own), operator (own), auditor | lines, leases and windows, reconciled |
+//! | `POST /v1/log/verdicts` | auditor | an auditor's verdict on the log, recorded as a leaf (the console shows the last) |
 //! | `POST /v1/quotes` | tenant | the ranked offers a job would get now, and why other nodes would not; nothing placed |
 //! | `GET /openapi.json`, `/metrics`, `/healthz` | anyone | |
 
@@ -155,6 +156,7 @@ pub(super) fn router(broker: Arc<Broker>) -> Result<Router, BrokerError> {
         .routes(limited(routes!(accounts), SMALL_BODY))
         .routes(limited(routes!(statement), SMALL_BODY))
         .routes(limited(routes!(quote), JOB_BODY))
+        .routes(limited(routes!(log_verdict), SMALL_BODY))
         .routes(routes!(healthz))
         .split_for_parts();
     Ok(
@@ -484,6 +486,20 @@ async fn put_reference_values(
     ))]
 async fn reference_values(State(b): Shared, admin: Admin) -> Result<Response, BrokerError> {
     Ok(Json(b.reference_values(&admin)?).into_response())
+}
+
+/// An auditor's verdict on the log, recorded as an `audit.verdict` leaf (auditors).
+#[utoipa::path(post, path = routes::LOG_VERDICTS, tag = "settings", security(("api" = [])),
+    request_body = cgx_protocol::broker::LogVerdict,
+    responses(
+        (status = 200, description = "recorded: the event's seq"),
+        (status = 400, response = Problem),
+        (status = 401, response = Problem),
+        (status = 403, response = Problem),
+    ))]
+async fn log_verdict(State(b): Shared, admin: Admin, body: Bytes) -> Result<Response, BrokerError> {
+    let v: cgx_protocol::broker::LogVerdict = json_body(&body, "verdict")?;
+    Ok(Json(b.record_verdict(&admin, v).await?).into_response())
 }
 
 /// The audit trail: who changed which setting, when (auditors).

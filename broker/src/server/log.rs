@@ -40,6 +40,65 @@ impl Broker {
             .ok_or_else(|| BrokerError::NotFound("no checkpoint published yet".into()))
     }
 
+    /// `POST /v1/log/verdicts`: an auditor's verdict, checked for form (a tree this log
+    /// could have: its origin, a size, a root) and recorded as an `audit.verdict` leaf.
+    pub(crate) async fn record_verdict(
+        &self,
+        admin: &cgx_service::auth::Admin,
+        v: cgx_protocol::broker::LogVerdict,
+    ) -> Result<serde_json::Value, BrokerError> {
+        if !super::auditor(admin) {
+            return Err(BrokerError::Forbidden("verdicts are auditors'".into()));
+        }
+        let Some(log) = &self.log else {
+            return Err(BrokerError::NotFound("this broker keeps no log".into()));
+        };
+        if v.origin != log.key().name() {
+            return Err(BrokerError::BadRequest(format!(
+                "the verdict is on log {}, not this broker's ({})",
+                v.origin.chars().take(80).collect::<String>(),
+                log.key().name()
+            )));
+        }
+        let size_ok = !v.size.is_empty()
+            && v.size.len() <= 20
+            && v.size.bytes().all(|b| b.is_ascii_digit())
+            && v.size.parse::<u64>().is_ok();
+        let root_ok = v.root.len() == 44
+            && base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &v.root)
+                .is_ok_and(|r| r.len() == 32);
+        if !size_ok || !root_ok {
+            return Err(BrokerError::BadRequest(
+                "size is a decimal count and root a base64 SHA-256".into(),
+            ));
+        }
+        if v.checks.len() > 8
+            || v.checks
+                .iter()
+                .any(|c| !matches!(c.as_str(), "archive" | "reappraise" | "kbs-log" | "proofs"))
+        {
+            return Err(BrokerError::BadRequest(
+                "checks: archive, reappraise, kbs-log, proofs".into(),
+            ));
+        }
+        self.store
+            .write(super::store::AuditWrite {
+                at: self.clock.unix(),
+                actor: admin.actor(),
+                action: "audit.verdict",
+                subject: v.origin.clone(),
+                detail: serde_json::json!({
+                    "size": v.size,
+                    "root": v.root,
+                    "violations": v.violations.to_string(),
+                    "checks": v.checks,
+                }),
+                archive: Vec::new(),
+            })
+            .await?;
+        Ok(serde_json::json!({ "recorded": true }))
+    }
+
     /// Record each anchored log's new checkpoint (the KBS's) as a `log.anchor` leaf.
     pub(crate) async fn anchor_logs(&self) -> Result<usize, BrokerError> {
         let Some(log) = &self.log else {

@@ -51,6 +51,7 @@ pub mod routes {
     pub const ACCOUNTS: &str = "/v1/ledger/accounts";
     pub const STATEMENTS: &str = "/v1/statements";
     pub const QUOTES: &str = "/v1/quotes";
+    pub const LOG_VERDICTS: &str = "/v1/log/verdicts";
     pub const OPENAPI: &str = "/openapi.json";
     // `/metrics` is every service's (`cgx_service::ops::METRICS_PATH`).
     pub const HEALTHZ: &str = "/healthz";
@@ -806,6 +807,23 @@ pub struct NodeList {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobList {
     pub jobs: Vec<JobView>,
+}
+
+/// An auditor's verdict on the log (`cgx audit verify --report`): what tree it checked and
+/// what it found. Recorded as an `audit.verdict` leaf, so the next auditor sees it too.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LogVerdict {
+    /// The checkpoint's origin, size (decimal) and root (base64) the verdict is on.
+    pub origin: String,
+    pub size: String,
+    pub root: String,
+    /// How many violations it found (0: the log held).
+    pub violations: u64,
+    /// What it checked beyond the log itself (`archive`, `reappraise`, `kbs-log`).
+    #[serde(default)]
+    pub checks: Vec<String>,
 }
 
 /// `GET /v1/reference-values` answer: the values a replica appraises with.

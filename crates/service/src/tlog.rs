@@ -492,6 +492,60 @@ pub async fn prove_tree(
     Ok(tlog_tiles::prove_tree(size, old, &hashes)?)
 }
 
+/// An inclusion proof of leaf `index` in the tree of `size` leaves (at most the stored
+/// tree's), from the stored hashes.
+pub async fn prove_leaf(
+    pool: &sqlx::AnyPool,
+    size: u64,
+    index: u64,
+) -> Result<Vec<Hash>, LogStoreError> {
+    if index >= size {
+        return Err(LogStoreError::Log(cgx_tlog::LogError::Leaf {
+            index,
+            why: format!("not in a tree of {size} leaves"),
+        }));
+    }
+    let wanted = std::cell::RefCell::new(Vec::new());
+    let _ = tlog_tiles::prove_record(size, index, &Recorder(&wanted));
+    let indexes = wanted.into_inner();
+    let mut c = pool.acquire().await?;
+    let hashes = load_hashes(&mut c, &indexes).await?;
+    Ok(tlog_tiles::prove_record(size, index, &hashes)?)
+}
+
+/// The leaf the audit event `seq` became, and its index; `None` before it is integrated.
+pub async fn leaf_of_seq(
+    pool: &sqlx::AnyPool,
+    seq: i64,
+) -> Result<Option<(u64, Vec<u8>)>, LogStoreError> {
+    let r = sqlx::query("SELECT idx, leaf FROM log_leaves WHERE audit_seq = $1")
+        .bind(seq)
+        .fetch_optional(pool)
+        .await?;
+    match r {
+        Some(r) => Ok(Some((
+            unsigned(r.try_get("idx")?)?,
+            r.try_get::<String, _>("leaf")?.into_bytes(),
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// The log's size over time: `(unix seconds, size)` of the newest `limit` checkpoints, oldest
+/// first.
+pub async fn history(pool: &sqlx::AnyPool, limit: i64) -> Result<Vec<(i64, u64)>, LogStoreError> {
+    let rows = sqlx::query("SELECT size, at FROM log_checkpoints ORDER BY size DESC LIMIT $1")
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    let mut out = rows
+        .iter()
+        .map(|r| Ok((r.try_get::<i64, _>("at")?, unsigned(r.try_get("size")?)?)))
+        .collect::<Result<Vec<_>, LogStoreError>>()?;
+    out.reverse();
+    Ok(out)
+}
+
 /// A reader that notes the indexes asked for and answers none.
 struct Recorder<'a>(&'a std::cell::RefCell<Vec<u64>>);
 

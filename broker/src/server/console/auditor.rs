@@ -5,13 +5,14 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
-use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::Deserialize;
 
 use super::super::{Broker, BrokerError};
+use super::chart::{self, Series};
 use super::{ConsoleError, PAGE, Viewer, layout, live_response};
 
 #[derive(Debug, Default, Deserialize)]
@@ -96,6 +97,22 @@ pub(super) async fn log(
     let more = events.len() > PAGE;
     let next = more.then(|| events.get(PAGE - 1).map(|e| e.seq)).flatten();
     let broker_url = super::origin(&b, &headers);
+    let pool = b.store.db.pool();
+    let sizes = cgx_service::tlog::history(pool, 500)
+        .await
+        .map_err(BrokerError::from)?;
+    let growth = Series {
+        label: "Leaves".into(),
+        unit: "",
+        points: sizes.iter().map(|(at, n)| (*at, *n as f64)).collect(),
+        limit: None,
+    };
+    let verdict = b
+        .store
+        .audit_page(Some("audit.verdict"), None, 1)
+        .await?
+        .into_iter()
+        .next();
     let body = html! {
         h1 { "Transparency log" }
         @match (&parsed, &checkpoint) {
@@ -115,11 +132,27 @@ pub(super) async fn log(
             (None, Some(_)) => p.error { "The published checkpoint does not parse." },
             (None, None) => p.empty { "No checkpoint published yet (or this broker keeps no log)." },
         }
+        (chart::line("Log size over time", &growth))
+        h2 { "The last auditor's verdict" }
+        @match &verdict {
+            Some(v) => {
+                p {
+                    (layout::badge(if v.detail["violations"] == "0" { "passed" } else { "failed" }))
+                    " " code { (v.actor) } " checked " (v.detail["size"].as_str().unwrap_or("?"))
+                    " leaves (root " code { (v.detail["root"].as_str().unwrap_or("?")) } ") at "
+                    (layout::when(v.at)) ": " (v.detail["violations"].as_str().unwrap_or("?")) " violations; checks: "
+                    (v.detail["checks"].as_array().map(|c| c.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", ")).unwrap_or_default())
+                    " — " a href=(format!("/console/log/events/{}", v.seq)) { "its leaf" }
+                }
+            }
+            None => p.empty { "No auditor has recorded a verdict yet (" code { "cgx audit verify … --report URL --report-key KEY" } ")." },
+        }
         h2 { "Check it offline" }
         p { "With an auditor's key and the log's verifier key, nothing else of the broker's:" }
         pre.command { code {
             "cgx audit fetch --broker " (broker_url) " --key AUDITOR.pk8 --out log --archive archive\n"
-            "cgx audit verify --log log --log-key LOG.vkey --archive archive --reappraise --state audit.state"
+            "cgx audit verify --log log --log-key LOG.vkey --archive archive --reappraise --state audit.state \\\n"
+            "    --report " (broker_url) " --report-key AUDITOR.pk8"
         } }
         h2 { "Decisions" }
         form.search method="get" action="/console/log" role="search" {
@@ -131,7 +164,7 @@ pub(super) async fn log(
             table.list {
                 thead { tr { th scope="col" { "#" } th scope="col" { "When" } th scope="col" { "Actor" } th scope="col" { "Action" } th scope="col" { "Subject" } th scope="col" { "Detail" } } }
                 tbody { @for e in events.iter().take(PAGE) { tr {
-                    td { (e.seq) } td { (layout::when(e.at)) } td { code { (e.actor) } }
+                    td { a href=(format!("/console/log/events/{}", e.seq)) { (e.seq) } } td { (layout::when(e.at)) } td { code { (e.actor) } }
                     td { a href=(format!("/console/log?q={}", layout::urlencode(&e.action))) { code { (e.action) } } }
                     td { a href=(format!("/console/log?q={}", layout::urlencode(&e.subject))) { code { (e.subject) } } }
                     td { details { summary { "detail" }
@@ -152,4 +185,195 @@ pub(super) async fn log(
         &headers,
         layout::page("Log", Some(&viewer), q.before.is_none(), body),
     ))
+}
+
+/// The published checkpoint's note and tree size.
+async fn published(b: &Broker) -> Result<Option<(Vec<u8>, u64)>, ConsoleError> {
+    let note = match b.log_checkpoint().await {
+        Ok(n) => n,
+        Err(BrokerError::NotFound(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let size = parse_checkpoint(&note).and_then(|c| c.size.parse().ok());
+    Ok(size.map(|s| (note, s)))
+}
+
+/// Event `seq`'s leaf and its inclusion proof in the published checkpoint, checked here
+/// under the log's key before it is offered.
+async fn leaf_proof(
+    b: &Broker,
+    seq: i64,
+) -> Result<Result<cgx_tlog::proof::TlogProof, String>, ConsoleError> {
+    let pool = b.store.db.pool();
+    let Some((index, leaf)) = cgx_service::tlog::leaf_of_seq(pool, seq)
+        .await
+        .map_err(BrokerError::from)?
+    else {
+        return Ok(Err(
+            "not yet a leaf: the log integrates it on its next pass".into(),
+        ));
+    };
+    let Some((note, size)) = published(b).await? else {
+        return Ok(Err("no checkpoint published yet".into()));
+    };
+    if index >= size {
+        return Ok(Err(format!(
+            "leaf {index} is not yet in the published checkpoint ({size} leaves)"
+        )));
+    }
+    let hashes = cgx_service::tlog::prove_leaf(pool, size, index)
+        .await
+        .map_err(BrokerError::from)?;
+    let proof = cgx_tlog::proof::TlogProof {
+        extra: Some(leaf),
+        index,
+        hashes,
+        checkpoint: note,
+    };
+    let Some(log) = &b.log else {
+        return Ok(Err("this broker keeps no log".into()));
+    };
+    let key = cgx_tlog::note::NoteKey::parse(&log.key().vkey())
+        .map_err(|e| BrokerError::Internal(format!("log key: {e}")))?;
+    Ok(match proof.verify(&key, &[], 0) {
+        Ok(_) => Ok(proof),
+        Err(e) => Err(format!("the proof does not verify: {e}")),
+    })
+}
+
+fn seq_of(s: &str) -> Result<i64, ConsoleError> {
+    s.parse::<i64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or(ConsoleError::NotFound)
+}
+
+fn auditors_only(v: &Viewer) -> Result<(), ConsoleError> {
+    if v.is_auditor() {
+        Ok(())
+    } else {
+        Err(BrokerError::Forbidden("the log's pages are for auditors".into()).into())
+    }
+}
+
+/// `GET /console/log/events/{seq}`: one decision, its leaf's inclusion proof in the published
+/// checkpoint, and the archived evidence it names.
+pub(super) async fn event(
+    State(b): State<Arc<Broker>>,
+    viewer: Viewer,
+    headers: HeaderMap,
+    Path(seq): Path<String>,
+) -> Result<Response, ConsoleError> {
+    auditors_only(&viewer)?;
+    let seq = seq_of(&seq)?;
+    let e = b
+        .store
+        .audit_page(None, Some(seq + 1), 1)
+        .await?
+        .into_iter()
+        .next()
+        .filter(|e| e.seq == seq)
+        .ok_or(ConsoleError::NotFound)?;
+    let proof = leaf_proof(&b, seq).await?;
+    // The pieces the leaf names by digest, as the archive holds them.
+    let mut pieces = Vec::new();
+    if let Some(obj) = e.detail.as_object() {
+        for (k, v) in obj {
+            if let (Some(name), Some(sha)) = (k.strip_suffix("_sha256"), v.as_str())
+                && cgx_protocol::archive::is_address(sha)
+            {
+                let held = b.store.archived(sha).await?.is_some();
+                pieces.push((name.to_string(), sha.to_string(), held));
+            }
+        }
+    }
+    let vkey = b.log.as_ref().map(|l| l.key().vkey()).unwrap_or_default();
+    let body = html! {
+        h1 { "Decision " (e.seq) ": " code { (e.action) } }
+        (layout::facts(&[
+            ("When", layout::when(e.at)),
+            ("Actor", html! { code { (e.actor) } }),
+            ("Subject", html! { a href=(format!("/console/log?q={}", layout::urlencode(&e.subject))) { code { (e.subject) } } }),
+        ]))
+        h2 { "Detail" }
+        pre.detail { (serde_json::to_string_pretty(&e.detail).unwrap_or_default()) }
+        h2 { "Inclusion in the log" }
+        @match &proof {
+            Ok(p) => {
+                p { (layout::badge("passed")) " Leaf " (p.index) " is included in the published checkpoint; "
+                    "the proof was checked here under the log's key before it was offered." }
+                p { a href=(format!("/console/log/events/{}/proof", e.seq)) download { "Download its tlog-proof" } }
+                pre.command { code { "cgx audit verify-proof proof.txt --log-key " (vkey) } }
+            }
+            Err(why) => p.empty { (why) },
+        }
+        h2 { "Evidence it rests on" }
+        @if pieces.is_empty() { p.empty { "This decision names no archived evidence." } } @else {
+            table.list {
+                thead { tr { th scope="col" { "Piece" } th scope="col" { "SHA-256" } th scope="col" { "" } } }
+                tbody { @for (name, sha, held) in &pieces { tr {
+                    td { (name) } td { code.wrap { (sha) } }
+                    td { @if *held { a href=(format!("/console/log/archive/{sha}")) download { "download" } } @else { "not archived" } }
+                } } }
+            }
+            p { "Each piece hashes to its name; " code { "cgx audit verify --archive DIR --reappraise" }
+                " re-verifies registrations from them against the trust roots." }
+        }
+    };
+    Ok(live_response(
+        &headers,
+        layout::page(&format!("Decision {}", e.seq), Some(&viewer), false, body),
+    ))
+}
+
+/// `GET /console/log/events/{seq}/proof`: the C2SP tlog-proof file.
+pub(super) async fn proof(
+    State(b): State<Arc<Broker>>,
+    viewer: Viewer,
+    Path(seq): Path<String>,
+) -> Result<Response, ConsoleError> {
+    auditors_only(&viewer)?;
+    let seq = seq_of(&seq)?;
+    match leaf_proof(&b, seq).await? {
+        Ok(p) => Ok((
+            [
+                (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                (
+                    header::CONTENT_DISPOSITION,
+                    "attachment; filename=\"proof.txt\"",
+                ),
+            ],
+            p.to_bytes(),
+        )
+            .into_response()),
+        Err(why) => Err(ConsoleError::BadRequest(why)),
+    }
+}
+
+/// `GET /console/log/archive/{sha256}`: an archived piece (auditors).
+pub(super) async fn archived(
+    State(b): State<Arc<Broker>>,
+    viewer: Viewer,
+    Path(sha): Path<String>,
+) -> Result<Response, ConsoleError> {
+    auditors_only(&viewer)?;
+    if !cgx_protocol::archive::is_address(&sha) {
+        return Err(ConsoleError::NotFound);
+    }
+    let (_, doc) = b
+        .store
+        .archived(&sha)
+        .await?
+        .ok_or(ConsoleError::NotFound)?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"piece.bin\"",
+            ),
+        ],
+        doc,
+    )
+        .into_response())
 }

@@ -698,3 +698,199 @@ async fn node_pages_join_into_the_whole_list() {
     let (none, next) = h.broker.nodes_page(None, 2, |op| op == "nobody");
     assert!(none.is_empty() && next.is_none());
 }
+
+/// What a node's evidence carries into its record (claim strings, the appraisal's violation
+/// texts, which quote evidence values) is rendered as text. Names it offers (region, model,
+/// operator) are refused at registration unless plain (`register::check_offer`); here a
+/// record holding markup everywhere it can is put in the index as a replica would read one.
+#[tokio::test]
+async fn node_evidence_text_is_rendered_inert() {
+    let h = Harness::new("console-node-xss").await;
+    let node = h.node(1);
+    h.register(&node).await.unwrap();
+    let evil = "<script>alert('claim')</script>";
+    {
+        let mut idx = h.broker.index();
+        let mut r = (*idx.record(&node.id).unwrap()).clone();
+        let token = idx.record_token(&node.id).unwrap().to_string();
+        r.violations = vec![format!("driver {evil} is not in the reference values")];
+        r.claims = serde_json::json!({ "gpu": { "driver": evil, "vbios": "\"><img src=x onerror=alert(1)>" } });
+        let (last, seq) = idx.last_heartbeat(&node.id).unwrap();
+        idx.upsert(r, token, 0, last, seq, 0);
+    }
+    let mut op = Browser::new(&h);
+    op.sign_in(&h, Role::Operator).await;
+    for path in [
+        "/console/nodes".to_string(),
+        format!("/console/nodes/{}", node.id),
+    ] {
+        let p = op.get(&path).await;
+        assert_eq!(p.status, StatusCode::OK, "{path}");
+        assert!(
+            !p.body.contains("<script>alert") && !p.body.contains("<img src=x"),
+            "{path}"
+        );
+    }
+    let page = op.get(&format!("/console/nodes/{}", node.id)).await;
+    assert!(
+        page.body
+            .contains("driver &lt;script&gt;alert('claim')&lt;/script&gt; is not")
+    );
+    assert!(
+        page.body.contains("onerror=alert(1)"),
+        "the claim is shown, as text"
+    );
+}
+
+/// An auditor's pages over a broker that keeps a log: the checkpoint, its size over time, a
+/// decision with its inclusion proof (which verifies alone, and is refused once changed) and
+/// the archived evidence it names, and the last auditor's verdict recorded through the API.
+#[tokio::test]
+async fn an_auditor_reads_each_decision_with_its_proof_and_evidence() {
+    let dir = std::env::temp_dir().join(format!("cgx-console-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let der =
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .unwrap();
+    let key = dir.join("log.pk8");
+    std::fs::write(&key, der.as_ref()).unwrap();
+    let h = Harness::with("console-log", |c| {
+        c.log = Some(cgx_service::logwriter::LogConfig {
+            origin: "console.test/log".into(),
+            key,
+            interval_ms: 1000,
+            state: None,
+            witnesses: Vec::new(),
+            quorum: 0,
+            anchors: Vec::new(),
+            export_dir: None,
+        })
+    })
+    .await;
+    let node = h.node(1);
+    h.register(&node).await.unwrap();
+    h.broker.integrate_log().await.unwrap();
+    let events = h
+        .broker
+        .store
+        .audit_page(Some("node.register"), None, 10)
+        .await
+        .unwrap();
+    let seq = events[0].seq;
+
+    let mut au = Browser::new(&h);
+    au.sign_in(&h, Role::Auditor).await;
+    let log = au.get("/console/log").await;
+    assert!(log.body.contains("console.test/log") && log.body.contains("Log size over time"));
+    assert!(log.body.contains("No auditor has recorded a verdict yet"));
+    let page = au.get(&format!("/console/log/events/{seq}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body
+            .contains("is included in the published checkpoint"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("registration") && page.body.contains("/console/log/archive/"));
+    let file = au.get(&format!("/console/log/events/{seq}/proof")).await;
+    let proof = cgx_tlog::proof::TlogProof::parse(file.body.as_bytes()).unwrap();
+    let vkey = h.broker.log.as_ref().unwrap().key().vkey();
+    let k = cgx_tlog::note::NoteKey::parse(&vkey).unwrap();
+    proof.verify(&k, &[], 0).unwrap();
+    let leaf: serde_json::Value = serde_json::from_slice(proof.extra.as_ref().unwrap()).unwrap();
+    assert_eq!(leaf["action"], "node.register");
+    let mut changed = proof.clone();
+    changed.extra = Some(
+        String::from_utf8(proof.extra.clone().unwrap())
+            .unwrap()
+            .replacen("node.register", "node.registe_", 1)
+            .into_bytes(),
+    );
+    assert!(changed.verify(&k, &[], 0).is_err());
+    // The archived registration hashes to its name.
+    let sha = leaf["detail"]["registration_sha256"].as_str().unwrap();
+    let piece = au.get(&format!("/console/log/archive/{sha}")).await;
+    assert_eq!(piece.status, StatusCode::OK);
+    assert_eq!(cgx_protocol::archive::address(piece.body.as_bytes()), sha);
+    // Not an auditor's: refused; junk paths: not found.
+    let mut t = Browser::new(&h);
+    t.sign_in(&h, Role::Tenant).await;
+    for path in [
+        format!("/console/log/events/{seq}"),
+        format!("/console/log/events/{seq}/proof"),
+        format!("/console/log/archive/{sha}"),
+    ] {
+        assert_eq!(t.get(&path).await.status, StatusCode::FORBIDDEN, "{path}");
+    }
+    for path in [
+        "/console/log/events/0",
+        "/console/log/events/x",
+        "/console/log/archive/zz",
+    ] {
+        assert_eq!(au.get(path).await.status, StatusCode::NOT_FOUND, "{path}");
+    }
+    // A verdict through the API, then on the log page.
+    let opened = cgx_tlog::note::open_checkpoint(&proof.checkpoint, &k, &[], 0).unwrap();
+    let verdict = cgx_protocol::broker::LogVerdict {
+        origin: "console.test/log".into(),
+        size: opened.checkpoint.size().to_string(),
+        root: base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            opened.checkpoint.hash().0,
+        ),
+        violations: 0,
+        checks: vec!["archive".into(), "reappraise".into()],
+    };
+    let auditor = h.admin(Role::Auditor);
+    h.broker
+        .record_verdict(&auditor, verdict.clone())
+        .await
+        .unwrap();
+    for (bad, why) in [
+        (
+            cgx_protocol::broker::LogVerdict {
+                origin: "other/log".into(),
+                ..verdict.clone()
+            },
+            "not this broker's",
+        ),
+        (
+            cgx_protocol::broker::LogVerdict {
+                size: "-1".into(),
+                ..verdict.clone()
+            },
+            "decimal",
+        ),
+        (
+            cgx_protocol::broker::LogVerdict {
+                root: "<b>".into(),
+                ..verdict.clone()
+            },
+            "base64",
+        ),
+        (
+            cgx_protocol::broker::LogVerdict {
+                checks: vec!["<x>".into()],
+                ..verdict.clone()
+            },
+            "checks",
+        ),
+    ] {
+        let e = h.broker.record_verdict(&auditor, bad).await.unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    assert!(matches!(
+        h.broker
+            .record_verdict(&h.admin(Role::Tenant), verdict)
+            .await,
+        Err(super::super::BrokerError::Forbidden(_))
+    ));
+    let log = au.get("/console/log").await;
+    assert!(
+        log.body.contains("checks: archive, reappraise"),
+        "{}",
+        log.body
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
