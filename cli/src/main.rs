@@ -647,6 +647,8 @@ fn launch_flags(
     Ok(argv)
 }
 
+// Parsed once per process from the command line: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum AuditCommand {
     /// Copy the broker's log (checkpoint, hash tiles, entry bundles: an auditor's key) into a
