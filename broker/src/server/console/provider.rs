@@ -13,6 +13,7 @@ use maud::html;
 use serde::Deserialize;
 
 use super::super::Broker;
+use super::chart::{self, Series};
 use super::{ConsoleError, PAGE, Viewer, check_id, layout, live_response, see_other};
 
 #[derive(Debug, Default, Deserialize)]
@@ -97,6 +98,7 @@ pub(super) async fn node(
         .as_ref()
         .and_then(|c| serde_json::to_string_pretty(c).ok())
         .unwrap_or_default();
+    let (gpus, unverified) = utilization(&b, &n.id, now).await?;
     let may_ask = viewer.is_auditor()
         || viewer
             .admin
@@ -130,6 +132,11 @@ pub(super) async fn node(
                     td.reason { (p.reason) }
                 } } }
             }
+        }
+        h2 { "GPU utilization" }
+        (chart::lines("Utilization per GPU over the last six hours, from the node's signed metering records", &gpus))
+        @if unverified > 0 {
+            p.error { (unverified) " records did not verify under the node's attested key and are not shown." }
         }
         h2 { "Claims" }
         details {
@@ -193,4 +200,49 @@ pub(super) async fn reattest(
     viewer.check_change(&b, &headers, &form.csrf)?;
     b.ask_reattest(&viewer.admin, &id).await?;
     Ok(see_other(&format!("/console/nodes/{id}")))
+}
+
+/// Per-GPU utilization from the node's metering records of the last six hours, each verified
+/// under the node's attested key (a row proves nothing by itself); and how many did not verify.
+async fn utilization(
+    b: &Broker,
+    node: &str,
+    now: i64,
+) -> Result<(Vec<Series>, usize), ConsoleError> {
+    use cgx_protocol::metering::MeteringRecord;
+    use cgx_protocol::signed::{When, verify};
+    let (_, key) = b.node_key(node)?;
+    let tokens = b.store.metering_of_node(node, now - 6 * 3600, 4096).await?;
+    let mut per_gpu: std::collections::BTreeMap<u32, Vec<(i64, f64)>> = Default::default();
+    let mut unverified = 0;
+    for t in &tokens {
+        match verify::<MeteringRecord>(t, &[key], When::Any) {
+            Ok(v) if v.body.sub == node => {
+                let at = v.body.window_start + i64::from(v.body.window_secs);
+                for g in &v.body.gpus {
+                    per_gpu
+                        .entry(g.index)
+                        .or_default()
+                        .push((at, f64::from(g.utilization_pct.min(100))));
+                }
+            }
+            _ => unverified += 1,
+        }
+    }
+    let series = per_gpu
+        .into_iter()
+        .take(64)
+        .enumerate()
+        .map(|(i, (gpu, mut points))| {
+            points.sort_unstable_by_key(|p| p.0);
+            Series {
+                label: format!("GPU {gpu}"),
+                points,
+                // The scale's top: 100 %.
+                limit: (i == 0).then(|| ("100 %".to_string(), 100.0)),
+                unit: " %",
+            }
+        })
+        .collect();
+    Ok((series, unverified))
 }

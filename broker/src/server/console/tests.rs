@@ -894,3 +894,64 @@ async fn an_auditor_reads_each_decision_with_its_proof_and_evidence() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A provider's node page charts each GPU's utilization from the node's signed metering
+/// records; a record the node's key did not sign is left out and counted.
+#[tokio::test]
+async fn a_provider_sees_each_gpus_utilization_from_signed_records() {
+    use cgx_protocol::metering::{WINDOW_SECS, genesis};
+    let h = Harness::new("console-util").await;
+    let node = h.node(2);
+    h.register(&node).await.unwrap();
+    let job = h
+        .broker
+        .submit(&h.admin(Role::Tenant), Harness::job(2, 3600))
+        .await
+        .unwrap();
+    let lease = job.lease_id.clone().unwrap();
+    let (row, _) = h.broker.store.lease_any(&lease).await.unwrap().unwrap();
+    let mut prev = genesis(&lease);
+    for seq in 0..3u64 {
+        h.clock
+            .set(row.started_at + i64::from(WINDOW_SECS) * (seq as i64 + 1));
+        let t = node.meter(
+            &lease,
+            row.started_at,
+            WINDOW_SECS,
+            seq,
+            &row.gpus,
+            prev.clone(),
+            h.now(),
+        );
+        prev = h.broker.metering(&node.id, &t).await.unwrap().hash;
+    }
+    let mut op = Browser::new(&h);
+    op.sign_in(&h, Role::Operator).await;
+    let page = op.get(&format!("/console/nodes/{}", node.id)).await;
+    assert_eq!(page.status, StatusCode::OK);
+    for gpu in &row.gpus {
+        assert!(page.body.contains(&format!("GPU {gpu}")), "{}", page.body);
+    }
+    assert!(page.body.contains("90.0 %"), "the records' utilization");
+    assert!(!page.body.contains("did not verify"));
+    // A row a database writer changed (another key's signature) is not charted.
+    sqlx::query("UPDATE metering SET token = $1 WHERE seq = 0")
+        .bind(h.node(1).meter(
+            &lease,
+            row.started_at,
+            WINDOW_SECS,
+            0,
+            &row.gpus,
+            genesis(&lease),
+            h.now(),
+        ))
+        .execute(h.broker.store.db.pool())
+        .await
+        .unwrap();
+    let page = op.get(&format!("/console/nodes/{}", node.id)).await;
+    assert!(
+        page.body.contains("1 records did not verify"),
+        "{}",
+        page.body
+    );
+}

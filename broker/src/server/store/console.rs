@@ -140,6 +140,30 @@ impl Store {
             .map_err(BrokerError::from)
     }
 
+    /// The newest `limit` metering records accepted for `node`'s leases since `since` (unix
+    /// seconds), as their tokens (the caller verifies each under the node's key).
+    pub async fn metering_of_node(
+        &self,
+        node: &str,
+        since: i64,
+        limit: i64,
+    ) -> Result<Vec<String>, BrokerError> {
+        let rows = sqlx::query(
+            "SELECT m.token FROM metering m JOIN leases l ON l.id = m.lease_id
+             WHERE l.node_id = $1 AND m.accepted_at >= $2
+             ORDER BY m.accepted_at DESC LIMIT $3",
+        )
+        .bind(node)
+        .bind(since)
+        .bind(limit)
+        .fetch_all(self.db.pool())
+        .await?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>("token"))
+            .collect::<Result<_, _>>()
+            .map_err(BrokerError::from)
+    }
+
     /// Was the console name `name` (a sign-in challenge, a signed-out session) spent?
     pub async fn nonce_used(&self, name: &str) -> Result<bool, BrokerError> {
         let row = sqlx::query("SELECT nonce FROM used_nonces WHERE nonce = $1")
