@@ -7,6 +7,7 @@ mod attestation;
 mod broker;
 mod channel;
 mod coco;
+mod console;
 mod kbs;
 mod ledger;
 mod log;
@@ -152,6 +153,25 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// The web console: server time per page (p50, p99) and bytes per page on a broker with
+    /// 100 000 nodes, 100 000 jobs and a million log leaves, and the broker's CPU per page view
+    /// against a plain API read.
+    Console {
+        #[arg(long, default_value_t = 100_000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 100_000)]
+        jobs: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        leaves: u64,
+        /// Views of each page measured.
+        #[arg(long, default_value_t = 200)]
+        views: usize,
+        /// Seed this folder once and reuse it on later runs (the seed takes a minute or two).
+        #[arg(long)]
+        keep: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Settlement: transfers per second in memory and records settled per second on SQLite
     /// at synchronous=FULL, each beside its bound.
     Ledger {
@@ -207,6 +227,14 @@ fn main() -> ExitCode {
             rounds,
             json,
         } => log::bench(leaves, audit_leaves, batch, rounds, json),
+        BenchWhat::Console {
+            nodes,
+            jobs,
+            leaves,
+            views,
+            keep,
+            json,
+        } => console::bench(nodes, jobs, leaves, views, keep.as_deref(), json),
         BenchWhat::Ledger {
             leases,
             windows,

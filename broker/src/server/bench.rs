@@ -379,3 +379,320 @@ async fn log_broker(dir: &Path) -> Result<Broker, BrokerError> {
     .map_err(e)?;
     Broker::new(&config, cgx_service::clock::system()).await
 }
+
+/// A broker's database as the console benchmark reads it (`cgx-bench console`): what was
+/// seeded, and where the users' keys are.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ConsoleSeed {
+    pub nodes: usize,
+    pub jobs: usize,
+    pub leaves: u64,
+    /// The broker's configuration on that database (its log, the three users' API keys).
+    pub config: serde_json::Value,
+    /// PKCS#8 files: a tenant (`tenant:acme`), an operator (`operator:op1`), an auditor.
+    pub tenant_key: std::path::PathBuf,
+    pub operator_key: std::path::PathBuf,
+    pub auditor_key: std::path::PathBuf,
+    /// A node id, a jobs-page cursor and an audit seq from the middle of each.
+    pub node_mid: String,
+    pub job_cursor_mid: String,
+    pub job_id: String,
+    pub seq_mid: i64,
+    /// Seconds it took to seed.
+    pub seed_secs: f64,
+}
+
+/// The tenant the benchmark signs in as: a tenth of the jobs are its own.
+pub const CONSOLE_TENANT: &str = "acme";
+/// The operator it signs in as: one of 100, each a hundredth of the fleet.
+pub const CONSOLE_OPERATOR: &str = "op1";
+
+/// Seed `dir` with `nodes` signed node records (100 operators), `jobs` sealed jobs (a tenth of
+/// them [`CONSOLE_TENANT`]'s) and `leaves` audited decisions integrated into the log, written
+/// straight to the database as the broker's own rows (a replica reading them verifies each
+/// record's signature at its start). Where `dir` holds a finished seed, that one is reused.
+pub async fn console_seed(
+    dir: &Path,
+    nodes: usize,
+    jobs: usize,
+    leaves: u64,
+) -> Result<ConsoleSeed, BrokerError> {
+    let marker = dir.join("seed.json");
+    if let Ok(text) = std::fs::read_to_string(&marker)
+        && let Ok(seed) = serde_json::from_str::<ConsoleSeed>(&text)
+        && (seed.nodes, seed.jobs, seed.leaves) == (nodes, jobs, leaves)
+    {
+        return Ok(seed);
+    }
+    let t = Instant::now();
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).map_err(e)?;
+    let pk8 = || {
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .map(|k| k.as_ref().to_vec())
+            .map_err(|_| e("key"))
+    };
+    let public = |der: &[u8]| -> Result<String, BrokerError> {
+        use aws_lc_rs::signature::KeyPair;
+        let kp = aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8(der).map_err(|_| e("key"))?;
+        Ok(base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            kp.public_key().as_ref(),
+        ))
+    };
+    std::fs::write(dir.join("signing.pk8"), pk8()?).map_err(e)?;
+    std::fs::write(dir.join("log.pk8"), pk8()?).map_err(e)?;
+    let mut api_keys = Vec::new();
+    let mut files = Vec::new();
+    for (file, scope) in [
+        ("tenant.pk8", format!("tenant:{CONSOLE_TENANT}")),
+        ("operator.pk8", format!("operator:{CONSOLE_OPERATOR}")),
+        ("auditor.pk8", "auditor".to_string()),
+    ] {
+        let der = pk8()?;
+        std::fs::write(dir.join(file), &der).map_err(e)?;
+        api_keys.push(serde_json::json!({ "public_key": public(&der)?, "scopes": [scope] }));
+        files.push(dir.join(file));
+    }
+    let config = serde_json::json!({
+        "listen": "127.0.0.1:0",
+        "insecure_dev": true,
+        "database": format!("sqlite://{}", dir.join("broker.db").display()),
+        "signing_key": dir.join("signing.pk8"),
+        "pow": {"interval_secs": 0},
+        "api_keys": api_keys,
+        "log": {"origin": "bench.cgx/log", "key": dir.join("log.pk8")},
+    });
+    let parsed: BrokerConfig = serde_json::from_value(config.clone()).map_err(e)?;
+    let b = Broker::new(&parsed, cgx_service::clock::system()).await?;
+    let now = b.clock.unix();
+    let now_ms = now * 1000;
+
+    // Nodes: signed records, as registration stores them.
+    let ids: Vec<String> = (0..nodes).map(|i| format!("n{i:08}")).collect();
+    for chunk in ids.chunks(8192) {
+        let mut rows = Vec::with_capacity(chunk.len());
+        for (k, id) in chunk.iter().enumerate() {
+            let i = id[1..].parse::<usize>().unwrap_or(k);
+            let mut node_key = [0u8; 32];
+            aws_lc_rs::rand::fill(&mut node_key).map_err(|_| e("random"))?;
+            let record = super::index::NodeRecord {
+                id: id.clone(),
+                node_key: cgx_protocol::broker::b64(&node_key),
+                tee_thumbprint: String::new(),
+                operator: format!("op{}", i % 100),
+                region: ["eu-west", "us-east", "ap-south", "eu-north"][i % 4].into(),
+                tee: cgx_protocol::records::TeeKind::Snp,
+                sim: false,
+                gpu_model: "H100".into(),
+                gpu_chip: "GH100".into(),
+                gpu_count: 8,
+                gpu_memory_gib: 80,
+                price: cgx_protocol::money::Micros(1_000_000 + (i as u64 % 300) * 10_000),
+                status: cgx_protocol::records::Tier::Affirming,
+                violations: Vec::new(),
+                attested_at: now,
+                ear_expires_at: now + 86_400,
+                ear_digest: String::new(),
+                claims: serde_json::json!({"cpu": {"tee": "snp"}, "gpus": []}),
+            };
+            let token = b.keys.sign_record(&record)?;
+            rows.push((
+                id.clone(),
+                record.operator,
+                token,
+                now,
+                now,
+                1i64,
+                0i64,
+                now_ms,
+            ));
+        }
+        let mut tx = b
+            .store
+            .db
+            .write_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await?;
+        super::store::insert_json(
+            &mut tx,
+            "nodes",
+            &[
+                ("id", "text"),
+                ("operator", "text"),
+                ("record", "text"),
+                ("attested_at", "bigint"),
+                ("last_heartbeat", "bigint"),
+                ("heartbeat_seq", "bigint"),
+                ("reputation", "bigint"),
+                ("updated_ms", "bigint"),
+            ],
+            &rows,
+        )
+        .await?;
+        tx.commit().await?;
+    }
+
+    // Jobs: sealed, a tenth the benchmark tenant's, newest last.
+    let spec = serde_json::json!({
+        "tenant": CONSOLE_TENANT, "gpu_model": "H100", "gpu_count": 1,
+        "max_price_per_gpu_hour_micros": 3_000_000, "duration_secs": 3600,
+        "budget_micros": 3_000_000,
+    })
+    .to_string();
+    let states = [
+        "completed",
+        "completed",
+        "completed",
+        "failed",
+        "cancelled",
+        "expired",
+    ];
+    let mut mid = (String::new(), String::new());
+    for start in (0..jobs).step_by(8192) {
+        let mut rows = Vec::with_capacity(8192);
+        for i in start..(start + 8192).min(jobs) {
+            let id = format!("j{i:09}");
+            let tenant = if i % 10 == 0 {
+                CONSOLE_TENANT.to_string()
+            } else {
+                format!("t{}", i % 1000)
+            };
+            let created = now - 86_400 + i64::try_from(i).map_err(e)?;
+            let seal = b.keys.seal_job(&id, &tenant, &spec, created);
+            if i == jobs / 2 - (jobs / 2) % 10 {
+                mid = (format!("{created}.{id}"), id.clone());
+            }
+            let node = ids.get(i % ids.len().max(1)).cloned();
+            rows.push((
+                id,
+                tenant,
+                spec.clone(),
+                states[i % states.len()],
+                "seeded",
+                node,
+                Option::<String>::None,
+                created,
+                created + 60,
+                seal,
+            ));
+        }
+        let mut tx = b
+            .store
+            .db
+            .write_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await?;
+        super::store::insert_json(
+            &mut tx,
+            "jobs",
+            &[
+                ("id", "text"),
+                ("tenant", "text"),
+                ("spec", "text"),
+                ("state", "text"),
+                ("reason", "text"),
+                ("node_id", "text"),
+                ("lease_id", "text"),
+                ("created_at", "bigint"),
+                ("updated_at", "bigint"),
+                ("seal", "text"),
+            ],
+            &rows,
+        )
+        .await?;
+        tx.commit().await?;
+    }
+
+    // Decisions: the log's leaves, integrated pass after pass.
+    let detail =
+        serde_json::json!({"seq": "0", "hash": "00".repeat(32), "window_start": "1800000000"})
+            .to_string();
+    let actions = [
+        "metering.accept",
+        "lease.renew",
+        "pow.verdict",
+        "ledger.transfer",
+        "lease.open",
+        "lease.end",
+    ];
+    let mut written = 0u64;
+    while written < leaves {
+        let n = 8192.min(leaves - written);
+        let rows: Vec<(i64, &str, &str, String, &str)> = (written..written + n)
+            .map(|i| {
+                let subject = match i % 3 {
+                    0 => format!("n{:08}", i % nodes.max(1) as u64),
+                    1 => format!("l{:09}", i / 1440),
+                    _ => format!("j{:09}", i % jobs.max(1) as u64),
+                };
+                (
+                    now - 86_400,
+                    "node:n",
+                    actions[(i % 6) as usize],
+                    subject,
+                    detail.as_str(),
+                )
+            })
+            .collect();
+        let mut tx = b
+            .store
+            .db
+            .write_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await?;
+        super::store::insert_json(
+            &mut tx,
+            "audit",
+            &[
+                ("at", "bigint"),
+                ("actor", "text"),
+                ("action", "text"),
+                ("subject", "text"),
+                ("detail", "text"),
+            ],
+            &rows,
+        )
+        .await?;
+        tx.commit().await?;
+        written += n;
+    }
+    let base = cgx_service::tlog::newest(b.store.db.pool())
+        .await
+        .map_err(e)?
+        .map_or(0, |(s, _, _)| s);
+    loop {
+        match b.integrate_log_pass().await? {
+            Some(d) if d.size >= base + leaves => break,
+            Some(_) => {}
+            None => {
+                if cgx_service::tlog::newest(b.store.db.pool())
+                    .await
+                    .map_err(e)?
+                    .is_some_and(|(s, _, _)| s >= base + leaves)
+                {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    }
+    let seq_mid = i64::try_from(leaves / 2).map_err(e)?.max(1);
+    b.store.close().await;
+    let seed = ConsoleSeed {
+        nodes,
+        jobs,
+        leaves,
+        config,
+        tenant_key: files[0].clone(),
+        operator_key: files[1].clone(),
+        auditor_key: files[2].clone(),
+        node_mid: ids.get(nodes / 2).cloned().unwrap_or_default(),
+        job_cursor_mid: mid.0,
+        job_id: mid.1,
+        seq_mid,
+        seed_secs: t.elapsed().as_secs_f64(),
+    };
+    std::fs::write(&marker, serde_json::to_vec_pretty(&seed).map_err(e)?).map_err(e)?;
+    Ok(seed)
+}

@@ -80,8 +80,16 @@ pub(crate) fn router() -> Router<Arc<Broker>> {
 
 /// Security headers on every console response, error pages and assets included.
 async fn headers(req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
     let mut resp = next.run(req).await;
     let h = resp.headers_mut();
+    // The server's time on the page (what `cgx-bench console` reports; browsers show it).
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "app;dur={:.3}",
+        started.elapsed().as_secs_f64() * 1e3
+    )) {
+        h.insert(header::HeaderName::from_static("server-timing"), v);
+    }
     let set = |h: &mut HeaderMap, k: header::HeaderName, v: &'static str| {
         h.insert(k, HeaderValue::from_static(v));
     };
