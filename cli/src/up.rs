@@ -337,6 +337,7 @@ fn run(
             vkey: kbs_setup.log_vkey().map_err(s)?,
             url: format!("{}/kbs/v0/log", kbs.base),
             ca: None,
+            reader_key: Some(kbs_setup.dir.join(cgx_devnet::LOG_READER_KEY)),
         }];
     }
     let broker = BrokerServer::start(&broker_config).map_err(s)?;

@@ -290,7 +290,22 @@ fn the_console_in_a_real_browser() {
     broker.config.monitor_interval_ms = 200;
     let keys = cgx_devnet::temp_dir("console-keys").unwrap();
     let net = Net { kbs, broker, keys };
-    let server = BrokerServer::start(&net.broker.config).unwrap();
+    // The KBS, with the tenant's weights key released only through a lease; the broker
+    // anchors its log and mirrors its releases with a `:log-reader` key.
+    let kbs_server = cgx_devnet::Server::start(&net.kbs.config).unwrap();
+    kbs_server
+        .put_resource(&net.kbs.admin, RESOURCE, b"the weights key", true)
+        .unwrap();
+    let mut config = net.broker.config.clone();
+    if let Some(l) = config.log.as_mut() {
+        l.anchors = vec![cgx_service::logwriter::AnchorRef {
+            vkey: net.kbs.log_vkey().unwrap(),
+            url: format!("{}/kbs/v0/log", kbs_server.base),
+            ca: None,
+            reader_key: Some(net.kbs.dir.join(cgx_devnet::LOG_READER_KEY)),
+        }];
+    }
+    let server = BrokerServer::start(&config).unwrap();
     let base = server.base.clone();
     assert!(base.starts_with("http://127.0.0.1:"), "{base}");
     let op = net.broker.client(&base, &net.broker.operator).unwrap();
@@ -316,6 +331,8 @@ fn the_console_in_a_real_browser() {
         tenant: tenant_key,
         operator: operator_key,
         auditor: auditor_key,
+        operator_client: net.broker.client(&base, &net.broker.operator).unwrap(),
+        kbs: kbs_server.base.clone(),
     };
     let serious = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -334,6 +351,7 @@ fn the_console_in_a_real_browser() {
     stop_a.store(true, Ordering::Relaxed);
     stop_b.store(true, Ordering::Relaxed);
     server.stop();
+    kbs_server.stop();
     drop(net);
     assert!(serious.is_empty(), "axe-core: {serious:#?}");
 }
@@ -342,6 +360,16 @@ struct Users {
     tenant: PathBuf,
     operator: PathBuf,
     auditor: PathBuf,
+    operator_client: cgx_broker::client::BrokerClient,
+    kbs: String,
+}
+
+/// The resource the job's lease covers.
+const RESOURCE: &str = "acme/weights/key";
+
+/// A client for the node's own calls (each signs its own heartbeat).
+fn op_client(_base: &str, users: &Users) -> cgx_broker::client::BrokerClient {
+    users.operator_client.with_token(None)
 }
 
 /// Every user's walk through the console; axe-core's serious findings.
@@ -354,6 +382,7 @@ async fn walk(
     [stop_a, stop_b]: [&Arc<AtomicBool>; 2],
     axe_js: Option<&str>,
 ) -> Vec<String> {
+    let kbs = users.kbs.as_str();
     let (tenant_key, operator_key, auditor_key) = (&users.tenant, &users.operator, &users.auditor);
     let base = base.to_string();
     let axe_js = axe_js.map(str::to_string);
@@ -385,6 +414,7 @@ async fn walk(
     fill("f-duration", "3600").await;
     fill("f-budget", "3").await;
     fill("f-command", "/bin/sleep").await;
+    fill("f-resources", RESOURCE).await;
     fill(
         "f-args",
         "<img src=x onerror=\"window.__xss=1\">\n<script>window.__xss=2</script>",
@@ -420,6 +450,36 @@ async fn walk(
     assert!(text.contains(&first.0.id), "{text}");
     shot(&t, "tenant-job-placed").await;
     serious.extend(axe(&t, axe_js.as_deref(), "job").await);
+
+    // The node's VM fetches the key through the lease; another node's VM presents the same
+    // lease token and is refused. Both appear on the open page (the KBS's log, mirrored).
+    let (node, other) = (first.0.clone(), first.2.clone());
+    let kbs = kbs.to_string();
+    let op_client = op_client(base.as_str(), users);
+    tokio::task::spawn_blocking(move || {
+        let hb = node.heartbeat(&op_client).unwrap();
+        let token = hb.leases[0].token.clone();
+        let mut vm = node.kbs_client(&kbs).unwrap();
+        vm.attest(&node.sim).unwrap();
+        assert_eq!(
+            vm.resource(RESOURCE, Some(&token)).unwrap(),
+            b"the weights key"
+        );
+        let mut thief = other.kbs_client(&kbs).unwrap();
+        thief.attest(&other.sim).unwrap();
+        assert!(thief.resource(RESOURCE, Some(&token)).is_err());
+    })
+    .await
+    .unwrap();
+    let text = wait_until(
+        &t,
+        60,
+        "the release and the refusal on the open page",
+        |_, text| text.contains("released") && text.contains("refused"),
+    )
+    .await;
+    assert!(text.contains("node key"), "the refusal says why: {text}");
+    shot(&t, "tenant-job-releases").await;
 
     // Failover, seen without a reload: the node stops heartbeating; the page updates itself.
     t.execute("window.__marker = 'same page'", vec![])

@@ -290,6 +290,10 @@ pub(crate) fn log_vkey(key: &std::path::Path, origin: &str) -> Result<String> {
 /// The development KBS's log origin.
 pub const KBS_LOG_ORIGIN: &str = "kbs.cgx.devnet/log";
 
+/// The development KBS's `log-reader` admin key, in its folder: the broker reads the KBS log's
+/// entries with it (its mirror of releases by lease).
+pub const LOG_READER_KEY: &str = "kbs-log-reader.pk8";
+
 #[derive(Debug)]
 pub struct Setup {
     pub dir: PathBuf,
@@ -377,6 +381,8 @@ fn setup_with(
     let database = database.unwrap_or_else(|| format!("sqlite://{}", dir.join("kbs.db").display()));
     let admin = Ed::generate()?;
     let tenant_admin = Ed::generate()?;
+    let log_reader = Ed::generate()?;
+    write_private(&dir, LOG_READER_KEY, &log_reader.pkcs8)?;
     let broker = Ed::generate()?;
     let log_key =
         aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
@@ -408,6 +414,10 @@ fn setup_with(
             AdminKey {
                 public_key: tenant_admin.public_b64.clone(),
                 repositories: vec!["tenant-a".into()],
+            },
+            AdminKey {
+                public_key: log_reader.public_b64.clone(),
+                repositories: vec![cgx_kbs::server::LOG_READER_SCOPE.into()],
             },
         ],
         broker_keys: vec![broker.public_b64.clone()],

@@ -127,6 +127,76 @@ impl Broker {
         Ok(n)
     }
 
+    /// Mirror each anchored log this broker may read (`reader_key`): the entries past what it
+    /// holds, read bundle by bundle, kept — their releases and refusals by lease — only when
+    /// they reproduce the root of the checkpoint the log's key signed. Leaves read per pass.
+    pub(crate) async fn mirror_kbs_logs(&self) -> Result<u64, BrokerError> {
+        let Some(log) = &self.log else {
+            return Ok(0);
+        };
+        let mut read = 0;
+        for origin in log.mirrored() {
+            let (size, root) = log
+                .anchored_checkpoint(&origin)
+                .await
+                .map_err(|e| BrokerError::Unavailable(format!("{origin}: {e}")))?;
+            let (from, mut frontier) = match self.store.mirror_state(&origin).await? {
+                Some((n, text)) => (
+                    n,
+                    cgx_tlog::compact::Frontier::from_text(&text)
+                        .map_err(|e| BrokerError::Internal(format!("mirror of {origin}: {e}")))?,
+                ),
+                None => (0, cgx_tlog::compact::Frontier::new()),
+            };
+            if frontier.size() != from {
+                return Err(BrokerError::Internal(format!(
+                    "mirror of {origin}: its size and frontier differ"
+                )));
+            }
+            if size <= from {
+                continue;
+            }
+            let mut rows = Vec::new();
+            let width = cgx_tlog::TILE_WIDTH;
+            let mut bundle = from / width;
+            while bundle * width < size {
+                let w = (size - bundle * width).min(width);
+                let path = cgx_tlog::paths::tile_path(&cgx_tlog::paths::bundle_tile(
+                    bundle,
+                    u32::try_from(w).unwrap_or(256),
+                ));
+                let data = log
+                    .anchored_get(&origin, &path, 256 * 65_537)
+                    .await
+                    .map_err(|e| BrokerError::Unavailable(format!("{origin}: {e}")))?;
+                let leaves = cgx_tlog::bundle::decode(&data, usize::try_from(w).unwrap_or(256))
+                    .map_err(|e| BrokerError::Unavailable(format!("{origin} {path}: {e}")))?;
+                for (k, leaf) in leaves.iter().enumerate() {
+                    let idx = bundle * width + k as u64;
+                    if idx < from {
+                        continue;
+                    }
+                    frontier.push(leaf);
+                    if let Some(r) = release_of(&origin, idx, leaf) {
+                        rows.push(r);
+                    }
+                }
+                bundle += 1;
+            }
+            // The entries are the log's only if they make the root its key signed.
+            if frontier.size() != size || frontier.root() != root {
+                return Err(BrokerError::Unavailable(format!(
+                    "{origin}: its entries do not make the root of its checkpoint of {size} leaves: nothing kept"
+                )));
+            }
+            read += size - from;
+            self.store
+                .mirror_extend(&origin, from, size, &frontier.to_text(), &rows)
+                .await?;
+        }
+        Ok(read)
+    }
+
     /// Submit the newest checkpoint to the witnesses: how many cosigned it.
     pub(crate) async fn witness_round(&self) -> Result<usize, BrokerError> {
         match &self.log {
@@ -163,6 +233,31 @@ impl Broker {
     }
 }
 
+/// A KBS leaf as the mirror keeps it: `release` (its lease) and `release.refused` (the digest
+/// of the token it was shown); other leaves are not kept.
+fn release_of(origin: &str, idx: u64, leaf: &[u8]) -> Option<super::store::MirroredRelease> {
+    let j: serde_json::Value = serde_json::from_slice(leaf).ok()?;
+    let action = j["action"].as_str()?;
+    if action != "release" && action != "release.refused" {
+        return None;
+    }
+    let d = &j["detail"];
+    let text = |v: &serde_json::Value, max: usize| {
+        v.as_str().map(|s| s.chars().take(max).collect::<String>())
+    };
+    Some(super::store::MirroredRelease {
+        origin: origin.to_string(),
+        idx,
+        at: j["at"].as_i64().unwrap_or(0),
+        action: action.to_string(),
+        resource: text(&j["subject"], 400).unwrap_or_default(),
+        lease: text(&d["lease"], 64),
+        token_sha256: text(&d["lease_token_sha256"], 64),
+        tee_key: text(&d["tee_key"], 128).unwrap_or_default(),
+        reason: text(&d["reason"], 1024).unwrap_or_default(),
+    })
+}
+
 /// The integrator task.
 pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) {
     cgx_service::logwriter::integrator(
@@ -172,6 +267,9 @@ pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) 
         || async {
             if let Err(e) = broker.anchor_logs().await {
                 tracing::warn!(error = %e, "anchored logs not recorded");
+            }
+            if let Err(e) = broker.mirror_kbs_logs().await {
+                tracing::warn!(error = %e, "the KBS log's releases not mirrored");
             }
             let cosigned = broker.witness_round().await;
             if let Some(log) = &broker.log

@@ -62,6 +62,11 @@ pub struct AnchorRef {
     /// The CA its TLS certificate is under (default: the WebPKI roots).
     #[serde(default)]
     pub ca: Option<PathBuf>,
+    /// A KBS admin key (Ed25519 PKCS#8) with the `:log-reader` scope: the log's entries are
+    /// read with it and mirrored, each checked into the log's checkpoint (the broker's
+    /// record of the KBS's releases, by lease). None: checkpoints only.
+    #[serde(default)]
+    pub reader_key: Option<PathBuf>,
 }
 
 /// A checkpoint of an anchored log, verified, not recorded before.
@@ -115,6 +120,10 @@ struct LogWitness {
 struct Anchor {
     key: NoteKey,
     url: String,
+    /// The log's prefix (`<prefix>/tile/entries/…`).
+    prefix: String,
+    /// Reads its entries (KBS admin tokens with `:log-reader`).
+    reader: Option<cgx_protocol::signed::Signer>,
     agent: ureq::Agent,
     last: std::sync::Mutex<Option<(u64, cgx_tlog::Hash)>>,
 }
@@ -210,8 +219,21 @@ impl LogWriter {
             };
             let mut client = cgx_http::Client::service(roots);
             client.timeout = std::time::Duration::from_secs(10);
+            let reader =
+                match &a.reader_key {
+                    Some(p) => {
+                        let der = std::fs::read(p)
+                            .map_err(|e| bad(format!("anchor reader key {}: {e}", p.display())))?;
+                        Some(cgx_protocol::signed::Signer::from_pkcs8(&der).map_err(|_| {
+                            bad("anchor reader key: not an Ed25519 PKCS#8 key".into())
+                        })?)
+                    }
+                    None => None,
+                };
             anchors.push(Anchor {
                 key: akey,
+                prefix: a.url.trim_end_matches('/').to_string(),
+                reader,
                 url: format!("{}/checkpoint", a.url.trim_end_matches('/')),
                 agent: client.agent(),
                 last: std::sync::Mutex::new(None),
@@ -328,6 +350,75 @@ impl LogWriter {
             });
         }
         out
+    }
+
+    /// The anchored logs whose entries this writer may read (a reader key): their origins.
+    pub fn mirrored(&self) -> Vec<String> {
+        self.anchors
+            .iter()
+            .filter(|a| a.reader.is_some())
+            .map(|a| a.key.name().to_string())
+            .collect()
+    }
+
+    /// The anchored log `origin`'s newest checkpoint, opened under its key: (size, root).
+    pub async fn anchored_checkpoint(&self, origin: &str) -> Result<(u64, cgx_tlog::Hash), String> {
+        let a = self
+            .anchors
+            .iter()
+            .find(|a| a.key.name() == origin)
+            .ok_or_else(|| format!("{origin} is not anchored"))?;
+        let note = self.anchored_get(origin, "checkpoint", 64 * 1024).await?;
+        let opened = open_checkpoint(&note, &a.key, &[], 0).map_err(|e| e.to_string())?;
+        Ok((opened.checkpoint.size(), *opened.checkpoint.hash()))
+    }
+
+    /// `path` under the anchored log `origin`'s prefix, at most `limit` bytes, with a reader's
+    /// token where this writer has one.
+    pub async fn anchored_get(
+        &self,
+        origin: &str,
+        path: &str,
+        limit: u64,
+    ) -> Result<Vec<u8>, String> {
+        let a = self
+            .anchors
+            .iter()
+            .find(|a| a.key.name() == origin)
+            .ok_or_else(|| format!("{origin} is not anchored"))?;
+        let url = format!("{}/{path}", a.prefix);
+        let bearer = match &a.reader {
+            Some(s) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+                    .unwrap_or(0);
+                Some(
+                    crate::auth::BearerKind::KbsAdmin
+                        .sign(s, now, now + 60)
+                        .map_err(|e| e.to_string())?,
+                )
+            }
+            None => None,
+        };
+        let agent = a.agent.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut req = agent.get(&url);
+            if let Some(t) = &bearer {
+                req = req.header("authorization", &format!("Bearer {t}"));
+            }
+            let mut r = req.call().map_err(|e| format!("{url}: {e}"))?;
+            if r.status().as_u16() != 200 {
+                return Err(format!("{url}: {}", r.status()));
+            }
+            r.body_mut()
+                .with_config()
+                .limit(limit)
+                .read_to_vec()
+                .map_err(|e| format!("{url}: {e}"))
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
     /// Forget what was recorded of `origin` (its leaf did not commit: record it again).

@@ -16,6 +16,7 @@
 //! Sans-IO but for [`dir`] and [`verify`]'s directory reader: no clock, no network.
 
 pub mod bundle;
+pub mod compact;
 pub mod dir;
 pub mod note;
 pub mod paths;

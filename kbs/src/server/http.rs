@@ -766,8 +766,11 @@ async fn log_entries(
     admin: Admin,
     Path(path): Path<String>,
 ) -> Result<Response, KbsError> {
-    // Entries name tenants' resources: unscoped administrators (auditors) only.
-    admin.may(None)?;
+    // Entries name tenants' resources: unscoped administrators (auditors), and a key scoped
+    // `:log-reader` (the broker's mirror of releases by lease), only.
+    if !admin.scopes().iter().any(|s| s == super::LOG_READER_SCOPE) {
+        admin.may(None)?;
+    }
     let path = format!("tile/entries/{path}");
     Ok(cgx_service::tlog::tile_response(
         kbs.log_tile(&path, true).await?,

@@ -20,6 +20,10 @@ pub mod store;
 mod tenancy;
 mod watermark;
 
+/// The admin scope that reads the KBS log's entries and nothing else (the broker's mirror of
+/// releases by lease). Its `:` is in no repository's name, so it changes none.
+pub const LOG_READER_SCOPE: &str = ":log-reader";
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

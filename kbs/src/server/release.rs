@@ -423,6 +423,14 @@ impl Kbs {
                     t.as_bytes(),
                 ))
             });
+            // The lease the token names, where a configured broker signed it (expired or
+            // not): the broker's record of its lease's refusals reads it. An unsigned claim
+            // is not recorded (anyone could name any lease).
+            let lease_id = query.get("lease").and_then(|t| {
+                signed::verify::<Lease>(t, &self.broker_keys, When::Any)
+                    .ok()
+                    .map(|v| v.body.lease)
+            });
             self.store
                 .audit(
                     "tee",
@@ -431,6 +439,7 @@ impl Kbs {
                     &json!({
                         "tee_key": cgx_protocol::kbs::jwe::thumbprint(&session.tee_pubkey),
                         "lease_token_sha256": lease,
+                        "lease": lease_id,
                         "reason": cgx_service::audit::cap(&e.to_string(), 1024),
                     }),
                 )

@@ -264,7 +264,8 @@ pub(super) async fn job(
         let proofs = b.store.pow_of_lease(&l.id).await?;
         let windows = b.store.settled_windows(&l.id).await?;
         let metered = b.store.metering_count(&l.id).await?;
-        lease_parts.push((l, proofs, windows, metered));
+        let releases = releases_of(&b, &l.id).await?;
+        lease_parts.push((l, proofs, windows, metered, releases));
     }
     // Spend against the budget: each paid window, cumulative.
     let mut spend = Series {
@@ -276,7 +277,7 @@ pub(super) async fn job(
     let mut paid = 0u64;
     let mut points: Vec<(i64, u64)> = lease_parts
         .iter()
-        .flat_map(|(_, _, w, _)| w.iter())
+        .flat_map(|(_, _, w, _, _)| w.iter())
         .filter(|w| w.outcome == "paid")
         .map(|w| (w.at, w.amount))
         .collect();
@@ -318,7 +319,7 @@ pub(super) async fn job(
         (chart::line("Paid for this job against its budget", &spend))
         h2 { "Leases" }
         @if lease_parts.is_empty() { p.empty { "No lease yet." } }
-        @for (l, proofs, windows, metered) in &lease_parts {
+        @for (l, proofs, windows, metered, releases) in &lease_parts {
             section.lease aria-label=(format!("Lease {}", l.id)) {
                 h3 { "Lease " code { (l.id) } }
                 (layout::facts(&[
@@ -328,8 +329,22 @@ pub(super) async fn job(
                     ("Ends", layout::when(l.ends_at)),
                     ("Ended", match l.ended_at { Some(t) => html! { (layout::when(t)) " — " (l.end_reason) }, None => html! { (layout::badge("running")) } }),
                     ("Metering records accepted", html! { (metered) }),
-                    ("Key releases", html! { "recorded in the KBS's log: " code { "cgx audit fetch-kbs" } " then " code { "cgx audit verify --kbs-log" } }),
                 ]))
+                h4 { "Key releases" }
+                @if releases.is_empty() {
+                    p.empty { "None the KBS's log shows (yet): the broker mirrors it where it holds a reader key." }
+                } @else {
+                    table.list {
+                        caption { "From the KBS's own log, mirrored and checked against its signed checkpoints" }
+                        thead { tr { th scope="col" { "When" } th scope="col" { "Outcome" } th scope="col" { "Resource" } th scope="col" { "To TEE key" } th scope="col" { "Leaf" } th scope="col" { "Reason" } } }
+                        tbody { @for r in releases { tr {
+                            td { (layout::when(r.at)) }
+                            td { (layout::badge(if r.action == "release" { "released" } else { "refused" })) }
+                            td { code { (r.resource) } } td { code.wrap { (r.tee_key) } }
+                            td { (r.origin) " #" (r.idx) } td.reason { (r.reason) }
+                        } } }
+                    }
+                }
                 h4 { "Proofs of work" }
                 @if proofs.is_empty() { p.empty { "None issued." } } @else {
                     table.list {
@@ -358,6 +373,30 @@ pub(super) async fn job(
         &headers,
         layout::page(&format!("Job {}", j.id), Some(&viewer), true, body),
     ))
+}
+
+/// The KBS's releases through `lease` and its refusals of the lease's tokens (those the log
+/// recorded — `lease.open`, `lease.renew` — and the one the lease row holds now).
+async fn releases_of(
+    b: &Broker,
+    lease: &str,
+) -> Result<Vec<super::super::store::MirroredRelease>, ConsoleError> {
+    let mut tokens: Vec<String> = b
+        .store
+        .audit_page(Some(lease), None, 200)
+        .await?
+        .into_iter()
+        .filter(|e| e.action == "lease.open" || e.action == "lease.renew")
+        .filter_map(|e| e.detail["token_sha256"].as_str().map(str::to_string))
+        .collect();
+    if let Some((row, _)) = b.store.lease_any(lease).await? {
+        tokens.push(hex::encode(
+            aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, row.token.as_bytes()).as_ref(),
+        ));
+    }
+    tokens.sort_unstable();
+    tokens.dedup();
+    Ok(b.store.releases_of_lease(lease, &tokens).await?)
 }
 
 fn job_facts(j: &JobView) -> Markup {

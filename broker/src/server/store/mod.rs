@@ -33,6 +33,7 @@ mod jobs;
 mod leases;
 mod ledger;
 mod metering;
+mod mirror;
 mod nodes;
 mod pow;
 mod reputation;
@@ -45,6 +46,7 @@ pub(crate) use leases::{LeaseWrite, lease_tenant};
 pub use ledger::{EscrowOpen, EscrowRow, SettledWindow, WindowSettle};
 pub(crate) use ledger::{LedgerWrite, insert_json};
 pub(crate) use metering::MeteringWrite;
+pub use mirror::MirroredRelease;
 pub(crate) use nodes::NodeWrite;
 pub use pow::ChallengeRow;
 pub(crate) use pow::{PowWrite, Slash};
@@ -334,6 +336,12 @@ const MIGRATIONS: &[Migration] = &[
         version: 15,
         sqlite: console::CONSOLE_V15,
         postgres: console::CONSOLE_V15,
+    },
+    // Migration 16 (issue 34): the mirror of the KBS log's releases (`mirror.rs`).
+    Migration {
+        version: 16,
+        sqlite: mirror::MIRROR_V16,
+        postgres: mirror::MIRROR_V16,
     },
 ];
 
