@@ -955,3 +955,136 @@ async fn a_provider_sees_each_gpus_utilization_from_signed_records() {
         page.body
     );
 }
+
+/// The mirror of the KBS's log keeps a release only when the entries it read make the root of
+/// the checkpoint the log's key signed: served honestly, the releases and refusals appear by
+/// lease; a bundle with one leaf changed (the checkpoint intact) keeps nothing, and says why.
+#[tokio::test]
+async fn the_kbs_log_is_mirrored_only_as_its_signed_root_allows() {
+    use cgx_tlog::note::{KeyKind, NoteSigner, sign_checkpoint};
+    use cgx_tlog::tree::MemoryTree;
+    use std::sync::{Arc, Mutex};
+    const ORIGIN: &str = "kbs.test/log";
+    let dir = std::env::temp_dir().join(format!("cgx-console-mirror-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pk8 = || {
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .unwrap()
+            .as_ref()
+            .to_vec()
+    };
+    let kbs_key = NoteSigner::from_pkcs8(ORIGIN, KeyKind::Ed25519, &pk8()).unwrap();
+    std::fs::write(dir.join("log.pk8"), pk8()).unwrap();
+    std::fs::write(dir.join("reader.pk8"), pk8()).unwrap();
+    // The KBS's leaves: a release through lease l1, a refusal of l1's token, other events.
+    let leaf = |seq: i64, action: &str, detail: serde_json::Value| {
+        cgx_protocol::audit::AuditEvent {
+            seq,
+            at: 1_800_000_000 + seq,
+            actor: "tee".into(),
+            action: action.into(),
+            subject: "acme/weights/key".into(),
+            detail,
+        }
+        .leaf("cgx-kbs")
+    };
+    let mut leaves = Vec::new();
+    for i in 0..300 {
+        leaves.push(leaf(i, "resource.put", serde_json::json!({})));
+    }
+    leaves.push(leaf(
+        300,
+        "release",
+        serde_json::json!({"tee_key": "k1", "lease": "l1", "tenant": "acme"}),
+    ));
+    leaves.push(leaf(301, "release.refused", serde_json::json!({"tee_key": "<script>k2", "lease": "l1", "lease_token_sha256": "ab", "reason": "lease l1 is for node key X"})));
+    let mut tree = MemoryTree::new();
+    for l in &leaves {
+        tree.append(l).unwrap();
+    }
+    let cp = cgx_tlog::Checkpoint::new(ORIGIN, tree.size(), tree.root().unwrap(), "").unwrap();
+    let note = sign_checkpoint(&cp, &kbs_key).unwrap();
+    // A log server that can be told to change one leaf of a bundle.
+    let lie = Arc::new(Mutex::new(false));
+    let served = {
+        let (leaves, note, lie) = (leaves.clone(), note.clone(), lie.clone());
+        axum::Router::new().route(
+            "/log/{*path}",
+            axum::routing::get(
+                move |axum::extract::Path(path): axum::extract::Path<String>| {
+                    let (leaves, note, lie) = (leaves.clone(), note.clone(), lie.clone());
+                    async move {
+                        if path == "checkpoint" {
+                            return note;
+                        }
+                        let t = cgx_tlog::paths::parse_tile_path(&path).unwrap();
+                        let start = usize::try_from(t.level_index() * 256).unwrap();
+                        let mut part: Vec<Vec<u8>> =
+                            leaves[start..start + t.width() as usize].to_vec();
+                        if *lie.lock().unwrap() {
+                            let last = part.len() - 1;
+                            part[last] = String::from_utf8(part[last].clone())
+                                .unwrap()
+                                .replace("l1", "l9")
+                                .into_bytes();
+                        }
+                        cgx_tlog::bundle::encode(&part).unwrap()
+                    }
+                },
+            ),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, served).await.unwrap() });
+    let h = Harness::with("console-mirror", |c| {
+        c.log = Some(cgx_service::logwriter::LogConfig {
+            origin: "broker.test/log".into(),
+            key: dir.join("log.pk8"),
+            interval_ms: 1000,
+            state: None,
+            witnesses: Vec::new(),
+            quorum: 0,
+            anchors: vec![cgx_service::logwriter::AnchorRef {
+                vkey: kbs_key.vkey(),
+                url: format!("http://{addr}/log"),
+                ca: None,
+                reader_key: Some(dir.join("reader.pk8")),
+            }],
+            export_dir: None,
+        })
+    })
+    .await;
+    // Lying: nothing kept, and the reason.
+    *lie.lock().unwrap() = true;
+    let e = h.broker.mirror_kbs_logs().await.unwrap_err().to_string();
+    assert!(e.contains("do not make the root"), "{e}");
+    assert_eq!(h.broker.store.mirror_state(ORIGIN).await.unwrap(), None);
+    assert!(
+        h.broker
+            .store
+            .releases_of_lease("l1", &[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Honest: both kept, by lease; a second pass reads nothing new.
+    *lie.lock().unwrap() = false;
+    assert_eq!(h.broker.mirror_kbs_logs().await.unwrap(), 302);
+    assert_eq!(h.broker.mirror_kbs_logs().await.unwrap(), 0);
+    let got = h.broker.store.releases_of_lease("l1", &[]).await.unwrap();
+    let actions: Vec<&str> = got.iter().map(|r| r.action.as_str()).collect();
+    assert_eq!(actions, ["release", "release.refused"]);
+    assert_eq!((got[0].idx, got[1].idx), (300, 301));
+    assert_eq!(
+        h.broker
+            .store
+            .releases_of_lease("l2", &["ab".into()])
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
