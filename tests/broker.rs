@@ -812,6 +812,7 @@ fn the_broker_serves_its_contract() {
             routes::ACCOUNTS,
             routes::STATEMENTS,
             routes::QUOTES,
+            routes::LOG_VERDICTS,
             routes::OPENAPI,
             routes::HEALTHZ,
             "/metrics",

@@ -157,7 +157,7 @@ fn sign_in(http: &mut Http, key: &Path) -> Result<String, String> {
     let login = page
         .cookies()
         .into_iter()
-        .find(|(k, _)| k == "cgx_login")
+        .find(|(k, _)| k == "__Host-cgx_login")
         .ok_or("no sign-in cookie")?;
     let body = String::from_utf8_lossy(&page.body).into_owned();
     let challenge = body
@@ -171,7 +171,7 @@ fn sign_in(http: &mut Http, key: &Path) -> Result<String, String> {
         .sign(&ConsoleLogin { challenge }, now, now + 120)
         .map_err(|e| e.to_string())?;
     let form = format!("token={token}");
-    let cookie = format!("cgx_login={}", login.1);
+    let cookie = format!("__Host-cgx_login={}", login.1);
     let r = http.req(
         "POST",
         "/console/login",
@@ -185,7 +185,7 @@ fn sign_in(http: &mut Http, key: &Path) -> Result<String, String> {
     let session = r
         .cookies()
         .into_iter()
-        .find(|(k, _)| k == "cgx_session")
+        .find(|(k, _)| k == "__Host-cgx_session")
         .ok_or_else(|| {
             format!(
                 "sign-in refused ({}): {}",
@@ -193,7 +193,7 @@ fn sign_in(http: &mut Http, key: &Path) -> Result<String, String> {
                 String::from_utf8_lossy(&r.body)
             )
         })?;
-    Ok(format!("cgx_session={}", session.1))
+    Ok(format!("__Host-cgx_session={}", session.1))
 }
 
 fn server_cpu() -> f64 {

@@ -36,7 +36,8 @@ pub fn login(conn: &Conn, challenge: &str) -> CliResult {
         .map_err(|e| e.to_string())?;
     println!("{token}");
     eprintln!(
-        "paste it into {}/console/login within {TOKEN_TTL} s",
+        "paste it into the sign-in page of {} that showed this challenge, within {TOKEN_TTL} s.\n\
+         Answer only a challenge your own browser shows: whoever pastes this token is signed in as you.",
         conn.broker.trim_end_matches('/')
     );
     Ok(ExitCode::SUCCESS)

@@ -554,6 +554,19 @@ async fn walk(
     );
     shot(&au, "auditor-log").await;
     serious.extend(axe(&au, axe_js.as_deref(), "log").await);
+    // A decision's page: its leaf's inclusion proof and the evidence it names.
+    au.find(Locator::Css("table.list tbody tr td a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_until(&au, 30, "a decision", |url, text| {
+        url.contains("/console/log/events/") && text.contains("Inclusion in the log")
+    })
+    .await;
+    shot(&au, "auditor-decision").await;
+    serious.extend(axe(&au, axe_js.as_deref(), "decision").await);
     au.goto(&format!("{base}/console/jobs")).await.unwrap();
     wait_until(&au, 30, "all jobs", |_, text| text.contains(&job_id)).await;
     au.close().await.unwrap();

@@ -72,6 +72,24 @@ impl Broker {
                 "size is a decimal count and root a base64 SHA-256".into(),
             ));
         }
+        // A tree this log has: at most its newest checkpoint's size, with the root its first
+        // `size` leaves make.
+        let size: u64 = v.size.parse().unwrap_or(u64::MAX);
+        let pool = self.store.db.pool();
+        let newest = cgx_service::tlog::newest(pool)
+            .await?
+            .map_or(0, |(n, _, _)| n);
+        if size == 0 || size > newest {
+            return Err(BrokerError::BadRequest(format!(
+                "the verdict is on {size} leaves; this log has {newest}"
+            )));
+        }
+        let root = cgx_service::tlog::tree_root(pool, size).await?;
+        if root.to_string() != v.root {
+            return Err(BrokerError::BadRequest(format!(
+                "the verdict's root is not this log's at {size} leaves"
+            )));
+        }
         if v.checks.len() > 8
             || v.checks
                 .iter()
@@ -127,77 +145,147 @@ impl Broker {
         Ok(n)
     }
 
-    /// Mirror each anchored log this broker may read (`reader_key`): the entries past what it
-    /// holds, read bundle by bundle, kept — their releases and refusals by lease — only when
-    /// they reproduce the root of the checkpoint the log's key signed. Leaves read per pass.
+    /// Mirror each anchored log this broker may read (`reader_key`) toward the checkpoints
+    /// its own log recorded of it (`log.anchor` leaves: what its witnesses and auditors see,
+    /// not a view the KBS could show this broker alone), one checkpoint at a time: the
+    /// entries past what it holds, read bundle by bundle (at most [`MIRROR_PASS`] leaves a
+    /// pass, staged in memory between passes), kept — their releases and refusals by lease —
+    /// only once they make that checkpoint's root. Leaves read.
     pub(crate) async fn mirror_kbs_logs(&self) -> Result<u64, BrokerError> {
         let Some(log) = &self.log else {
             return Ok(0);
         };
+        let mut staged = self.mirror_staged.lock().await;
         let mut read = 0;
+        let mut failed = None;
         for origin in log.mirrored() {
-            let (size, root) = log
-                .anchored_checkpoint(&origin)
+            match self.mirror_one(log, &origin, &mut staged).await {
+                Ok(n) => read += n,
+                Err(e) => {
+                    staged.remove(&origin);
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        failed.map_or(Ok(read), Err)
+    }
+
+    async fn mirror_one(
+        &self,
+        log: &cgx_service::logwriter::LogWriter,
+        origin: &str,
+        staged: &mut std::collections::HashMap<String, Staged>,
+    ) -> Result<u64, BrokerError> {
+        let (from, frontier) = match self.store.mirror_state(origin).await? {
+            Some((n, text)) => (
+                n,
+                cgx_tlog::compact::Frontier::from_text(&text)
+                    .map_err(|e| BrokerError::Internal(format!("mirror of {origin}: {e}")))?,
+            ),
+            None => (0, cgx_tlog::compact::Frontier::new()),
+        };
+        if frontier.size() != from {
+            return Err(BrokerError::Internal(format!(
+                "mirror of {origin}: its size and frontier differ"
+            )));
+        }
+        if staged.get(origin).is_none_or(|s| s.from != from) {
+            // The next checkpoint this broker anchored past what it holds.
+            let Some((target, root)) = self.next_anchor(origin, from).await? else {
+                return Ok(0);
+            };
+            staged.insert(
+                origin.to_string(),
+                Staged {
+                    from,
+                    target,
+                    root,
+                    frontier,
+                    rows: Vec::new(),
+                },
+            );
+        }
+        let Some(s) = staged.get_mut(origin) else {
+            return Ok(0);
+        };
+        let width = cgx_tlog::TILE_WIDTH;
+        let mut read = 0;
+        while s.frontier.size() < s.target && read < MIRROR_PASS {
+            let next = s.frontier.size();
+            let bundle = next / width;
+            let w = (s.target - bundle * width).min(width);
+            let path = cgx_tlog::paths::tile_path(&cgx_tlog::paths::bundle_tile(
+                bundle,
+                u32::try_from(w).unwrap_or(256),
+            ));
+            let data = log
+                .anchored_get(origin, &path, w * 65_537)
                 .await
                 .map_err(|e| BrokerError::Unavailable(format!("{origin}: {e}")))?;
-            let (from, mut frontier) = match self.store.mirror_state(&origin).await? {
-                Some((n, text)) => (
-                    n,
-                    cgx_tlog::compact::Frontier::from_text(&text)
-                        .map_err(|e| BrokerError::Internal(format!("mirror of {origin}: {e}")))?,
-                ),
-                None => (0, cgx_tlog::compact::Frontier::new()),
-            };
-            if frontier.size() != from {
-                return Err(BrokerError::Internal(format!(
-                    "mirror of {origin}: its size and frontier differ"
-                )));
-            }
-            if size <= from {
-                continue;
-            }
-            let mut rows = Vec::new();
-            let width = cgx_tlog::TILE_WIDTH;
-            let mut bundle = from / width;
-            while bundle * width < size {
-                let w = (size - bundle * width).min(width);
-                let path = cgx_tlog::paths::tile_path(&cgx_tlog::paths::bundle_tile(
-                    bundle,
-                    u32::try_from(w).unwrap_or(256),
-                ));
-                let data = log
-                    .anchored_get(&origin, &path, 256 * 65_537)
-                    .await
-                    .map_err(|e| BrokerError::Unavailable(format!("{origin}: {e}")))?;
-                let leaves = cgx_tlog::bundle::decode(&data, usize::try_from(w).unwrap_or(256))
-                    .map_err(|e| BrokerError::Unavailable(format!("{origin} {path}: {e}")))?;
-                for (k, leaf) in leaves.iter().enumerate() {
-                    let idx = bundle * width + k as u64;
-                    if idx < from {
-                        continue;
-                    }
-                    frontier.push(leaf);
-                    if let Some(r) = release_of(&origin, idx, leaf) {
-                        rows.push(r);
-                    }
+            let leaves = cgx_tlog::bundle::decode(&data, usize::try_from(w).unwrap_or(256))
+                .map_err(|e| BrokerError::Unavailable(format!("{origin} {path}: {e}")))?;
+            for (k, leaf) in leaves.iter().enumerate() {
+                let idx = bundle * width + k as u64;
+                if idx < next {
+                    continue;
                 }
-                bundle += 1;
+                s.frontier.push(leaf);
+                read += 1;
+                if let Some(r) = release_of(origin, idx, leaf) {
+                    s.rows.push(r);
+                }
             }
-            // The entries are the log's only if they make the root its key signed.
-            if frontier.size() != size || frontier.root() != root {
-                return Err(BrokerError::Unavailable(format!(
-                    "{origin}: its entries do not make the root of its checkpoint of {size} leaves: nothing kept"
-                )));
-            }
-            read += size - from;
+        }
+        if s.frontier.size() < s.target {
+            return Ok(read);
+        }
+        // The entries are the log's only if they make the root its anchored checkpoint has.
+        if s.frontier.root().to_string() != s.root {
+            return Err(BrokerError::Unavailable(format!(
+                "{origin}: its entries do not make the root of its checkpoint of {} leaves: nothing kept",
+                s.target
+            )));
+        }
+        let done = staged.remove(origin);
+        if let Some(s) = done {
             self.store
-                .mirror_extend(&origin, from, size, &frontier.to_text(), &rows)
+                .mirror_extend(origin, s.from, s.target, &s.frontier.to_text(), &s.rows)
                 .await?;
         }
         Ok(read)
     }
 
-    /// Submit the newest checkpoint to the witnesses: how many cosigned it.
+    /// The first checkpoint of `origin` past `from` leaves that this broker's log anchored:
+    /// its size and root (base64). A smaller size anchored after a larger one is a rollback,
+    /// refused.
+    async fn next_anchor(
+        &self,
+        origin: &str,
+        from: u64,
+    ) -> Result<Option<(u64, String)>, BrokerError> {
+        let mut after = 0i64;
+        let mut largest = 0u64;
+        loop {
+            let anchors = self.store.anchors_of(origin, after, 256).await?;
+            if anchors.is_empty() {
+                return Ok(None);
+            }
+            for (seq, size, root) in anchors {
+                after = seq;
+                if size < largest {
+                    return Err(BrokerError::Unavailable(format!(
+                        "{origin}: its log went back from {largest} to {size} leaves (anchor {seq}): not mirrored"
+                    )));
+                }
+                largest = size;
+                if size > from {
+                    return Ok(Some((size, root)));
+                }
+            }
+        }
+    }
+
+    /// Submit the newest checkpoint to the witnesses: how many cosigned it.    /// Submit the newest checkpoint to the witnesses: how many cosigned it.
     pub(crate) async fn witness_round(&self) -> Result<usize, BrokerError> {
         match &self.log {
             Some(log) => log
@@ -230,6 +318,31 @@ impl Broker {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Leaves the mirror reads in one pass, at most.
+pub(crate) const MIRROR_PASS: u64 = 16_384;
+
+/// A mirror in progress toward one anchored checkpoint: what it started from, the target, the
+/// right edge so far and the releases read.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    from: u64,
+    target: u64,
+    root: String,
+    frontier: cgx_tlog::compact::Frontier,
+    rows: Vec<super::store::MirroredRelease>,
+}
+
+/// The mirror's task: a pass each `every`, apart from the log's integrator (a slow or lying
+/// KBS slows nothing of the broker's own log).
+pub(super) async fn mirror(broker: Arc<Broker>, every: std::time::Duration) {
+    loop {
+        if let Err(e) = broker.mirror_kbs_logs().await {
+            tracing::warn!(error = %e, "the KBS log's releases not mirrored");
+        }
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -267,9 +380,6 @@ pub(super) async fn integrator(broker: Arc<Broker>, every: std::time::Duration) 
         || async {
             if let Err(e) = broker.anchor_logs().await {
                 tracing::warn!(error = %e, "anchored logs not recorded");
-            }
-            if let Err(e) = broker.mirror_kbs_logs().await {
-                tracing::warn!(error = %e, "the KBS log's releases not mirrored");
             }
             let cosigned = broker.witness_round().await;
             if let Some(log) = &broker.log

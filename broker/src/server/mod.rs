@@ -113,6 +113,11 @@ pub(crate) struct Broker {
     log: Option<cgx_service::logwriter::LogWriter>,
     /// Per lease, the expiry of the last renewal logged (`leases.rs`).
     renewals_logged: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    /// The KBS log's mirror in progress, by origin (`log.rs`); one pass at a time.
+    mirror_staged: tokio::sync::Mutex<HashMap<String, log::Staged>>,
+    /// Metering records the console verified, by SHA-256 of (node key, token): a live node
+    /// page re-reads the same records every few seconds (`console/provider.rs`).
+    metering_verified: Mutex<HashMap<[u8; 32], console::Usage>>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -245,6 +250,8 @@ impl Broker {
         let broker = Broker {
             log,
             renewals_logged: std::sync::Mutex::new(std::collections::HashMap::new()),
+            mirror_staged: tokio::sync::Mutex::new(HashMap::new()),
+            metering_verified: Mutex::new(HashMap::new()),
             store,
             appraiser: Arc::new(appraiser),
             source,
@@ -375,6 +382,12 @@ pub async fn start_with_clock(
             broker.clone(),
             Duration::from_millis(l.interval_ms.max(10)),
         )));
+        if l.anchors.iter().any(|a| a.reader_key.is_some()) {
+            background.push(Box::pin(log::mirror(
+                broker.clone(),
+                Duration::from_millis(l.interval_ms.max(250)),
+            )));
+        }
     }
     let server = cgx_service::server::start(
         &config.listener(),

@@ -513,6 +513,17 @@ pub async fn prove_leaf(
     Ok(tlog_tiles::prove_record(size, index, &hashes)?)
 }
 
+/// The root of the tree of its first `size` leaves (at most the stored tree's), from the
+/// stored hashes.
+pub async fn tree_root(pool: &sqlx::AnyPool, size: u64) -> Result<Hash, LogStoreError> {
+    let wanted = std::cell::RefCell::new(Vec::new());
+    let _ = tlog_tiles::tree_hash(size, &Recorder(&wanted));
+    let indexes = wanted.into_inner();
+    let mut c = pool.acquire().await?;
+    let hashes = load_hashes(&mut c, &indexes).await?;
+    Ok(tlog_tiles::tree_hash(size, &hashes)?)
+}
+
 /// The leaf the audit event `seq` became, and its index; `None` before it is integrated.
 pub async fn leaf_of_seq(
     pool: &sqlx::AnyPool,

@@ -109,10 +109,10 @@ pub(super) async fn log(
     };
     let verdict = b
         .store
-        .audit_page(Some("audit.verdict"), None, 1)
+        .audit_page(Some("audit.verdict"), None, 20)
         .await?
         .into_iter()
-        .next();
+        .find(|e| e.action == "audit.verdict");
     let body = html! {
         h1 { "Transparency log" }
         @match (&parsed, &checkpoint) {
@@ -268,7 +268,7 @@ pub(super) async fn event(
     let seq = seq_of(&seq)?;
     let e = b
         .store
-        .audit_page(None, Some(seq + 1), 1)
+        .audit_page(None, Some(seq.saturating_add(1)), 1)
         .await?
         .into_iter()
         .next()

@@ -113,12 +113,17 @@ pub(crate) fn money(micros: u64) -> String {
     cgx_protocol::money::Micros(micros).to_string()
 }
 
-/// "Next page" link carrying the keyset cursor, when there is one.
-pub(crate) fn pager(base: &str, next: Option<&str>) -> Markup {
+/// "Next page" link carrying the keyset cursor, when there is one, and the list's own query
+/// (`keep`: a filter, kept on every page).
+pub(crate) fn pager(base: &str, keep: &[(&str, &str)], next: Option<&str>) -> Markup {
+    let mut query = String::new();
+    for (k, v) in keep {
+        query.push_str(&format!("{k}={}&", urlencode(v)));
+    }
     html! {
         @if let Some(after) = next {
             nav.pager aria-label="Pages" {
-                a href=(format!("{base}?after={}", urlencode(after))) rel="next" { "Next page →" }
+                a href=(format!("{base}?{query}after={}", urlencode(after))) rel="next" { "Next page →" }
             }
         }
     }

@@ -18,7 +18,12 @@ use super::{ConsoleError, Viewer, html_response, layout, origin, same_origin, se
 /// `GET /console/login`: a new challenge for this browser, the command that answers it.
 pub(super) async fn page(State(b): State<Arc<Broker>>, headers: HeaderMap) -> Response {
     let now = b.clock.unix();
-    let Some(secret) = session::login_secret() else {
+    // One secret per browser while it lasts: every tab's challenge answers to it (a new one
+    // per view would undo a sign-in begun in another tab).
+    let kept = session::cookie(&headers, session::LOGIN_COOKIE)
+        .filter(|s| session::is_secret(s))
+        .map(str::to_string);
+    let Some(secret) = kept.or_else(session::login_secret) else {
         return ConsoleError::Broker(super::super::BrokerError::Internal("random".into()))
             .into_response_page();
     };
@@ -71,12 +76,16 @@ pub(super) async fn sign_in(
     if token.len() > cgx_protocol::signed::MAX_TOKEN_BYTES {
         return Err(ConsoleError::BadRequest("the token is too long".into()));
     }
-    let (admin, challenge, _) = b
+    // The cheap check first: no challenge in this browser, no signature is checked.
+    let secret = session::cookie(&headers, session::LOGIN_COOKIE)
+        .filter(|s| session::is_secret(s))
+        .ok_or(SessionError::NoChallenge)?;
+    let (admin, answered, _) = b
         .api_keys
         .authenticate_login(token, now)
         .map_err(super::super::BrokerError::from)?;
-    let secret = session::cookie(&headers, session::LOGIN_COOKIE);
-    let challenge_exp = session::check_challenge(&b.keys, secret, &challenge, now)?;
+    let (challenge, challenge_exp) =
+        session::check_challenge(&b.keys, Some(secret), &answered, now)?;
     let spent = b
         .store
         .write(NodeWrite::UseNonce {

@@ -41,6 +41,10 @@ use maud::{Markup, html};
 use super::{Broker, BrokerError};
 use session::{Session, SessionError};
 
+/// A metering record as the node page charts it, once verified under the node's key: when
+/// its window ended and each GPU's utilization; `None`: it did not verify.
+pub(crate) type Usage = Option<(i64, Vec<(u32, u8)>)>;
+
 /// The largest form the console takes (a job with its placement policy and workload).
 const FORM_BODY: usize = 96 << 10;
 

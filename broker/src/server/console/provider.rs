@@ -38,7 +38,6 @@ pub(super) async fn nodes(
     let (views, next) = b.nodes_page(after.as_deref(), PAGE, |operator| {
         all || operators.iter().any(|o| o == operator)
     });
-    let now = b.clock.unix();
     let body = html! {
         h1 { "Nodes" }
         @if views.is_empty() {
@@ -49,7 +48,7 @@ pub(super) async fn nodes(
                 thead { tr {
                     th scope="col" { "Node" } th scope="col" { "Operator" } th scope="col" { "Region" }
                     th scope="col" { "GPUs (free)" } th scope="col" { "Attestation" }
-                    th scope="col" { "Placeable" } th scope="col" { "Re-attest in" }
+                    th scope="col" { "Placeable" } th scope="col" { "Re-attestation due" }
                     th scope="col" { "Reputation" } th scope="col" { "Per GPU-hour" }
                 } }
                 tbody {
@@ -61,7 +60,7 @@ pub(super) async fn nodes(
                             td { (n.gpu_count) " × " (n.gpu_model) " (" (n.free_gpus) ")" }
                             td { (layout::badge(n.status.as_str())) @if n.sim { " " span.note { "simulated" } } }
                             td { @if n.placeable { (layout::badge("placeable")) } @else { span.reason { (n.reason) } } }
-                            td { (layout::span(n.fresh_until - now)) }
+                            td { (layout::when(n.fresh_until)) }
                             td.num { (n.reputation) }
                             td.num { (n.price_per_gpu_hour_micros) }
                         }
@@ -69,7 +68,7 @@ pub(super) async fn nodes(
                 }
             }
         }
-        (layout::pager("/console/nodes", next.as_deref()))
+        (layout::pager("/console/nodes", &[], next.as_deref()))
     };
     Ok(live_response(
         &headers,
@@ -106,7 +105,7 @@ pub(super) async fn node(
             .is_ok();
     let body = html! {
         h1 { "Node " code { (n.id) } }
-        (facts(&n, now))
+        (facts(&n))
         @if may_ask && !n.reattest_asked {
             form.inline method="post" action=(format!("/console/nodes/{}/reattest", n.id)) {
                 input type="hidden" name="csrf" value=(viewer.csrf);
@@ -151,7 +150,7 @@ pub(super) async fn node(
     ))
 }
 
-fn facts(n: &NodeView, now: i64) -> maud::Markup {
+fn facts(n: &NodeView) -> maud::Markup {
     layout::facts(&[
         ("Operator", html! { (n.operator) }),
         (
@@ -166,13 +165,12 @@ fn facts(n: &NodeView, now: i64) -> maud::Markup {
         ("Attested", layout::when(n.attested_at)),
         (
             "Re-attestation due",
-            html! { (layout::when(n.fresh_until)) " (in " (layout::span(n.fresh_until - now)) ")"
+            // Absolute times only: a live page whose text changed every second would never
+            // be answered 304.
+            html! { (layout::when(n.fresh_until))
             @if n.reattest_asked { " — asked to re-attest now" } },
         ),
-        (
-            "Last heartbeat",
-            html! { (layout::when(n.last_heartbeat)) " (" (layout::span(now - n.last_heartbeat)) " ago)" },
-        ),
+        ("Last heartbeat", layout::when(n.last_heartbeat)),
         ("Region", html! { (n.region) }),
         (
             "GPUs",
@@ -202,8 +200,10 @@ pub(super) async fn reattest(
     Ok(see_other(&format!("/console/nodes/{id}")))
 }
 
-/// Per-GPU utilization from the node's metering records of the last six hours, each verified
-/// under the node's attested key (a row proves nothing by itself); and how many did not verify.
+/// Per-GPU utilization from the node's metering records of the last six hours (the newest
+/// [`CHARTED`]), each verified under the node's attested key (a row proves nothing by itself;
+/// each verified once, then remembered by its digest with the key's); and how many did not
+/// verify.
 async fn utilization(
     b: &Broker,
     node: &str,
@@ -215,21 +215,59 @@ async fn utilization(
     let Ok((_, key)) = b.node_key(node) else {
         return Ok((Vec::new(), 0));
     };
-    let tokens = b.store.metering_of_node(node, now - 6 * 3600, 4096).await?;
+    let tokens = b
+        .store
+        .metering_of_node(node, now - 6 * 3600, CHARTED)
+        .await?;
     let mut per_gpu: std::collections::BTreeMap<u32, Vec<(i64, f64)>> = Default::default();
     let mut unverified = 0;
     for t in &tokens {
-        match verify::<MeteringRecord>(t, &[key], When::Any) {
-            Ok(v) if v.body.sub == node => {
-                let at = v.body.window_start + i64::from(v.body.window_secs);
-                for g in &v.body.gpus {
-                    per_gpu
-                        .entry(g.index)
-                        .or_default()
-                        .push((at, f64::from(g.utilization_pct.min(100))));
+        let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+        ctx.update(&key);
+        ctx.update(t.as_bytes());
+        let mut id = [0u8; 32];
+        id.copy_from_slice(ctx.finish().as_ref());
+        let known = b
+            .metering_verified
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&id).cloned());
+        let usage = match known {
+            Some(u) => u,
+            None => {
+                let u = match verify::<MeteringRecord>(t, &[key], When::Any) {
+                    Ok(v) if v.body.sub == node => v
+                        .body
+                        .window_start
+                        .checked_add(i64::from(v.body.window_secs))
+                        .map(|at| {
+                            (
+                                at,
+                                v.body
+                                    .gpus
+                                    .iter()
+                                    .map(|g| (g.index, g.utilization_pct.min(100)))
+                                    .collect(),
+                            )
+                        }),
+                    _ => None,
+                };
+                if let Ok(mut m) = b.metering_verified.lock() {
+                    if m.len() >= 200_000 {
+                        m.clear();
+                    }
+                    m.insert(id, u.clone());
+                }
+                u
+            }
+        };
+        match usage {
+            Some((at, gpus)) => {
+                for (gpu, pct) in gpus {
+                    per_gpu.entry(gpu).or_default().push((at, f64::from(pct)));
                 }
             }
-            _ => unverified += 1,
+            None => unverified += 1,
         }
     }
     let series = per_gpu
@@ -249,3 +287,7 @@ async fn utilization(
         .collect();
     Ok((series, unverified))
 }
+
+/// Metering records charted on a node's page, at most (six hours of one-minute windows of a
+/// few leases).
+const CHARTED: i64 = 1024;

@@ -2,12 +2,14 @@
 //! the handlers read and set the cookies).
 //!
 //! - **Sign-in challenge.** `GET /console/login` puts 16 random bytes `r` in a cookie of that
-//!   browser's (`cgx_login`) and shows `challenge = exp "." hex(MAC("login", r, exp))`. The
+//!   browser's (`__Host-cgx_login`) and shows `challenge = exp "." hex(MAC("login", r, exp))`. The
 //!   user signs it with their API key (`cgx console login`, a [`ConsoleLogin`] record) and
 //!   pastes the token. The broker checks the token under its API keys, recomputes the challenge
-//!   from *this* browser's cookie (so a token made for another browser's challenge, or a
-//!   challenge an attacker got a victim to sign, signs in nobody: no login CSRF) and spends it
-//!   once.
+//!   from *this* browser's cookie (so a token made for another browser's challenge is refused
+//!   here: an attacker cannot sign a victim's browser into the attacker's account) and spends it
+//!   once. What it cannot tell: whose browser showed the challenge. A user who runs `cgx
+//!   console login` on a challenge someone else sent them signs that person in as themselves
+//!   (as with any code-pasting sign-in); the command says so.
 //! - **Session cookie.** `v1.<key index>.<key fingerprint>.<sid>.<iat>.<exp>.<MAC>`: stateless,
 //!   so any replica (same signing key, same MAC key) serves it; it names the API key by index
 //!   *and* fingerprint, so removing or replacing the key ends its sessions; it lives at most the
@@ -18,10 +20,11 @@
 
 use super::super::keys::Keys;
 
-/// The session cookie's name.
-pub(crate) const SESSION_COOKIE: &str = "cgx_session";
+/// The session cookie's name. `__Host-`: the browser keeps it only as set by this origin over
+/// a secure context, for `Path=/`, with no `Domain` — a sibling host cannot toss one in.
+pub(crate) const SESSION_COOKIE: &str = "__Host-cgx_session";
 /// The sign-in challenge's cookie.
-pub(crate) const LOGIN_COOKIE: &str = "cgx_login";
+pub(crate) const LOGIN_COOKIE: &str = "__Host-cgx_login";
 /// How long a sign-in challenge may be answered.
 pub(crate) const LOGIN_TTL: i64 = 300;
 
@@ -166,15 +169,16 @@ pub(crate) fn challenge(keys: &Keys, secret: &str, exp: i64) -> String {
 }
 
 /// Is `answered` (the challenge a sign-in token carries) the challenge of this browser's
-/// `secret`, still open at `now`? The challenge's expiry, for spending it.
+/// `secret`, still open at `now`? Its one spelling (what is spent: `+1300` and `01300` are the
+/// same expiry) and its expiry.
 pub(crate) fn check_challenge(
     keys: &Keys,
     secret: Option<&str>,
     answered: &str,
     now: i64,
-) -> Result<i64, SessionError> {
+) -> Result<(String, i64), SessionError> {
     let secret = secret
-        .filter(|s| s.len() == 32)
+        .filter(|s| is_secret(s))
         .ok_or(SessionError::NoChallenge)?;
     let (exp, mac) = answered
         .split_once('.')
@@ -187,26 +191,35 @@ pub(crate) fn check_challenge(
     if now > exp {
         return Err(SessionError::ChallengeExpired);
     }
-    Ok(exp)
+    Ok((challenge(keys, secret, exp), exp))
 }
 
-/// The value of cookie `name` in a request's `Cookie` headers (the first of that name).
+/// A sign-in secret as [`login_secret`] makes them: 32 lowercase hex digits.
+pub(crate) fn is_secret(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The value of cookie `name` in a request's `Cookie` headers; none where the request carries
+/// two of that name (which one the browser meant cannot be told).
 pub(crate) fn cookie<'a>(headers: &'a axum::http::HeaderMap, name: &str) -> Option<&'a str> {
-    headers
+    let mut found = headers
         .get_all(axum::http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v);
+    let first = found.next()?;
+    found.next().is_none().then_some(first)
 }
 
-/// A `Set-Cookie` value: HttpOnly, Secure, SameSite=Strict, the console's path only.
-/// (Chromium and Firefox keep `Secure` cookies on `http://127.0.0.1`, a secure context.)
+/// A `Set-Cookie` value: HttpOnly, Secure, SameSite=Strict, host-only (`__Host-` names need
+/// `Path=/`; the API reads no cookie). Chromium and Firefox keep `Secure` cookies on
+/// `http://127.0.0.1`, a secure context.
 pub(crate) fn set_cookie(name: &str, value: &str, max_age: i64) -> String {
     format!(
-        "{name}={value}; Path=/console; Max-Age={}; HttpOnly; Secure; SameSite=Strict",
+        "{name}={value}; Path=/; Max-Age={}; HttpOnly; Secure; SameSite=Strict",
         max_age.max(0)
     )
 }
@@ -272,7 +285,16 @@ mod tests {
         let mine = login_secret().unwrap();
         let theirs = login_secret().unwrap();
         let c = challenge(&k, &mine, 1_300);
-        assert_eq!(check_challenge(&k, Some(&mine), &c, 1_000), Ok(1_300));
+        assert_eq!(
+            check_challenge(&k, Some(&mine), &c, 1_000),
+            Ok((c.clone(), 1_300))
+        );
+        // Another spelling of the same expiry is the same challenge, spent as one.
+        let respelled = c.replacen("1300.", "+01300.", 1);
+        assert_eq!(
+            check_challenge(&k, Some(&mine), &respelled, 1_000),
+            Ok((c.clone(), 1_300))
+        );
         assert_eq!(
             check_challenge(&k, Some(&theirs), &c, 1_000),
             Err(SessionError::WrongChallenge)
@@ -302,11 +324,19 @@ mod tests {
         let mut h = axum::http::HeaderMap::new();
         h.append(
             axum::http::header::COOKIE,
-            "a=1; cgx_session=v1.x; cgx_login=abc".parse().unwrap(),
+            "a=1; __Host-cgx_session=v1.x; __Host-cgx_login=abc"
+                .parse()
+                .unwrap(),
         );
         assert_eq!(cookie(&h, SESSION_COOKIE), Some("v1.x"));
         assert_eq!(cookie(&h, LOGIN_COOKIE), Some("abc"));
         assert_eq!(cookie(&h, "b"), None);
+        // Two of one name (one tossed in by another host): neither is taken.
+        h.append(
+            axum::http::header::COOKIE,
+            "__Host-cgx_session=v1.y".parse().unwrap(),
+        );
+        assert_eq!(cookie(&h, SESSION_COOKIE), None);
         assert!(set_cookie("n", "v", 60).contains("HttpOnly; Secure; SameSite=Strict"));
     }
 }

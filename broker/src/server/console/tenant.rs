@@ -23,6 +23,9 @@ use super::{
     ConsoleError, PAGE, Viewer, check_id, html_response, layout, live_response, see_other,
 };
 
+/// Rows of each kind a job's page shows per lease.
+const SHOWN: i64 = 50;
+
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct ListQuery {
     /// The keyset cursor: `<created_at>.<id>` of the previous page's last row.
@@ -52,7 +55,13 @@ fn list_tenant(v: &Viewer, wanted: Option<&str>) -> Result<Option<String>, Conso
         }
         return Ok(wanted.map(str::to_string));
     }
-    Ok(Some(super::super::jobs::tenant_of(&v.admin, wanted)?))
+    // A key acting for several tenants sees its first unless it says which (the page links
+    // each).
+    let first = v.tenants().first().map(|t| t.to_string());
+    Ok(Some(super::super::jobs::tenant_of(
+        &v.admin,
+        wanted.or(first.as_deref()),
+    )?))
 }
 
 /// `GET /console/jobs`.
@@ -82,6 +91,11 @@ pub(super) async fn jobs(
         .flatten();
     let body = html! {
         h1 { "Jobs" @if let Some(t) = &tenant { " of " (t) } }
+        @if viewer.tenants().len() > 1 {
+            nav.tenants aria-label="Tenants" { "Tenants: "
+                @for t in viewer.tenants() { a href=(format!("/console/jobs?tenant={}", layout::urlencode(t))) { (t) } " " }
+            }
+        }
         @if views.is_empty() {
             p.empty { "No jobs yet." }
         } @else {
@@ -107,7 +121,11 @@ pub(super) async fn jobs(
                 }
             }
         }
-        (layout::pager("/console/jobs", next.as_deref()))
+        (layout::pager(
+            "/console/jobs",
+            &q.tenant.as_deref().filter(|t| !t.is_empty()).map(|t| ("tenant", t)).into_iter().collect::<Vec<_>>(),
+            next.as_deref(),
+        ))
         @if viewer.is_tenant() {
             (submit_form(&viewer))
         }
@@ -260,14 +278,22 @@ pub(super) async fn job(
     let j = b.job_for(&viewer.admin, &id).await?;
     let leases = b.store.leases_of_job(&id).await?;
     let mut lease_parts = Vec::with_capacity(leases.len());
+    // Each lease's newest proofs and windows (a 30-day lease has tens of thousands: the page
+    // shows the newest; the statement has them all), and its spend summed into at most a few
+    // hundred buckets.
+    let bucket = i64::try_from(j.spec.duration_secs / 300)
+        .unwrap_or(i64::MAX)
+        .max(60);
+    let mut points: Vec<(i64, u64)> = Vec::new();
     for l in &leases {
-        let proofs = b.store.pow_of_lease(&l.id).await?;
-        let windows = b.store.settled_windows(&l.id).await?;
+        let proofs = b.store.pow_recent(&l.id, SHOWN).await?;
+        let windows = b.store.windows_recent(&l.id, SHOWN).await?;
         let metered = b.store.metering_count(&l.id).await?;
         let releases = releases_of(&b, &l.id).await?;
+        points.extend(b.store.paid_by_bucket(&l.id, bucket).await?);
         lease_parts.push((l, proofs, windows, metered, releases));
     }
-    // Spend against the budget: each paid window, cumulative.
+    // Spend against the budget, cumulative.
     let mut spend = Series {
         label: "Paid so far".into(),
         unit: "micros",
@@ -275,12 +301,6 @@ pub(super) async fn job(
         ..Series::default()
     };
     let mut paid = 0u64;
-    let mut points: Vec<(i64, u64)> = lease_parts
-        .iter()
-        .flat_map(|(_, _, w, _, _)| w.iter())
-        .filter(|w| w.outcome == "paid")
-        .map(|w| (w.at, w.amount))
-        .collect();
     points.sort_unstable();
     for (at, amount) in points {
         paid = paid.saturating_add(amount);
@@ -345,7 +365,7 @@ pub(super) async fn job(
                         } } }
                     }
                 }
-                h4 { "Proofs of work" }
+                h4 { "Proofs of work" @if proofs.len() as i64 == SHOWN { " (the newest " (SHOWN) ")" } }
                 @if proofs.is_empty() { p.empty { "None issued." } } @else {
                     table.list {
                         thead { tr { th scope="col" { "Challenge" } th scope="col" { "GPU" } th scope="col" { "Window" } th scope="col" { "State" } th scope="col" { "Reason" } } }
@@ -355,7 +375,7 @@ pub(super) async fn job(
                         } } }
                     }
                 }
-                h4 { "Windows" }
+                h4 { "Windows" @if windows.len() as i64 == SHOWN { " (the newest " (SHOWN) "; the statement has every one)" } }
                 @if windows.is_empty() { p.empty { "None settled." } } @else {
                     table.list {
                         thead { tr { th scope="col" { "Window" } th scope="col" { "Outcome" } th scope="col" { "Amount" } th scope="col" { "Settled" } th scope="col" { "Reason" } } }
@@ -493,7 +513,7 @@ pub(super) async fn why(
         h2 { "If it were placed now" }
         @match &quote {
             None => p { "Only the job's tenant can run its placement policy for a quote." },
-            Some(Err(e)) => p.error { (e.to_string()) },
+            Some(Err(e)) => p.error { (shown(e)) },
             Some(Ok(q)) => {
                 table.list {
                     caption { "Offers, best first" }
@@ -521,6 +541,17 @@ pub(super) async fn why(
         false,
         body,
     )))
+}
+
+/// A refusal as a page may show it: a server error's text stays in the log.
+fn shown(e: &BrokerError) -> String {
+    use cgx_service::error::ApiError;
+    if e.status().is_server_error() {
+        tracing::error!(error = %e, "console quote failed");
+        "the quote could not be made (a server error; the broker's log has it)".into()
+    } else {
+        e.to_string()
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -185,8 +185,11 @@ async fn sign_in_binds_the_key_to_this_browser_and_refuses_every_forgery() {
         .iter()
         .map(|v| v.to_str().unwrap())
         .collect();
-    let session_cookie = set.iter().find(|c| c.starts_with("cgx_session=")).unwrap();
-    for attr in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/console"] {
+    let session_cookie = set
+        .iter()
+        .find(|c| c.starts_with("__Host-cgx_session="))
+        .unwrap();
+    for attr in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/;"] {
         assert!(session_cookie.contains(attr), "{session_cookie}");
     }
     let home = tenant.get("/console/").await;
@@ -876,6 +879,20 @@ async fn an_auditor_reads_each_decision_with_its_proof_and_evidence() {
             },
             "checks",
         ),
+        (
+            cgx_protocol::broker::LogVerdict {
+                size: "999999".into(),
+                ..verdict.clone()
+            },
+            "this log has",
+        ),
+        (
+            cgx_protocol::broker::LogVerdict {
+                root: base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [7u8; 32]),
+                ..verdict.clone()
+            },
+            "not this log's",
+        ),
     ] {
         let e = h.broker.record_verdict(&auditor, bad).await.unwrap_err();
         assert!(e.to_string().contains(why), "{e}");
@@ -1056,6 +1073,9 @@ async fn the_kbs_log_is_mirrored_only_as_its_signed_root_allows() {
         })
     })
     .await;
+    // Nothing is mirrored before this broker's log anchored a checkpoint of it.
+    assert_eq!(h.broker.mirror_kbs_logs().await.unwrap(), 0);
+    assert_eq!(h.broker.anchor_logs().await.unwrap(), 1);
     // Lying: nothing kept, and the reason.
     *lie.lock().unwrap() = true;
     let e = h.broker.mirror_kbs_logs().await.unwrap_err().to_string();

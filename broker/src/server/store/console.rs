@@ -149,8 +149,9 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<String>, BrokerError> {
         let rows = sqlx::query(
-            "SELECT m.token FROM metering m JOIN leases l ON l.id = m.lease_id
-             WHERE l.node_id = $1 AND m.accepted_at >= $2
+            "SELECT m.token FROM leases l JOIN metering m ON m.lease_id = l.id
+             WHERE l.node_id = $1 AND (l.ended_at IS NULL OR l.ended_at >= $2)
+               AND m.accepted_at >= $2
              ORDER BY m.accepted_at DESC LIMIT $3",
         )
         .bind(node)
@@ -161,6 +162,64 @@ impl Store {
         rows.iter()
             .map(|r| r.try_get::<String, _>("token"))
             .collect::<Result<_, _>>()
+            .map_err(BrokerError::from)
+    }
+
+    /// The newest `limit` settled windows of `lease`, newest first.
+    pub async fn windows_recent(
+        &self,
+        lease: &str,
+        limit: i64,
+    ) -> Result<Vec<super::SettledWindow>, BrokerError> {
+        let rows = sqlx::query(
+            "SELECT win, outcome, record, amount, reason, at FROM settled_windows
+             WHERE lease_id = $1 ORDER BY win DESC LIMIT $2",
+        )
+        .bind(lease)
+        .bind(limit)
+        .fetch_all(self.db.pool())
+        .await?;
+        let num = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, sqlx::Error> {
+            Ok(u64::try_from(r.try_get::<i64, _>(c)?).unwrap_or(0))
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(super::SettledWindow {
+                    window: num(r, "win")?,
+                    outcome: r.try_get("outcome")?,
+                    record: r.try_get("record")?,
+                    amount: num(r, "amount")?,
+                    reason: r.try_get("reason")?,
+                    at: r.try_get("at")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(BrokerError::from)
+    }
+
+    /// What `lease` paid, summed per `bucket` seconds of settlement time, in time order: at
+    /// most a few hundred points however long the lease ran (a chart's).
+    pub async fn paid_by_bucket(
+        &self,
+        lease: &str,
+        bucket: i64,
+    ) -> Result<Vec<(i64, u64)>, BrokerError> {
+        let rows = sqlx::query(
+            "SELECT (at / $2) * $2 AS b, SUM(amount) AS paid FROM settled_windows
+             WHERE lease_id = $1 AND outcome = 'paid' GROUP BY (at / $2) ORDER BY b LIMIT 2000",
+        )
+        .bind(lease)
+        .bind(bucket.max(1))
+        .fetch_all(self.db.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<i64, _>("b")?,
+                    u64::try_from(r.try_get::<i64, _>("paid")?).unwrap_or(0),
+                ))
+            })
+            .collect::<Result<_, sqlx::Error>>()
             .map_err(BrokerError::from)
     }
 

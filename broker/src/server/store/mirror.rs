@@ -8,7 +8,7 @@ use sqlx::Row;
 use super::Store;
 use crate::server::error::BrokerError;
 
-/// Migration 16.
+/// Migration 16 (and the index the console's per-GPU utilization reads metering by).
 pub(super) const MIRROR_V16: &str = "CREATE TABLE kbs_mirror (
         origin TEXT PRIMARY KEY, size BIGINT NOT NULL, frontier TEXT NOT NULL);
      CREATE TABLE kbs_releases (
@@ -16,7 +16,8 @@ pub(super) const MIRROR_V16: &str = "CREATE TABLE kbs_mirror (
         resource TEXT NOT NULL, lease TEXT, token_sha256 TEXT, tee_key TEXT NOT NULL,
         reason TEXT NOT NULL, PRIMARY KEY (origin, idx));
      CREATE INDEX kbs_releases_lease ON kbs_releases (lease);
-     CREATE INDEX kbs_releases_token ON kbs_releases (token_sha256)";
+     CREATE INDEX kbs_releases_token ON kbs_releases (token_sha256);
+     CREATE INDEX metering_accepted ON metering (lease_id, accepted_at)";
 
 /// A release or a refusal as the KBS logged it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +40,38 @@ fn big(v: u64) -> Result<i64, BrokerError> {
 }
 
 impl Store {
+    /// `origin`'s checkpoints this broker's log anchored (`log.anchor` leaves) after audit
+    /// event `after`, in order: (seq, size, root).
+    pub async fn anchors_of(
+        &self,
+        origin: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, u64, String)>, BrokerError> {
+        let rows = sqlx::query(
+            "SELECT seq, detail FROM audit WHERE subject = $1 AND action = 'log.anchor' AND seq > $2
+             ORDER BY seq LIMIT $3",
+        )
+        .bind(origin)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(self.db.pool())
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let seq: i64 = r.try_get("seq")?;
+            let detail: String = r.try_get("detail")?;
+            let d: serde_json::Value = serde_json::from_str(&detail).unwrap_or_default();
+            if let (Some(size), Some(root)) = (
+                d["size"].as_str().and_then(|s| s.parse::<u64>().ok()),
+                d["root"].as_str(),
+            ) {
+                out.push((seq, size, root.to_string()));
+            }
+        }
+        Ok(out)
+    }
+
     /// How far `origin` is mirrored: its size and frontier text (none: not yet).
     pub async fn mirror_state(&self, origin: &str) -> Result<Option<(u64, String)>, BrokerError> {
         let r = sqlx::query("SELECT size, frontier FROM kbs_mirror WHERE origin = $1")

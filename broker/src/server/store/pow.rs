@@ -379,6 +379,20 @@ impl Store {
         .await
     }
 
+    /// The newest `limit` challenges of `lease` (a console page's).
+    pub async fn pow_recent(
+        &self,
+        lease: &str,
+        limit: i64,
+    ) -> Result<Vec<ChallengeRow>, BrokerError> {
+        self.pow_rows(
+            "lease_id = $1 ORDER BY issued_ms DESC LIMIT $2",
+            &[lease],
+            &[limit],
+        )
+        .await
+    }
+
     /// Node `node`'s challenges still open for a commitment (issued, deadline ahead).
     pub async fn pow_open(
         &self,

@@ -24,8 +24,12 @@
     if (busy()) { schedule(); return; }
     var headers = { "X-Cgx-Live": "1" };
     if (etag) { headers["If-None-Match"] = etag; }
-    fetch(window.location.href, { headers: headers, credentials: "same-origin", cache: "no-cache" })
+    fetch(window.location.href, { headers: headers, credentials: "same-origin", cache: "no-cache",
+                                  redirect: "manual" })
       .then(function (r) {
+        // The session ended (a redirect to sign in): reload, so the browser shows where it
+        // leads, rather than pouring the sign-in page into this one.
+        if (r.type === "opaqueredirect" || r.status === 401) { window.location.reload(); return null; }
         if (r.status === 304) { delay = Math.min(delay * 1.5, MAX_SAME); return null; }
         if (!r.ok) { throw new Error("status " + r.status); }
         etag = r.headers.get("ETag");
