@@ -1108,3 +1108,44 @@ async fn the_kbs_log_is_mirrored_only_as_its_signed_root_allows() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Markup in the job's other free fields — its GPU model, regions, resources — is refused at
+/// submission through the form, with the reason shown as text, and nothing is stored.
+#[tokio::test]
+async fn markup_in_a_jobs_names_is_refused_or_inert() {
+    let h = Harness::new("console-xss-names").await;
+    h.register(&h.node(1)).await.unwrap();
+    let mut t = Browser::new(&h);
+    t.sign_in(&h, Role::Tenant).await;
+    let csrf = t.csrf("/console/jobs").await;
+    let evil = enc("<script>alert(1)</script>");
+    for (field, value) in [
+        ("gpu_model", evil.clone()),
+        ("regions", evil.clone()),
+        (
+            "resources",
+            enc(&format!("{TENANT}/<img src=x onerror=alert(2)>/k")),
+        ),
+    ] {
+        let mut form = format!(
+            "csrf={csrf}&gpu_model=H100&gpu_count=1&max_price=3&duration_secs=600&budget=3"
+        );
+        form = form.replace(&format!("&{field}=H100"), "");
+        form.push_str(&format!("&{field}={value}"));
+        let a = t.post("/console/jobs", &form).await;
+        assert!(
+            !a.body.contains("<script>alert") && !a.body.contains("<img src=x"),
+            "{field}"
+        );
+        if a.status == StatusCode::SEE_OTHER {
+            // Accepted: then every page shows it as text.
+            let page = t.get(a.location()).await;
+            assert!(
+                !page.body.contains("<script>alert") && !page.body.contains("<img src=x"),
+                "{field}"
+            );
+        }
+    }
+    let list = t.get("/console/jobs").await;
+    assert!(!list.body.contains("<script>alert") && !list.body.contains("<img src=x"));
+}
