@@ -385,7 +385,10 @@ impl BrokerClient {
     }
 
     /// Record an auditor's verdict on the log (an `audit.verdict` leaf).
-    pub fn log_verdict(&self, v: &cgx_protocol::broker::LogVerdict) -> Result<serde_json::Value> {
+    pub fn log_verdict(
+        &self,
+        v: &cgx_protocol::broker::LogVerdict,
+    ) -> Result<cgx_protocol::broker::VerdictRecorded> {
         self.post(routes::LOG_VERDICTS, v)
     }
 }

@@ -492,7 +492,7 @@ async fn reference_values(State(b): Shared, admin: Admin) -> Result<Response, Br
 #[utoipa::path(post, path = routes::LOG_VERDICTS, tag = "settings", security(("api" = [])),
     request_body = cgx_protocol::broker::LogVerdict,
     responses(
-        (status = 200, description = "recorded: the event's seq"),
+        (status = 200, description = "recorded as an audit.verdict leaf", body = cgx_protocol::broker::VerdictRecorded),
         (status = 400, response = Problem),
         (status = 401, response = Problem),
         (status = 403, response = Problem),

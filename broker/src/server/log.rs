@@ -46,7 +46,7 @@ impl Broker {
         &self,
         admin: &cgx_service::auth::Admin,
         v: cgx_protocol::broker::LogVerdict,
-    ) -> Result<serde_json::Value, BrokerError> {
+    ) -> Result<cgx_protocol::broker::VerdictRecorded, BrokerError> {
         if !super::auditor(admin) {
             return Err(BrokerError::Forbidden("verdicts are auditors'".into()));
         }
@@ -114,7 +114,7 @@ impl Broker {
                 archive: Vec::new(),
             })
             .await?;
-        Ok(serde_json::json!({ "recorded": true }))
+        Ok(cgx_protocol::broker::VerdictRecorded { recorded: true })
     }
 
     /// Record each anchored log's new checkpoint (the KBS's) as a `log.anchor` leaf.

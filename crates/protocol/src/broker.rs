@@ -826,6 +826,14 @@ pub struct LogVerdict {
     pub checks: Vec<String>,
 }
 
+/// `POST /v1/log/verdicts` answer: the verdict is a leaf of the log (once integrated).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VerdictRecorded {
+    /// Committed as an `audit.verdict` event, which the log integrates on its next pass.
+    pub recorded: bool,
+}
+
 /// `GET /v1/reference-values` answer: the values a replica appraises with.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
