@@ -320,26 +320,7 @@ pub async fn log_durable(
                 )
             })
             .collect();
-        let mut tx = b
-            .store
-            .db
-            .write_pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await?;
-        super::store::insert_json(
-            &mut tx,
-            "audit",
-            &[
-                ("at", "bigint"),
-                ("actor", "text"),
-                ("action", "text"),
-                ("subject", "text"),
-                ("detail", "text"),
-            ],
-            &rows,
-        )
-        .await?;
-        tx.commit().await?;
+        insert(&b, "audit", AUDIT_COLUMNS, &rows).await?;
         written += n;
         // The writer yields between batches, as requests arrive.
         tokio::task::yield_now().await;
@@ -360,6 +341,33 @@ pub async fn log_durable(
         checkpoints,
         max_checkpoint_gap_ms: max_gap * 1e3,
     })
+}
+
+/// The audit table's columns as the benchmarks write rows: (at, actor, action, subject, detail).
+const AUDIT_COLUMNS: &[(&str, &str)] = &[
+    ("at", "bigint"),
+    ("actor", "text"),
+    ("action", "text"),
+    ("subject", "text"),
+    ("detail", "text"),
+];
+
+/// `rows` into `table`'s `columns`, in one durable transaction on the broker's SQLite writer.
+async fn insert<R: serde::Serialize>(
+    b: &Broker,
+    table: &str,
+    columns: &[(&str, &str)],
+    rows: &[R],
+) -> Result<(), BrokerError> {
+    let mut tx = b
+        .store
+        .db
+        .write_pool()
+        .begin_with("BEGIN IMMEDIATE")
+        .await?;
+    super::store::insert_json(&mut tx, table, columns, rows).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// A broker keeping a log (its key `log.pk8` in `dir`) on a fresh SQLite file there.
@@ -508,14 +516,8 @@ pub async fn console_seed(
                 now_ms,
             ));
         }
-        let mut tx = b
-            .store
-            .db
-            .write_pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await?;
-        super::store::insert_json(
-            &mut tx,
+        insert(
+            &b,
             "nodes",
             &[
                 ("id", "text"),
@@ -530,7 +532,6 @@ pub async fn console_seed(
             &rows,
         )
         .await?;
-        tx.commit().await?;
     }
 
     // Jobs: sealed, a tenth the benchmark tenant's, newest last.
@@ -577,14 +578,8 @@ pub async fn console_seed(
                 seal,
             ));
         }
-        let mut tx = b
-            .store
-            .db
-            .write_pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await?;
-        super::store::insert_json(
-            &mut tx,
+        insert(
+            &b,
             "jobs",
             &[
                 ("id", "text"),
@@ -601,7 +596,6 @@ pub async fn console_seed(
             &rows,
         )
         .await?;
-        tx.commit().await?;
     }
 
     // Decisions: the log's leaves, integrated pass after pass.
@@ -635,26 +629,7 @@ pub async fn console_seed(
                 )
             })
             .collect();
-        let mut tx = b
-            .store
-            .db
-            .write_pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await?;
-        super::store::insert_json(
-            &mut tx,
-            "audit",
-            &[
-                ("at", "bigint"),
-                ("actor", "text"),
-                ("action", "text"),
-                ("subject", "text"),
-                ("detail", "text"),
-            ],
-            &rows,
-        )
-        .await?;
-        tx.commit().await?;
+        insert(&b, "audit", AUDIT_COLUMNS, &rows).await?;
         written += n;
     }
     let base = cgx_service::tlog::newest(b.store.db.pool())

@@ -257,7 +257,7 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<
 }
 
 /// Path ids: short and printable (they are looked up, never interpolated).
-fn check_id(id: &str) -> Result<(), BrokerError> {
+pub(super) fn check_id(id: &str) -> Result<(), BrokerError> {
     if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return Err(BrokerError::BadRequest("malformed id".into()));
     }

@@ -1185,10 +1185,9 @@ impl Index {
         self.nodes.get(id).map(|e| e.record.operator.as_str())
     }
 
+    /// Every node's id, in order.
     pub fn ids(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.nodes.keys().cloned().collect();
-        v.sort();
-        v
+        self.by_id.iter().cloned().collect()
     }
 
     /// The node's own reputation (without its operator's).

@@ -47,11 +47,10 @@ impl ApiError for Refusal {
     }
 }
 
-/// The problem-details response for `e`. Server errors (5xx) are logged with a reference that
-/// the body carries instead of their text.
-pub fn problem<E: ApiError + ?Sized>(e: &E) -> Response {
-    let status = e.status();
-    let detail = if status.is_server_error() {
+/// What a client is told of `e`: a refusal's text; for a server error, a reference to the
+/// server log's line, which has the text (never a driver's or a library's words).
+pub fn detail<E: ApiError + ?Sized>(e: &E) -> String {
+    if e.status().is_server_error() {
         let mut id = [0u8; 6];
         let _ = aws_lc_rs::rand::fill(&mut id);
         let reference = hex::encode(id);
@@ -60,7 +59,14 @@ pub fn problem<E: ApiError + ?Sized>(e: &E) -> Response {
     } else {
         tracing::debug!(error = %e, code = e.code(), "request refused");
         e.to_string()
-    };
+    }
+}
+
+/// The problem-details response for `e`. Server errors (5xx) are logged with a reference that
+/// the body carries instead of their text.
+pub fn problem<E: ApiError + ?Sized>(e: &E) -> Response {
+    let status = e.status();
+    let detail = detail(e);
     let mut body = e.extensions();
     body.insert("type".into(), e.type_uri().into());
     body.insert(

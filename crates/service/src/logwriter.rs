@@ -116,11 +116,48 @@ struct LogWitness {
     holds: std::sync::Mutex<u64>,
 }
 
+/// `path` under anchor `a`'s prefix, at most `limit` bytes, off the runtime's threads; with
+/// its reader's token (a KBS admin token, a minute) when `read_as_reader` and it has one.
+async fn get(a: &Anchor, path: &str, limit: u64, read_as_reader: bool) -> Result<Vec<u8>, String> {
+    let url = format!("{}/{path}", a.prefix);
+    let bearer = match (&a.reader, read_as_reader) {
+        (Some(s), true) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+                .unwrap_or(0);
+            Some(
+                crate::auth::BearerKind::KbsAdmin
+                    .sign(s, now, now + 60)
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+        _ => None,
+    };
+    let agent = a.agent.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut req = agent.get(&url);
+        if let Some(t) = &bearer {
+            req = req.header("authorization", &format!("Bearer {t}"));
+        }
+        let mut r = req.call().map_err(|e| format!("{url}: {e}"))?;
+        if r.status().as_u16() != 200 {
+            return Err(format!("{url}: {}", r.status()));
+        }
+        r.body_mut()
+            .with_config()
+            .limit(limit)
+            .read_to_vec()
+            .map_err(|e| format!("{url}: {e}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
 /// A log anchored, as the writer reads it.
 struct Anchor {
     key: NoteKey,
-    url: String,
-    /// The log's prefix (`<prefix>/tile/entries/…`).
+    /// The log's prefix (`<prefix>/checkpoint`, `<prefix>/tile/entries/…`).
     prefix: String,
     /// Reads its entries (KBS admin tokens with `:log-reader`).
     reader: Option<cgx_protocol::signed::Signer>,
@@ -234,7 +271,6 @@ impl LogWriter {
                 key: akey,
                 prefix: a.url.trim_end_matches('/').to_string(),
                 reader,
-                url: format!("{}/checkpoint", a.url.trim_end_matches('/')),
                 agent: client.agent(),
                 last: std::sync::Mutex::new(None),
             });
@@ -305,21 +341,8 @@ impl LogWriter {
     pub async fn new_anchors(&self) -> Vec<AnchorSeen> {
         let mut out = Vec::new();
         for a in &self.anchors {
-            let (agent, url) = (a.agent.clone(), a.url.clone());
-            let read = tokio::task::spawn_blocking(move || {
-                let mut r = agent.get(&url).call().map_err(|e| format!("{url}: {e}"))?;
-                if r.status().as_u16() != 200 {
-                    return Err(format!("{url}: {}", r.status()));
-                }
-                r.body_mut()
-                    .with_config()
-                    .limit(64 * 1024)
-                    .read_to_vec()
-                    .map_err(|e| format!("{url}: {e}"))
-            })
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
+            // Read as anyone reads it: the checkpoint recorded is the one every reader sees.
+            let read = get(a, "checkpoint", 64 * 1024, false).await;
             let note = match read {
                 Ok(n) => n,
                 Err(e) => {
@@ -361,18 +384,6 @@ impl LogWriter {
             .collect()
     }
 
-    /// The anchored log `origin`'s newest checkpoint, opened under its key: (size, root).
-    pub async fn anchored_checkpoint(&self, origin: &str) -> Result<(u64, cgx_tlog::Hash), String> {
-        let a = self
-            .anchors
-            .iter()
-            .find(|a| a.key.name() == origin)
-            .ok_or_else(|| format!("{origin} is not anchored"))?;
-        let note = self.anchored_get(origin, "checkpoint", 64 * 1024).await?;
-        let opened = open_checkpoint(&note, &a.key, &[], 0).map_err(|e| e.to_string())?;
-        Ok((opened.checkpoint.size(), *opened.checkpoint.hash()))
-    }
-
     /// `path` under the anchored log `origin`'s prefix, at most `limit` bytes, with a reader's
     /// token where this writer has one.
     pub async fn anchored_get(
@@ -386,39 +397,7 @@ impl LogWriter {
             .iter()
             .find(|a| a.key.name() == origin)
             .ok_or_else(|| format!("{origin} is not anchored"))?;
-        let url = format!("{}/{path}", a.prefix);
-        let bearer = match &a.reader {
-            Some(s) => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-                    .unwrap_or(0);
-                Some(
-                    crate::auth::BearerKind::KbsAdmin
-                        .sign(s, now, now + 60)
-                        .map_err(|e| e.to_string())?,
-                )
-            }
-            None => None,
-        };
-        let agent = a.agent.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut req = agent.get(&url);
-            if let Some(t) = &bearer {
-                req = req.header("authorization", &format!("Bearer {t}"));
-            }
-            let mut r = req.call().map_err(|e| format!("{url}: {e}"))?;
-            if r.status().as_u16() != 200 {
-                return Err(format!("{url}: {}", r.status()));
-            }
-            r.body_mut()
-                .with_config()
-                .limit(limit)
-                .read_to_vec()
-                .map_err(|e| format!("{url}: {e}"))
-        })
-        .await
-        .map_err(|e| e.to_string())?
+        get(a, path, limit, true).await
     }
 
     /// Forget what was recorded of `origin` (its leaf did not commit: record it again).

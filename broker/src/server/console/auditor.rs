@@ -233,9 +233,7 @@ async fn leaf_proof(
     let Some(log) = &b.log else {
         return Ok(Err("this broker keeps no log".into()));
     };
-    let key = cgx_tlog::note::NoteKey::parse(&log.key().vkey())
-        .map_err(|e| BrokerError::Internal(format!("log key: {e}")))?;
-    Ok(match proof.verify(&key, &[], 0) {
+    Ok(match proof.verify(&log.key().verifier(), &[], 0) {
         Ok(_) => Ok(proof),
         Err(e) => Err(format!("the proof does not verify: {e}")),
     })

@@ -65,33 +65,23 @@ pub(crate) fn page(title: &str, viewer: Option<&Viewer>, live: bool, body: Marku
 
 /// Unix seconds as UTC, `YYYY-MM-DD HH:MM:SS`, in a `<time>` element.
 pub(crate) fn when(unix: i64) -> Markup {
+    use time::macros::format_description;
     if unix <= 0 {
         return html! { "—" };
     }
-    let t = time::OffsetDateTime::from_unix_timestamp(unix).ok();
-    let (text, iso) = match t {
-        Some(t) => (
-            format!(
-                "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
-                t.year(),
-                u8::from(t.month()),
-                t.day(),
-                t.hour(),
-                t.minute(),
-                t.second()
-            ),
-            format!(
-                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-                t.year(),
-                u8::from(t.month()),
-                t.day(),
-                t.hour(),
-                t.minute(),
-                t.second()
-            ),
-        ),
-        None => (unix.to_string(), String::new()),
+    let Ok(t) = time::OffsetDateTime::from_unix_timestamp(unix) else {
+        return html! { (unix) };
     };
+    let text = t
+        .format(format_description!(
+            "[year]-[month]-[day] [hour]:[minute]:[second]"
+        ))
+        .unwrap_or_default();
+    let iso = t
+        .format(format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second]Z"
+        ))
+        .unwrap_or_default();
     html! { time datetime=(iso) { (text) " UTC" } }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::Form;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::Deserialize;
 
@@ -25,7 +25,7 @@ pub(super) async fn page(State(b): State<Arc<Broker>>, headers: HeaderMap) -> Re
         .map(str::to_string);
     let Some(secret) = kept.or_else(session::login_secret) else {
         return ConsoleError::Broker(super::super::BrokerError::Internal("random".into()))
-            .into_response_page();
+            .into_response();
     };
     let exp = now + session::LOGIN_TTL;
     let challenge = session::challenge(&b.keys, &secret, exp);
@@ -114,17 +114,12 @@ pub(super) async fn sign_in(
     Ok(resp)
 }
 
-#[derive(Debug, Deserialize)]
-pub(super) struct Csrf {
-    pub csrf: String,
-}
-
 /// `POST /console/logout`: the session spent (every replica refuses it from now on).
 pub(super) async fn sign_out(
     State(b): State<Arc<Broker>>,
     viewer: Viewer,
     headers: HeaderMap,
-    Form(form): Form<Csrf>,
+    Form(form): Form<super::CsrfForm>,
 ) -> Result<Response, ConsoleError> {
     viewer.check_change(&b, &headers, &form.csrf)?;
     b.store
@@ -138,11 +133,4 @@ pub(super) async fn sign_out(
         resp.headers_mut().append(header::SET_COOKIE, v);
     }
     Ok(resp)
-}
-
-impl ConsoleError {
-    /// This refusal as its page.
-    pub(crate) fn into_response_page(self) -> Response {
-        axum::response::IntoResponse::into_response(self)
-    }
 }

@@ -270,23 +270,8 @@ impl IntoResponse for ConsoleError {
                 return Redirect::to("/console/login").into_response();
             }
             ConsoleError::Session(e) => (StatusCode::UNAUTHORIZED, "SessionRefused", e.to_string()),
-            ConsoleError::Broker(e) => {
-                let status = e.status();
-                let detail = if status.is_server_error() {
-                    // As the API's problem details: the log has the text, the page a
-                    // reference to it.
-                    let mut id = [0u8; 6];
-                    let _ = aws_lc_rs::rand::fill(&mut id);
-                    let reference = hex::encode(id);
-                    tracing::error!(error = %e, code = e.code(), reference, "console request failed");
-                    format!(
-                        "internal error (reference {reference}); the broker's log has the details"
-                    )
-                } else {
-                    e.to_string()
-                };
-                (status, e.code(), detail)
-            }
+            // As the API's problem details: a server error's text stays in the log.
+            ConsoleError::Broker(e) => (e.status(), e.code(), cgx_service::error::detail(e)),
             ConsoleError::Csrf(_) => (StatusCode::FORBIDDEN, "CsrfRefused", self.to_string()),
             ConsoleError::BadRequest(_) => {
                 (StatusCode::BAD_REQUEST, "BadRequest", self.to_string())
@@ -367,11 +352,14 @@ pub(crate) fn see_other(to: &str) -> Response {
     Redirect::to(to).into_response()
 }
 
-/// An id from a path: the API's own check (`check_id`), so a URL cannot carry markup or
-/// path tricks into a query.
+/// An id from a path, checked as the API checks it (`http::check_id`), so a URL cannot carry
+/// markup or path tricks into a query; a page that is not there is "not found".
 pub(crate) fn check_id(id: &str) -> Result<(), ConsoleError> {
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|c| c.is_ascii_alphanumeric()) {
-        return Err(ConsoleError::NotFound);
-    }
-    Ok(())
+    super::http::check_id(id).map_err(|_| ConsoleError::NotFound)
+}
+
+/// A change's form: the session's CSRF token alone (cancel, re-attest, sign out).
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct CsrfForm {
+    pub csrf: String,
 }

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::super::Broker;
 use super::chart::{self, Series};
-use super::{ConsoleError, PAGE, Viewer, check_id, layout, live_response, see_other};
+use super::{ConsoleError, CsrfForm, PAGE, Viewer, check_id, layout, live_response, see_other};
 
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct ListQuery {
@@ -179,11 +179,6 @@ fn facts(n: &NodeView) -> maud::Markup {
         ("Per GPU-hour", html! { (n.price_per_gpu_hour_micros) }),
         ("Reputation", html! { (n.reputation) }),
     ])
-}
-
-#[derive(Debug, Deserialize)]
-pub(super) struct CsrfForm {
-    csrf: String,
 }
 
 /// `POST /console/nodes/{id}/reattest`.

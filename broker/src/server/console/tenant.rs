@@ -20,7 +20,7 @@ use super::super::statements::Owner;
 use super::super::{Broker, BrokerError};
 use super::chart::{self, Series};
 use super::{
-    ConsoleError, PAGE, Viewer, check_id, html_response, layout, live_response, see_other,
+    ConsoleError, CsrfForm, PAGE, Viewer, check_id, html_response, layout, live_response, see_other,
 };
 
 /// Rows of each kind a job's page shows per lease.
@@ -246,11 +246,6 @@ pub(super) async fn submit(
     let spec = form.spec()?;
     let job = b.submit(&viewer.admin, spec).await?;
     Ok(see_other(&format!("/console/jobs/{}", job.id)))
-}
-
-#[derive(Debug, Deserialize)]
-pub(super) struct CsrfForm {
-    csrf: String,
 }
 
 /// `POST /console/jobs/{id}/cancel`.
@@ -513,7 +508,7 @@ pub(super) async fn why(
         h2 { "If it were placed now" }
         @match &quote {
             None => p { "Only the job's tenant can run its placement policy for a quote." },
-            Some(Err(e)) => p.error { (shown(e)) },
+            Some(Err(e)) => p.error { (cgx_service::error::detail(e)) },
             Some(Ok(q)) => {
                 table.list {
                     caption { "Offers, best first" }
@@ -541,17 +536,6 @@ pub(super) async fn why(
         false,
         body,
     )))
-}
-
-/// A refusal as a page may show it: a server error's text stays in the log.
-fn shown(e: &BrokerError) -> String {
-    use cgx_service::error::ApiError;
-    if e.status().is_server_error() {
-        tracing::error!(error = %e, "console quote failed");
-        "the quote could not be made (a server error; the broker's log has it)".into()
-    } else {
-        e.to_string()
-    }
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -179,20 +179,8 @@ impl Store {
         .bind(limit)
         .fetch_all(self.db.pool())
         .await?;
-        let num = |r: &sqlx::any::AnyRow, c: &str| -> Result<u64, sqlx::Error> {
-            Ok(u64::try_from(r.try_get::<i64, _>(c)?).unwrap_or(0))
-        };
         rows.iter()
-            .map(|r| {
-                Ok(super::SettledWindow {
-                    window: num(r, "win")?,
-                    outcome: r.try_get("outcome")?,
-                    record: r.try_get("record")?,
-                    amount: num(r, "amount")?,
-                    reason: r.try_get("reason")?,
-                    at: r.try_get("at")?,
-                })
-            })
+            .map(super::ledger::settled_window)
             .collect::<Result<_, sqlx::Error>>()
             .map_err(BrokerError::from)
     }

@@ -1300,19 +1300,22 @@ impl LedgerRead {
         .fetch_all(self.c())
         .await?;
         rows.iter()
-            .map(|r| {
-                Ok(SettledWindow {
-                    window: unsigned(r, "win")?,
-                    outcome: r.try_get("outcome")?,
-                    record: r.try_get("record")?,
-                    amount: unsigned(r, "amount")?,
-                    reason: r.try_get("reason")?,
-                    at: r.try_get("at")?,
-                })
-            })
+            .map(settled_window)
             .collect::<Result<_, sqlx::Error>>()
             .map_err(Into::into)
     }
+}
+
+/// A `settled_windows` row (columns win, outcome, record, amount, reason, at).
+pub(super) fn settled_window(r: &sqlx::any::AnyRow) -> Result<SettledWindow, sqlx::Error> {
+    Ok(SettledWindow {
+        window: unsigned(r, "win")?,
+        outcome: r.try_get("outcome")?,
+        record: r.try_get("record")?,
+        amount: unsigned(r, "amount")?,
+        reason: r.try_get("reason")?,
+        at: r.try_get("at")?,
+    })
 }
 
 /// A settled window.

@@ -153,37 +153,37 @@ impl Store {
         lease: &str,
         tokens: &[String],
     ) -> Result<Vec<MirroredRelease>, BrokerError> {
-        let mut out = Vec::new();
-        let rows = sqlx::query(
-            "SELECT origin, idx, at, action, resource, lease, token_sha256, tee_key, reason
-             FROM kbs_releases WHERE lease = $1 ORDER BY origin, idx LIMIT 500",
-        )
-        .bind(lease)
-        .fetch_all(self.db.pool())
-        .await?;
-        out.extend(
-            rows.iter()
-                .map(release_row)
-                .collect::<Result<Vec<_>, _>>()?,
-        );
+        let mut out = self.releases_where("lease", lease).await?;
         for t in tokens.iter().take(500) {
-            let rows = sqlx::query(
-                "SELECT origin, idx, at, action, resource, lease, token_sha256, tee_key, reason
-                 FROM kbs_releases WHERE token_sha256 = $1 ORDER BY origin, idx LIMIT 500",
-            )
-            .bind(t)
-            .fetch_all(self.db.pool())
-            .await?;
-            out.extend(
-                rows.iter()
-                    .map(release_row)
-                    .collect::<Result<Vec<_>, _>>()?,
-            );
+            out.extend(self.releases_where("token_sha256", t).await?);
         }
         out.sort_by(|a, b| (&a.origin, a.idx).cmp(&(&b.origin, b.idx)));
         out.dedup_by(|a, b| a.origin == b.origin && a.idx == b.idx);
         out.truncate(500);
         Ok(out)
+    }
+}
+
+impl Store {
+    /// The mirrored rows whose `column` (`lease` or `token_sha256`, each indexed) is `value`,
+    /// at most 500.
+    async fn releases_where(
+        &self,
+        column: &'static str,
+        value: &str,
+    ) -> Result<Vec<MirroredRelease>, BrokerError> {
+        let sql = format!(
+            "SELECT origin, idx, at, action, resource, lease, token_sha256, tee_key, reason
+             FROM kbs_releases WHERE {column} = $1 ORDER BY origin, idx LIMIT 500"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(value)
+            .fetch_all(self.db.pool())
+            .await?;
+        Ok(rows
+            .iter()
+            .map(release_row)
+            .collect::<Result<Vec<_>, _>>()?)
     }
 }
 
